@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Idempotent set-up: Debian packages, the pinned LibTorch wheel in .deps/venv, configure + build.
+#   scripts/setup.sh                 CPU build in build/
+#   TITAN_CUDA=1 scripts/setup.sh    CUDA-enabled build in build-cuda/
+#   TITAN_SETUP_NO_BUILD=1 ...       install dependencies only
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+# The one pinned LibTorch: PyPI torch 2.11.0 is built for CUDA 13.0 (matches the local toolkit
+# and the GPU machines' image).
+TORCH_VERSION="2.11.0"
+APT_PACKAGES=(build-essential cmake ninja-build ccache pkg-config libtomlplusplus-dev libspdlog-dev
+              libfmt-dev libcli11-dev catch2 nlohmann-json3-dev libpcre2-dev libgloo-dev fortunes)
+VENV="$ROOT/.deps/venv"
+
+log() { echo "[setup] $*"; }
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  log "installing Debian packages: ${missing[*]}"
+  SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+if ! "$VENV/bin/python" -c "import torch,sys; sys.exit(0 if torch.__version__.startswith('$TORCH_VERSION') else 1)" 2>/dev/null; then
+  log "installing torch==$TORCH_VERSION into $VENV (about 4.5 GB with its CUDA libraries)"
+  rm -rf "$VENV"
+  python3 -m venv "$VENV"
+  "$VENV/bin/pip" install -q --disable-pip-version-check "torch==$TORCH_VERSION" numpy
+fi
+TORCH_DIR="$("$VENV/bin/python" -c 'import torch,os; print(os.path.dirname(torch.__file__))' 2>/dev/null)"
+
+[[ "${TITAN_SETUP_NO_BUILD:-0}" == 1 ]] && exit 0
+
+if [[ "${TITAN_CUDA:-0}" == 1 ]]; then BUILD="$ROOT/build-cuda"; CUDA=ON; else BUILD="$ROOT/build"; CUDA=OFF; fi
+if [[ ! -f "$BUILD/build.ninja" ]]; then
+  log "configuring $BUILD (TITAN_CUDA=$CUDA)"
+  cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+        -DTITAN_CUDA=$CUDA -DTITAN_TORCH_DIR="$TORCH_DIR" >/dev/null
+fi
+log "building $BUILD"
+cmake --build "$BUILD" -j"$(nproc)" ${TITAN_BUILD_TARGET:+--target $TITAN_BUILD_TARGET}
