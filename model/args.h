@@ -1,0 +1,47 @@
+// model/args.h — Llama 3 shapes: flavors, parameter counts and FLOPs per token, all computed
+// from the arguments alone (no tensor is allocated, so the 405B numbers answer instantly).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace titan::model {
+
+struct ModelArgs {
+  int64_t dim = 4096;
+  int64_t n_layers = 32;
+  int64_t n_heads = 32;
+  int64_t n_kv_heads = 0;            // 0 = n_heads (plain multi-head attention)
+  int64_t vocab_size = 128256;       // replaced by the tokenizer's size at training time
+  int64_t multiple_of = 256;         // SwiGLU hidden size is rounded up to a multiple of this
+  double ffn_dim_multiplier = 0.0;   // 0 = none
+  double norm_eps = 1e-5;
+  double rope_theta = 500000.0;
+  int64_t max_seq_len = 2048;        // RoPE table length; set to training.seq_len
+  bool depth_init = true;            // wo/w2/w3 std 0.02/sqrt(2(layer_id+1)) instead of /sqrt(2 n_layers)
+
+  int64_t kv_heads() const { return n_kv_heads > 0 ? n_kv_heads : n_heads; }
+  int64_t head_dim() const { return dim / n_heads; }
+  // multiple_of * ceil(int(ffn_dim_multiplier * int(8 * dim / 3)) / multiple_of), as Meta's code.
+  int64_t ffn_hidden_dim() const;
+};
+
+// "debugmodel", "8B", "70B", "405B". Throws std::invalid_argument listing the valid names.
+ModelArgs llama3_flavor(const std::string& name);
+std::vector<std::string> llama3_flavor_names();
+
+struct ParamCount {
+  int64_t total = 0;
+  int64_t embedding = 0;  // tok_embeddings only (the output projection is not tied)
+  int64_t per_layer = 0;
+};
+ParamCount count_params(const ModelArgs& args);
+
+// Training FLOPs per token (forward + backward), torchtitan's formula:
+//   6 * (params - embedding params) + 12 * n_layers * n_heads * head_dim * seq_len
+// The first term is the 2 (fwd) + 4 (bwd) FLOPs per weight per token of every matmul; the second
+// is the attention score and value products, which depend on the sequence length.
+double flops_per_token(const ModelArgs& args, int64_t seq_len);
+
+}  // namespace titan::model

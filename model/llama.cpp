@@ -1,0 +1,196 @@
+#include "model/llama.h"
+
+#include <ATen/ops/arange.h>
+#include <ATen/ops/embedding.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/outer.h>
+#include <ATen/ops/pow.h>
+#include <ATen/ops/rms_norm.h>
+#include <ATen/ops/scaled_dot_product_attention.h>
+#include <ATen/ops/silu.h>
+#include <ATen/ops/stack.h>
+#include <c10/util/Exception.h>
+
+namespace titan::model {
+namespace {
+
+at::Tensor meta_tensor(at::IntArrayRef shape) {
+  return at::empty(shape, at::TensorOptions().device(c10::kMeta).dtype(at::kFloat));
+}
+
+void make_linear_meta(Linear& linear) {
+  linear.weight = meta_tensor({linear.out_features(), linear.in_features()});
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- RMSNorm
+
+RMSNorm::RMSNorm(std::string fqn_, int64_t dim, double eps_)
+    : fqn(std::move(fqn_)), eps(eps_), weight(meta_tensor({dim})) {}
+
+at::Tensor RMSNorm::forward(const at::Tensor& x) const {
+  // Normalize in float32 whatever the compute dtype (as torchtitan: x.float() -> type_as(x)).
+  if (x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble) return at::rms_norm(x, {weight.size(0)}, weight, eps);
+  return at::rms_norm(x.to(at::kFloat), {weight.size(0)}, std::nullopt, eps).to(x.scalar_type()) *
+         weight;
+}
+
+void RMSNorm::visit_params(const ParamVisitor& visit) { visit(fqn + ".weight", weight); }
+
+// ---------------------------------------------------------------- RoPE
+
+RotaryTable make_rotary_table(int64_t head_dim, int64_t max_seq_len, double theta,
+                              c10::Device device) {
+  TORCH_CHECK(head_dim % 2 == 0, "RoPE needs an even head_dim, got ", head_dim);
+  auto f64 = at::TensorOptions().dtype(at::kDouble);
+  // freqs[i] = theta^(-2i / head_dim); angles computed in float64 then stored as float32.
+  at::Tensor exponents = at::arange(0, head_dim, 2, f64) / static_cast<double>(head_dim);
+  at::Tensor freqs = 1.0 / at::pow(theta, exponents);
+  at::Tensor angles = at::outer(at::arange(max_seq_len, f64), freqs);
+  return {angles.cos().to(at::kFloat).to(device), angles.sin().to(at::kFloat).to(device)};
+}
+
+at::Tensor apply_rotary(const at::Tensor& x, const RotaryTable& table) {
+  const int64_t seq_len = x.size(1);
+  TORCH_CHECK(seq_len <= table.cos.size(0), "sequence length ", seq_len,
+              " exceeds the RoPE table (", table.cos.size(0), " positions)");
+  // [S, hd/2] -> [1, S, 1, hd/2] to broadcast over batch and heads.
+  // Rotate in at least float32 (bf16 activations are upcast, float64 stays float64).
+  const at::ScalarType compute = at::promote_types(x.scalar_type(), at::kFloat);
+  at::Tensor cos = table.cos.slice(0, 0, seq_len).unsqueeze(0).unsqueeze(2).to(compute);
+  at::Tensor sin = table.sin.slice(0, 0, seq_len).unsqueeze(0).unsqueeze(2).to(compute);
+  at::Tensor pairs = x.to(compute).unflatten(-1, {-1, 2});  // [B, S, H, hd/2, 2]
+  at::Tensor even = pairs.select(-1, 0), odd = pairs.select(-1, 1);
+  at::Tensor rotated = at::stack({even * cos - odd * sin, even * sin + odd * cos}, -1);
+  return rotated.flatten(-2).to(x.scalar_type());
+}
+
+// ---------------------------------------------------------------- Attention
+
+Attention::Attention(const std::string& prefix, const ModelArgs& args)
+    : n_heads(args.n_heads),
+      n_kv_heads(args.kv_heads()),
+      head_dim(args.head_dim()),
+      wq(prefix + ".wq", args.dim, args.n_heads * args.head_dim()),
+      wk(prefix + ".wk", args.dim, args.kv_heads() * args.head_dim()),
+      wv(prefix + ".wv", args.dim, args.kv_heads() * args.head_dim()),
+      wo(prefix + ".wo", args.n_heads * args.head_dim(), args.dim) {
+  TORCH_CHECK(args.dim % args.n_heads == 0, "dim ", args.dim, " is not divisible by n_heads ",
+              args.n_heads);
+  TORCH_CHECK(args.n_heads % args.kv_heads() == 0, "n_heads ", args.n_heads,
+              " is not divisible by n_kv_heads ", args.kv_heads());
+  for (Linear* l : {&wq, &wk, &wv, &wo}) make_linear_meta(*l);
+}
+
+at::Tensor Attention::forward(const at::Tensor& x, const RotaryTable& rope) const {
+  const int64_t batch = x.size(0), seq = x.size(1);
+  // Head counts come from the weights, so a tensor-parallel shard (fewer local heads) works too.
+  at::Tensor q = wq.forward(x).view({batch, seq, -1, head_dim});  // [B, S, H, hd]
+  at::Tensor k = wk.forward(x).view({batch, seq, -1, head_dim});  // [B, S, KV, hd]
+  at::Tensor v = wv.forward(x).view({batch, seq, -1, head_dim});  // [B, S, KV, hd]
+  q = apply_rotary(q, rope).transpose(1, 2);                      // [B, H, S, hd]
+  k = apply_rotary(k, rope).transpose(1, 2);
+  v = v.transpose(1, 2);
+  const bool gqa = q.size(1) != k.size(1);
+  at::Tensor out = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/std::nullopt,
+                                                    /*dropout_p=*/0.0, /*is_causal=*/true,
+                                                    /*scale=*/std::nullopt, /*enable_gqa=*/gqa);
+  return wo.forward(out.transpose(1, 2).reshape({batch, seq, -1}));  // [B, S, D]
+}
+
+void Attention::visit_params(const ParamVisitor& visit) {
+  for (Linear* l : {&wq, &wk, &wv, &wo}) visit(l->fqn() + ".weight", l->weight);
+}
+
+// ---------------------------------------------------------------- FeedForward
+
+FeedForward::FeedForward(const std::string& prefix, int64_t dim, int64_t hidden_dim)
+    : w1(prefix + ".w1", dim, hidden_dim),
+      w2(prefix + ".w2", hidden_dim, dim),
+      w3(prefix + ".w3", dim, hidden_dim) {
+  for (Linear* l : {&w1, &w2, &w3}) make_linear_meta(*l);
+}
+
+at::Tensor FeedForward::forward(const at::Tensor& x) const {
+  return w2.forward(at::silu(w1.forward(x)) * w3.forward(x));
+}
+
+void FeedForward::visit_params(const ParamVisitor& visit) {
+  for (Linear* l : {&w1, &w2, &w3}) visit(l->fqn() + ".weight", l->weight);
+}
+
+// ---------------------------------------------------------------- TransformerBlock
+
+TransformerBlock::TransformerBlock(int64_t id, const ModelArgs& args)
+    : layer_id(id),
+      attention("layers." + std::to_string(id) + ".attention", args),
+      feed_forward("layers." + std::to_string(id) + ".feed_forward", args.dim,
+                   args.ffn_hidden_dim()),
+      attention_norm("layers." + std::to_string(id) + ".attention_norm", args.dim, args.norm_eps),
+      ffn_norm("layers." + std::to_string(id) + ".ffn_norm", args.dim, args.norm_eps) {}
+
+at::Tensor TransformerBlock::forward(const at::Tensor& x, const RotaryTable& rope) const {
+  at::Tensor h = x + attention.forward(attention_norm.forward(x), rope);
+  return h + feed_forward.forward(ffn_norm.forward(h));
+}
+
+// torchtitan's parameter order within a block: attention, feed_forward, attention_norm, ffn_norm.
+void TransformerBlock::visit_params(const ParamVisitor& visit) {
+  attention.visit_params(visit);
+  feed_forward.visit_params(visit);
+  attention_norm.visit_params(visit);
+  ffn_norm.visit_params(visit);
+}
+
+// ---------------------------------------------------------------- Llama
+
+Llama::Llama(const ModelArgs& args)
+    : args_(args),
+      tok_embeddings_weight_(meta_tensor({args.vocab_size, args.dim})),
+      norm_("norm", args.dim, args.norm_eps),
+      output_("output", args.dim, args.vocab_size) {
+  TORCH_CHECK(args.vocab_size > 0, "model vocab_size must be set (got ", args.vocab_size, ")");
+  for (int64_t i = 0; i < args.n_layers; ++i)
+    layers_.push_back(std::make_unique<TransformerBlock>(i, args));
+  make_linear_meta(output_);
+}
+
+void Llama::visit_params(const ParamVisitor& visit) {
+  visit("tok_embeddings.weight", tok_embeddings_weight_);
+  for (auto& layer : layers_) layer->visit_params(visit);
+  norm_.visit_params(visit);
+  visit("output.weight", output_.weight);
+}
+
+std::vector<Linear*> Llama::linears() {
+  std::vector<Linear*> all;
+  for (auto& layer : layers_) {
+    Attention& a = layer->attention;
+    FeedForward& f = layer->feed_forward;
+    for (Linear* l : {&a.wq, &a.wk, &a.wv, &a.wo, &f.w1, &f.w2, &f.w3}) all.push_back(l);
+  }
+  all.push_back(&output_);
+  return all;
+}
+
+void Llama::materialize(c10::Device device, c10::ScalarType dtype) {
+  visit_params([&](const std::string&, at::Tensor& p) {
+    p = at::empty(p.sizes(), at::TensorOptions().device(device).dtype(dtype));
+  });
+  rope_ = make_rotary_table(args_.head_dim(), args_.max_seq_len, args_.rope_theta, device);
+}
+
+at::Tensor Llama::forward(const at::Tensor& tokens) {
+  TORCH_CHECK(tokens.dim() == 2, "Llama::forward expects tokens [batch, seq], got shape ",
+              tokens.sizes());
+  at::Tensor h = at::embedding(tok_embeddings_weight_, tokens);  // [B, S, D]
+  for (auto& layer : layers_) {
+    TransformerBlock* block = layer.get();
+    auto run = [this, block](const at::Tensor& x) { return block->forward(x, rope_); };
+    h = block_runner_ ? block_runner_(block->layer_id, h, run) : run(h);
+  }
+  return output_.forward(norm_.forward(h));  // [B, S, vocab]
+}
+
+}  // namespace titan::model

@@ -1,0 +1,110 @@
+// model/llama.h — the Llama 3 transformer: embedding -> N x (attention, SwiGLU FFN) -> norm -> output.
+//
+// Modules are plain structs that own their parameters as tensor members. The model is first
+// built on the meta device (shapes only), then `materialize` gives every parameter real storage
+// on the target device and `init_weights` fills it. Parameters are reached through
+// `visit_params`, which hands out torchtitan's fully-qualified names
+// ("layers.0.attention.wq.weight") and a reference to the tensor slot, so that later stages
+// (mixed precision, FSDP sharding, checkpoint loading) can replace a slot without the model
+// knowing. Linears are `model::Linear` so float8/ and parallel/ can swap their compute.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/args.h"
+#include "model/linear.h"
+
+namespace titan::model {
+
+using ParamVisitor = std::function<void(const std::string& fqn, at::Tensor& param)>;
+
+struct RMSNorm {
+  RMSNorm(std::string fqn, int64_t dim, double eps);
+  at::Tensor forward(const at::Tensor& x) const;  // [..., dim] -> [..., dim]
+  void visit_params(const ParamVisitor& visit);
+
+  std::string fqn;
+  double eps;
+  at::Tensor weight;  // [dim]
+};
+
+// Rotary position embedding tables, computed once for max_seq_len positions.
+struct RotaryTable {
+  at::Tensor cos;  // [max_seq_len, head_dim / 2] float32
+  at::Tensor sin;  // [max_seq_len, head_dim / 2] float32
+};
+RotaryTable make_rotary_table(int64_t head_dim, int64_t max_seq_len, double theta,
+                              c10::Device device);
+// x: [B, S, H, head_dim]; rotates the pairs (x[2i], x[2i+1]) by position, as Meta's complex form.
+at::Tensor apply_rotary(const at::Tensor& x, const RotaryTable& table);
+
+struct Attention {
+  Attention(const std::string& prefix, const ModelArgs& args);
+  at::Tensor forward(const at::Tensor& x, const RotaryTable& rope) const;  // [B, S, D]
+  void visit_params(const ParamVisitor& visit);
+
+  int64_t n_heads, n_kv_heads, head_dim;
+  Linear wq, wk, wv, wo;  // wq [H*hd, D], wk/wv [KV*hd, D], wo [D, H*hd]
+};
+
+struct FeedForward {
+  FeedForward(const std::string& prefix, int64_t dim, int64_t hidden_dim);
+  at::Tensor forward(const at::Tensor& x) const;  // w2(silu(w1 x) * w3 x)
+  void visit_params(const ParamVisitor& visit);
+
+  Linear w1, w2, w3;  // w1/w3 [hidden, D], w2 [D, hidden]
+};
+
+struct TransformerBlock {
+  TransformerBlock(int64_t layer_id, const ModelArgs& args);
+  at::Tensor forward(const at::Tensor& x, const RotaryTable& rope) const;
+  void visit_params(const ParamVisitor& visit);
+
+  int64_t layer_id;
+  Attention attention;
+  FeedForward feed_forward;
+  RMSNorm attention_norm, ffn_norm;
+};
+
+// Runs one block; parallel/ installs wrappers (activation checkpointing, FSDP gathers) that
+// call `run` themselves. Default: run(h).
+using BlockRunner = std::function<at::Tensor(
+    int64_t layer_id, const at::Tensor& h, const std::function<at::Tensor(const at::Tensor&)>& run)>;
+
+class Llama {
+ public:
+  // Builds every parameter on the meta device: no memory is allocated.
+  explicit Llama(const ModelArgs& args);
+
+  // Replaces every (meta) parameter with uninitialized storage on `device` of `dtype`.
+  void materialize(c10::Device device, c10::ScalarType dtype);
+  // torchtitan's init (REFERENCE.md section 3) from `seed`; deterministic on the CPU.
+  void init_weights(uint64_t seed);
+
+  // tokens [B, S] int64 -> logits [B, S, vocab] in the parameters' dtype.
+  at::Tensor forward(const at::Tensor& tokens);
+
+  void visit_params(const ParamVisitor& visit);
+  std::vector<Linear*> linears();  // every linear, in parameter order
+  void set_block_runner(BlockRunner runner) { block_runner_ = std::move(runner); }
+
+  const ModelArgs& args() const { return args_; }
+
+ private:
+  ModelArgs args_;
+  at::Tensor tok_embeddings_weight_;  // [vocab, D] "tok_embeddings.weight"
+  std::vector<std::unique_ptr<TransformerBlock>> layers_;
+  RMSNorm norm_;
+  Linear output_;  // [vocab, D]
+  RotaryTable rope_;
+  BlockRunner block_runner_;
+};
+
+}  // namespace titan::model

@@ -1,0 +1,109 @@
+#include "trainer/metrics.h"
+
+#include <ATen/ops/mm.h>
+#include <ATen/ops/randn.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "trainer/logging.h"
+#include "trainer/memory.h"
+
+namespace titan::trainer {
+
+std::string with_thousands(int64_t value) {
+  std::string digits = std::to_string(value < 0 ? -value : value);
+  std::string out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return value < 0 ? "-" + out : out;
+}
+
+double probe_cpu_matmul_flops() {
+  const int64_t n = 512;
+  at::Tensor a = at::randn({n, n}), b = at::randn({n, n});
+  at::mm(a, b);  // warm-up: thread pool, caches
+  double best = 0;
+  for (int trial = 0; trial < 5; ++trial) {
+    const auto start = std::chrono::steady_clock::now();
+    int reps = 0;
+    double elapsed = 0;
+    do {
+      at::mm(a, b);
+      ++reps;
+      elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    } while (elapsed < 0.05);
+    best = std::max(best, 2.0 * n * n * n * reps / elapsed);
+  }
+  return best;
+}
+
+double known_gpu_peak_flops(const std::string& name) {
+  // Dense bf16 peaks (REFERENCE.md section 2); order matters ("H100 NVL" before "H100").
+  const std::pair<const char*, double> table[] = {
+      {"H100 NVL", 835e12}, {"H100 PCIe", 756e12}, {"H100", 989e12}, {"H200", 989e12},
+      {"A100", 312e12},     {"B200", 2.25e15},     {"MI300X", 1300e12}};
+  for (const auto& [key, peak] : table)
+    if (name.find(key) != std::string::npos) return peak;
+  return 0;
+}
+
+MetricsLogger::MetricsLogger(c10::Device device, double flops_per_token, double peak_flops,
+                             int64_t non_data_parallel_size, const std::string& jsonl_path)
+    : device_(device),
+      flops_per_token_(flops_per_token),
+      peak_flops_(peak_flops),
+      non_data_parallel_size_(non_data_parallel_size) {
+  if (!jsonl_path.empty()) {
+    std::filesystem::create_directories(std::filesystem::path(jsonl_path).parent_path());
+    jsonl_.open(jsonl_path, std::ios::trunc);
+    if (!jsonl_) throw std::runtime_error("cannot write metrics file '" + jsonl_path + "'");
+  }
+  reset_window();
+}
+
+void MetricsLogger::reset_window() {
+  tokens_since_last_ = 0;
+  window_start_ = std::chrono::steady_clock::now();
+  reset_peak_memory(device_);
+}
+
+void MetricsLogger::log(const StepMetrics& m) {
+  const double elapsed =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - window_start_).count();
+  const double tps = tokens_since_last_ / (elapsed * non_data_parallel_size_);
+  const double tflops = flops_per_token_ * tps / 1e12;
+  const double mfu = peak_flops_ > 0 ? 100.0 * tflops * 1e12 / peak_flops_ : 0.0;
+  const MemoryStats mem = memory_stats(device_);
+  const double gib = mem.peak_bytes / double(1ull << 30);
+  const double pct = mem.device_capacity > 0 ? 100.0 * mem.peak_bytes / mem.device_capacity : 0;
+
+  char mfu_text[32] = "n/a";
+  if (peak_flops_ > 0) std::snprintf(mfu_text, sizeof(mfu_text), "%.2f%%", mfu);
+  char buf[512];
+  std::snprintf(buf, sizeof(buf),
+                "%sstep: %2lld  %sloss: %7.4f  %sgrad_norm: %7.4f  %smemory: %5.2fGiB(%.2f%%)  "
+                "%stps: %s  %stflops: %.2f  %smfu: %s%s",
+                color_code("red"), static_cast<long long>(m.step), color_code("green"), m.loss,
+                color_code("cyan"), m.grad_norm, color_code("yellow"), gib, pct,
+                color_code("blue"), with_thousands(std::llround(tps)).c_str(), color_code("cyan"),
+                tflops, color_code("green"), mfu_text, color_code("reset"));
+  log_info(buf);
+
+  if (jsonl_.is_open()) {
+    nlohmann::json record = {{"step", m.step},         {"loss", m.loss},
+                             {"grad_norm", m.grad_norm}, {"lr", m.lr},
+                             {"memory_peak_bytes", mem.peak_bytes},
+                             {"memory_peak_pct", pct},  {"tps", tps},
+                             {"tflops", tflops},        {"mfu_pct", mfu},
+                             {"elapsed_s", elapsed}};
+    jsonl_ << record.dump() << '\n';
+    jsonl_.flush();
+  }
+  reset_window();
+}
+
+}  // namespace titan::trainer

@@ -1,0 +1,58 @@
+// trainer/metrics.h — the per-step line and its JSONL twin (REFERENCE.md section 2).
+//
+//   step: 20  loss:  8.4931  grad_norm:  1.2345  memory: 0.41GiB(1.71%)  tps: 5,760  tflops: 0.01  mfu: 6.73%
+//
+// loss: global token-average loss of the step. memory: peak since the previous line (see
+// memory.h for what is measured on each device). tps: tokens per second per device since the
+// previous line, divided by the non-data-parallel degree. tflops = flops_per_token * tps / 1e12;
+// mfu = 100 * tflops / peak TFLOP/s.
+#pragma once
+
+#include <c10/core/Device.h>
+
+#include <chrono>
+#include <cstdint>
+#include <fstream>
+#include <string>
+
+namespace titan::trainer {
+
+// Achieved float32 GEMM FLOP/s on this CPU with the current intra-op threads: a short probe
+// (~0.3 s) used as the CPU "peak" for mfu when metrics.peak_flops is not given.
+double probe_cpu_matmul_flops();
+// Dense bf16 peak of a known GPU from its name, 0 if unknown (never guessed).
+double known_gpu_peak_flops(const std::string& device_name);
+
+struct StepMetrics {
+  int64_t step = 0;
+  double loss = 0;
+  double grad_norm = 0;
+  double lr = 0;
+};
+
+class MetricsLogger {
+ public:
+  MetricsLogger(c10::Device device, double flops_per_token, double peak_flops,
+                int64_t non_data_parallel_size, const std::string& jsonl_path);
+
+  // Counts tokens processed by this rank since the last line.
+  void add_tokens(int64_t tokens) { tokens_since_last_ += tokens; }
+  // Prints the line (through the log) and appends the JSONL record; resets the window.
+  void log(const StepMetrics& m);
+  // Resets the window without logging (e.g. after start-up work that should not count).
+  void reset_window();
+
+ private:
+  c10::Device device_;
+  double flops_per_token_;
+  double peak_flops_;
+  int64_t non_data_parallel_size_;
+  int64_t tokens_since_last_ = 0;
+  std::chrono::steady_clock::time_point window_start_;
+  std::ofstream jsonl_;
+};
+
+// 5760 -> "5,760"
+std::string with_thousands(int64_t value);
+
+}  // namespace titan::trainer

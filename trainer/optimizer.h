@@ -1,0 +1,58 @@
+// trainer/optimizer.h — AdamW (and Adam) over a flat list of parameters, plus gradient clipping.
+//
+// The step is ATen's fused multi-tensor kernel (`_fused_adamw_` / `_fused_adam_`), which computes
+// exactly torch.optim.AdamW(fused=True): one pass over each parameter, state in float32.
+// Parameters may be local shards (FSDP); the optimizer never needs the full model.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <string>
+#include <vector>
+
+namespace titan::trainer {
+
+struct AdamWOptions {
+  std::string name = "AdamW";  // "AdamW" (decoupled weight decay) or "Adam" (L2 in the gradient)
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;
+};
+
+class AdamW {
+ public:
+  AdamW(std::vector<at::Tensor> params, AdamWOptions options);
+
+  void step(double lr);  // parameters without a gradient are skipped
+  void zero_grad();      // drops the gradients (frees their memory until the next backward)
+
+  const std::vector<at::Tensor>& params() const { return params_; }
+  int64_t state_bytes() const;  // exp_avg + exp_avg_sq (+ step counters)
+
+ private:
+  std::vector<at::Tensor> params_;
+  std::vector<at::Tensor> exp_avg_;     // per param, same shape, float32
+  std::vector<at::Tensor> exp_avg_sq_;  // per param, same shape, float32
+  std::vector<at::Tensor> steps_;       // per param, scalar float32 (the fused kernel's layout)
+  AdamWOptions options_;
+};
+
+// Scales all gradients so that their global L2 norm is at most `max_norm`; returns the norm
+// before clipping (float64 on the host). `extra_sum_of_squares_reduce`, if set, turns the local
+// sum of squares into the global one (an all-reduce across shards; see parallel/).
+double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm,
+                      const std::function<void(at::Tensor&)>& reduce_sum_of_squares = {});
+
+// LR multiplier of torchtitan's warmup-stable-decay schedule for optimizer step `step`
+// (1-based training step). See lr_schedule.cpp for the exact formula.
+struct LrSchedule {
+  int64_t training_steps;
+  int64_t warmup_steps;
+  double decay_ratio;  // < 0: decay over every step after warmup
+  std::string decay_type;  // linear | sqrt | cosine
+  double min_lr_factor;
+  double factor(int64_t step) const;
+};
+
+}  // namespace titan::trainer

@@ -1,0 +1,27 @@
+#include "trainer/signals.h"
+
+#include <csignal>
+#include <unistd.h>
+
+namespace titan::trainer {
+namespace {
+volatile std::sig_atomic_t g_signal = 0;
+
+void on_signal(int sig) {
+  if (g_signal != 0) _exit(128 + sig);  // second Ctrl-C: the user really wants out
+  g_signal = sig;
+}
+}  // namespace
+
+void install_stop_handlers() {
+  struct sigaction action {};
+  action.sa_handler = on_signal;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
+}
+
+bool stop_requested() { return g_signal != 0; }
+int stop_signal() { return g_signal; }
+
+}  // namespace titan::trainer

@@ -1,0 +1,226 @@
+#include "trainer/train.h"
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Reduction.h>
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/cross_entropy_loss.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <filesystem>
+#include <sstream>
+
+#include "trainer/logging.h"
+#include "trainer/memory.h"
+#include "trainer/safetensors.h"
+#include "trainer/signals.h"
+
+namespace titan::trainer {
+namespace {
+
+std::string gib(int64_t bytes) {
+  std::ostringstream s;
+  s.precision(3);
+  s << std::fixed << bytes / double(1ull << 30) << " GiB";
+  return s.str();
+}
+
+at::ScalarType dtype_from_name(const std::string& name) {
+  if (name == "float32") return at::kFloat;
+  if (name == "bfloat16") return at::kBFloat16;
+  throw ConfigError("training.mixed_precision_param '" + name + "' (valid: bfloat16, float32)");
+}
+
+}  // namespace
+
+Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
+  const auto& t = cfg_.training;
+  if (t.device == "cuda") {
+#ifndef TITAN_WITH_CUDA
+    throw ConfigError(
+        "training.device = cuda, but this titan was built without CUDA "
+        "(build the CUDA variant: TITAN_CUDA=1 scripts/setup.sh)");
+#else
+    device_ = c10::Device(c10::kCUDA, 0);
+#endif
+  }
+  if (t.num_threads > 0) at::set_num_threads(static_cast<int>(t.num_threads));
+  compute_dtype_ = dtype_from_name(t.mixed_precision_param);
+  for (const auto& w : cfg_.warnings) log_warn(w);
+
+  // Data: the global batch is what one optimizer step consumes; this process takes its rows in
+  // micro-batches of local_batch_size (gradient accumulation when there are several).
+  const int64_t dp_degree = 1;
+  global_batch_size_ = t.global_batch_size > 0 ? t.global_batch_size : t.local_batch_size * dp_degree;
+  if (global_batch_size_ % (t.local_batch_size * dp_degree) != 0)
+    throw ConfigError("training.global_batch_size (" + std::to_string(global_batch_size_) +
+                      ") must be a multiple of training.local_batch_size (" +
+                      std::to_string(t.local_batch_size) + ") x data-parallel degree (" +
+                      std::to_string(dp_degree) + ")");
+  grad_accumulation_steps_ = global_batch_size_ / (t.local_batch_size * dp_degree);
+
+  tokenizer_ = make_tokenizer(cfg_.model.tokenizer_path);
+  DataConfig data_cfg;
+  data_cfg.dataset = t.dataset;
+  data_cfg.dataset_path = t.dataset_path;
+  data_cfg.seq_len = t.seq_len;
+  data_cfg.global_batch_size = global_batch_size_;
+  data_cfg.seed = t.seed;
+  loader_ = std::make_unique<DataLoader>(data_cfg, *tokenizer_);
+  log_info("tokenizer: " + tokenizer_->describe() + "; dataset: " + loader_->describe());
+
+  build_model();
+
+  AdamWOptions opt;
+  opt.name = cfg_.optimizer.name;
+  opt.beta1 = cfg_.optimizer.beta1;
+  opt.beta2 = cfg_.optimizer.beta2;
+  opt.eps = cfg_.optimizer.eps;
+  opt.weight_decay = cfg_.optimizer.weight_decay;
+  optimizer_ = std::make_unique<AdamW>(master_params_, opt);
+  lr_schedule_ = LrSchedule{t.steps, cfg_.lr_scheduler.warmup_steps, cfg_.lr_scheduler.decay_ratio,
+                            cfg_.lr_scheduler.decay_type, cfg_.lr_scheduler.min_lr_factor};
+
+  // Peak FLOP/s for mfu: the config, else a known GPU, else a GEMM probe on this CPU.
+  double peak = cfg_.metrics.peak_flops;
+  std::string peak_source = "metrics.peak_flops";
+  if (peak <= 0 && device_.is_cpu()) {
+    peak = probe_cpu_matmul_flops();
+    peak_source = "float32 GEMM probe on this CPU (" + std::to_string(at::get_num_threads()) + " threads)";
+  }
+  if (peak > 0)
+    log_info("mfu peak: " + std::to_string(peak / 1e12).substr(0, 6) + " TFLOP/s from " + peak_source);
+  else
+    log_warn("mfu: peak FLOP/s of this device is unknown; set metrics.peak_flops to see mfu");
+
+  const double fpt = model::flops_per_token(model_->args(), t.seq_len);
+  const std::string jsonl = (std::filesystem::path(cfg_.job.dump_folder) / "metrics.jsonl").string();
+  metrics_ = std::make_unique<MetricsLogger>(device_, fpt, peak, /*non_data_parallel_size=*/1, jsonl);
+  log_info("training " + std::to_string(t.steps) + " steps: global batch " +
+           std::to_string(global_batch_size_) + " x seq_len " + std::to_string(t.seq_len) + " (" +
+           std::to_string(grad_accumulation_steps_) + " micro-batch(es) of " +
+           std::to_string(t.local_batch_size) + "), metrics -> " + jsonl);
+}
+
+void Trainer::build_model() {
+  model::ModelArgs args = model::llama3_flavor(cfg_.model.flavor);
+  args.vocab_size = tokenizer_->vocab_size();
+  args.max_seq_len = cfg_.training.seq_len;
+  model_ = std::make_unique<model::Llama>(args);  // meta device: nothing allocated yet
+  const model::ParamCount count = model::count_params(args);
+  log_info("model llama3 " + cfg_.model.flavor + ": " + std::to_string(args.n_layers) +
+           " layers, dim " + std::to_string(args.dim) + ", vocab " + std::to_string(args.vocab_size) +
+           ", " + with_thousands(count.total) + " parameters, " +
+           with_thousands(static_cast<int64_t>(model::flops_per_token(args, cfg_.training.seq_len))) +
+           " FLOPs/token");
+
+  model_->materialize(device_, at::kFloat);
+  model_->init_weights(static_cast<uint64_t>(cfg_.training.seed));
+  model_->visit_params([&](const std::string& name, at::Tensor& p) {
+    param_names_.push_back(name);
+    param_slots_.push_back(&p);
+    p.requires_grad_(true);
+    master_params_.push_back(p);
+  });
+  if (!cfg_.checkpoint.initial_load_path.empty()) load_initial_weights(cfg_.checkpoint.initial_load_path);
+
+  int64_t param_bytes = 0;
+  for (const auto& p : master_params_) param_bytes += p.nbytes();
+  log_info("memory: parameters " + gib(param_bytes) + " (float32 masters, compute in " +
+           cfg_.training.mixed_precision_param + "), gradients " + gib(param_bytes) +
+           ", AdamW state " + gib(2 * param_bytes) + "; process RSS " + gib(process_rss_bytes()));
+}
+
+void Trainer::load_initial_weights(const std::string& path) {
+  auto tensors = load_safetensors(path);
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < param_names_.size(); ++i) {
+    auto it = tensors.find(param_names_[i]);
+    if (it == tensors.end())
+      throw std::runtime_error("checkpoint.initial_load_path '" + path + "' has no tensor '" +
+                               param_names_[i] + "'");
+    if (it->second.sizes() != master_params_[i].sizes()) {
+      std::ostringstream msg;
+      msg << "checkpoint.initial_load_path '" << path << "': tensor '" << param_names_[i]
+          << "' has shape " << it->second.sizes() << " but the model expects "
+          << master_params_[i].sizes();
+      throw std::runtime_error(msg.str());
+    }
+    master_params_[i].copy_(it->second);
+    tensors.erase(it);
+  }
+  if (!tensors.empty())
+    throw std::runtime_error("checkpoint.initial_load_path '" + path + "' has " +
+                             std::to_string(tensors.size()) + " tensor(s) the model lacks, e.g. '" +
+                             tensors.begin()->first + "'");
+  log_info("loaded initial weights from " + path);
+}
+
+void Trainer::bind_compute_params() {
+  for (size_t i = 0; i < param_slots_.size(); ++i)
+    *param_slots_[i] = compute_dtype_ == at::kFloat ? master_params_[i]
+                                                    : master_params_[i].to(compute_dtype_);
+}
+
+std::pair<double, double> Trainer::train_step(int64_t step) {
+  const auto& t = cfg_.training;
+  const double lr = cfg_.optimizer.lr * lr_schedule_.factor(step);
+  optimizer_->zero_grad();
+
+  Batch batch = loader_->next_batch();  // this rank's rows of the global batch, [rows, S]
+  // Loss scaling: every micro-batch contributes sum(token losses) / (global batch tokens), so
+  // the accumulated gradient is that of the global token-mean loss, whatever the split.
+  const double global_tokens = static_cast<double>(global_batch_size_) * t.seq_len;
+  double loss_sum = 0;
+  for (int64_t micro = 0; micro < grad_accumulation_steps_; ++micro) {
+    at::Tensor inputs = batch.inputs.narrow(0, micro * t.local_batch_size, t.local_batch_size).to(device_);
+    at::Tensor labels = batch.labels.narrow(0, micro * t.local_batch_size, t.local_batch_size).to(device_);
+    bind_compute_params();
+    at::Tensor logits = model_->forward(inputs);  // [b, S, V]
+    at::Tensor loss = at::cross_entropy_loss(logits.flatten(0, 1).to(at::kFloat), labels.flatten(),
+                                             /*weight=*/std::nullopt, at::Reduction::Sum);
+    torch::autograd::backward({loss / global_tokens});
+    loss_sum += loss.item<double>();
+    metrics_->add_tokens(inputs.numel());
+  }
+  const double grad_norm = clip_grad_norm(master_params_, t.max_norm);
+  optimizer_->step(lr);
+  return {loss_sum / global_tokens, grad_norm};
+}
+
+TrainResult Trainer::train() {
+  TrainResult result;
+  metrics_->reset_window();
+  for (int64_t step = 1; step <= cfg_.training.steps; ++step) {
+    if (stop_requested()) {
+      log_warn("received signal " + std::to_string(stop_signal()) + ": stopping after step " +
+               std::to_string(step - 1));
+      result.stopped_by_signal = true;
+      break;
+    }
+    auto [loss, grad_norm] = train_step(step);
+    result.losses.push_back(loss);
+    result.grad_norms.push_back(grad_norm);
+    result.steps_completed = step;
+    if (!std::isfinite(loss))
+      throw std::runtime_error("loss is " + std::to_string(loss) + " at step " + std::to_string(step) +
+                               " (diverged): lower optimizer.lr or check the data");
+    if (step == 1 || step % cfg_.metrics.log_freq == 0 || step == cfg_.training.steps)
+      metrics_->log({step, loss, grad_norm, cfg_.optimizer.lr * lr_schedule_.factor(step)});
+  }
+  if (!cfg_.checkpoint.export_path.empty()) export_weights(cfg_.checkpoint.export_path);
+  return result;
+}
+
+void Trainer::export_weights(const std::string& path) const {
+  const at::ScalarType dtype = cfg_.checkpoint.export_dtype == "bfloat16" ? at::kBFloat16 : at::kFloat;
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  for (size_t i = 0; i < param_names_.size(); ++i)
+    tensors.emplace_back(param_names_[i], master_params_[i].detach().to(dtype));
+  const auto parent = std::filesystem::path(path).parent_path();
+  if (!parent.empty()) std::filesystem::create_directories(parent);
+  save_safetensors(path, tensors, {{"format", "pt"}, {"flavor", cfg_.model.flavor}});
+  log_info("exported weights to " + path);
+}
+
+}  // namespace titan::trainer
