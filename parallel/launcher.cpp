@@ -1,0 +1,826 @@
+// parallel/launcher.cpp — see launcher.h.
+//
+// Note [Rank process groups]: each rank runs in a process group of its own (pgid == its pid),
+// and every signal titan-run sends goes to the whole group (kill(-pgid)). A rank started as
+// `sh -c '...'` or a trainer that forks helpers is thereby stopped as a whole tree, which a
+// kill(pid) would not do. The cost is that a terminal's Ctrl-C reaches titan-run only, so
+// titan-run forwards SIGINT/SIGTERM/SIGHUP itself. If titan-run itself is SIGKILLed, the ranks
+// die too through PR_SET_PDEATHSIG(SIGKILL), set in the child between fork and exec. Ranks get
+// /dev/null as stdin: a background process group reading the terminal would be stopped
+// (SIGTTIN) forever.
+#include "parallel/launcher.h"
+
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <iostream>
+#include <sstream>
+
+extern char** environ;
+
+namespace titan::parallel {
+namespace {
+
+constexpr size_t kTailLines = 20;             // kept per rank for the failure report
+constexpr size_t kMaxLineBytes = 64 * 1024;   // a longer line without '\n' is cut here
+constexpr int kMultiNodeDefaultPort = 29500;  // torchrun's default
+constexpr int kHandledSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGCHLD};
+
+using Clock = std::chrono::steady_clock;
+
+// ---------------------------------------------------------------------------------------------
+// Command line
+
+struct FlagSpec {
+  const char* name;  // canonical spelling, dashes
+  bool takes_value;
+};
+
+const FlagSpec kFlags[] = {
+    {"nproc-per-node", true}, {"nnodes", true},        {"node-rank", true},
+    {"master-addr", true},    {"master-port", true},   {"rdzv-endpoint", true},
+    {"rdzv-backend", true},   {"rdzv-id", true},       {"local-ranks-filter", true},
+    {"kill-grace-seconds", true}, {"max-restarts", true}, {"role", true},
+    {"tee", true},            {"standalone", false},   {"no-python", false},
+    {"help", false},
+};
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1])});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+std::string suggest_flag(const std::string& name) {
+  const FlagSpec* best = nullptr;
+  size_t best_distance = 4;  // farther than this is not a typo
+  for (const auto& f : kFlags) {
+    size_t d = edit_distance(name, f.name);
+    if (d < best_distance) {
+      best_distance = d;
+      best = &f;
+    }
+  }
+  return best ? std::string(" (did you mean --") + best->name + "?)" : std::string();
+}
+
+int parse_int_flag(const std::string& flag, const std::string& value, int lo, int hi) {
+  const char* begin = value.c_str();
+  char* end = nullptr;
+  errno = 0;
+  long v = std::strtol(begin, &end, 10);
+  if (value.empty() || end == begin || *end != '\0' || errno != 0 || v < lo || v > hi) {
+    throw UsageError("--" + flag + " expects an integer in [" + std::to_string(lo) + ", " +
+                     std::to_string(hi) + "], got '" + value + "'");
+  }
+  return static_cast<int>(v);
+}
+
+double parse_seconds_flag(const std::string& flag, const std::string& value) {
+  const char* begin = value.c_str();
+  char* end = nullptr;
+  double v = std::strtod(begin, &end);
+  if (value.empty() || end == begin || *end != '\0' || !(v >= 0) || v > 86400) {
+    throw UsageError("--" + flag + " expects seconds in [0, 86400], got '" + value + "'");
+  }
+  return v;
+}
+
+// "host:port", "host", "[::1]:port" -> sets master address (and port).
+void apply_rdzv_endpoint(const std::string& value, LaunchOptions& o) {
+  std::string host = value;
+  std::string port;
+  if (!value.empty() && value[0] == '[') {
+    auto close = value.find(']');
+    if (close == std::string::npos) {
+      throw UsageError("--rdzv-endpoint '" + value + "' has an unclosed '['");
+    }
+    host = value.substr(1, close - 1);
+    if (close + 1 < value.size()) {
+      if (value[close + 1] != ':') throw UsageError("--rdzv-endpoint '" + value + "' is malformed");
+      port = value.substr(close + 2);
+    }
+  } else if (auto colon = value.rfind(':'); colon != std::string::npos) {
+    host = value.substr(0, colon);
+    port = value.substr(colon + 1);
+  }
+  if (host.empty()) throw UsageError("--rdzv-endpoint '" + value + "' has no host");
+  o.master_addr = host;
+  if (!port.empty() || value.back() == ':') {
+    o.master_port = parse_int_flag("rdzv-endpoint port", port, 0, 65535);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Signals: the handler only writes the signal number into a self-pipe that the poll loop reads.
+
+int g_signal_pipe[2] = {-1, -1};
+
+void on_signal(int sig) {
+  int saved_errno = errno;
+  unsigned char byte = static_cast<unsigned char>(sig);
+  ssize_t ignored = write(g_signal_pipe[1], &byte, 1);
+  (void)ignored;  // a full pipe already holds a wake-up
+  errno = saved_errno;
+}
+
+const char* signal_name(int sig) {
+  switch (sig) {
+    case SIGHUP: return "SIGHUP";
+    case SIGINT: return "SIGINT";
+    case SIGQUIT: return "SIGQUIT";
+    case SIGILL: return "SIGILL";
+    case SIGTRAP: return "SIGTRAP";
+    case SIGABRT: return "SIGABRT";
+    case SIGBUS: return "SIGBUS";
+    case SIGFPE: return "SIGFPE";
+    case SIGKILL: return "SIGKILL";
+    case SIGUSR1: return "SIGUSR1";
+    case SIGSEGV: return "SIGSEGV";
+    case SIGUSR2: return "SIGUSR2";
+    case SIGPIPE: return "SIGPIPE";
+    case SIGALRM: return "SIGALRM";
+    case SIGTERM: return "SIGTERM";
+    case SIGXCPU: return "SIGXCPU";
+    case SIGXFSZ: return "SIGXFSZ";
+    case SIGSYS: return "SIGSYS";
+    default: return "unknown signal";
+  }
+}
+
+std::string describe_status(int status) {
+  std::ostringstream os;
+  if (WIFEXITED(status)) {
+    os << "exited with code " << WEXITSTATUS(status);
+  } else if (WIFSIGNALED(status)) {
+    os << "was killed by signal " << WTERMSIG(status) << " (" << signal_name(WTERMSIG(status))
+       << ")";
+    if (WCOREDUMP(status)) os << ", core dumped";
+  } else {
+    os << "ended with wait status " << status;
+  }
+  return os.str();
+}
+
+int exit_code_for(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+bool succeeded(int status) { return WIFEXITED(status) && WEXITSTATUS(status) == 0; }
+
+// Writes everything; gives up quietly when the reader went away (EPIPE): the job keeps running.
+bool write_all(int fd, const std::string& data) {
+  size_t done = 0;
+  while (done < data.size()) {
+    ssize_t n = write(fd, data.data() + done, data.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    done += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+void say(const std::string& message) { write_all(STDERR_FILENO, "titan-run: " + message + "\n"); }
+
+// ---------------------------------------------------------------------------------------------
+// Ranks
+
+struct Stream {
+  int fd = -1;
+  int out_fd = STDOUT_FILENO;  // where its lines go
+  std::string partial;         // bytes after the last '\n'
+};
+
+struct Rank {
+  int rank = 0;
+  int local_rank = 0;
+  pid_t pid = -1;
+  bool running = false;
+  int status = 0;
+  bool shown = true;  // passes the local-ranks filter
+  std::string prefix;
+  Stream out, err;
+  std::deque<std::string> tail;  // last kTailLines lines of stdout+stderr, prefixed
+};
+
+class Supervisor {
+ public:
+  Supervisor(const LaunchOptions& options, int master_port)
+      : options_(options), master_port_(master_port) {}
+  int run();
+
+ private:
+  std::vector<std::string> rank_environment(const Rank& r) const;
+  void spawn(Rank& r, int devnull);
+  void signal_ranks(int sig);
+  void begin_stop(int sig, const std::string& reason);
+  void on_launcher_signal(int sig);
+  void reap();
+  void read_stream(Rank& r, Stream& s);
+  void emit_line(Rank& r, Stream& s, std::string line);
+  void drain_outputs();
+  int report();
+
+  const LaunchOptions& options_;
+  const int master_port_;
+  std::vector<Rank> ranks_;
+  bool stopping_ = false;
+  std::optional<Clock::time_point> kill_deadline_;
+  int failed_index_ = -1;   // the first rank that failed on its own
+  int launcher_signal_ = 0;  // the signal that stopped titan-run, if any
+  bool output_ok_ = true;    // false once our stdout/stderr reader is gone
+};
+
+std::vector<std::string> Supervisor::rank_environment(const Rank& r) const {
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) env.emplace_back(*e);
+  auto set = [&env](const std::string& name, const std::string& value) {
+    std::string entry = name + "=" + value;
+    for (auto& existing : env) {
+      if (existing.compare(0, name.size() + 1, name + "=") == 0) {
+        existing = entry;
+        return;
+      }
+    }
+    env.push_back(entry);
+  };
+  int world_size = options_.nnodes * options_.nproc_per_node;
+  set("RANK", std::to_string(r.rank));
+  set("LOCAL_RANK", std::to_string(r.local_rank));
+  set("WORLD_SIZE", std::to_string(world_size));
+  set("LOCAL_WORLD_SIZE", std::to_string(options_.nproc_per_node));
+  set("GROUP_RANK", std::to_string(options_.node_rank));
+  set("GROUP_WORLD_SIZE", std::to_string(options_.nnodes));
+  set("ROLE_RANK", std::to_string(r.rank));
+  set("ROLE_WORLD_SIZE", std::to_string(world_size));
+  set("MASTER_ADDR", options_.master_addr);
+  set("MASTER_PORT", std::to_string(master_port_));
+  // As torchrun: several ranks on one node each spawning one OpenMP thread per core would
+  // oversubscribe the CPU many times over.
+  if (options_.nproc_per_node > 1 && std::getenv("OMP_NUM_THREADS") == nullptr) {
+    set("OMP_NUM_THREADS", "1");
+  }
+  return env;
+}
+
+void Supervisor::spawn(Rank& r, int devnull) {
+  // Everything the child needs is built before fork: between fork and exec it only makes
+  // async-signal-safe calls.
+  std::vector<std::string> env = rank_environment(r);
+  std::vector<char*> envp;
+  for (auto& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  std::vector<std::string> args = options_.command;
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const std::string exec_error_head = "titan-run: cannot execute '" + args[0] + "': ";
+
+  int out_pipe[2], err_pipe[2];
+  if (pipe2(out_pipe, O_CLOEXEC) != 0 || pipe2(err_pipe, O_CLOEXEC) != 0) {
+    throw std::runtime_error(std::string("pipe2 failed: ") + std::strerror(errno));
+  }
+  pid_t launcher_pid = getpid();
+  // Blocked across fork so that no handler of ours runs in the child before it resets them.
+  sigset_t all, previous;
+  sigfillset(&all);
+  sigprocmask(SIG_BLOCK, &all, &previous);
+  pid_t pid = fork();
+  if (pid == 0) {
+    setpgid(0, 0);  // See Note [Rank process groups]
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != launcher_pid) _exit(1);  // titan-run died before prctl took effect
+    for (int sig : kHandledSignals) signal(sig, SIG_DFL);
+    signal(SIGPIPE, SIG_DFL);  // ignored signals would stay ignored across exec
+    sigprocmask(SIG_SETMASK, &previous, nullptr);
+    dup2(devnull, STDIN_FILENO);
+    dup2(out_pipe[1], STDOUT_FILENO);
+    dup2(err_pipe[1], STDERR_FILENO);
+    execvpe(argv[0], argv.data(), envp.data());
+    int e = errno;
+    const char* reason = std::strerror(e);
+    ssize_t ignored = write(STDERR_FILENO, exec_error_head.data(), exec_error_head.size());
+    ignored = write(STDERR_FILENO, reason, std::strlen(reason));
+    ignored = write(STDERR_FILENO, "\n", 1);
+    (void)ignored;
+    _exit(e == ENOENT ? 127 : 126);  // the shell's codes for "not found" / "not executable"
+  }
+  int fork_errno = errno;
+  sigprocmask(SIG_SETMASK, &previous, nullptr);
+  close(out_pipe[1]);
+  close(err_pipe[1]);
+  if (pid < 0) {
+    close(out_pipe[0]);
+    close(err_pipe[0]);
+    throw std::runtime_error("fork for rank " + std::to_string(r.rank) +
+                             " failed: " + std::strerror(fork_errno));
+  }
+  // Also set here so that the group exists before we might signal it (whichever runs first
+  // wins; the other call fails harmlessly).
+  setpgid(pid, pid);
+  r.pid = pid;
+  r.running = true;
+  r.out.fd = out_pipe[0];
+  r.out.out_fd = STDOUT_FILENO;
+  r.err.fd = err_pipe[0];
+  r.err.out_fd = STDERR_FILENO;
+  fcntl(r.out.fd, F_SETFL, fcntl(r.out.fd, F_GETFL) | O_NONBLOCK);
+  fcntl(r.err.fd, F_SETFL, fcntl(r.err.fd, F_GETFL) | O_NONBLOCK);
+}
+
+void Supervisor::signal_ranks(int sig) {
+  // Exited ranks are signalled too: their group may still hold children (see Note [Rank
+  // process groups]). ESRCH for an empty group is expected.
+  for (const Rank& r : ranks_) {
+    if (r.pid > 0) kill(-r.pid, sig);
+  }
+}
+
+void Supervisor::begin_stop(int sig, const std::string& reason) {
+  stopping_ = true;
+  int running = 0;
+  for (const Rank& r : ranks_) running += r.running ? 1 : 0;
+  std::ostringstream os;
+  os << reason;
+  if (running > 0) {
+    os << "; sending " << signal_name(sig) << " to the " << running << " running rank"
+       << (running == 1 ? "" : "s") << " (SIGKILL after " << options_.kill_grace_seconds
+       << " s)";
+  }
+  if (running > 0 || launcher_signal_ != 0) say(os.str());  // else report() says it all
+  signal_ranks(sig);
+  kill_deadline_ = Clock::now() + std::chrono::milliseconds(
+                                      static_cast<int64_t>(options_.kill_grace_seconds * 1000));
+}
+
+void Supervisor::on_launcher_signal(int sig) {
+  if (!stopping_) {
+    launcher_signal_ = sig;
+    begin_stop(sig, std::string("received ") + signal_name(sig));
+  } else if (sig == SIGINT || sig == SIGTERM) {
+    // A second Ctrl-C means "now".
+    say(std::string("received ") + signal_name(sig) + " again; sending SIGKILL to every rank");
+    if (launcher_signal_ == 0) launcher_signal_ = sig;
+    signal_ranks(SIGKILL);
+    kill_deadline_.reset();
+  }
+}
+
+void Supervisor::reap() {
+  for (size_t i = 0; i < ranks_.size(); ++i) {
+    Rank& r = ranks_[i];
+    if (!r.running) continue;
+    int status = 0;
+    pid_t got = waitpid(r.pid, &status, WNOHANG);
+    if (got != r.pid) continue;
+    r.running = false;
+    r.status = status;
+    if (!succeeded(status) && !stopping_) {
+      failed_index_ = static_cast<int>(i);
+      begin_stop(SIGTERM, "rank " + std::to_string(r.rank) + " (local " +
+                              std::to_string(r.local_rank) + ", pid " + std::to_string(r.pid) +
+                              ") " + describe_status(status));
+    }
+  }
+}
+
+void Supervisor::emit_line(Rank& r, Stream& s, std::string line) {
+  line.insert(0, r.prefix);
+  line += '\n';
+  if (r.shown && output_ok_) output_ok_ = write_all(s.out_fd, line);
+  line.pop_back();
+  r.tail.push_back(std::move(line));
+  if (r.tail.size() > kTailLines) r.tail.pop_front();
+}
+
+void Supervisor::read_stream(Rank& r, Stream& s) {
+  // One read per wake-up keeps a chatty rank from starving the others.
+  char buffer[65536];
+  ssize_t n = read(s.fd, buffer, sizeof buffer);
+  if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+  if (n <= 0) {  // EOF (or a read error, treated alike)
+    if (!s.partial.empty()) emit_line(r, s, std::move(s.partial));
+    s.partial.clear();
+    close(s.fd);
+    s.fd = -1;
+    return;
+  }
+  s.partial.append(buffer, static_cast<size_t>(n));
+  size_t start = 0;
+  for (size_t nl; (nl = s.partial.find('\n', start)) != std::string::npos; start = nl + 1) {
+    emit_line(r, s, s.partial.substr(start, nl - start));
+  }
+  s.partial.erase(0, start);
+  if (s.partial.size() > kMaxLineBytes) {
+    emit_line(r, s, std::move(s.partial));
+    s.partial.clear();
+  }
+}
+
+// After the last rank exited: take what is still in the pipes. A pipe held open by a leftover
+// grandchild would never reach EOF, so this stops when the pipes fall quiet.
+void Supervisor::drain_outputs() {
+  auto give_up = Clock::now() + std::chrono::seconds(1);
+  while (Clock::now() < give_up) {
+    std::vector<pollfd> fds;
+    std::vector<std::pair<Rank*, Stream*>> owners;
+    for (Rank& r : ranks_) {
+      for (Stream* s : {&r.out, &r.err}) {
+        if (s->fd >= 0) {
+          fds.push_back({s->fd, POLLIN, 0});
+          owners.emplace_back(&r, s);
+        }
+      }
+    }
+    if (fds.empty()) break;
+    int n = poll(fds.data(), fds.size(), 100);
+    if (n == 0) break;
+    if (n < 0 && errno != EINTR) break;
+    for (size_t i = 0; i < fds.size(); ++i) {
+      if (fds[i].revents != 0) read_stream(*owners[i].first, *owners[i].second);
+    }
+  }
+  for (Rank& r : ranks_) {
+    for (Stream* s : {&r.out, &r.err}) {
+      if (s->fd < 0) continue;
+      if (!s->partial.empty()) emit_line(r, *s, std::move(s->partial));
+      close(s->fd);
+      s->fd = -1;
+    }
+  }
+}
+
+int Supervisor::report() {
+  if (failed_index_ >= 0) {
+    const Rank& f = ranks_[failed_index_];
+    std::ostringstream os;
+    os << "titan-run: FAILED: rank " << f.rank << " (local " << f.local_rank << ", pid " << f.pid
+       << ") " << describe_status(f.status) << "\n";
+    if (f.tail.empty()) {
+      os << "titan-run: rank " << f.rank << " printed nothing\n";
+    } else {
+      os << "titan-run: last " << f.tail.size() << " output line" << (f.tail.size() == 1 ? "" : "s")
+         << " of rank " << f.rank << ":\n";
+      for (const auto& line : f.tail) os << "  " << line << "\n";
+    }
+    for (const Rank& r : ranks_) {
+      if (&r == &f || succeeded(r.status)) continue;
+      os << "titan-run: rank " << r.rank << " (local " << r.local_rank << ", pid " << r.pid << ") "
+         << describe_status(r.status) << " (stopped by titan-run)\n";
+    }
+    write_all(STDERR_FILENO, os.str());
+    return exit_code_for(f.status);
+  }
+  if (launcher_signal_ != 0) {
+    say(std::string("stopped by ") + signal_name(launcher_signal_));
+    return 128 + launcher_signal_;
+  }
+  return 0;
+}
+
+int Supervisor::run() {
+  int devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (devnull < 0) throw std::runtime_error(std::string("open /dev/null: ") + std::strerror(errno));
+  std::vector<int> filter;
+  if (options_.local_ranks_filter) filter = *options_.local_ranks_filter;
+
+  ranks_.resize(static_cast<size_t>(options_.nproc_per_node));
+  for (int local = 0; local < options_.nproc_per_node; ++local) {
+    Rank& r = ranks_[static_cast<size_t>(local)];
+    r.local_rank = local;
+    r.rank = options_.node_rank * options_.nproc_per_node + local;
+    r.prefix = "[rank " + std::to_string(r.rank) + "] ";
+    r.shown = filter.empty() || std::find(filter.begin(), filter.end(), local) != filter.end();
+  }
+  try {
+    for (Rank& r : ranks_) spawn(r, devnull);
+  } catch (...) {
+    close(devnull);
+    signal_ranks(SIGKILL);
+    for (Rank& r : ranks_) {
+      if (r.running) waitpid(r.pid, nullptr, 0);
+    }
+    throw;
+  }
+  close(devnull);
+
+  auto any_running = [this] {
+    return std::any_of(ranks_.begin(), ranks_.end(), [](const Rank& r) { return r.running; });
+  };
+  while (any_running()) {
+    int timeout_ms = 1000;  // also a safety net should a SIGCHLD wake-up ever be missed
+    if (kill_deadline_) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*kill_deadline_ -
+                                                                        Clock::now());
+      timeout_ms = static_cast<int>(std::clamp<int64_t>(left.count(), 0, 1000));
+    }
+    std::vector<pollfd> fds = {{g_signal_pipe[0], POLLIN, 0}};
+    std::vector<std::pair<Rank*, Stream*>> owners = {{nullptr, nullptr}};
+    for (Rank& r : ranks_) {
+      for (Stream* s : {&r.out, &r.err}) {
+        if (s->fd >= 0) {
+          fds.push_back({s->fd, POLLIN, 0});
+          owners.emplace_back(&r, s);
+        }
+      }
+    }
+    int n = poll(fds.data(), fds.size(), timeout_ms);
+    if (n < 0 && errno != EINTR) {
+      throw std::runtime_error(std::string("poll failed: ") + std::strerror(errno));
+    }
+    if (n > 0) {
+      if (fds[0].revents & POLLIN) {
+        unsigned char signals[64];
+        ssize_t got = read(g_signal_pipe[0], signals, sizeof signals);
+        for (ssize_t i = 0; i < got; ++i) {
+          if (signals[i] != SIGCHLD) on_launcher_signal(signals[i]);
+        }
+      }
+      for (size_t i = 1; i < fds.size(); ++i) {
+        if (fds[i].revents != 0) read_stream(*owners[i].first, *owners[i].second);
+      }
+    }
+    reap();
+    if (kill_deadline_ && Clock::now() >= *kill_deadline_ && any_running()) {
+      std::ostringstream os;
+      os << "grace period of " << options_.kill_grace_seconds
+         << " s is over; sending SIGKILL to the remaining ranks";
+      say(os.str());
+      signal_ranks(SIGKILL);
+      kill_deadline_.reset();
+    }
+  }
+  if (stopping_) signal_ranks(SIGKILL);  // leftovers in the ranks' groups
+  drain_outputs();
+  return report();
+}
+
+// Installs the self-pipe handlers for the duration of launch() and restores the old ones.
+class SignalScope {
+ public:
+  SignalScope() {
+    if (pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
+      throw std::runtime_error(std::string("pipe2 failed: ") + std::strerror(errno));
+    }
+    struct sigaction sa = {};
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART | SA_NOCLDSTOP;
+    for (size_t i = 0; i < std::size(kHandledSignals); ++i) {
+      sigaction(kHandledSignals[i], &sa, &previous_[i]);
+    }
+    struct sigaction ignore = {};
+    ignore.sa_handler = SIG_IGN;
+    sigaction(SIGPIPE, &ignore, &previous_pipe_);  // a closed reader must not kill titan-run
+  }
+  ~SignalScope() {
+    for (size_t i = 0; i < std::size(kHandledSignals); ++i) {
+      sigaction(kHandledSignals[i], &previous_[i], nullptr);
+    }
+    sigaction(SIGPIPE, &previous_pipe_, nullptr);
+    close(g_signal_pipe[0]);
+    close(g_signal_pipe[1]);
+    g_signal_pipe[0] = g_signal_pipe[1] = -1;
+  }
+
+ private:
+  struct sigaction previous_[std::size(kHandledSignals)];
+  struct sigaction previous_pipe_;
+};
+
+}  // namespace
+
+std::vector<int> parse_rank_list(const std::string& text, const std::string& what) {
+  std::vector<int> ranks;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    const char* begin = item.c_str();
+    char* end = nullptr;
+    errno = 0;
+    long v = std::strtol(begin, &end, 10);
+    if (item.empty() || end == begin || *end != '\0' || errno != 0 || v < 0 || v > INT_MAX) {
+      throw UsageError(what + " expects a comma-separated list of local ranks such as '0,1', got '" +
+                       text + "'");
+    }
+    ranks.push_back(static_cast<int>(v));
+  }
+  if (ranks.empty()) throw UsageError(what + " is empty; give local ranks such as '0,1'");
+  return ranks;
+}
+
+LaunchOptions parse_launch_args(const std::vector<std::string>& args) {
+  LaunchOptions o;
+  bool standalone = false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (arg == "--") {
+      o.command.assign(args.begin() + static_cast<std::ptrdiff_t>(i) + 1, args.end());
+      break;
+    }
+    if (arg == "-h") {
+      o.help = true;
+      continue;
+    }
+    if (arg.size() < 2 || arg[0] != '-') {  // the trainer's command starts here
+      o.command.assign(args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
+      break;
+    }
+    if (arg.compare(0, 2, "--") != 0) {
+      throw UsageError("unknown flag '" + arg + "' (titan-run's flags are long: --nproc-per-node ...)");
+    }
+    std::string name = arg.substr(2);
+    std::optional<std::string> value;
+    if (auto eq = name.find('='); eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name.resize(eq);
+    }
+    std::replace(name.begin(), name.end(), '_', '-');
+    const FlagSpec* spec = nullptr;
+    for (const auto& f : kFlags) {
+      if (name == f.name) spec = &f;
+    }
+    if (spec == nullptr) {
+      throw UsageError("unknown flag '" + arg + "'" + suggest_flag(name));
+    }
+    if (!spec->takes_value && value) {
+      throw UsageError("--" + name + " takes no value, got '" + arg + "'");
+    }
+    if (spec->takes_value && !value) {
+      if (i + 1 >= args.size()) throw UsageError("--" + name + " needs a value");
+      value = args[++i];
+    }
+    if (name == "nproc-per-node") {
+      o.nproc_per_node = parse_int_flag(name, *value, 1, 1024);
+    } else if (name == "nnodes") {
+      if (value->find(':') != std::string::npos) {
+        throw UsageError("--nnodes '" + *value +
+                         "': elastic ranges are not supported, give one node count");
+      }
+      o.nnodes = parse_int_flag(name, *value, 1, 100000);
+    } else if (name == "node-rank") {
+      o.node_rank = parse_int_flag(name, *value, 0, 100000);
+    } else if (name == "master-addr") {
+      if (value->empty()) throw UsageError("--master-addr is empty");
+      o.master_addr = *value;
+    } else if (name == "master-port") {
+      o.master_port = parse_int_flag(name, *value, 0, 65535);
+    } else if (name == "rdzv-endpoint") {
+      apply_rdzv_endpoint(*value, o);
+    } else if (name == "rdzv-backend") {
+      if (*value != "c10d" && *value != "static") {
+        throw UsageError("--rdzv-backend '" + *value +
+                         "' is not supported (titan-run does static rendezvous: c10d or static)");
+      }
+    } else if (name == "max-restarts") {
+      if (parse_int_flag(name, *value, 0, 0) != 0) throw UsageError("unreachable");
+    } else if (name == "local-ranks-filter") {
+      o.local_ranks_filter = parse_rank_list(*value, "--local-ranks-filter");
+    } else if (name == "kill-grace-seconds") {
+      o.kill_grace_seconds = parse_seconds_flag(name, *value);
+    } else if (name == "standalone") {
+      standalone = true;
+    } else if (name == "help") {
+      o.help = true;
+    }
+    // rdzv-id, role, tee, no-python: accepted for torchrun compatibility, no effect here
+    // (titan-run always relays both streams and runs the command as given).
+  }
+  if (o.help) return o;
+  if (standalone) {
+    if (o.nnodes != 1) {
+      throw UsageError("--standalone runs a single node, but --nnodes is " +
+                       std::to_string(o.nnodes));
+    }
+    o.master_addr = "127.0.0.1";
+  }
+  if (o.node_rank >= o.nnodes) {
+    throw UsageError("--node-rank " + std::to_string(o.node_rank) + " must be < --nnodes " +
+                     std::to_string(o.nnodes));
+  }
+  if (o.nnodes > 1 && o.master_port && *o.master_port == 0) {
+    throw UsageError("--master-port 0 (pick a free port) works on a single node only: with --nnodes " +
+                     std::to_string(o.nnodes) + " every node must be given the same port");
+  }
+  if (o.local_ranks_filter) {
+    for (int local : *o.local_ranks_filter) {
+      if (local >= o.nproc_per_node) {
+        throw UsageError("--local-ranks-filter names local rank " + std::to_string(local) +
+                         " but --nproc-per-node is " + std::to_string(o.nproc_per_node));
+      }
+    }
+  }
+  if (o.command.empty()) {
+    throw UsageError("no command to run: give it after the flags, e.g. "
+                     "titan-run --nproc-per-node 2 -- titan-train --job.config_file FILE");
+  }
+  return o;
+}
+
+std::string launch_usage() {
+  return R"(usage: titan-run [flags] [--] COMMAND [ARGS...]
+
+Starts COMMAND once per local rank with torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE,
+LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT), prefixes every output line with
+"[rank N] ", and stops all ranks when one fails. Flags accept dashes or underscores.
+
+  --nproc-per-node N        processes on this node (default 1)
+  --nnodes N                number of nodes (default 1); run one titan-run per node
+  --node-rank R             this node's index, 0 .. nnodes-1 (default 0)
+  --master-addr HOST        address of node 0, where rank 0 serves the store (default 127.0.0.1)
+  --master-port P           its port; default: a free port on one node, 29500 on several
+  --rdzv-endpoint HOST:PORT same as --master-addr HOST --master-port PORT
+  --standalone              single node on 127.0.0.1 with a free port
+  --local-ranks-filter L    show output of these local ranks only, e.g. 0,1
+                            (default: LOG_RANK from the environment, else all)
+  --kill-grace-seconds S    after a failure: SIGTERM, then SIGKILL after S seconds (default 5)
+  --rdzv-backend, --rdzv-id, --role, --tee, --max-restarts 0, --no-python
+                            accepted for torchrun compatibility; no effect
+  -h, --help                this text
+
+Exit code: 0 when every rank exits 0; else the failing rank's exit code, or 128 + signal.
+Bad flags exit with 2.
+)";
+}
+
+int pick_free_port() {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw std::runtime_error(std::string("socket failed: ") + std::strerror(errno));
+  sockaddr_in addr = {};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  addr.sin_port = 0;
+  socklen_t len = sizeof addr;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    int e = errno;
+    close(fd);
+    throw std::runtime_error(std::string("could not find a free port: ") + std::strerror(e));
+  }
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+int launch(const LaunchOptions& options) {
+  if (options.command.empty()) throw UsageError("no command to run");
+  int port = options.master_port.value_or(options.nnodes == 1 ? 0 : kMultiNodeDefaultPort);
+  if (port == 0) port = pick_free_port();
+  SignalScope signals;
+  Supervisor supervisor(options, port);
+  return supervisor.run();
+}
+
+int launcher_main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  LaunchOptions options;
+  try {
+    options = parse_launch_args(args);
+    if (options.help) {
+      std::cout << launch_usage();
+      return 0;
+    }
+    if (!options.local_ranks_filter) {
+      // LOG_RANK is often exported job-wide: local ranks this node lacks are simply not shown.
+      if (const char* log_rank = std::getenv("LOG_RANK"); log_rank != nullptr && *log_rank) {
+        options.local_ranks_filter = parse_rank_list(log_rank, "LOG_RANK");
+      }
+    }
+  } catch (const UsageError& e) {
+    std::cerr << "titan-run: " << e.what() << "\n(see titan-run --help)\n";
+    return kUsageExitCode;
+  }
+  try {
+    return launch(options);
+  } catch (const std::exception& e) {
+    std::cerr << "titan-run: " << e.what() << "\n";
+    return 1;
+  }
+}
+
+}  // namespace titan::parallel

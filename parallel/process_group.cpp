@@ -1,0 +1,289 @@
+// parallel/process_group.cpp — see process_group.h.
+//
+// Note [Gloo headers from Debian]: ProcessGroupGloo.hpp includes <gloo/...> headers that the
+// torch wheel does not ship; Debian's libgloo-dev (git 2022-05-18) provides them. Every gloo
+// type the header names reaches our code through a pointer (shared_ptr<gloo::Context>,
+// shared_ptr<gloo::transport::Device>, ...), so ProcessGroupGloo's layout does not depend on
+// gloo's version, and all the code that touches gloo objects runs inside libtorch_cpu.so,
+// compiled against torch's own gloo. What would break: any *inline* code from the header that
+// reaches into gloo, compiled here against the 2022 declarations. Two are known:
+//  - ProcessGroupGloo::GlooStore: Debian's gloo::rendezvous::Store lacks the v2 virtuals
+//    (has_v2_support, multi_get, multi_set, append, add) that torch's gloo has. Constructing a
+//    GlooStore here would emit a shorter vtable that, exported from our binary, interposes
+//    libtorch's weak copy: gloo would then call through missing slots.
+//  - ProcessGroupGloo::setTimeout: calls gloo::Context::setTimeout through 2022 declarations.
+// So this file never names GlooStore, never calls setTimeout or any other gloo member, and
+// only passes the opaque device pointer from createDeviceFor*() back into the options.
+// tests/test_comm.cpp checks all collectives against closed forms with these headers.
+#include "parallel/process_group.h"
+
+#include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <cstdlib>
+#include <sstream>
+
+namespace titan::parallel {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// c10::Error::what() appends a C++ backtrace of c10's internals; the first part is the message.
+std::string error_text(const std::exception& e) {
+  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&e)) {
+    return c10_error->what_without_backtrace();
+  }
+  return e.what();
+}
+
+std::string join(const std::vector<int>& values) {
+  std::ostringstream os;
+  for (size_t i = 0; i < values.size(); ++i) os << (i ? ", " : "") << values[i];
+  return os.str();
+}
+
+std::shared_ptr<::gloo::transport::Device> create_device(const CommOptions& options) {
+  using Gloo = c10d::ProcessGroupGloo;
+  if (!options.device_interface.empty()) {
+    return Gloo::createDeviceForInterface(options.device_interface);
+  }
+  if (!options.device_hostname.empty()) {
+    return Gloo::createDeviceForHostname(options.device_hostname);
+  }
+  return Gloo::createDefaultDevice();
+}
+
+}  // namespace
+
+const char* reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return "sum";
+    case ReduceOp::kMax: return "max";
+  }
+  return "?";
+}
+
+c10::intrusive_ptr<c10d::Store> create_tcp_store(const std::string& host, int port, int rank,
+                                                 int world_size,
+                                                 std::chrono::milliseconds timeout) {
+  c10d::TCPStoreOptions opts;
+  opts.port = static_cast<std::uint16_t>(port);
+  opts.isServer = rank == 0;
+  opts.numWorkers = static_cast<std::size_t>(world_size);
+  // Rank 0 must return at once: with port 0 it has to hand the chosen port to the others
+  // before they can connect. Group formation (Comm) waits for everyone anyway.
+  opts.waitWorkers = false;
+  opts.timeout = timeout;
+  try {
+    return c10::make_intrusive<c10d::TCPStore>(host, opts);
+  } catch (const std::exception& e) {
+    std::ostringstream os;
+    os << "[rank " << rank << "] could not " << (rank == 0 ? "serve" : "reach")
+       << " the TCPStore at " << host << ":" << port << " (world size " << world_size
+       << ", timeout " << timeout.count() << " ms): " << error_text(e);
+    if (rank != 0) os << "\nhint: is rank 0 running, and are MASTER_ADDR/MASTER_PORT right?";
+    if (rank == 0 && port != 0) os << "\nhint: is another job using port " << port << "?";
+    throw CommError(os.str());
+  }
+}
+
+int store_port(const c10::intrusive_ptr<c10d::Store>& store) {
+  auto* tcp = dynamic_cast<c10d::TCPStore*>(store.get());
+  TORCH_CHECK(tcp != nullptr, "store_port: the store is not a TCPStore");
+  return tcp->getPort();
+}
+
+Comm::Comm(c10::intrusive_ptr<c10d::Store> store, int rank, int size, std::string name,
+           CommOptions options, std::vector<int> global_ranks)
+    : store_(std::move(store)),
+      rank_(rank),
+      size_(size),
+      name_(std::move(name)),
+      options_(std::move(options)),
+      global_ranks_(std::move(global_ranks)) {
+  if (global_ranks_.empty()) {
+    for (int r = 0; r < size_; ++r) global_ranks_.push_back(r);
+  }
+  if (size_ < 1 || rank_ < 0 || rank_ >= size_ ||
+      global_ranks_.size() != static_cast<size_t>(size_)) {
+    std::ostringstream os;
+    os << "group '" << name_ << "': rank " << rank_ << " / size " << size_ << " with "
+       << global_ranks_.size() << " global ranks [" << join(global_ranks_)
+       << "] is inconsistent (need 0 <= rank < size == number of global ranks)";
+    throw CommError(os.str());
+  }
+  last_.group = name_;
+  try {
+    auto gloo_options = c10d::ProcessGroupGloo::Options::create(options_.timeout);
+    gloo_options->devices.push_back(create_device(options_));
+    gloo_options->group_name = name_;
+    for (int g : global_ranks_) gloo_options->global_ranks_in_group.push_back(g);
+    // Every group gets its own key space: Gloo's rendezvous keys would collide otherwise.
+    auto prefixed = c10::make_intrusive<c10d::PrefixStore>(name_ + "/", store_);
+    backend_ = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rank_, size_, gloo_options);
+  } catch (const std::exception& e) {
+    std::ostringstream os;
+    os << "could not form the group (timeout " << options_.timeout.count()
+       << " ms; device " << (options_.device_interface.empty()
+                                  ? "host '" + options_.device_hostname + "'"
+                                  : "interface '" + options_.device_interface + "'")
+       << "): " << error_text(e)
+       << "\nhint: every member must create group '" << name_ << "' with size " << size_;
+    fail("group creation", os.str());
+  }
+}
+
+Comm::~Comm() = default;
+
+std::unique_ptr<Comm> Comm::new_group(const std::vector<int>& ranks,
+                                      const std::string& name) const {
+  std::vector<int> global;
+  int my_rank = -1;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    int r = ranks[i];
+    if (r < 0 || r >= size_) {
+      fail("new_group '" + name + "'",
+           "rank " + std::to_string(r) + " in [" + join(ranks) + "] is outside [0, " +
+               std::to_string(size_) + ")");
+    }
+    if (std::count(ranks.begin(), ranks.end(), r) > 1) {
+      fail("new_group '" + name + "'", "rank " + std::to_string(r) + " is listed twice in [" +
+                                           join(ranks) + "]");
+    }
+    if (r == rank_) my_rank = static_cast<int>(i);
+    global.push_back(global_ranks_[static_cast<size_t>(r)]);
+  }
+  if (my_rank < 0) return nullptr;
+  return std::make_unique<Comm>(store_, my_rank, static_cast<int>(ranks.size()), name, options_,
+                                std::move(global));
+}
+
+std::string Comm::where() const {
+  std::ostringstream os;
+  os << "[rank " << global_rank() << "] group '" << name_ << "' (rank " << rank_ << " of "
+     << size_ << ", global ranks [" << join(global_ranks_) << "])";
+  return os.str();
+}
+
+std::string Comm::describe_tensor(const at::Tensor& t) const {
+  if (!t.defined()) return "undefined tensor";
+  std::ostringstream os;
+  os << t.scalar_type() << " " << t.sizes() << " on " << t.device()
+     << (t.is_contiguous() ? "" : " (non-contiguous)");
+  return os.str();
+}
+
+void Comm::fail(const std::string& what, const std::string& reason) const {
+  throw CommError(where() + ": " + what + " failed: " + reason);
+}
+
+// Owns the sequence numbering, the record and the error capture of every collective; each
+// public collective is a check plus one c10d call.
+template <typename Launch>
+void Comm::run_collective(std::string op, const at::Tensor& tensor, Launch&& launch) {
+  last_.seq += 1;
+  last_.op = std::move(op);
+  last_.bytes = tensor.defined() ? static_cast<int64_t>(tensor.numel() * tensor.element_size()) : 0;
+  total_bytes_ += last_.bytes;
+  auto start = Clock::now();
+  try {
+    c10::intrusive_ptr<c10d::Work> work = launch();
+    work->wait();
+  } catch (const std::exception& e) {
+    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
+    std::ostringstream os;
+    os << "collective " << last_.op << " #" << last_.seq << " (" << last_.bytes << " bytes, "
+       << describe_tensor(tensor) << ") failed after " << ms.count() << " ms (timeout "
+       << options_.timeout.count() << " ms): " << error_text(e);
+    throw CommError(where() + ": " + os.str());
+  }
+}
+
+void Comm::all_reduce(const at::Tensor& tensor, ReduceOp op) {
+  std::string name = std::string("all_reduce(") + reduce_op_name(op) + ")";
+  if (!tensor.defined() || !tensor.is_contiguous()) {
+    fail(name, "tensor must be defined and contiguous, got " + describe_tensor(tensor));
+  }
+  run_collective(name, tensor, [&] {
+    std::vector<at::Tensor> tensors = {tensor};
+    c10d::AllreduceOptions opts;
+    opts.reduceOp = op == ReduceOp::kSum ? c10d::ReduceOp::SUM : c10d::ReduceOp::MAX;
+    return backend_->allreduce(tensors, opts);
+  });
+}
+
+void Comm::all_gather_into_tensor(const at::Tensor& output, const at::Tensor& input) {
+  const char* name = "all_gather_into_tensor";
+  if (!input.defined() || !output.defined() || !input.is_contiguous() ||
+      !output.is_contiguous() || output.scalar_type() != input.scalar_type() ||
+      output.numel() != input.numel() * size_) {
+    fail(name, "need contiguous tensors of one dtype with output.numel() == " +
+                   std::to_string(size_) + " * input.numel(); got input " +
+                   describe_tensor(input) + ", output " + describe_tensor(output));
+  }
+  run_collective(name, input, [&] {
+    at::Tensor out = output;
+    at::Tensor in = input;
+    return backend_->_allgather_base(out, in);
+  });
+}
+
+void Comm::reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& input) {
+  const char* name = "reduce_scatter_tensor(sum)";
+  if (!input.defined() || !output.defined() || !input.is_contiguous() ||
+      !output.is_contiguous() || output.scalar_type() != input.scalar_type() ||
+      input.numel() != output.numel() * size_) {
+    fail(name, "need contiguous tensors of one dtype with input.numel() == " +
+                   std::to_string(size_) + " * output.numel(); got input " +
+                   describe_tensor(input) + ", output " + describe_tensor(output));
+  }
+  run_collective(name, input, [&] {
+    at::Tensor out = output;
+    at::Tensor in = input;
+    c10d::ReduceScatterOptions opts;
+    opts.reduceOp = c10d::ReduceOp::SUM;
+    return backend_->_reduce_scatter_base(out, in, opts);
+  });
+}
+
+void Comm::broadcast(const at::Tensor& tensor, int root) {
+  std::string name = "broadcast(root " + std::to_string(root) + ")";
+  if (root < 0 || root >= size_) {
+    fail(name, "root must be a group rank in [0, " + std::to_string(size_) + ")");
+  }
+  if (!tensor.defined() || !tensor.is_contiguous()) {
+    fail(name, "tensor must be defined and contiguous, got " + describe_tensor(tensor));
+  }
+  run_collective(name, tensor, [&] {
+    std::vector<at::Tensor> tensors = {tensor};
+    c10d::BroadcastOptions opts;
+    opts.rootRank = root;
+    return backend_->broadcast(tensors, opts);
+  });
+}
+
+void Comm::barrier() {
+  run_collective("barrier", at::Tensor(), [&] { return backend_->barrier(); });
+}
+
+std::unique_ptr<Comm> init_process_group(const WorldInfo& world, CommOptions options) {
+  bool single_node = world.local_world_size == world.world_size;
+  if (!single_node && options.device_hostname == "127.0.0.1" && options.device_interface.empty()) {
+    // Loopback cannot reach other nodes. GLOO_SOCKET_IFNAME is the variable users know from
+    // PyTorch; it is read here and nowhere else.
+    if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname) {
+      options.device_interface = ifname;
+    } else {
+      options.device_hostname.clear();
+    }
+  }
+  auto store = create_tcp_store(world.master_addr, world.master_port, world.rank,
+                                world.world_size, options.timeout);
+  return std::make_unique<Comm>(store, world.rank, world.world_size, "world", options);
+}
+
+}  // namespace titan::parallel

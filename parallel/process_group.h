@@ -1,0 +1,129 @@
+// parallel/process_group.h — c10d stores + Gloo process groups behind one small wrapper, Comm,
+// through which every collective of titan goes (STYLE: "all collectives through one wrapper").
+//
+// Each Comm call records a sequence number, op, bytes and group name; a failure or timeout is
+// rethrown as CommError naming the rank, the group, the collective and its sequence number.
+// Sub-groups (TP, FSDP, ...) are Comms of their own over a PrefixStore of the job's store.
+//
+// Gloo's headers do not ship with the torch wheel; Debian's libgloo-dev stands in for them.
+// See Note [Gloo headers from Debian] in process_group.cpp for what that allows and forbids.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/intrusive_ptr.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>  // callers hold the store (intrusive_ptr)
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "parallel/world.h"
+
+namespace c10d {
+class Backend;  // ProcessGroupGloo stays out of this header: See Note [Gloo headers from Debian]
+}  // namespace c10d
+
+namespace titan::parallel {
+
+// A collective (or group creation) failed or timed out; the message carries the rank, group,
+// collective, sequence number and tensor.
+class CommError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+enum class ReduceOp { kSum, kMax };
+
+const char* reduce_op_name(ReduceOp op);  // "sum", "max"
+
+struct CollectiveRecord {
+  uint64_t seq = 0;    // 1, 2, ... per Comm, in issue order (identical on every member)
+  std::string op;      // "all_reduce(sum)", "all_gather_into_tensor", ...
+  int64_t bytes = 0;   // bytes of this rank's input tensor
+  std::string group;   // Comm name
+};
+
+struct CommOptions {
+  // Gloo's per-operation timeout, and the store's timeout while the group is being formed.
+  std::chrono::milliseconds timeout{std::chrono::minutes(10)};
+  // The address this rank's Gloo device binds and advertises. 127.0.0.1 is right for one
+  // node. Empty: Gloo's default device (this host's resolved hostname, loopback as fallback).
+  std::string device_hostname = "127.0.0.1";
+  // A network interface name (e.g. "eth0"); when set it takes precedence over device_hostname.
+  std::string device_interface;
+};
+
+// The job's key-value store: rank 0 serves it on `port` (0: a free port, read it back with
+// store_port()), every other rank connects to host:port. Every rank holds its own connection
+// (threads standing in for ranks each create their own client).
+c10::intrusive_ptr<c10d::Store> create_tcp_store(const std::string& host, int port, int rank,
+                                                 int world_size,
+                                                 std::chrono::milliseconds timeout);
+
+// The port a store from create_tcp_store listens on / connects to.
+int store_port(const c10::intrusive_ptr<c10d::Store>& store);
+
+class Comm {
+ public:
+  // Forms the Gloo group `name` of `size` ranks over `store` (keys under "<name>/"); every
+  // member calls this with the same name and size. Blocks until all have joined (or timeout).
+  // `global_ranks[i]` is the job-wide rank of group rank i (messages only; default identity).
+  Comm(c10::intrusive_ptr<c10d::Store> store, int rank, int size, std::string name,
+       CommOptions options = {}, std::vector<int> global_ranks = {});
+  ~Comm();
+  Comm(const Comm&) = delete;
+  Comm& operator=(const Comm&) = delete;
+
+  // A sub-group of this Comm's ranks (`ranks` are ranks of this Comm, in the sub-group's
+  // order). Only members call it, all with the same ranks and a name unique in the job;
+  // non-members get nullptr. Group ranks are renumbered 0 .. ranks.size()-1.
+  std::unique_ptr<Comm> new_group(const std::vector<int>& ranks, const std::string& name) const;
+
+  // In place on every rank: tensor = op over ranks of tensor.
+  void all_reduce(const at::Tensor& tensor, ReduceOp op = ReduceOp::kSum);
+  // output [size * N] = concatenation of every rank's input [N] in rank order (flat view).
+  void all_gather_into_tensor(const at::Tensor& output, const at::Tensor& input);
+  // output [N] = sum over ranks of input[rank * N : (rank + 1) * N]. SUM only: Gloo rejects
+  // AVG, so averaging callers divide afterwards. (Gloo emulates this with a full all-reduce.)
+  void reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& input);
+  // In place: every rank's tensor = root's tensor (root is a group rank).
+  void broadcast(const at::Tensor& tensor, int root);
+  void barrier();
+
+  int rank() const { return rank_; }  // rank in this group
+  int size() const { return size_; }
+  int global_rank() const { return global_ranks_[static_cast<size_t>(rank_)]; }
+  const std::vector<int>& global_ranks() const { return global_ranks_; }
+  const std::string& name() const { return name_; }
+  const CommOptions& options() const { return options_; }
+  uint64_t sequence_number() const { return last_.seq; }  // collectives issued so far
+  const CollectiveRecord& last_collective() const { return last_; }
+  int64_t total_bytes() const { return total_bytes_; }
+
+ private:
+  template <typename Launch>
+  void run_collective(std::string op, const at::Tensor& tensor, Launch&& launch);
+  [[noreturn]] void fail(const std::string& what, const std::string& reason) const;
+  std::string where() const;
+  std::string describe_tensor(const at::Tensor& t) const;
+
+  c10::intrusive_ptr<c10d::Store> store_;  // unprefixed: sub-groups add their own prefix
+  c10::intrusive_ptr<c10d::Backend> backend_;
+  int rank_;
+  int size_;
+  std::string name_;
+  CommOptions options_;
+  std::vector<int> global_ranks_;
+  CollectiveRecord last_;
+  int64_t total_bytes_ = 0;
+};
+
+// The job-wide Comm "world" from torchrun/Slurm-style info: rank 0 serves the TCPStore on
+// master_addr:master_port, Gloo binds 127.0.0.1 on one node; on several nodes it uses
+// GLOO_SOCKET_IFNAME when set, else this host's default device.
+std::unique_ptr<Comm> init_process_group(const WorldInfo& world, CommOptions options = {});
+
+}  // namespace titan::parallel

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Train with titan, torchtitan-style:
+#   ./run_train.sh                                   # debug model on the default data (CPU)
+#   CONFIG_FILE=configs/llama3_8b.toml NGPU=8 ./run_train.sh --float8.enable_float8_linear
+# Environment: NGPU (processes on this node; CPU ranks on a machine without GPUs, default 1
+# there), LOG_RANK (which ranks' output to show, default 0), CONFIG_FILE. Every argument is a
+# config override (--section.key value). The first run sets everything up (scripts/setup.sh).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+
+if [[ "${TITAN_CUDA:-0}" == 1 ]]; then BUILD="$ROOT/build-cuda"; else BUILD="$ROOT/build"; fi
+if command -v nvidia-smi >/dev/null 2>&1 && [[ "${TITAN_CUDA:-0}" == 1 ]]; then
+  DEFAULT_NGPU="$(nvidia-smi -L | wc -l)"
+else
+  DEFAULT_NGPU=1
+fi
+NGPU="${NGPU:-$DEFAULT_NGPU}"
+LOG_RANK="${LOG_RANK:-0}"
+CONFIG_FILE="${CONFIG_FILE:-$ROOT/configs/llama3_debugmodel.toml}"
+
+# Set up and (incrementally) build; quiet unless something has to be done or fails.
+if ! out="$("$ROOT/scripts/setup.sh" 2>&1)"; then
+  echo "$out" >&2
+  echo "run_train.sh: set-up failed (see above)" >&2
+  exit 1
+fi
+grep -v -e '^\[setup\] building' -e '^ninja: no work to do' -e '^\[[0-9]*/[0-9]*\]' <<<"$out" || true
+
+TRAIN=("$BUILD/apps/titan-train" --job.config_file "$CONFIG_FILE" "$@")
+if [[ "$NGPU" == 1 ]]; then
+  exec "${TRAIN[@]}"
+fi
+exec "$BUILD/apps/titan-run" --nproc-per-node "$NGPU" --local-ranks-filter "$LOG_RANK" -- "${TRAIN[@]}"

@@ -1,0 +1,488 @@
+// trainer/config.cpp — parse_job_config: defaults < TOML file < command line, then validate.
+//
+// Values are applied layer by layer while remembering where each key was last set
+// ("configs/x.toml:12" or "command line"); validation runs once on the merged result, so a bad
+// value in a file that the command line overrides is not an error, and every error says where
+// the offending value came from.
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <sstream>
+
+#include <toml++/toml.h>
+
+#include "trainer/config_table.h"
+
+namespace titan::trainer {
+
+using namespace config_detail;
+
+namespace {
+
+constexpr const char* kCommandLine = "command line";
+
+using Origins = std::map<std::string, std::string>;  // dotted key -> where it was last set
+
+[[noreturn]] void fail(const std::string& where, const std::string& what) {
+  throw ConfigError(where + ": " + what);
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// The valid key closest to `section.name` ("" section: a key given without one). An exact key
+// name in another section beats any spelling distance, because `training.lr` almost always
+// means `optimizer.lr`; among those, the closest section wins (`optimiser.name`).
+std::string closest_key(const std::string& section, const std::string& name) {
+  std::string best;
+  size_t best_score = SIZE_MAX;
+  for (const auto& s : config_table()) {
+    for (const auto& k : s.keys) {
+      const size_t section_distance = section.empty() ? 0 : edit_distance(section, s.name);
+      const size_t score = k.name == name ? section_distance
+                                          : 1000 + section_distance + edit_distance(name, k.name);
+      if (score < best_score) best = k.dotted(), best_score = score;
+    }
+  }
+  return best;
+}
+
+std::string closest_section(const std::string& name) {
+  std::string best;
+  size_t best_distance = SIZE_MAX;
+  for (const auto& s : config_table()) {
+    size_t d = edit_distance(name, s.name);
+    if (d < best_distance) best = s.name, best_distance = d;
+  }
+  return best;
+}
+
+std::string unknown_key_message(const std::string& section, const std::string& name) {
+  std::string msg = "unknown config key '" + section + "." + name + "'";
+  const SectionSpec* s = find_section(section);
+  if (s != nullptr && s->keys.empty()) {
+    msg += " (section [" + section + "] has no keys in titan yet)";
+  } else {
+    msg += " (did you mean '" + closest_key(section, name) + "'?)";
+  }
+  return msg + "; --help lists every key";
+}
+
+// ---- TOML layer ----
+
+std::string toml_type_phrase(const toml::node& node) {
+  switch (node.type()) {
+    case toml::node_type::string: return "a string";
+    case toml::node_type::integer: return "an integer";
+    case toml::node_type::floating_point: return "a float";
+    case toml::node_type::boolean: return "a boolean";
+    case toml::node_type::array: return "an array";
+    case toml::node_type::table: return "a table";
+    default: return "a date/time";
+  }
+}
+
+std::string toml_value_text(const toml::node& node) {
+  std::ostringstream os;
+  node.visit([&](const auto& n) { os << n; });
+  std::string s = os.str();
+  std::replace(s.begin(), s.end(), '\n', ' ');
+  return s.size() > 60 ? s.substr(0, 57) + "..." : s;
+}
+
+std::string toml_where(const std::string& path, const toml::source_region& src) {
+  return src.begin.line > 0 ? path + ":" + std::to_string(src.begin.line) : path;
+}
+
+[[noreturn]] void fail_type(const std::string& where, const KeySpec& spec, const toml::node& n) {
+  fail(where, spec.dotted() + " expects " + type_phrase(spec.type) + ", got " +
+                  toml_type_phrase(n) + " (" + toml_value_text(n) + ")");
+}
+
+void apply_toml_value(JobConfig& cfg, const KeySpec& spec, const toml::node& node,
+                      const std::string& where) {
+  ValueRef ref = spec.get(cfg);
+  switch (spec.type) {
+    case ValueType::kBool:
+      if (!node.is_boolean()) fail_type(where, spec, node);
+      *std::get<bool*>(ref) = node.as_boolean()->get();
+      break;
+    case ValueType::kInt:
+      if (!node.is_integer()) fail_type(where, spec, node);
+      *std::get<int64_t*>(ref) = node.as_integer()->get();
+      break;
+    case ValueType::kFloat:
+      if (node.is_integer()) {
+        *std::get<double*>(ref) = static_cast<double>(node.as_integer()->get());
+      } else if (node.is_floating_point()) {
+        *std::get<double*>(ref) = node.as_floating_point()->get();
+      } else {
+        fail_type(where, spec, node);
+      }
+      break;
+    case ValueType::kString:
+      if (!node.is_string()) fail_type(where, spec, node);
+      *std::get<std::string*>(ref) = node.as_string()->get();
+      break;
+    case ValueType::kStringList: {
+      if (!node.is_array()) fail_type(where, spec, node);
+      std::vector<std::string> items;
+      for (const toml::node& item : *node.as_array()) {
+        if (!item.is_string()) {
+          fail(where, spec.dotted() + " expects a list of strings, but item " +
+                          std::to_string(items.size()) + " is " + toml_type_phrase(item) + " (" +
+                          toml_value_text(item) + ")");
+        }
+        items.push_back(item.as_string()->get());
+      }
+      *std::get<std::vector<std::string>*>(ref) = std::move(items);
+      break;
+    }
+  }
+}
+
+toml::table read_toml_file(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) {
+    std::string msg = "config file '" + path + "' (from --job.config_file) does not exist";
+    if (std::filesystem::path(path).is_relative()) {
+      msg += "; relative paths start at the current directory " +
+             std::filesystem::current_path(ec).string();
+    }
+    throw ConfigError(msg);
+  }
+  if (std::filesystem::is_directory(path, ec)) {
+    throw ConfigError("config file '" + path + "' is a directory; give a .toml file");
+  }
+  std::ifstream in(path, std::ios::binary);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (!in.good() && !in.eof()) {
+    throw ConfigError("cannot read config file '" + path + "': " + std::strerror(errno));
+  }
+  try {
+    return toml::parse(text, path);
+  } catch (const toml::parse_error& e) {
+    const auto& pos = e.source().begin;
+    throw ConfigError("config file '" + path + "' is not valid TOML: line " +
+                      std::to_string(pos.line) + ", column " + std::to_string(pos.column) +
+                      ": " + std::string(e.description()));
+  }
+}
+
+// toml++ tables iterate in key order; errors should come in file order instead.
+template <class Table>
+std::vector<std::pair<const toml::key*, const toml::node*>> in_file_order(const Table& table) {
+  std::vector<std::pair<const toml::key*, const toml::node*>> entries;
+  for (auto&& [k, v] : table) entries.emplace_back(&k, &v);
+  std::stable_sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) {
+    const auto &pa = a.first->source().begin, &pb = b.first->source().begin;
+    return pa.line != pb.line ? pa.line < pb.line : pa.column < pb.column;
+  });
+  return entries;
+}
+
+void apply_toml_file(JobConfig& cfg, const std::string& path, Origins& origins) {
+  const toml::table root = read_toml_file(path);
+  for (const auto& [sec_key_ptr, sec_node_ptr] : in_file_order(root)) {
+    const toml::key& sec_key = *sec_key_ptr;
+    const toml::node& sec_node = *sec_node_ptr;
+    const std::string sec(sec_key.str());
+    const std::string sec_where = toml_where(path, sec_key.source());
+    const SectionSpec* section = find_section(sec);
+    if (!sec_node.is_table()) {
+      if (section != nullptr) {
+        fail(sec_where, "'" + sec + "' must be a [" + sec + "] table, got " +
+                            toml_type_phrase(sec_node));
+      }
+      fail(sec_where, "top-level key '" + sec + "' is outside any section; keys go under a "
+                      "[section] header (did you mean '" + closest_key("", sec) + "'?)");
+    }
+    if (section == nullptr) {
+      fail(sec_where, "unknown config section [" + sec + "] (did you mean [" +
+                          closest_section(sec) + "]?); --help lists every section");
+    }
+    for (const auto& [key_ptr, node_ptr] : in_file_order(*sec_node.as_table())) {
+      const toml::key& key = *key_ptr;
+      const toml::node& node = *node_ptr;
+      const std::string name(key.str());
+      const std::string where = toml_where(path, key.source());
+      const KeySpec* spec = find_key(sec, name);
+      if (spec == nullptr) fail(where, unknown_key_message(sec, name));
+      // A file naming another file would make precedence depend on nesting; keep one level.
+      if (spec->cli_only) {
+        fail(where, spec->dotted() + " can only be given on the command line, not in a "
+                    "config file");
+      }
+      apply_toml_value(cfg, *spec, node, where);
+      origins[spec->dotted()] = where;
+    }
+  }
+}
+
+// ---- command-line layer ----
+
+std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+bool is_bool_word(const std::string& s) {
+  static const char* kWords[] = {"true", "false", "yes", "no", "on", "off", "1", "0"};
+  const std::string l = lower(s);
+  return std::any_of(std::begin(kWords), std::end(kWords), [&](const char* w) { return l == w; });
+}
+
+// The key an argument `--section.key[=v]` or `--section.no_key[=v]` names, or null.
+const KeySpec* key_of_arg(const std::string& arg) {
+  if (arg.rfind("--", 0) != 0) return nullptr;
+  const std::string name = arg.substr(2, arg.find('=') == std::string::npos
+                                             ? std::string::npos : arg.find('=') - 2);
+  const size_t dot = name.find('.');
+  if (dot == std::string::npos) return nullptr;
+  const std::string sec = name.substr(0, dot), key = name.substr(dot + 1);
+  if (const KeySpec* spec = find_key(sec, key)) return spec;
+  if (key.rfind("no_", 0) == 0) {
+    const KeySpec* spec = find_key(sec, key.substr(3));
+    if (spec != nullptr && spec->type == ValueType::kBool) return spec;
+  }
+  return nullptr;
+}
+
+struct Prepared {
+  std::vector<std::string> args;  // rewritten for CLI11
+  bool help = false;
+};
+
+// CLI11 needs help with three spellings: a flag's value after a space (`--x.y false`), an empty
+// value after '=' (`--x.y=`), and a missing value, which it would fill with the next option.
+Prepared prepare_args(const std::vector<std::string>& in) {
+  Prepared out;
+  for (size_t i = 0; i < in.size(); ++i) {
+    const std::string& arg = in[i];
+    if (arg == "-h" || arg == "--help") {
+      out.help = true;
+      continue;
+    }
+    const KeySpec* spec = key_of_arg(arg);
+    const bool has_eq = arg.find('=') != std::string::npos;
+    if (spec == nullptr) {
+      out.args.push_back(arg);
+    } else if (spec->type == ValueType::kBool) {
+      if (has_eq && arg.back() == '=') {  // CLI11 would read `--x.y=` as `--x.y`
+        fail(kCommandLine, arg + " has an empty value; write " + arg + "true or " + arg +
+                               "false, or leave out the '='");
+      }
+      if (!has_eq && i + 1 < in.size() && is_bool_word(in[i + 1])) {
+        out.args.push_back(arg + "=" + in[++i]);
+      } else {
+        out.args.push_back(arg);
+      }
+    } else if (has_eq) {
+      const size_t eq = arg.find('=');
+      out.args.push_back(arg.substr(0, eq));
+      out.args.push_back(arg.substr(eq + 1));
+    } else {
+      if (i + 1 >= in.size() || in[i + 1].rfind("--", 0) == 0) {
+        fail(kCommandLine, arg + " needs a value (" + type_phrase(spec->type) + "), e.g. " +
+                               arg + " VALUE or " + arg + "=VALUE");
+      }
+      out.args.push_back(arg);
+      out.args.push_back(in[++i]);
+    }
+  }
+  return out;
+}
+
+[[noreturn]] void fail_extra_arg(const std::string& arg) {
+  if (arg.rfind("--", 0) == 0 && arg.size() > 2) {
+    const std::string name = arg.substr(2, arg.find('=') - 2);
+    const size_t dot = name.find('.');
+    if (dot == std::string::npos) {
+      fail(kCommandLine, "unknown option '" + arg + "': overrides are --section.key VALUE (did "
+                         "you mean '--" + closest_key("", name) + "'?)");
+    }
+    const std::string sec = name.substr(0, dot), key = name.substr(dot + 1);
+    if (find_section(sec) == nullptr) {
+      fail(kCommandLine, "unknown config section '" + sec + "' in '" + arg + "' (did you mean '" +
+                             closest_key(sec, key) + "'?); --help lists every key");
+    }
+    fail(kCommandLine, unknown_key_message(sec, key));
+  }
+  fail(kCommandLine, "unexpected argument '" + arg + "': overrides are --section.key VALUE; "
+                     "booleans take no value or =true/=false");
+}
+
+std::string trim(const std::string& s) {
+  const size_t b = s.find_first_not_of(" \t"), e = s.find_last_not_of(" \t");
+  return b == std::string::npos ? "" : s.substr(b, e - b + 1);
+}
+
+// Returns "" on success, else why `text` is not a T.
+template <class T>
+std::string parse_number(std::string text, T& out) {
+  text = trim(text);
+  if (!text.empty() && text[0] == '+') text.erase(0, 1);  // from_chars rejects a leading '+'
+  const char* end = text.data() + text.size();
+  auto res = std::from_chars(text.data(), end, out);
+  if (text.empty() || res.ptr != end || res.ec == std::errc::invalid_argument) return "bad";
+  if (res.ec == std::errc::result_out_of_range) return " (out of the representable range)";
+  return "";
+}
+
+void apply_cli_value(JobConfig& cfg, const KeySpec& spec, const std::string& text) {
+  ValueRef ref = spec.get(cfg);
+  auto bad = [&](const std::string& why = "") {
+    fail(kCommandLine, "--" + spec.dotted() + " expects " + type_phrase(spec.type) + ", got '" +
+                           text + "'" + (why == "bad" ? "" : why));
+  };
+  switch (spec.type) {
+    case ValueType::kBool: {
+      // CLI11 passes `--x=yes` through as typed but turns `--no_x=yes` into "false".
+      const std::string l = lower(trim(text));
+      if (!is_bool_word(l)) bad();
+      *std::get<bool*>(ref) = l == "true" || l == "yes" || l == "on" || l == "1";
+      break;
+    }
+    case ValueType::kInt:
+      if (auto why = parse_number(text, *std::get<int64_t*>(ref)); !why.empty()) bad(why);
+      break;
+    case ValueType::kFloat:
+      if (auto why = parse_number(text, *std::get<double*>(ref)); !why.empty()) bad(why);
+      break;
+    case ValueType::kString:
+      *std::get<std::string*>(ref) = text;
+      break;
+    case ValueType::kStringList: {
+      std::vector<std::string> items;
+      std::istringstream parts(text);
+      for (std::string item; std::getline(parts, item, ',');) {
+        if (!trim(item).empty()) items.push_back(trim(item));
+      }
+      *std::get<std::vector<std::string>*>(ref) = std::move(items);
+      break;
+    }
+  }
+}
+
+// ---- validation of the merged config ----
+
+void validate_key(JobConfig& cfg, const KeySpec& spec, const std::string& where) {
+  const std::string shown = spec.dotted() + " = " + format_value(spec, cfg);
+  ValueRef ref = spec.get(cfg);
+  std::optional<double> number;
+  if (auto* i = std::get_if<int64_t*>(&ref)) number = static_cast<double>(**i);
+  if (auto* d = std::get_if<double*>(&ref)) {
+    if (!std::isfinite(**d)) fail(where, shown + " is not a finite number");
+    number = **d;
+  }
+  if (spec.range && number && !spec.range->contains(*number)) {
+    fail(where, shown + " is out of range: must be " + spec.range->describe());
+  }
+  auto check_choice = [&](const std::string& value, const std::string& what) {
+    if (spec.choices.empty() ||
+        std::find(spec.choices.begin(), spec.choices.end(), value) != spec.choices.end()) {
+      return;
+    }
+    std::string allowed, hint;
+    for (const auto& c : spec.choices) {
+      allowed += (allowed.empty() ? "" : ", ") + c;
+      if (lower(c) == lower(value)) hint = " (did you mean '" + c + "'?)";
+    }
+    fail(where, what + " is not allowed; choose from: " + allowed + hint);
+  };
+  if (auto* s = std::get_if<std::string*>(&ref)) {
+    check_choice(**s, spec.dotted() + " = '" + **s + "'");
+  }
+  if (auto* list = std::get_if<std::vector<std::string>*>(&ref)) {
+    for (const auto& item : **list) check_choice(item, spec.dotted() + " item '" + item + "'");
+  }
+  if (!spec.ignored_reason.empty() && !equals_default(spec, cfg)) {
+    cfg.warnings.push_back(spec.ignored_reason + " (" + shown + ", from " + where + ")");
+  }
+}
+
+}  // namespace
+
+JobConfig parse_job_config(const std::vector<std::string>& args) {
+  JobConfig cfg;
+  const Prepared prepared = prepare_args(args);
+  if (prepared.help) {
+    cfg.help_requested = true;
+    return cfg;
+  }
+
+  // CLI11 only tokenizes; values are kept as text and converted below, so its errors and ours
+  // read the same and name the key.
+  CLI::App app{"titan"};
+  app.set_help_flag();
+  app.allow_extras();
+  std::vector<std::pair<const KeySpec*, CLI::Option*>> options;
+  for (const auto& section : config_table()) {
+    for (const auto& spec : section.keys) {
+      const std::string flag = "--" + spec.dotted();
+      CLI::Option* opt =
+          spec.type == ValueType::kBool
+              ? app.add_flag(flag + ",!--" + spec.section + ".no_" + spec.name, spec.help)
+              : app.add_option(flag, spec.help);
+      opt->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+      options.emplace_back(&spec, opt);
+    }
+  }
+  std::vector<std::string> reversed(prepared.args.rbegin(), prepared.args.rend());
+  try {
+    app.parse(reversed);  // CLI11 consumes a vector from the back
+  } catch (const CLI::ParseError& e) {
+    fail(kCommandLine, e.what());
+  }
+  if (!app.remaining().empty()) fail_extra_arg(app.remaining().front());
+
+  Origins origins;
+  const KeySpec* config_file = find_key("job", "config_file");
+  for (const auto& [spec, opt] : options) {
+    if (spec == config_file && opt->count() > 0) {
+      apply_cli_value(cfg, *spec, opt->results().back());
+      apply_toml_file(cfg, cfg.job.config_file, origins);
+    }
+  }
+  for (const auto& [spec, opt] : options) {
+    if (opt->count() == 0) continue;
+    apply_cli_value(cfg, *spec, opt->results().back());  // the last occurrence wins
+    origins[spec->dotted()] = kCommandLine;
+  }
+
+  for (const auto& section : config_table()) {
+    for (const auto& spec : section.keys) {
+      auto it = origins.find(spec.dotted());
+      validate_key(cfg, spec, it == origins.end() ? "default" : it->second);
+    }
+  }
+  return cfg;
+}
+
+JobConfig parse_job_config(int argc, const char* const* argv) {
+  std::vector<std::string> args;
+  for (int i = 1; i < argc; ++i) args.emplace_back(argv[i]);
+  return parse_job_config(args);
+}
+
+}  // namespace titan::trainer

@@ -1,0 +1,127 @@
+// trainer/config.h — titan's job configuration: torchtitan's TOML sections and key names.
+//
+// Values come from three layers, later ones winning:
+//   1. the defaults written in the structs below,
+//   2. the TOML file named by `--job.config_file PATH`,
+//   3. command-line overrides `--section.key value` / `--section.key=value`.
+// Booleans are flags (`--float8.enable_float8_linear`) and are switched off with
+// `--section.no_key`, `--section.key=false` or `--section.key false`; list keys take "a,b,c".
+//
+// Every key is declared once, in the table in config_keys.cpp: parsing, validation, `--help`
+// and the printed config (`--job.print_args`) are all generated from that table. To add a key,
+// add the struct field here (its initializer is the default) and one row there.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace titan::trainer {
+
+// Any bad input: unknown key, wrong type, value out of range, unreadable or invalid TOML.
+// The message is one line, names the key (and file:line where there is one), the offending
+// value, and what would have been accepted. The app prints it and exits with status 2.
+struct ConfigError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct JobSection {
+  std::string config_file;  // command line only: a config file cannot name another one
+  std::string dump_folder = "./outputs";
+  std::string description = "titan training job";
+  bool print_args = false;
+};
+
+struct MetricsSection {
+  int64_t log_freq = 10;
+  bool disable_color_printing = false;
+  double peak_flops = 0;  // 0 = measure with a GEMM probe at start-up (CPU) or use the known
+                          // device peak
+};
+
+struct ModelSection {
+  std::string name = "llama3";        // choices: llama3
+  std::string flavor = "debugmodel";  // choices: debugmodel, 8B, 70B, 405B
+  std::string tokenizer_path;         // "" = byte-level tokenizer; else a tiktoken-format BPE file
+  std::vector<std::string> converters;  // model rewrites applied after build; choices: float8
+};
+
+struct OptimizerSection {
+  std::string name = "AdamW";  // choices: AdamW, Adam
+  double lr = 8e-4;
+  double eps = 1e-8;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double weight_decay = 0.1;
+};
+
+struct LrSchedulerSection {
+  int64_t warmup_steps = 200;
+  double decay_ratio = -1;  // -1 = none: decay over all steps after warmup; else in [0,1]
+  std::string decay_type = "linear";  // linear|sqrt|cosine
+  double min_lr_factor = 0.0;         // [0,1]
+};
+
+struct TrainingSection {
+  std::string dataset = "fortunes";  // choices: fortunes, text, jsonl, tokens
+  std::string dataset_path;          // "" = the dataset's default location
+  int64_t local_batch_size = 8;
+  int64_t global_batch_size = -1;  // -1 = local_batch_size x data-parallel degree
+  int64_t seq_len = 2048;
+  double max_norm = 1.0;  // > 0; gradient clipping cannot be switched off
+  int64_t steps = 10000;
+  std::string mixed_precision_param = "float32";   // bfloat16|float32
+  std::string mixed_precision_reduce = "float32";  // float32
+  bool compile = false;  // accepted for torchtitan command lines, ignored with a warning
+  int64_t seed = 0;
+  bool deterministic = false;
+  std::string device = "cpu";  // cpu|cuda
+  int64_t num_threads = 0;     // intra-op threads, 0 = all cores
+};
+
+struct CheckpointSection {
+  std::string initial_load_path;        // safetensors file to start from
+  std::string export_path;              // write final weights as safetensors here ("" = none)
+  std::string export_dtype = "float32";  // float32|bfloat16
+};
+
+// Keys of these sections are declared by later work; the sections exist now so that files
+// naming them get "unknown key" errors rather than "unknown section".
+struct ProfilingSection {};
+struct ParallelismSection {};
+struct ActivationCheckpointSection {};
+struct Float8Section {};
+struct CommSection {};
+
+struct JobConfig {
+  JobSection job;
+  ProfilingSection profiling;
+  MetricsSection metrics;
+  ModelSection model;
+  OptimizerSection optimizer;
+  LrSchedulerSection lr_scheduler;
+  TrainingSection training;
+  ParallelismSection parallelism;
+  CheckpointSection checkpoint;
+  ActivationCheckpointSection activation_checkpoint;
+  Float8Section float8;
+  CommSection comm;
+  std::vector<std::string> warnings;  // one line each, for the app to log (e.g. ignored keys)
+  bool help_requested = false;        // -h / --help: print config_help() and exit 0
+};
+
+// Parses defaults < TOML file < command line and validates every key. `args` excludes
+// argv[0]. Throws ConfigError on any bad input; writes nothing. With -h/--help anywhere,
+// returns the defaults with help_requested set and reads no file.
+JobConfig parse_job_config(const std::vector<std::string>& args);
+JobConfig parse_job_config(int argc, const char* const* argv);
+
+// The effective config as TOML, every key with its help as a comment. Parsing the output as
+// a config file gives back the same config (job.config_file is printed as a comment only).
+std::string config_to_toml(const JobConfig& cfg);
+
+// The `--help` text: usage, then every key with its type, default, allowed values and help.
+std::string config_help();
+
+}  // namespace titan::trainer
