@@ -1,0 +1,170 @@
+#include "trainer/data/documents.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <stdexcept>
+
+namespace titan::trainer {
+
+const char* const kFortunesDir = "/usr/share/games/fortunes";
+
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string read_whole_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot open " + path.string());
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return buffer.str();
+}
+
+// Regular (non-symlink) files of `dir` whose name passes `keep`, in sorted order.
+std::vector<fs::path> list_files(const fs::path& dir, bool (*keep)(const fs::path&)) {
+  std::vector<fs::path> files;
+  for (const fs::directory_entry& entry : fs::directory_iterator(dir)) {
+    if (entry.is_symlink() || !entry.is_regular_file()) continue;
+    if (keep(entry.path())) files.push_back(entry.path());
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+// A file given directly is taken whatever its name; a folder contributes its files with `ext`.
+std::vector<fs::path> resolve_inputs(const std::string& path, const char* what,
+                                     bool (*keep)(const fs::path&), const char* ext) {
+  std::error_code ec;
+  if (path.empty()) {
+    throw std::runtime_error(std::string("the ") + what +
+                             " dataset needs a path (training.dataset_path, or titan-tokenize "
+                             "--input): a file or a folder of *" + ext + " files");
+  }
+  if (fs::is_regular_file(path, ec)) return {fs::path(path)};
+  if (!fs::is_directory(path, ec)) {
+    throw std::runtime_error(std::string(what) + " dataset path " + path +
+                             " does not exist (expected a file or a folder of *" + ext +
+                             " files)");
+  }
+  std::vector<fs::path> files = list_files(path, keep);
+  if (files.empty()) {
+    throw std::runtime_error(std::string(what) + " dataset folder " + path + " holds no *" + ext +
+                             " files");
+  }
+  return files;
+}
+
+bool is_fortune_file(const fs::path& path) {
+  const std::string name = path.filename().string();
+  // Extensionless files are the fortune texts; *.dat are strfile indexes, *.u8 UTF-8 links.
+  // "art"/"ascii-art" are pictures, not prose.
+  return name.find('.') == std::string::npos && name != "art" && name != "ascii-art";
+}
+
+bool has_txt_extension(const fs::path& path) { return path.extension() == ".txt"; }
+bool has_jsonl_extension(const fs::path& path) { return path.extension() == ".jsonl"; }
+
+bool is_blank(const std::string& text) {
+  return std::all_of(text.begin(), text.end(),
+                     [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; });
+}
+
+}  // namespace
+
+std::vector<std::string> read_fortunes(const std::string& dir) {
+  const std::string folder = dir.empty() ? kFortunesDir : dir;
+  std::error_code ec;
+  if (!fs::is_directory(folder, ec)) {
+    throw std::runtime_error("fortunes dataset folder " + folder +
+                             " not found: run scripts/setup.sh (it installs the Debian package "
+                             "'fortunes'), or point training.dataset_path at a folder of "
+                             "fortune files");
+  }
+  std::vector<std::string> documents;
+  for (const fs::path& file : list_files(folder, is_fortune_file)) {
+    const std::string content = read_whole_file(file);
+    // A document is its lines between "%" lines, joined by '\n' (no trailing newline).
+    std::string document;
+    bool has_line = false;
+    size_t pos = 0;
+    while (pos < content.size()) {
+      size_t end = content.find('\n', pos);
+      if (end == std::string::npos) end = content.size();
+      std::string_view line(content.data() + pos, end - pos);
+      pos = end + 1;
+      if (line == "%") {
+        if (!is_blank(document)) documents.push_back(std::move(document));
+        document.clear();
+        has_line = false;
+        continue;
+      }
+      if (has_line) document += '\n';
+      document += line;
+      has_line = true;
+    }
+    if (!is_blank(document)) documents.push_back(std::move(document));
+  }
+  if (documents.empty()) {
+    throw std::runtime_error("fortunes dataset folder " + folder +
+                             " holds no fortune files (extensionless files with '%' lines)");
+  }
+  return documents;
+}
+
+std::vector<std::string> read_text_documents(const std::string& path) {
+  std::vector<std::string> documents;
+  for (const fs::path& file : resolve_inputs(path, "text", has_txt_extension, ".txt")) {
+    std::string content = read_whole_file(file);
+    if (!content.empty()) documents.push_back(std::move(content));
+  }
+  if (documents.empty()) throw std::runtime_error("text dataset " + path + " has only empty files");
+  return documents;
+}
+
+std::vector<std::string> read_jsonl_documents(const std::string& path) {
+  std::vector<std::string> documents;
+  for (const fs::path& file : resolve_inputs(path, "jsonl", has_jsonl_extension, ".jsonl")) {
+    const std::string content = read_whole_file(file);
+    size_t pos = 0;
+    size_t line_number = 0;
+    while (pos < content.size()) {
+      size_t end = content.find('\n', pos);
+      if (end == std::string::npos) end = content.size();
+      std::string_view line(content.data() + pos, end - pos);
+      pos = end + 1;
+      ++line_number;
+      if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
+      const std::string where = file.string() + ":" + std::to_string(line_number);
+      nlohmann::json object;
+      try {
+        object = nlohmann::json::parse(line);
+      } catch (const nlohmann::json::parse_error& e) {
+        throw std::runtime_error("jsonl dataset " + where + ": not valid JSON (" + e.what() + ")");
+      }
+      auto text = object.is_object() ? object.find("text") : object.end();
+      if (!object.is_object() || text == object.end() || !text->is_string()) {
+        throw std::runtime_error("jsonl dataset " + where +
+                                 ": expected a JSON object with a string field \"text\"");
+      }
+      std::string document = text->get<std::string>();
+      if (!document.empty()) documents.push_back(std::move(document));
+    }
+  }
+  if (documents.empty()) {
+    throw std::runtime_error("jsonl dataset " + path + " holds no non-empty \"text\" fields");
+  }
+  return documents;
+}
+
+std::vector<std::string> read_documents(const std::string& format, const std::string& path) {
+  if (format == "fortunes") return read_fortunes(path);
+  if (format == "text") return read_text_documents(path);
+  if (format == "jsonl") return read_jsonl_documents(path);
+  throw std::runtime_error("unknown text dataset format '" + format +
+                           "' (allowed: fortunes, text, jsonl)");
+}
+
+}  // namespace titan::trainer

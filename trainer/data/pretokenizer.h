@@ -1,0 +1,19 @@
+// trainer/data/pretokenizer.h — Llama-3's pre-tokenization: the regex that cuts text into
+// pieces before byte-pair merging (BPE never merges across a piece boundary).
+#pragma once
+
+#include <string_view>
+#include <vector>
+
+namespace titan::trainer {
+
+// The pattern of Meta's llama3 tokenizer.py, matched with PCRE2 in UTF-8 + Unicode-property mode.
+extern const char* const kLlama3SplitPattern;
+
+// Splits `text` into consecutive pieces whose concatenation is `text` again. Bytes that are not
+// valid UTF-8 match no alternative of the pattern; each such run becomes a piece of its own, so
+// arbitrary bytes still encode (tiktoken only ever sees valid UTF-8 and has no such case).
+// The views point into `text`. Thread-safe.
+std::vector<std::string_view> pretokenize_llama3(std::string_view text);
+
+}  // namespace titan::trainer
