@@ -1,0 +1,110 @@
+// titan-bench-linear: forward + backward time of one linear, high precision vs Float8Linear
+// (every recipe) vs Int8Linear, over a grid of (M, K, N) (torchao's bench_linear_float8.py).
+// The "faster?" column against the auto-filter prediction is the evidence behind
+// float8.auto_filter_small_kn: on CUDA the small-K/N shapes the filter skips should read "no".
+// On the CPU float8 is an emulation (labelled so) and --scale shrinks the shapes; the filter
+// column always reports the UNSCALED (K, N).
+#include <ATen/Context.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/randn.h>
+#include <torch/cuda.h>
+
+#include <CLI/CLI.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "float8/convert.h"
+#include "float8/float8_linear.h"
+#include "float8/int8_linear.h"
+#include "float8/recipe.h"
+#include "model/linear.h"
+
+namespace {
+
+int64_t scaled(int64_t v, int64_t scale) { return std::max<int64_t>(16, (v / scale + 15) / 16 * 16); }
+
+double time_ms(const std::function<void()>& fn, int iters, bool cuda) {
+  fn();
+  if (cuda) torch::cuda::synchronize();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < iters; ++i) fn();
+  if (cuda) torch::cuda::synchronize();
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() /
+         iters;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"titan-bench-linear: fwd+bwd of Linear vs Float8Linear (each recipe) vs "
+               "Int8Linear by (M, K, N)"};
+  std::string device_name = torch::cuda::is_available() ? "cuda" : "cpu";
+  int64_t scale = 0, tokens = 4096;
+  int iters = 0;
+  std::vector<int64_t> dims = {1024, 2048, 4096, 8192};
+  app.add_option("--device", device_name, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--scale", scale, "divide M, K and N by this (0: 1 on CUDA, 4 on CPU)");
+  app.add_option("--tokens", tokens, "M before --scale");
+  app.add_option("--dims", dims, "K and N values of the grid (before --scale)");
+  app.add_option("--iters", iters, "timed iterations (0: 10 on CUDA, 2 on CPU)");
+  CLI11_PARSE(app, argc, argv);
+
+  const bool cuda = device_name == "cuda";
+  if (scale <= 0) scale = cuda ? 1 : 4;
+  if (iters <= 0) iters = cuda ? 10 : 2;
+  const at::TensorOptions opts =
+      at::TensorOptions().device(cuda ? at::kCUDA : at::kCPU).dtype(cuda ? at::kBFloat16 : at::kFloat);
+  const std::vector<std::string> recipes = titan::float8::recipe_names();
+  std::printf("titan-bench-linear: device %s, float8 %s, scale 1/%lld, %d iters, %d threads\n",
+              device_name.c_str(), cuda ? "_scaled_mm" : "EMULATED", static_cast<long long>(scale),
+              iters, at::get_num_threads());
+  std::printf("cell = fwd+bwd ms / faster than hp? / auto_filter_small_kn decision (unscaled K, N)\n");
+  std::printf("%5s %5s %5s | %8s", "M", "K", "N", "hp ms");
+  for (const auto& r : recipes) std::printf(" | %-22s", r.c_str());
+  std::printf(" | %-14s\n", "int8");
+
+  at::manual_seed(0);
+  for (int64_t K0 : dims) {
+    for (int64_t N0 : dims) {
+      const int64_t M = scaled(tokens, scale), K = scaled(K0, scale), N = scaled(N0, scale);
+      at::Tensor x = at::randn({M, K}, opts).requires_grad_(true);
+      at::Tensor w = at::randn({N, K}, opts).requires_grad_(true);
+      at::Tensor g = at::randn({M, N}, opts);
+      auto step = [&](titan::model::LinearCompute& c, const std::function<void()>& after) {
+        return time_ms([&] {
+          x.mutable_grad().reset();
+          w.mutable_grad().reset();
+          c.forward(x, w).backward(g);
+          if (after) after();
+        }, iters, cuda);
+      };
+      titan::model::HighPrecisionLinearCompute hp;
+      const double hp_ms = step(hp, {});
+      std::printf("%5lld %5lld %5lld | %8.2f", static_cast<long long>(M),
+                  static_cast<long long>(K), static_cast<long long>(N), hp_ms);
+      for (const auto& r : recipes) {
+        titan::float8::Float8LinearCompute c(titan::float8::recipe_from_name(r));
+        std::function<void()> after;
+        if (c.recipe().delayed) after = [&] { titan::float8::sync_amax_history({&c}); };
+        const double ms = step(c, after);
+        const bool skip = !titan::float8::auto_filter_skip_reason(r, K0, N0).empty();
+        char cell[64];
+        std::snprintf(cell, sizeof(cell), "%8.2f %-3s %s", ms, ms < hp_ms ? "yes" : "no",
+                      skip ? "skip" : "convert");
+        std::printf(" | %-22s", cell);
+      }
+      titan::float8::Int8LinearCompute i8;
+      const double i8_ms = step(i8, {});
+      std::printf(" | %8.2f %-3s\n", i8_ms, i8_ms < hp_ms ? "yes" : "no");
+    }
+  }
+  if (!cuda) std::printf("CPU float8 is an emulation: 'no' everywhere is expected; run on CUDA to "
+                         "check the auto filter thresholds.\n");
+  return 0;
+}

@@ -1,0 +1,224 @@
+#include "float8/float8_linear.h"
+
+#include <ATen/ops/amax.h>
+#include <ATen/ops/maximum.h>
+#include <ATen/ops/mm.h>
+#include <ATen/ops/stack.h>
+#include <ATen/ops/zeros.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <sstream>
+#include <stdexcept>
+
+#include "float8/scaling.h"
+
+namespace titan::float8 {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+namespace {
+
+// Delayed cast of one operand (See Note [Delayed scaling]): record max|x|, cast with the
+// history's scale (seeding it from the current amax on first use). Returns the Float8Tensor
+// whose scale is a private snapshot, so backward re-casts with exactly the forward's scale.
+Float8Tensor delayed_cast(AmaxHistory& h, const at::Tensor& x, at::ScalarType dtype,
+                          const Float8Recipe& recipe) {
+  at::Tensor current = amax(x, ScalingGranularity::Tensorwise, 0);  // [] float32
+  if (!h.initialized) {
+    auto opts = current.options();
+    h.amax = at::zeros({}, opts);
+    h.history = at::zeros({recipe.amax_history_len}, opts);
+    h.history.select(0, 0).copy_(current);
+    h.scale = scale_from_amax(current, dtype, recipe.round_scales_to_power_of_2);
+    h.initialized = true;
+  }
+  h.amax.copy_(at::maximum(h.amax, current));
+  return to_float8_with_scale(x, h.scale.clone(), dtype);
+}
+
+// Dynamic or snapshot cast: `snapshot` is the forward's delayed scale when defined.
+Float8Tensor recast(const at::Tensor& x, const CastConfig& config, int64_t axis_dim,
+                    const Float8Recipe& recipe, const at::Tensor& snapshot) {
+  if (snapshot.defined()) return to_float8_with_scale(x, snapshot, config.dtype);
+  return to_float8(x, config, axis_dim, recipe.round_scales_to_power_of_2);
+}
+
+at::Tensor saved_tensor(AutogradContext* ctx, const char* key) {
+  auto it = ctx->saved_data.find(key);
+  return it == ctx->saved_data.end() ? at::Tensor() : it->second.toTensor();
+}
+
+// Note [Float8 linear autograd]:
+// forward(input [..., K], weight [N, K]) -> [..., N]. Saves the high-precision input and
+// weight; backward flattens input to x [M, K] and grad to G [M, N] (scales are computed after
+// flattening, so they are (M, 1) / (1, K) by construction) and runs the two backward GEMMs
+// with the operand layouts of FLOAT8.md. The non-tensor `state` argument gets an undefined
+// gradient, as custom functions require one gradient slot per forward argument.
+struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input,
+                            const at::Tensor& weight,
+                            const c10::intrusive_ptr<Float8LinearState>& state) {
+    Float8LinearState& s = *state;
+    const Float8Recipe& r = s.recipe;
+    const GemmBackend backend = resolve_gemm_backend(s.backend, s.emulate, input.device());
+    Float8Tensor x8, w8;  // x8: [..., K] scale () or [..., 1]; w8: [N, K] scale () or (N, 1)
+    if (r.delayed) {
+      x8 = delayed_cast(s.input, input, r.input.dtype, r);
+      w8 = delayed_cast(s.weight, weight, r.weight.dtype, r);
+      ctx->saved_data["input_scale"] = x8.scale;
+      ctx->saved_data["weight_scale"] = w8.scale;
+    } else {
+      x8 = to_float8(input, r.input, /*axis_dim=*/-1, r.round_scales_to_power_of_2);
+      w8 = to_float8(weight, r.weight, /*axis_dim=*/-1, r.round_scales_to_power_of_2);
+    }
+    // See Note [Scale follows data]: (B, S, K) with (B, S, 1) -> (B*S, K) with (B*S, 1).
+    at::Tensor out = scaled_mm(reshape_to_2d(x8), transpose_2d(w8), input.scalar_type(),
+                               r.use_fast_accum_output, backend);  // [M, N]
+    ctx->save_for_backward({input, weight});
+    ctx->saved_data["state"] =
+        at::IValue::make_capsule(c10::intrusive_ptr<torch::CustomClassHolder>(state));
+    std::vector<int64_t> out_shape = input.sizes().vec();
+    out_shape.back() = weight.size(0);
+    return out.reshape(out_shape);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto holder = ctx->saved_data.at("state").toCapsule();  // keeps the state alive here
+    Float8LinearState& s = *static_cast<Float8LinearState*>(holder.get());
+    const Float8Recipe& r = s.recipe;
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor& input = saved[0];
+    const at::Tensor& weight = saved[1];  // [N, K]
+    const int64_t K = weight.size(1), N = weight.size(0);
+    const GemmBackend backend = resolve_gemm_backend(s.backend, s.emulate, input.device());
+    at::Tensor x = input.reshape({-1, K});         // [M, K]
+    at::Tensor G = grads[0].reshape({-1, N});      // [M, N]
+    const at::Tensor x_scale = saved_tensor(ctx, "input_scale");   // delayed only
+    const at::Tensor w_scale = saved_tensor(ctx, "weight_scale");  // delayed only
+
+    // G cast per row (axis 1) for grad_input; per column (axis 0) for grad_weight. Tensorwise
+    // (and delayed) G has one scale, so one cast serves both.
+    Float8Tensor g8_rows, g8_cols;
+    if (r.delayed) {
+      g8_rows = g8_cols = delayed_cast(s.grad_output, G, r.grad_output.dtype, r);
+    } else {
+      g8_rows = to_float8(G, r.grad_output, /*axis_dim=*/-1, r.round_scales_to_power_of_2);
+      g8_cols = r.grad_output.granularity == ScalingGranularity::Tensorwise
+                    ? g8_rows
+                    : to_float8(G, r.grad_output, /*axis_dim=*/0, r.round_scales_to_power_of_2);
+    }
+
+    at::Tensor grad_input, grad_weight;
+    if (ctx->needs_input_grad(0)) {
+      // grad_input [M, K] = G [M, N] @ W [N, K]; W scaled per column (1, K) or tensorwise.
+      Float8Tensor w8 = recast(weight, r.weight_for_grad_input, /*axis_dim=*/0, r, w_scale);
+      grad_input = scaled_mm(g8_rows, w8, input.scalar_type(), /*use_fast_accum=*/false, backend)
+                       .reshape(input.sizes());
+    }
+    if (ctx->needs_input_grad(1)) {
+      if (r.grad_weight_high_precision) {
+        // rowwise_with_gw_hp: grad_weight [N, K] = G^T @ x in the activations' precision.
+        grad_weight = at::mm(G.t(), x).to(weight.scalar_type());
+      } else {
+        // grad_weight [N, K] = G^T [N, M] (scale (N, 1)) @ x [M, K] (scale (1, K)).
+        Float8Tensor x8 = recast(x, r.input, /*axis_dim=*/0, r, x_scale);
+        grad_weight = scaled_mm(transpose_2d(g8_cols), x8, weight.scalar_type(),
+                                /*use_fast_accum=*/false, backend);
+      }
+    }
+    return {grad_input, grad_weight, at::Tensor()};
+  }
+};
+
+}  // namespace
+
+Float8LinearCompute::Float8LinearCompute(Float8Recipe recipe, bool emulate, GemmBackend backend)
+    : state_(c10::make_intrusive<Float8LinearState>()) {
+  if (recipe.delayed && recipe_uses_axiswise(recipe)) {
+    throw std::invalid_argument("float8 recipe '" + recipe.name +
+                                "': delayed scaling is tensorwise only (an amax history per "
+                                "row is not defined); use a tensorwise recipe");
+  }
+  if (recipe.delayed && recipe.amax_history_len < 1) {
+    throw std::invalid_argument("float8 recipe '" + recipe.name + "': amax_history_len " +
+                                std::to_string(recipe.amax_history_len) + " must be >= 1");
+  }
+  state_->recipe = std::move(recipe);
+  state_->emulate = emulate;
+  state_->backend = backend;
+}
+
+at::Tensor Float8LinearCompute::forward(const at::Tensor& input, const at::Tensor& weight) {
+  if (weight.dim() != 2 || input.dim() < 1 || input.size(-1) != weight.size(1)) {
+    std::ostringstream os;
+    os << describe() << ": input " << input.sizes() << " does not match weight " << weight.sizes()
+       << " (need input [..., K] and weight [N, K])";
+    throw std::invalid_argument(os.str());
+  }
+  return Float8LinearFunction::apply(input, weight, state_);
+}
+
+std::string Float8LinearCompute::describe() const {
+  std::string d = "float8[" + state_->recipe.name;
+  if (state_->emulate) d += ",emulated";
+  if (state_->backend != GemmBackend::Auto) d += std::string(",") + gemm_backend_name(state_->backend);
+  return d + "]";
+}
+
+std::vector<Float8LinearCompute*> float8_computes(
+    const std::vector<titan::model::Linear*>& linears) {
+  std::vector<Float8LinearCompute*> out;
+  for (titan::model::Linear* l : linears) {
+    if (auto* c = dynamic_cast<Float8LinearCompute*>(l->compute().get())) out.push_back(c);
+  }
+  return out;
+}
+
+void sync_amax_history(const std::vector<Float8LinearCompute*>& computes,
+                       const std::function<void(at::Tensor&)>& all_reduce_max) {
+  struct Operand {
+    AmaxHistory* h;
+    at::ScalarType dtype;  // the operand's float8 dtype (its scale depends on fp8_max)
+    bool round_pow2;
+  };
+  // Every operand of every delayed compute, in a fixed order (identical on every rank).
+  std::vector<Operand> operands;
+  for (Float8LinearCompute* c : computes) {
+    if (!c || !c->recipe().delayed) continue;
+    Float8LinearState& s = c->state();
+    const Float8Recipe& r = s.recipe;
+    operands.push_back({&s.input, r.input.dtype, r.round_scales_to_power_of_2});
+    operands.push_back({&s.weight, r.weight.dtype, r.round_scales_to_power_of_2});
+    operands.push_back({&s.grad_output, r.grad_output.dtype, r.round_scales_to_power_of_2});
+  }
+  at::TensorOptions opts;
+  bool any_initialized = false;
+  for (const Operand& o : operands) {
+    if (o.h->initialized) {
+      opts = o.h->amax.options();
+      any_initialized = true;
+      break;
+    }
+  }
+  if (!any_initialized) return;  // nothing ran yet: nothing to sync
+  std::vector<at::Tensor> amaxes;  // unused operands contribute 0 so layouts match across ranks
+  amaxes.reserve(operands.size());
+  for (const Operand& o : operands) {
+    amaxes.push_back(o.h->initialized ? o.h->amax : at::zeros({}, opts));
+  }
+  at::Tensor stacked = at::stack(amaxes);  // [3 * n_delayed] float32
+  if (all_reduce_max) all_reduce_max(stacked);
+  for (size_t i = 0; i < operands.size(); ++i) {
+    AmaxHistory& h = *operands[i].h;
+    if (!h.initialized) continue;
+    // Roll newest-first: history = [amax, history[0], ..., history[L-2]].
+    const int64_t L = h.history.size(0);
+    if (L > 1) h.history.narrow(0, 1, L - 1).copy_(h.history.narrow(0, 0, L - 1).clone());
+    h.history.select(0, 0).copy_(stacked[i]);
+    h.scale.copy_(scale_from_amax(at::amax(h.history), operands[i].dtype, operands[i].round_pow2));
+    h.amax.zero_();
+  }
+}
+
+}  // namespace titan::float8

@@ -1,0 +1,82 @@
+// float8/float8_linear.h — the float8 LinearCompute: the three GEMMs of a linear in float8.
+//
+// Forward   output      = x @ W^T   (x per row, W^T per column = W per row)
+// Backward  grad_input  = G @ W     (G per row, W per column)
+//           grad_weight = G^T @ x   (G^T per row = G per column, x per column)
+// (FLOAT8.md "The three GEMMs"; the granularity of each operand comes from the recipe.) One
+// autograd function does all three, saving the HIGH-precision x and W and re-casting them in
+// backward, as the reference does: float8 copies cast for the forward would be laid out and
+// scaled for the wrong contraction dimension in backward anyway.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "float8/gemm.h"
+#include "float8/recipe.h"
+#include "model/linear.h"
+
+namespace titan::float8 {
+
+// Note [Delayed scaling]:
+// With a delayed recipe every operand (input, weight, grad_output) of a linear casts with the
+// scale derived from the max of its amax HISTORY instead of its current amax. Each cast records
+// max|x| into `amax` (max over every call since the last sync, so gradient accumulation sees
+// the step's true amax). Once per step, after backward, sync_amax_history() reduces all those
+// amaxes across ranks in ONE collective, pushes them into the histories (newest at index 0)
+// and recomputes the scales. The first use of an operand (no history yet) scales dynamically
+// from its current amax and seeds history[0] with it, so step 1 never casts with a blind scale.
+struct AmaxHistory {
+  at::Tensor amax;      // [] float32: max|x| since the last sync
+  at::Tensor history;   // [amax_history_len] float32: newest first
+  at::Tensor scale;     // [] float32: scale_from_amax(max(history)), used until the next sync
+  bool initialized = false;
+};
+
+// Everything the autograd function needs; shared (by reference count) between the compute
+// object and every autograd graph built through it, so a graph outlives a set_compute() swap.
+class Float8LinearState : public torch::CustomClassHolder {
+ public:
+  Float8Recipe recipe;
+  bool emulate = false;
+  GemmBackend backend = GemmBackend::Auto;
+  AmaxHistory input, weight, grad_output;  // used only when recipe.delayed
+};
+
+class Float8LinearCompute final : public titan::model::LinearCompute {
+ public:
+  explicit Float8LinearCompute(Float8Recipe recipe, bool emulate = false,
+                               GemmBackend backend = GemmBackend::Auto);
+
+  // input [..., K] (any rank >= 1), weight [N, K] -> [..., N] in input's dtype.
+  at::Tensor forward(const at::Tensor& input, const at::Tensor& weight) override;
+  std::string describe() const override;  // "float8[rowwise]", "float8[tensorwise,emulated]"
+
+  const Float8Recipe& recipe() const { return state_->recipe; }
+  bool emulate() const { return state_->emulate; }
+  // Delayed-scaling buffers (See Note [Delayed scaling]); undefined tensors until first use.
+  Float8LinearState& state() { return *state_; }
+  const Float8LinearState& state() const { return *state_; }
+
+ private:
+  c10::intrusive_ptr<Float8LinearState> state_;
+};
+
+// The float8 computes among `linears` (those convert_to_float8_training installed).
+std::vector<Float8LinearCompute*> float8_computes(
+    const std::vector<titan::model::Linear*>& linears);
+
+// Once per step, after backward: See Note [Delayed scaling]. Stacks the current amax of every
+// operand of every delayed compute into one float32 tensor, calls `all_reduce_max` on it ONCE
+// (the distributed code passes a MAX all-reduce; empty = single process = identity), then
+// pushes each reduced amax into its history, recomputes the scale from the history's max and
+// clears the amax. Non-delayed computes are ignored; so are operands never used yet (their
+// amax still travels in the collective so every rank stacks the same layout).
+void sync_amax_history(const std::vector<Float8LinearCompute*>& computes,
+                       const std::function<void(at::Tensor&)>& all_reduce_max = {});
+
+}  // namespace titan::float8

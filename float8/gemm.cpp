@@ -1,0 +1,155 @@
+#include "float8/gemm.h"
+
+#include <ATen/ops/_scaled_mm.h>
+#include <ATen/ops/constant_pad_nd.h>
+#include <ATen/ops/mm.h>
+#include <ATen/ops/ones.h>
+
+#include <sstream>
+#include <stdexcept>
+
+#ifdef TITAN_WITH_CUDA
+#include "float8/cublaslt_gemm.h"
+#endif
+
+namespace titan::float8 {
+
+namespace {
+
+std::string shape_str(at::IntArrayRef s) {
+  std::ostringstream os;
+  os << s;
+  return os.str();
+}
+
+void check_operands(const Float8Tensor& a, const Float8Tensor& b) {
+  check_float8_tensor(a, "scaled_mm operand a");
+  check_float8_tensor(b, "scaled_mm operand b");
+  if (a.data.dim() != 2 || b.data.dim() != 2 || a.data.size(1) != b.data.size(0)) {
+    throw std::invalid_argument("scaled_mm: needs a [M, K] and b [K, N], got a " +
+                                shape_str(a.data.sizes()) + " and b " + shape_str(b.data.sizes()) +
+                                " (flatten inputs with reshape_to_2d first)");
+  }
+  // Axiswise scales must be constant along K or the scale cannot be pulled out of the sum.
+  if (!a.is_tensorwise() && a.scale.size(1) != 1) {
+    throw std::invalid_argument("scaled_mm: a's scale " + shape_str(a.scale.sizes()) +
+                                " varies along the contraction dim; expected () or (" +
+                                std::to_string(a.data.size(0)) + ", 1)");
+  }
+  if (!b.is_tensorwise() && b.scale.size(0) != 1) {
+    throw std::invalid_argument("scaled_mm: b's scale " + shape_str(b.scale.sizes()) +
+                                " varies along the contraction dim; expected () or (1, " +
+                                std::to_string(b.data.size(1)) + ")");
+  }
+}
+
+#ifdef TITAN_WITH_CUDA
+int64_t round_up_16(int64_t v) { return (v + 15) / 16 * 16; }
+
+// at::_scaled_mm with its layout rules met: A row-major, B column-major, K and N padded to
+// multiples of 16 with zeros (exact: zeros add nothing to the sums), mixed tensorwise/axiswise
+// scales expanded to axiswise (like the reference), float32 contiguous inverse scales.
+at::Tensor scaled_mm_cuda(const Float8Tensor& a, const Float8Tensor& b, at::ScalarType out_dtype,
+                          bool use_fast_accum, bool use_cublaslt) {
+  if (a.data.scalar_type() == at::kFloat8_e5m2 && b.data.scalar_type() == at::kFloat8_e5m2) {
+    throw std::invalid_argument(
+        "scaled_mm: e5m2 x e5m2 is not supported by the float8 GEMM hardware; use e4m3 for at "
+        "least one operand");
+  }
+  const int64_t M = a.data.size(0), K = a.data.size(1), N = b.data.size(1);
+  const int64_t Kp = round_up_16(K), Np = round_up_16(N);
+  at::Tensor A = a.data.contiguous();                // [M, K] row-major
+  at::Tensor Bt = b.data.t().contiguous();           // [N, K] row-major == B column-major
+  if (Kp != K) {
+    A = at::constant_pad_nd(A, {0, Kp - K});
+    Bt = at::constant_pad_nd(Bt, {0, Kp - K});
+  }
+  if (Np != N) Bt = at::constant_pad_nd(Bt, {0, 0, 0, Np - N});
+  at::Tensor inv_a = a.scale.reciprocal().to(at::kFloat);  // () or (M, 1)
+  at::Tensor inv_b = b.scale.reciprocal().to(at::kFloat);  // () or (1, N)
+  const bool rowwise = !a.is_tensorwise() || !b.is_tensorwise();
+  if (rowwise) {
+    // _scaled_mm has no mixed granularity kernel: repeat the tensorwise scale along its axis.
+    if (a.is_tensorwise()) inv_a = inv_a.reshape({1, 1}).expand({M, 1});
+    if (b.is_tensorwise()) inv_b = inv_b.reshape({1, 1}).expand({1, N});
+    inv_a = inv_a.contiguous();
+    inv_b = inv_b.contiguous();
+    if (Np != N) inv_b = at::constant_pad_nd(inv_b, {0, Np - N}, 1.0);
+  }
+  at::Tensor B = Bt.t();  // [Kp, Np] column-major
+  at::Tensor out;
+  if (rowwise && !use_fast_accum) {
+    // The reference's choice: the rowwise kernel is slow without fast accumulation, so run the
+    // tensorwise kernel with unit scales in float32 and apply outer(1/sA, 1/sB) afterwards.
+    at::Tensor one = at::ones({}, inv_a.options());
+    out = at::_scaled_mm(A, B, one, one, {}, {}, at::kFloat, false);
+    out = (out * inv_a * inv_b).to(out_dtype);
+  } else if (rowwise) {
+    // Rowwise kernels only produce bf16 on most stacks (seed 000): produce bf16, then cast.
+    out = at::_scaled_mm(A, B, inv_a, inv_b, {}, {}, at::kBFloat16, true).to(out_dtype);
+  } else if (use_cublaslt) {
+    out = cublaslt_scaled_mm_tensorwise(A, B, inv_a, inv_b, out_dtype, use_fast_accum);
+  } else {
+    out = at::_scaled_mm(A, B, inv_a, inv_b, {}, {}, out_dtype, use_fast_accum);
+  }
+  return Np != N ? out.narrow(1, 0, N) : out;
+}
+#endif
+
+}  // namespace
+
+const char* gemm_backend_name(GemmBackend backend) {
+  switch (backend) {
+    case GemmBackend::Auto: return "auto";
+    case GemmBackend::Emulated: return "emulated";
+    case GemmBackend::ScaledMm: return "scaled_mm";
+    case GemmBackend::CublasLt: return "cublaslt";
+  }
+  return "?";
+}
+
+bool float8_cuda_compiled() {
+#ifdef TITAN_WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+GemmBackend resolve_gemm_backend(GemmBackend requested, bool emulate, const c10::Device& device) {
+  if (emulate || requested == GemmBackend::Emulated) return GemmBackend::Emulated;
+  if (requested == GemmBackend::Auto) {
+    if (!device.is_cuda()) return GemmBackend::Emulated;
+    requested = GemmBackend::ScaledMm;
+  }
+  if (!device.is_cuda()) {
+    throw std::invalid_argument(std::string("float8 GEMM back end '") +
+                                gemm_backend_name(requested) + "' needs CUDA tensors, got device " +
+                                device.str() + "; use emulate=true (or back end auto) on CPU");
+  }
+  if (!float8_cuda_compiled()) {
+    throw std::invalid_argument(std::string("float8 GEMM back end '") +
+                                gemm_backend_name(requested) +
+                                "' is not compiled in: rebuild with -DTITAN_CUDA=ON, or emulate");
+  }
+  return requested;
+}
+
+at::Tensor scaled_mm_emulated(const Float8Tensor& a, const Float8Tensor& b,
+                              at::ScalarType out_dtype) {
+  return at::mm(a.data.to(at::kFloat) / a.scale, b.data.to(at::kFloat) / b.scale).to(out_dtype);
+}
+
+at::Tensor scaled_mm(const Float8Tensor& a, const Float8Tensor& b, at::ScalarType out_dtype,
+                     bool use_fast_accum, GemmBackend backend) {
+  check_operands(a, b);
+  backend = resolve_gemm_backend(backend, /*emulate=*/false, a.data.device());
+  if (backend == GemmBackend::Emulated) return scaled_mm_emulated(a, b, out_dtype);
+#ifdef TITAN_WITH_CUDA
+  return scaled_mm_cuda(a, b, out_dtype, use_fast_accum, backend == GemmBackend::CublasLt);
+#else
+  throw std::logic_error("scaled_mm: CUDA back end selected in a CPU-only build");
+#endif
+}
+
+}  // namespace titan::float8

@@ -1,0 +1,165 @@
+#include "float8/int8_linear.h"
+
+#include <ATen/ops/_int_mm.h>
+#include <ATen/ops/abs.h>
+#include <ATen/ops/amax.h>
+#include <ATen/ops/clamp.h>
+#include <ATen/ops/mm.h>
+#include <ATen/ops/round.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <sstream>
+#include <stdexcept>
+
+namespace titan::float8 {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+namespace {
+
+constexpr double kInt8Eps = 1e-12;
+// 2^31 / 128^2: beyond this K the exact int32 accumulation could overflow.
+constexpr int64_t kMaxInt8K = 131072;
+
+}  // namespace
+
+Int8Tensor quantize_int8_rowwise(const at::Tensor& t) {
+  if (t.dim() != 2) {
+    std::ostringstream os;
+    os << "quantize_int8_rowwise: needs a 2-D tensor, got " << t.sizes();
+    throw std::invalid_argument(os.str());
+  }
+  at::Tensor scale = at::amax(at::abs(t), {1}) / 127;  // [R] in t's dtype
+  at::Tensor denom = at::clamp(scale.to(at::kFloat), kInt8Eps).unsqueeze(1);  // [R, 1]
+  // at::round is round-half-to-even, as torch.round.
+  at::Tensor q = at::clamp(at::round(t.to(at::kFloat) / denom), -128, 127).to(at::kChar);
+  return {q, scale};
+}
+
+bool int_mm_supported(const at::Tensor& a, const at::Tensor& b) {
+  if (!a.is_cuda()) return a.device().is_cpu();
+  return a.size(0) > 16 && a.size(1) % 8 == 0 && b.size(1) % 8 == 0;
+}
+
+at::Tensor int8_mm(const at::Tensor& a, const at::Tensor& b, Int8MmBackend backend) {
+  if (a.dim() != 2 || b.dim() != 2 || a.size(1) != b.size(0) || a.scalar_type() != at::kChar ||
+      b.scalar_type() != at::kChar) {
+    std::ostringstream os;
+    os << "int8_mm: needs int8 a [M, K] and b [K, N], got a " << a.sizes() << " "
+       << a.scalar_type() << " and b " << b.sizes() << " " << b.scalar_type();
+    throw std::invalid_argument(os.str());
+  }
+  if (a.size(1) > kMaxInt8K) {
+    throw std::invalid_argument("int8_mm: K = " + std::to_string(a.size(1)) +
+                                " exceeds 131072, where int32 accumulation of int8 products can "
+                                "overflow; split the GEMM");
+  }
+  const bool use_int_mm = backend == Int8MmBackend::IntMm ||
+                          (backend == Int8MmBackend::Auto && int_mm_supported(a, b));
+  if (use_int_mm) return at::_int_mm(a, b);
+  return at::mm(a.to(at::kDouble), b.to(at::kDouble)).to(at::kInt);
+}
+
+at::Tensor int8_scaled_mm(const Int8Tensor& a, const Int8Tensor& b_cols, at::ScalarType out_dtype,
+                          Int8MmBackend backend) {
+  at::Tensor acc = int8_mm(a.data, b_cols.data.t(), backend);  // [M, N] int32
+  return (acc.to(at::kFloat) * a.scale.to(at::kFloat).unsqueeze(1) *
+          b_cols.scale.to(at::kFloat).unsqueeze(0))
+      .to(out_dtype);
+}
+
+namespace {
+
+// See Note [Float8 linear autograd] (float8_linear.cpp): same shape handling, int8 GEMMs.
+struct Int8LinearFunction : public torch::autograd::Function<Int8LinearFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input,
+                            const at::Tensor& weight,
+                            const c10::intrusive_ptr<Int8LinearState>& state) {
+    const int64_t K = weight.size(1), N = weight.size(0);
+    at::Tensor x = input.reshape({-1, K});  // [M, K]
+    at::Tensor out;                         // [M, N]
+    if (state->gemms.output) {
+      // x per row, W^T per column = W per row.
+      out = int8_scaled_mm(quantize_int8_rowwise(x), quantize_int8_rowwise(weight),
+                           input.scalar_type(), state->backend);
+    } else {
+      out = at::mm(x, weight.t().to(x.scalar_type()));
+    }
+    ctx->save_for_backward({input, weight});
+    ctx->saved_data["state"] =
+        at::IValue::make_capsule(c10::intrusive_ptr<torch::CustomClassHolder>(state));
+    std::vector<int64_t> out_shape = input.sizes().vec();
+    out_shape.back() = N;
+    return out.reshape(out_shape);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto holder = ctx->saved_data.at("state").toCapsule();
+    const Int8LinearState& s = *static_cast<Int8LinearState*>(holder.get());
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor& input = saved[0];
+    const at::Tensor& weight = saved[1];  // [N, K]
+    const int64_t K = weight.size(1), N = weight.size(0);
+    at::Tensor x = input.reshape({-1, K});     // [M, K]
+    at::Tensor G = grads[0].reshape({-1, N});  // [M, N]
+    at::Tensor grad_input, grad_weight;
+    if (ctx->needs_input_grad(0)) {
+      if (s.gemms.grad_input) {
+        // G per row [M, N]; W per column: its columns quantized as rows of W^T [K, N].
+        grad_input = int8_scaled_mm(quantize_int8_rowwise(G), quantize_int8_rowwise(weight.t()),
+                                    input.scalar_type(), s.backend);
+      } else {
+        grad_input = at::mm(G, weight.to(G.scalar_type()));
+      }
+      grad_input = grad_input.to(input.scalar_type()).reshape(input.sizes());
+    }
+    if (ctx->needs_input_grad(1)) {
+      if (s.gemms.grad_weight) {
+        // (x^T @ G)^T: x^T [K, M] per row (= x per column), G per column (rows of G^T [N, M]).
+        grad_weight = int8_scaled_mm(quantize_int8_rowwise(x.t()), quantize_int8_rowwise(G.t()),
+                                     weight.scalar_type(), s.backend)
+                          .t();  // [N, K]
+      } else {
+        grad_weight = at::mm(G.t(), x).to(weight.scalar_type());
+      }
+    }
+    return {grad_input, grad_weight, at::Tensor()};
+  }
+};
+
+}  // namespace
+
+Int8LinearCompute::Int8LinearCompute(Int8GemmSwitches gemms, Int8MmBackend backend)
+    : state_(c10::make_intrusive<Int8LinearState>()) {
+  state_->gemms = gemms;
+  state_->backend = backend;
+}
+
+at::Tensor Int8LinearCompute::forward(const at::Tensor& input, const at::Tensor& weight) {
+  if (weight.dim() != 2 || input.dim() < 1 || input.size(-1) != weight.size(1)) {
+    std::ostringstream os;
+    os << describe() << ": input " << input.sizes() << " does not match weight " << weight.sizes()
+       << " (need input [..., K] and weight [N, K])";
+    throw std::invalid_argument(os.str());
+  }
+  return Int8LinearFunction::apply(input, weight, state_);
+}
+
+std::string Int8LinearCompute::describe() const {
+  const Int8GemmSwitches& g = state_->gemms;
+  std::string parts;
+  if (!(g.output && g.grad_input && g.grad_weight)) {
+    if (g.output) parts += "output,";
+    if (g.grad_input) parts += "grad_input,";
+    if (g.grad_weight) parts += "grad_weight,";
+    if (parts.empty()) parts = "none,";
+  }
+  if (state_->backend == Int8MmBackend::Emulated) parts += "emulated,";
+  if (state_->backend == Int8MmBackend::IntMm) parts += "int_mm,";
+  if (parts.empty()) return "int8";
+  parts.pop_back();
+  return "int8[" + parts + "]";
+}
+
+}  // namespace titan::float8

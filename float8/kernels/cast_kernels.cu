@@ -1,0 +1,261 @@
+// float8/kernels/cast_kernels.cu — fused amax + scale + cast and cast + transpose kernels.
+// CPU references: scaling.cpp (to_float8, cast_to_float8); see fused_cast.h and the tests.
+#include "float8/kernels/cast_kernels.cuh"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+namespace titan::float8::kernels {
+
+namespace {
+
+// Every CUDA call and launch goes through this: file:line, call, CUDA's message, a hint.
+#define TITAN_CUDA_CHECK(call, hint)                                                        \
+  do {                                                                                      \
+    cudaError_t err_ = (call);                                                              \
+    if (err_ != cudaSuccess) {                                                              \
+      std::ostringstream os_;                                                               \
+      os_ << __FILE__ << ":" << __LINE__ << ": " << #call << " failed: "                   \
+          << cudaGetErrorString(err_) << ". HINT: " << hint;                                \
+      throw std::runtime_error(os_.str());                                                  \
+    }                                                                                       \
+  } while (0)
+
+constexpr int kBlock = 256;
+constexpr int kTile = 32;
+constexpr double kEps = 1e-12;  // same as scaling.h
+
+template <typename T>
+__device__ __forceinline__ float to_float(T v);
+template <>
+__device__ __forceinline__ float to_float<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+template <>
+__device__ __forceinline__ float to_float<__half>(__half v) { return __half2float(v); }
+
+// max for non-negative values that propagates NaN like torch.amax.
+__device__ __forceinline__ float nan_max(float a, float b) { return (a > b || isnan(a)) ? a : b; }
+
+// Non-negative floats (and +NaN) order like their int bit patterns.
+__device__ __forceinline__ void atomic_max_nonneg(float* addr, float v) {
+  atomicMax(reinterpret_cast<int*>(addr), __float_as_int(v));
+}
+
+// Block-wide nan_max; every thread gets the result. blockDim.x a multiple of 32, <= 1024.
+__device__ float block_max(float v) {
+  __shared__ float warp_max[32];
+  for (int off = 16; off > 0; off /= 2) v = nan_max(v, __shfl_xor_sync(0xffffffffu, v, off));
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) warp_max[warp] = v;
+  __syncthreads();
+  const int n_warps = blockDim.x / 32;
+  v = lane < n_warps ? warp_max[lane] : 0.0f;
+  for (int off = 16; off > 0; off /= 2) v = nan_max(v, __shfl_xor_sync(0xffffffffu, v, off));
+  return v;
+}
+
+// scaling.h scale_from_amax: float64 division, float32 result, optional pow2 rounding.
+__device__ __forceinline__ float scale_from_amax(float amax, double fp8_max, bool round_pow2) {
+  const double a = isnan(amax) ? static_cast<double>(amax) : fmax(static_cast<double>(amax), kEps);
+  float s = static_cast<float>(fp8_max / a);
+  if (round_pow2) s = exp2f(floorf(log2f(s)));
+  return s;
+}
+
+// scaling.h cast_to_float8: float32 multiply, explicit NaN-preserving clamp, RNE conversion.
+__device__ __forceinline__ __nv_fp8_storage_t cast_one(float x, float scale, Fp8Type dst) {
+  const float m = dst == Fp8Type::E4M3 ? 448.0f : 57344.0f;
+  float v = x * scale;
+  v = v > m ? m : (v < -m ? -m : v);
+  return __nv_cvt_float_to_fp8(v, __NV_SATFINITE, dst == Fp8Type::E4M3 ? __NV_E4M3 : __NV_E5M2);
+}
+
+template <typename T>
+__global__ void tensorwise_amax_kernel(const T* __restrict__ x, int64_t n, float* amax_out) {
+  float m = 0.0f;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    m = nan_max(fabsf(to_float(x[i])), m);
+  }
+  m = block_max(m);
+  if (threadIdx.x == 0) atomic_max_nonneg(amax_out, m);
+}
+
+// Block (32, 8): 32 consecutive columns (coalesced), rows strided over threadIdx.y and grid.y.
+template <typename T>
+__global__ void colwise_amax_kernel(const T* __restrict__ x, int64_t rows, int64_t cols,
+                                    float* amax_out) {
+  const int64_t c = blockIdx.x * int64_t(kTile) + threadIdx.x;
+  if (c >= cols) return;
+  float m = 0.0f;
+  for (int64_t r = blockIdx.y * int64_t(blockDim.y) + threadIdx.y; r < rows;
+       r += int64_t(gridDim.y) * blockDim.y) {
+    m = nan_max(fabsf(to_float(x[r * cols + c])), m);
+  }
+  atomic_max_nonneg(amax_out + c, m);
+}
+
+__global__ void scale_from_amax_kernel(const float* __restrict__ amax, int64_t count,
+                                       double fp8_max, bool round_pow2, float* scale_out) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i < count) scale_out[i] = scale_from_amax(amax[i], fp8_max, round_pow2);
+}
+
+template <typename T>
+__global__ void cast_kernel(const T* __restrict__ x, int64_t rows, int64_t cols, ScaleRef scale,
+                            Fp8Type dst, __nv_fp8_storage_t* __restrict__ out) {
+  const int64_t n = rows * cols;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / cols, c = i % cols;
+    out[i] = cast_one(to_float(x[i]), scale.ptr[r * scale.row_stride + c * scale.col_stride], dst);
+  }
+}
+
+template <typename T>
+__global__ void rowwise_amax_scale_cast_kernel(const T* __restrict__ x, int64_t cols,
+                                               double fp8_max, bool round_pow2, Fp8Type dst,
+                                               __nv_fp8_storage_t* __restrict__ out,
+                                               float* __restrict__ scale_out) {
+  const T* row = x + blockIdx.x * cols;
+  __nv_fp8_storage_t* out_row = out + blockIdx.x * cols;
+  float m = 0.0f;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) m = nan_max(fabsf(to_float(row[c])), m);
+  const float s = scale_from_amax(block_max(m), fp8_max, round_pow2);
+  if (threadIdx.x == 0) scale_out[blockIdx.x] = s;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) out_row[c] = cast_one(to_float(row[c]), s, dst);
+}
+
+// 32x32 tiles through shared memory (padded against bank conflicts): reads and writes are
+// both coalesced.
+template <typename T>
+__global__ void cast_transpose_kernel(const T* __restrict__ x, int64_t rows, int64_t cols,
+                                      ScaleRef scale, Fp8Type dst,
+                                      __nv_fp8_storage_t* __restrict__ out_t) {
+  __shared__ __nv_fp8_storage_t tile[kTile][kTile + 1];
+  const int64_t c0 = blockIdx.x * int64_t(kTile), r0 = blockIdx.y * int64_t(kTile);
+  for (int j = threadIdx.y; j < kTile; j += blockDim.y) {
+    const int64_t r = r0 + j, c = c0 + threadIdx.x;
+    if (r < rows && c < cols) {
+      tile[j][threadIdx.x] = cast_one(to_float(x[r * cols + c]),
+                                      scale.ptr[r * scale.row_stride + c * scale.col_stride], dst);
+    }
+  }
+  __syncthreads();
+  for (int j = threadIdx.y; j < kTile; j += blockDim.y) {
+    const int64_t c = c0 + j, r = r0 + threadIdx.x;
+    if (r < rows && c < cols) out_t[c * rows + r] = tile[threadIdx.x][j];
+  }
+}
+
+int grid_for(int64_t n) {
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+  return static_cast<int>(blocks < 65536 ? (blocks > 0 ? blocks : 1) : 65536);
+}
+
+template <typename F>
+void dispatch_src(SrcType src, F&& f) {
+  switch (src) {
+    case SrcType::Float32: f(static_cast<float*>(nullptr)); return;
+    case SrcType::BFloat16: f(static_cast<__nv_bfloat16*>(nullptr)); return;
+    case SrcType::Float16: f(static_cast<__half*>(nullptr)); return;
+  }
+  throw std::invalid_argument("float8 cast kernels: unknown source dtype");
+}
+
+}  // namespace
+
+void launch_tensorwise_amax(const void* x, SrcType src, int64_t n, float* amax_out,
+                            void* stream) {
+  auto s = static_cast<cudaStream_t>(stream);
+  TITAN_CUDA_CHECK(cudaMemsetAsync(amax_out, 0, sizeof(float), s), "amax_out must be device memory");
+  if (n == 0) return;
+  dispatch_src(src, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    tensorwise_amax_kernel<T><<<grid_for(n), kBlock, 0, s>>>(static_cast<const T*>(x), n, amax_out);
+  });
+  TITAN_CUDA_CHECK(cudaGetLastError(), "tensorwise_amax_kernel launch");
+}
+
+void launch_colwise_amax(const void* x, SrcType src, int64_t rows, int64_t cols, float* amax_out,
+                         void* stream) {
+  auto s = static_cast<cudaStream_t>(stream);
+  TITAN_CUDA_CHECK(cudaMemsetAsync(amax_out, 0, sizeof(float) * cols, s),
+                   "amax_out must hold cols floats of device memory");
+  if (rows == 0 || cols == 0) return;
+  const dim3 block(kTile, 8);
+  const int64_t row_blocks = (rows + 8 * 16 - 1) / (8 * 16);  // ~16 rows per thread
+  const dim3 grid(static_cast<unsigned>((cols + kTile - 1) / kTile),
+                  static_cast<unsigned>(row_blocks < 65535 ? row_blocks : 65535));
+  dispatch_src(src, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    colwise_amax_kernel<T><<<grid, block, 0, s>>>(static_cast<const T*>(x), rows, cols, amax_out);
+  });
+  TITAN_CUDA_CHECK(cudaGetLastError(), "colwise_amax_kernel launch");
+}
+
+void launch_scale_from_amax(const float* amax, int64_t count, double fp8_max, bool round_pow2,
+                            float* scale_out, void* stream) {
+  if (count == 0) return;
+  scale_from_amax_kernel<<<grid_for(count), kBlock, 0, static_cast<cudaStream_t>(stream)>>>(
+      amax, count, fp8_max, round_pow2, scale_out);
+  TITAN_CUDA_CHECK(cudaGetLastError(), "scale_from_amax_kernel launch");
+}
+
+void launch_cast(const void* x, SrcType src, int64_t rows, int64_t cols, ScaleRef scale,
+                 Fp8Type dst, void* out, void* stream) {
+  if (rows * cols == 0) return;
+  dispatch_src(src, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    cast_kernel<T><<<grid_for(rows * cols), kBlock, 0, static_cast<cudaStream_t>(stream)>>>(
+        static_cast<const T*>(x), rows, cols, scale, dst, static_cast<__nv_fp8_storage_t*>(out));
+  });
+  TITAN_CUDA_CHECK(cudaGetLastError(), "cast_kernel launch");
+}
+
+void launch_rowwise_amax_scale_cast(const void* x, SrcType src, int64_t rows, int64_t cols,
+                                    double fp8_max, bool round_pow2, Fp8Type dst, void* out,
+                                    float* scale_out, void* stream) {
+  if (rows == 0) return;
+  if (rows > 2147483647LL) throw std::invalid_argument("rowwise cast: more than 2^31-1 rows");
+  dispatch_src(src, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    rowwise_amax_scale_cast_kernel<T>
+        <<<static_cast<unsigned>(rows), kBlock, 0, static_cast<cudaStream_t>(stream)>>>(
+            static_cast<const T*>(x), cols, fp8_max, round_pow2, dst,
+            static_cast<__nv_fp8_storage_t*>(out), scale_out);
+  });
+  TITAN_CUDA_CHECK(cudaGetLastError(), "rowwise_amax_scale_cast_kernel launch");
+}
+
+void launch_cast_transpose(const void* x, SrcType src, int64_t rows, int64_t cols,
+                           ScaleRef scale, Fp8Type dst, void* out_t, void* stream) {
+  if (rows * cols == 0) return;
+  const int64_t row_tiles = (rows + kTile - 1) / kTile;
+  if (row_tiles > 65535) {
+    throw std::invalid_argument("cast_transpose: rows = " + std::to_string(rows) +
+                                " exceeds 65535 * 32; split the tensor");
+  }
+  const dim3 block(kTile, 8);
+  const dim3 grid(static_cast<unsigned>((cols + kTile - 1) / kTile),
+                  static_cast<unsigned>(row_tiles));
+  dispatch_src(src, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    cast_transpose_kernel<T><<<grid, block, 0, static_cast<cudaStream_t>(stream)>>>(
+        static_cast<const T*>(x), rows, cols, scale, dst,
+        static_cast<__nv_fp8_storage_t*>(out_t));
+  });
+  TITAN_CUDA_CHECK(cudaGetLastError(), "cast_transpose_kernel launch");
+}
+
+}  // namespace titan::float8::kernels

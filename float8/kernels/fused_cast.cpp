@@ -1,0 +1,128 @@
+#include "float8/kernels/fused_cast.h"
+
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+
+#include <sstream>
+#include <stdexcept>
+#include <vector>
+
+#ifdef TITAN_WITH_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "float8/kernels/cast_kernels.cuh"
+#endif
+
+namespace titan::float8 {
+
+Float8Tensor fused_cast_rows_reference(const at::Tensor& x, const CastConfig& config,
+                                       bool round_scales_to_power_of_2) {
+  return to_float8(x, config, /*axis_dim=*/-1, round_scales_to_power_of_2);
+}
+
+Float8Tensor fused_cast_transpose_cols_reference(const at::Tensor& x, const CastConfig& config,
+                                                 bool round_scales_to_power_of_2) {
+  Float8Tensor t = transpose_2d(to_float8(x, config, /*axis_dim=*/0, round_scales_to_power_of_2));
+  return {t.data.contiguous(), t.scale.contiguous(), t.orig_dtype};
+}
+
+#ifdef TITAN_WITH_CUDA
+namespace {
+
+kernels::SrcType src_type(const at::Tensor& x) {
+  switch (x.scalar_type()) {
+    case at::kFloat: return kernels::SrcType::Float32;
+    case at::kBFloat16: return kernels::SrcType::BFloat16;
+    case at::kHalf: return kernels::SrcType::Float16;
+    default:
+      throw std::invalid_argument(std::string("float8 fused cast: source dtype ") +
+                                  c10::toString(x.scalar_type()) +
+                                  " unsupported (allowed: Float, BFloat16, Half)");
+  }
+}
+
+kernels::Fp8Type fp8_type(at::ScalarType t) {
+  float8_max(t);  // throws for non-float8 dtypes
+  return t == at::kFloat8_e4m3fn ? kernels::Fp8Type::E4M3 : kernels::Fp8Type::E5M2;
+}
+
+at::Tensor checked_input(const at::Tensor& x, const char* what) {
+  if (!x.is_cuda() || x.dim() != 2) {
+    std::ostringstream os;
+    os << what << ": needs a 2-D CUDA tensor, got " << x.sizes() << " on " << x.device();
+    throw std::invalid_argument(os.str());
+  }
+  return x.contiguous();
+}
+
+}  // namespace
+
+Float8Tensor fused_cast_rows_cuda(const at::Tensor& x_in, const CastConfig& config,
+                                  bool round_scales_to_power_of_2) {
+  at::Tensor x = checked_input(x_in, "fused_cast_rows_cuda");  // [R, C]
+  c10::cuda::CUDAGuard guard(x.device());
+  void* stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
+  const int64_t R = x.size(0), C = x.size(1);
+  const double m = float8_max(config.dtype);
+  at::Tensor data = at::empty({R, C}, x.options().dtype(config.dtype));
+  if (config.granularity == ScalingGranularity::Axiswise) {
+    at::Tensor scale = at::empty({R, 1}, x.options().dtype(at::kFloat));
+    kernels::launch_rowwise_amax_scale_cast(x.data_ptr(), src_type(x), R, C, m,
+                                            round_scales_to_power_of_2, fp8_type(config.dtype),
+                                            data.data_ptr(), scale.data_ptr<float>(), stream);
+    return {data, scale, x.scalar_type()};
+  }
+  at::Tensor amax = at::empty({}, x.options().dtype(at::kFloat));
+  at::Tensor scale = at::empty({}, x.options().dtype(at::kFloat));
+  kernels::launch_tensorwise_amax(x.data_ptr(), src_type(x), x.numel(), amax.data_ptr<float>(),
+                                  stream);
+  kernels::launch_scale_from_amax(amax.data_ptr<float>(), 1, m, round_scales_to_power_of_2,
+                                  scale.data_ptr<float>(), stream);
+  kernels::launch_cast(x.data_ptr(), src_type(x), R, C, {scale.data_ptr<float>(), 0, 0},
+                       fp8_type(config.dtype), data.data_ptr(), stream);
+  return {data, scale, x.scalar_type()};
+}
+
+Float8Tensor fused_cast_transpose_cols_cuda(const at::Tensor& x_in, const CastConfig& config,
+                                            bool round_scales_to_power_of_2) {
+  at::Tensor x = checked_input(x_in, "fused_cast_transpose_cols_cuda");  // [R, C]
+  c10::cuda::CUDAGuard guard(x.device());
+  void* stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
+  const int64_t R = x.size(0), C = x.size(1);
+  const double m = float8_max(config.dtype);
+  const bool axiswise = config.granularity == ScalingGranularity::Axiswise;
+  at::Tensor amax = at::empty(axiswise ? std::vector<int64_t>{C} : std::vector<int64_t>{},
+                              x.options().dtype(at::kFloat));
+  at::Tensor scale = at::empty_like(amax);
+  if (axiswise) {
+    kernels::launch_colwise_amax(x.data_ptr(), src_type(x), R, C, amax.data_ptr<float>(), stream);
+  } else {
+    kernels::launch_tensorwise_amax(x.data_ptr(), src_type(x), x.numel(), amax.data_ptr<float>(),
+                                    stream);
+  }
+  kernels::launch_scale_from_amax(amax.data_ptr<float>(), amax.numel(), m,
+                                  round_scales_to_power_of_2, scale.data_ptr<float>(), stream);
+  at::Tensor data_t = at::empty({C, R}, x.options().dtype(config.dtype));
+  kernels::launch_cast_transpose(x.data_ptr(), src_type(x), R, C,
+                                 {scale.data_ptr<float>(), 0, axiswise ? 1 : 0},
+                                 fp8_type(config.dtype), data_t.data_ptr(), stream);
+  return {data_t, axiswise ? scale.reshape({C, 1}) : scale, x.scalar_type()};
+}
+
+#else
+
+Float8Tensor fused_cast_rows_cuda(const at::Tensor&, const CastConfig&, bool) {
+  throw std::runtime_error(
+      "fused_cast_rows_cuda: titan_float8 was built without CUDA (configure with -DTITAN_CUDA=ON)");
+}
+
+Float8Tensor fused_cast_transpose_cols_cuda(const at::Tensor&, const CastConfig&, bool) {
+  throw std::runtime_error(
+      "fused_cast_transpose_cols_cuda: titan_float8 was built without CUDA (configure with "
+      "-DTITAN_CUDA=ON)");
+}
+
+#endif
+
+}  // namespace titan::float8

@@ -1,0 +1,35 @@
+// float8/kernels/fused_cast.h — at::Tensor entry points of the CUDA cast kernels, each next to
+// its CPU reference (the scaling.h functions the kernels must reproduce bit for bit).
+//
+// The fused kernels replace what torch.compile fuses for the reference: amax + scale + cast in
+// one launch per row (rowwise) or two launches (tensorwise: a global reduction must finish
+// before any element can be scaled), and cast + transpose for the column-major operands of the
+// backward GEMMs. The CUDA entry points exist in every build and throw std::runtime_error when
+// titan_float8 was built without TITAN_CUDA.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include "float8/recipe.h"
+#include "float8/scaling.h"
+
+namespace titan::float8 {
+
+// to_float8(x, config, axis_dim = -1) for a 2-D CUDA x [R, C] (float, bf16 or half):
+// tensorwise (scale ()) or per row (scale (R, 1)).
+Float8Tensor fused_cast_rows_cuda(const at::Tensor& x, const CastConfig& config,
+                                  bool round_scales_to_power_of_2);
+// CPU reference of fused_cast_rows_cuda.
+Float8Tensor fused_cast_rows_reference(const at::Tensor& x, const CastConfig& config,
+                                       bool round_scales_to_power_of_2);
+
+// transpose_2d(to_float8(x, config, axis_dim = 0)) with CONTIGUOUS data for a 2-D CUDA x
+// [R, C]: data [C, R] row-major (= x's float8 copy in column-major), scale () or (C, 1).
+// This is G^T for grad_weight and the column-major B operand x^T of the same GEMM.
+Float8Tensor fused_cast_transpose_cols_cuda(const at::Tensor& x, const CastConfig& config,
+                                            bool round_scales_to_power_of_2);
+// CPU reference of fused_cast_transpose_cols_cuda.
+Float8Tensor fused_cast_transpose_cols_reference(const at::Tensor& x, const CastConfig& config,
+                                                 bool round_scales_to_power_of_2);
+
+}  // namespace titan::float8

@@ -1,0 +1,156 @@
+#include "float8/scaling.h"
+
+#include <ATen/ops/abs.h>
+#include <ATen/ops/amax.h>
+#include <ATen/ops/clamp.h>
+#include <ATen/ops/exp2.h>
+#include <ATen/ops/floor.h>
+#include <ATen/ops/log2.h>
+
+#include <sstream>
+#include <stdexcept>
+
+namespace titan::float8 {
+
+namespace {
+
+std::string shape_str(at::IntArrayRef s) {
+  std::ostringstream os;
+  os << s;
+  return os.str();
+}
+
+bool is_float8(at::ScalarType t) { return t == at::kFloat8_e4m3fn || t == at::kFloat8_e5m2; }
+
+}  // namespace
+
+double float8_max(at::ScalarType float8_dtype) {
+  if (float8_dtype == at::kFloat8_e4m3fn) return 448.0;
+  if (float8_dtype == at::kFloat8_e5m2) return 57344.0;
+  throw std::invalid_argument(std::string("float8_max: dtype ") + c10::toString(float8_dtype) +
+                              " is not a float8 training dtype (allowed: Float8_e4m3fn, "
+                              "Float8_e5m2)");
+}
+
+at::Tensor amax(const at::Tensor& x, ScalingGranularity granularity, int64_t dim) {
+  // abs and max are exact in any float dtype, so reducing in x's dtype then widening is exact.
+  if (granularity == ScalingGranularity::Tensorwise) return at::amax(at::abs(x)).to(at::kFloat);
+  if (x.dim() == 0) {
+    throw std::invalid_argument("float8 amax: axiswise scaling needs a tensor of rank >= 1");
+  }
+  const int64_t d = c10::maybe_wrap_dim(dim, x.dim());
+  return at::amax(at::abs(x), {d}, /*keepdim=*/true).to(at::kFloat);
+}
+
+at::Tensor scale_from_amax(const at::Tensor& amax, at::ScalarType float8_dtype,
+                           bool round_to_power_of_2) {
+  // float64 division: float32 would round fp8_max / amax differently from the reference.
+  at::Tensor scale =
+      (float8_max(float8_dtype) / at::clamp(amax.to(at::kDouble), kEps)).to(at::kFloat);
+  return round_to_power_of_2 ? round_scale_to_power_of_2(scale) : scale;
+}
+
+at::Tensor round_scale_to_power_of_2(const at::Tensor& scale) {
+  return at::exp2(at::floor(at::log2(scale.to(at::kFloat))));
+}
+
+at::Tensor cast_to_float8(const at::Tensor& x, const at::Tensor& scale, at::ScalarType dtype) {
+  const double m = float8_max(dtype);
+  return at::clamp(x.to(at::kFloat) * scale, -m, m).to(dtype);
+}
+
+Float8Tensor to_float8(const at::Tensor& x, const CastConfig& config, int64_t axis_dim,
+                       bool round_scales_to_power_of_2) {
+  at::Tensor a = amax(x, config.granularity, axis_dim);
+  return to_float8_with_scale(x, scale_from_amax(a, config.dtype, round_scales_to_power_of_2),
+                              config.dtype);
+}
+
+Float8Tensor to_float8_with_scale(const at::Tensor& x, const at::Tensor& scale,
+                                  at::ScalarType float8_dtype) {
+  Float8Tensor t{cast_to_float8(x, scale, float8_dtype), scale, x.scalar_type()};
+  check_float8_tensor(t, "to_float8");
+  return t;
+}
+
+at::Tensor dequantize(const Float8Tensor& t) {
+  return (t.data.to(t.orig_dtype) / t.scale).to(t.orig_dtype);
+}
+
+void check_float8_tensor(const Float8Tensor& t, const char* what) {
+  if (!t.data.defined() || !t.scale.defined()) {
+    throw std::invalid_argument(std::string(what) + ": Float8Tensor with undefined data or scale");
+  }
+  if (!is_float8(t.data.scalar_type())) {
+    throw std::invalid_argument(std::string(what) + ": data dtype " +
+                                c10::toString(t.data.scalar_type()) + " is not float8");
+  }
+  if (t.scale.scalar_type() != at::kFloat) {
+    throw std::invalid_argument(std::string(what) + ": scale dtype " +
+                                c10::toString(t.scale.scalar_type()) + " must be Float");
+  }
+  if (t.scale.dim() == 0) return;
+  bool ok = t.scale.dim() == t.data.dim();
+  for (int64_t d = 0; ok && d < t.data.dim(); ++d) {
+    ok = t.scale.size(d) == 1 || t.scale.size(d) == t.data.size(d);
+  }
+  if (!ok) {
+    throw std::invalid_argument(std::string(what) + ": scale shape " +
+                                shape_str(t.scale.sizes()) + " does not follow data shape " +
+                                shape_str(t.data.sizes()) +
+                                " (needs 0-dim or the data's rank with 1 or the data's size per "
+                                "dim; See Note [Scale follows data])");
+  }
+}
+
+Float8Tensor reshape(const Float8Tensor& t, at::IntArrayRef shape) {
+  check_float8_tensor(t, "float8 reshape");
+  at::Tensor data = t.data.reshape(shape);
+  if (t.is_tensorwise()) return {data, t.scale, t.orig_dtype};
+  const int64_t rank = t.data.dim();
+  const int64_t last = t.data.size(-1);
+  if (data.dim() == 0 || data.size(-1) != last) {
+    throw std::invalid_argument("float8 reshape: axiswise data " + shape_str(t.data.sizes()) +
+                                " -> " + shape_str(shape) +
+                                " must keep the last dimension so the scale " +
+                                shape_str(t.scale.sizes()) + " can follow");
+  }
+  bool lead_full = true, lead_one = true;
+  for (int64_t d = 0; d + 1 < rank; ++d) {
+    lead_full = lead_full && t.scale.size(d) == t.data.size(d);
+    lead_one = lead_one && t.scale.size(d) == 1;
+  }
+  std::vector<int64_t> scale_shape;
+  for (int64_t d = 0; d + 1 < data.dim(); ++d) {
+    scale_shape.push_back(lead_full ? data.size(d) : 1);
+  }
+  scale_shape.push_back(t.scale.size(-1));
+  if (!lead_full && !lead_one) {
+    throw std::invalid_argument("float8 reshape: scale " + shape_str(t.scale.sizes()) +
+                                " of data " + shape_str(t.data.sizes()) +
+                                " mixes per-row and shared leading dims; cannot reshape to " +
+                                shape_str(shape));
+  }
+  Float8Tensor out{data, t.scale.reshape(scale_shape), t.orig_dtype};
+  check_float8_tensor(out, "float8 reshape");
+  return out;
+}
+
+Float8Tensor reshape_to_2d(const Float8Tensor& t) {
+  if (t.data.dim() == 2) return t;
+  if (t.data.dim() < 1) {
+    throw std::invalid_argument("float8 reshape_to_2d: data must have rank >= 1");
+  }
+  return reshape(t, {-1, t.data.size(-1)});
+}
+
+Float8Tensor transpose_2d(const Float8Tensor& t) {
+  check_float8_tensor(t, "float8 transpose_2d");
+  if (t.data.dim() != 2) {
+    throw std::invalid_argument("float8 transpose_2d: data " + shape_str(t.data.sizes()) +
+                                " is not 2-D");
+  }
+  return {t.data.t(), t.is_tensorwise() ? t.scale : t.scale.t(), t.orig_dtype};
+}
+
+}  // namespace titan::float8
