@@ -5,10 +5,14 @@
 
 #include <cstdio>
 #include <iostream>
+#include <string>
+#include <vector>
 
+#include "parallel/world.h"
 #include "trainer/config.h"
 #include "trainer/logging.h"
 #include "trainer/memory.h"
+#include "trainer/memory_estimate.h"
 #include "trainer/signals.h"
 #include "trainer/train.h"
 
@@ -18,9 +22,22 @@ int main(int argc, char** argv) {
   // Before any tensor exists: storages made earlier would keep the old allocator's deleter.
   install_cpu_memory_tracker();
 
+  // --estimate-memory: same config and overrides, but print the per-rank memory estimate
+  // (trainer/memory_estimate.h) instead of training. Handled here: it is not a job setting.
+  std::vector<std::string> args(argv + 1, argv + argc);
+  bool estimate_only = false;
+  for (auto it = args.begin(); it != args.end();) {
+    if (*it == "--estimate-memory") {
+      estimate_only = true;
+      it = args.erase(it);
+    } else {
+      ++it;
+    }
+  }
+
   JobConfig cfg;
   try {
-    cfg = parse_job_config(argc - 1, argv + 1);
+    cfg = parse_job_config(args);
   } catch (const ConfigError& e) {
     std::fprintf(stderr, "titan-train: error: %s\n", e.what());
     return 2;
@@ -30,8 +47,27 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (cfg.job.print_args) std::cout << config_to_toml(cfg) << std::flush;
+  if (estimate_only) {
+    try {
+      const EstimateInputs in = estimate_inputs_from_config(cfg);
+      std::cout << format_memory_estimate(in, estimate_memory(in)) << std::flush;
+      return 0;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "titan-train: error: %s\n", e.what());
+      return 2;
+    }
+  }
 
-  init_logging(/*rank=*/-1, cfg.metrics.disable_color_printing);
+  // Distributed (WORLD_SIZE > 1 from titan-run / torchrun / srun): every line carries the rank.
+  int rank = -1;
+  try {
+    const titan::parallel::WorldInfo world = titan::parallel::world_from_env();
+    if (world.world_size > 1) rank = world.rank;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "titan-train: error: distributed environment: %s\n", e.what());
+    return 2;
+  }
+  init_logging(rank, cfg.metrics.disable_color_printing);
   install_stop_handlers();
   try {
     Trainer trainer(cfg);

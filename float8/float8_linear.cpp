@@ -11,6 +11,7 @@
 #include <stdexcept>
 
 #include "float8/scaling.h"
+#include "model/checkpoint_ops.h"
 
 namespace titan::float8 {
 
@@ -62,19 +63,28 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
     Float8LinearState& s = *state;
     const Float8Recipe& r = s.recipe;
     const GemmBackend backend = resolve_gemm_backend(s.backend, s.emulate, input.device());
-    Float8Tensor x8, w8;  // x8: [..., K] scale () or [..., 1]; w8: [N, K] scale () or (N, 1)
-    if (r.delayed) {
-      x8 = delayed_cast(s.input, input, r.input.dtype, r);
-      w8 = delayed_cast(s.weight, weight, r.weight.dtype, r);
-      ctx->saved_data["input_scale"] = x8.scale;
-      ctx->saved_data["weight_scale"] = w8.scale;
-    } else {
-      x8 = to_float8(input, r.input, /*axis_dim=*/-1, r.round_scales_to_power_of_2);
-      w8 = to_float8(weight, r.weight, /*axis_dim=*/-1, r.round_scales_to_power_of_2);
-    }
-    // See Note [Scale follows data]: (B, S, K) with (B, S, 1) -> (B*S, K) with (B*S, 1).
-    at::Tensor out = scaled_mm(reshape_to_2d(x8), transpose_2d(w8), input.scalar_type(),
-                               r.use_fast_accum_output, backend);  // [M, N]
+    auto cast_and_multiply = [&] {
+      Float8Tensor x8, w8;  // x8: [..., K] scale () or [..., 1]; w8: [N, K] scale () or (N, 1)
+      if (r.delayed) {
+        x8 = delayed_cast(s.input, input, r.input.dtype, r);
+        w8 = delayed_cast(s.weight, weight, r.weight.dtype, r);
+        ctx->saved_data["input_scale"] = x8.scale;
+        ctx->saved_data["weight_scale"] = w8.scale;
+      } else {
+        x8 = to_float8(input, r.input, /*axis_dim=*/-1, r.round_scales_to_power_of_2);
+        w8 = to_float8(weight, r.weight, /*axis_dim=*/-1, r.round_scales_to_power_of_2);
+      }
+      // See Note [Scale follows data]: (B, S, K) with (B, S, 1) -> (B*S, K) with (B*S, 1).
+      return scaled_mm(reshape_to_2d(x8), transpose_2d(w8), input.scalar_type(),
+                       r.use_fast_accum_output, backend);  // [M, N]
+    };
+    // Dynamic recipes run the casts + GEMM through the op layer (model/checkpoint_ops.h), so
+    // per-op selective AC can keep the product (skipping casts and GEMM in the recompute) as it
+    // keeps a high-precision "mm"; the backward re-casts the saved high-precision x and W
+    // either way. Delayed casts save their scales in ctx and update the amax history, so
+    // they always run (their product is recomputed).
+    at::Tensor out = r.delayed ? cast_and_multiply()
+                               : titan::model::checkpointable_op("mm", cast_and_multiply);
     ctx->save_for_backward({input, weight});
     ctx->saved_data["state"] =
         at::IValue::make_capsule(c10::intrusive_ptr<torch::CustomClassHolder>(state));

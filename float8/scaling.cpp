@@ -2,13 +2,22 @@
 
 #include <ATen/ops/abs.h>
 #include <ATen/ops/amax.h>
+#include <ATen/ops/cat.h>
 #include <ATen/ops/clamp.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/exp2.h>
 #include <ATen/ops/floor.h>
 #include <ATen/ops/log2.h>
+#include <ATen/ops/maximum.h>
+#include <ATen/ops/stack.h>
 
+#include <algorithm>
 #include <sstream>
 #include <stdexcept>
+#include <vector>
+
+#include "model/checkpoint_ops.h"
+#include "model/scope.h"
 
 namespace titan::float8 {
 
@@ -32,14 +41,53 @@ double float8_max(at::ScalarType float8_dtype) {
                               "Float8_e5m2)");
 }
 
+namespace {
+
+// Note [Chunked CPU casts]:
+// On the CPU (no fused kernel) abs, x * scale and the clamp each make a full-size float32
+// temporary: a float8 cast of a [T, hidden] activation briefly took 2-3x its float32 size,
+// ~6% of the debug model's peak. Large CPU tensors are therefore processed in slices of about
+// kCastChunkElems along dim 0. max is exact and the rest is elementwise, so the result is the
+// same, bit for bit; only the temporaries shrink to one slice.
+constexpr int64_t kCastChunkElems = int64_t{1} << 16;
+
+int64_t chunk_rows(const at::Tensor& x) {
+  if (!x.device().is_cpu() || x.dim() == 0 || x.numel() <= kCastChunkElems || x.size(0) < 2) return 0;
+  return std::max<int64_t>(1, kCastChunkElems / std::max<int64_t>(1, x.numel() / x.size(0)));
+}
+
+// amax of |x| (x's dtype) reduced over everything (d < 0) or over dim d with keepdim.
+at::Tensor abs_amax(const at::Tensor& x, int64_t d) {
+  // abs is never kept by per-op AC (it is not on the save list): See Note [Op save list].
+  at::Tensor a = titan::model::checkpointable_op("abs", [&] { return at::abs(x); });
+  return d < 0 ? at::amax(a) : at::amax(a, {d}, /*keepdim=*/true);
+}
+
+}  // namespace
+
 at::Tensor amax(const at::Tensor& x, ScalingGranularity granularity, int64_t dim) {
-  // abs and max are exact in any float dtype, so reducing in x's dtype then widening is exact.
-  if (granularity == ScalingGranularity::Tensorwise) return at::amax(at::abs(x)).to(at::kFloat);
-  if (x.dim() == 0) {
+  if (granularity == ScalingGranularity::Axiswise && x.dim() == 0) {
     throw std::invalid_argument("float8 amax: axiswise scaling needs a tensor of rank >= 1");
   }
-  const int64_t d = c10::maybe_wrap_dim(dim, x.dim());
-  return at::amax(at::abs(x), {d}, /*keepdim=*/true).to(at::kFloat);
+  // Through the op layer (model/checkpoint_ops.h): per-op selective AC keeps the amax and
+  // recomputes abs, which is never on the save list (abs(W) of an unsharded weight cost
+  // ~11 GiB on Llama3-8B in the reference, seed 000).
+  return titan::model::checkpointable_op("amax", [&] {
+    // abs and max are exact in any float dtype, so reducing in x's dtype then widening is exact.
+    const int64_t d = granularity == ScalingGranularity::Tensorwise ? -1 : c10::maybe_wrap_dim(dim, x.dim());
+    const int64_t rows = chunk_rows(x);  // See Note [Chunked CPU casts]
+    if (rows == 0) return abs_amax(x, d).to(at::kFloat);
+    std::vector<at::Tensor> parts;
+    for (int64_t r = 0; r < x.size(0); r += rows)
+      parts.push_back(abs_amax(x.narrow(0, r, std::min(rows, x.size(0) - r)), d));
+    at::Tensor out = parts[0];
+    if (d != 0) {
+      if (d < 0) return at::amax(at::stack(parts)).to(at::kFloat);
+      return at::cat(parts, 0).to(at::kFloat);  // per-slice rows of the keepdim result
+    }
+    for (size_t i = 1; i < parts.size(); ++i) out = at::maximum(out, parts[i]);  // reduced over dim 0
+    return out.to(at::kFloat);
+  });
 }
 
 at::Tensor scale_from_amax(const at::Tensor& amax, at::ScalarType float8_dtype,
@@ -55,8 +103,20 @@ at::Tensor round_scale_to_power_of_2(const at::Tensor& scale) {
 }
 
 at::Tensor cast_to_float8(const at::Tensor& x, const at::Tensor& scale, at::ScalarType dtype) {
+  // Memory snapshots file these allocations under "float8 casts"; profiles show the range.
+  titan::model::NamedScope scope("float8 cast", titan::model::MemoryCategory::kFloat8Casts);
   const double m = float8_max(dtype);
-  return at::clamp(x.to(at::kFloat) * scale, -m, m).to(dtype);
+  const int64_t rows = chunk_rows(x);  // See Note [Chunked CPU casts]
+  if (rows == 0) return at::clamp(x.to(at::kFloat) * scale, -m, m).to(dtype);
+  at::Tensor out = at::empty(x.sizes(), x.options().dtype(dtype));
+  // A per-row scale has x's rank and x's dim 0 (Note [Scale follows data]); others broadcast.
+  const bool scale_per_row = scale.dim() > 0 && scale.size(0) == x.size(0);
+  for (int64_t r = 0; r < x.size(0); r += rows) {
+    const int64_t n = std::min(rows, x.size(0) - r);
+    const at::Tensor s = scale_per_row ? scale.narrow(0, r, n) : scale;
+    out.narrow(0, r, n).copy_(at::clamp(x.narrow(0, r, n).to(at::kFloat) * s, -m, m).to(dtype));
+  }
+  return out;
 }
 
 Float8Tensor to_float8(const at::Tensor& x, const CastConfig& config, int64_t axis_dim,

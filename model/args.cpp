@@ -38,6 +38,9 @@ const std::vector<Flavor>& flavors() {
       {"8B", make_args(4096, 32, 32, 8, 128256, 1024, 1.3)},
       {"70B", make_args(8192, 80, 64, 8, 128256, 4096, 1.3)},
       {"405B", make_args(16384, 126, 128, 8, 128256, 4096, 1.2)},
+      // Not a torchtitan flavor: a ~100M-parameter model (99M without embeddings) for CPU
+      // benchmarks and memory-estimate checks at a size a 2-core machine can step through.
+      {"100M", make_args(768, 14, 12, 0, 128256, 256, 0.0)},
   };
   return table;
 }

@@ -24,6 +24,12 @@ void trunc_normal_(at::Tensor& t, double std, double a, double b, at::Generator&
 }  // namespace
 
 void Llama::init_weights(uint64_t seed) {
+  init_weights(seed, [](const std::string&, at::Tensor& slot, const at::Tensor& full) {
+    slot.copy_(full);
+  });
+}
+
+void Llama::init_weights(uint64_t seed, const InitSink& sink) {
   at::NoGradGuard no_grad;
   // Values are drawn on the CPU in float32, in parameter order, from one generator: the same
   // seed gives the same weights on every device and dtype.
@@ -51,7 +57,7 @@ void Llama::init_weights(uint64_t seed) {
                                 ends_with("w3.weight");
       trunc_normal_(values, depth_scaled ? depth_std : 0.02, -2.0, 2.0, gen);
     }
-    p.copy_(values);
+    sink(fqn, p, values);
   });
 }
 

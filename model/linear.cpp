@@ -1,12 +1,48 @@
 #include "model/linear.h"
 
-#include <ATen/ops/linear.h>
+#include <ATen/ops/mm.h>
 #include <c10/util/Exception.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include "model/checkpoint_ops.h"
 
 namespace titan::model {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// y = x W^T as an autograd Function whose forward GEMM goes through the op layer, so per-op
+// selective AC can replay a kept product (See Note [Replay needs no autograd history]). The
+// backward is the one at::linear's autograd computes (mm backward for a column-major W^T):
+//   grad_x = G W,  grad_W = G^T x   with x, G flattened to 2-D.
+struct LinearFunction : public torch::autograd::Function<LinearFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weight) {
+    const int64_t k = weight.size(1);
+    at::Tensor x2d = input.reshape({-1, k});  // [M, K]
+    at::Tensor y = checkpointable_op("mm", [&] { return at::mm(x2d, weight.t()); });  // [M, N]
+    ctx->save_for_backward({input, weight});
+    std::vector<int64_t> out_shape(input.sizes().begin(), input.sizes().end());
+    out_shape.back() = weight.size(0);
+    return y.view(out_shape);  // [..., N]
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor& input = saved[0];   // [..., K]
+    const at::Tensor& weight = saved[1];  // [N, K]
+    at::Tensor g2d = grads[0].reshape({-1, weight.size(0)});  // [M, N]
+    at::Tensor grad_input, grad_weight;
+    if (ctx->needs_input_grad(0)) grad_input = g2d.mm(weight).view(input.sizes());
+    if (ctx->needs_input_grad(1)) grad_weight = g2d.t().mm(input.reshape({-1, weight.size(1)}));
+    return {grad_input, grad_weight};
+  }
+};
+
+}  // namespace
 
 at::Tensor HighPrecisionLinearCompute::forward(const at::Tensor& input, const at::Tensor& weight) {
-  return at::linear(input, weight);
+  return LinearFunction::apply(input, weight);
 }
 
 Linear::Linear(std::string fqn, int64_t in_features, int64_t out_features)

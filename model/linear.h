@@ -24,7 +24,8 @@ class LinearCompute {
   virtual std::string describe() const = 0;
 };
 
-// The high-precision product (at::linear): the default compute of every Linear.
+// The high-precision product x W^T (an autograd Function whose GEMM goes through the op layer,
+// model/checkpoint_ops.h): the default compute of every Linear.
 class HighPrecisionLinearCompute final : public LinearCompute {
  public:
   at::Tensor forward(const at::Tensor& input, const at::Tensor& weight) override;

@@ -11,6 +11,9 @@
 #include <ATen/ops/stack.h>
 #include <c10/util/Exception.h>
 
+#include "model/checkpoint_ops.h"
+#include "model/scope.h"
+
 namespace titan::model {
 namespace {
 
@@ -83,7 +86,8 @@ Attention::Attention(const std::string& prefix, const ModelArgs& args)
   for (Linear* l : {&wq, &wk, &wv, &wo}) make_linear_meta(*l);
 }
 
-at::Tensor Attention::forward(const at::Tensor& x, const RotaryTable& rope) const {
+at::Tensor Attention::forward(const at::Tensor& x_in, const RotaryTable& rope) const {
+  const at::Tensor x = prepare_input ? prepare_input(x_in) : x_in;
   const int64_t batch = x.size(0), seq = x.size(1);
   // Head counts come from the weights, so a tensor-parallel shard (fewer local heads) works too.
   at::Tensor q = wq.forward(x).view({batch, seq, -1, head_dim});  // [B, S, H, hd]
@@ -92,10 +96,8 @@ at::Tensor Attention::forward(const at::Tensor& x, const RotaryTable& rope) cons
   q = apply_rotary(q, rope).transpose(1, 2);                      // [B, H, S, hd]
   k = apply_rotary(k, rope).transpose(1, 2);
   v = v.transpose(1, 2);
-  const bool gqa = q.size(1) != k.size(1);
-  at::Tensor out = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/std::nullopt,
-                                                    /*dropout_p=*/0.0, /*is_causal=*/true,
-                                                    /*scale=*/std::nullopt, /*enable_gqa=*/gqa);
+  // Causal SDPA through the op layer, so per-op selective AC can keep its output.
+  at::Tensor out = attention_op(q, k, v);  // [B, H, S, hd]
   return wo.forward(out.transpose(1, 2).reshape({batch, seq, -1}));  // [B, S, D]
 }
 
@@ -112,8 +114,13 @@ FeedForward::FeedForward(const std::string& prefix, int64_t dim, int64_t hidden_
   for (Linear* l : {&w1, &w2, &w3}) make_linear_meta(*l);
 }
 
-at::Tensor FeedForward::forward(const at::Tensor& x) const {
-  return w2.forward(at::silu(w1.forward(x)) * w3.forward(x));
+at::Tensor FeedForward::forward(const at::Tensor& x_in) const {
+  const at::Tensor x = prepare_input ? prepare_input(x_in) : x_in;
+  // w1 before w3, explicitly: per-op AC counts matrix products in call order (every second one
+  // is recomputed), so the order must not be left to unspecified argument evaluation.
+  at::Tensor gate = w1.forward(x);  // [B, S, hidden]
+  at::Tensor up = w3.forward(x);    // [B, S, hidden]
+  return w2.forward(at::silu(gate) * up);
 }
 
 void FeedForward::visit_params(const ParamVisitor& visit) {
@@ -131,7 +138,12 @@ TransformerBlock::TransformerBlock(int64_t id, const ModelArgs& args)
       ffn_norm("layers." + std::to_string(id) + ".ffn_norm", args.dim, args.norm_eps) {}
 
 at::Tensor TransformerBlock::forward(const at::Tensor& x, const RotaryTable& rope) const {
-  at::Tensor h = x + attention.forward(attention_norm.forward(x), rope);
+  at::Tensor h;
+  {
+    NamedScope scope("attention");
+    h = x + attention.forward(attention_norm.forward(x), rope);
+  }
+  NamedScope scope("feed_forward");
   return h + feed_forward.forward(ffn_norm.forward(h));
 }
 
@@ -163,6 +175,12 @@ void Llama::visit_params(const ParamVisitor& visit) {
   visit("output.weight", output_.weight);
 }
 
+std::vector<TransformerBlock*> Llama::blocks() {
+  std::vector<TransformerBlock*> all;
+  for (auto& layer : layers_) all.push_back(layer.get());
+  return all;
+}
+
 std::vector<Linear*> Llama::linears() {
   std::vector<Linear*> all;
   for (auto& layer : layers_) {
@@ -178,19 +196,30 @@ void Llama::materialize(c10::Device device, c10::ScalarType dtype) {
   visit_params([&](const std::string&, at::Tensor& p) {
     p = at::empty(p.sizes(), at::TensorOptions().device(device).dtype(dtype));
   });
+  materialize_buffers(device);
+}
+
+void Llama::materialize_buffers(c10::Device device) {
   rope_ = make_rotary_table(args_.head_dim(), args_.max_seq_len, args_.rope_theta, device);
 }
 
 at::Tensor Llama::forward(const at::Tensor& tokens) {
   TORCH_CHECK(tokens.dim() == 2, "Llama::forward expects tokens [batch, seq], got shape ",
               tokens.sizes());
-  at::Tensor h = at::embedding(tok_embeddings_weight_, tokens);  // [B, S, D]
+  auto embed = [this](const at::Tensor& t) {
+    return embedding_compute_ ? embedding_compute_(t, tok_embeddings_weight_)
+                              : at::embedding(tok_embeddings_weight_, t);  // [B, S, D]
+  };
+  at::Tensor h = stage_runner_ ? stage_runner_(Stage::kEmbedding, tokens, embed) : embed(tokens);
   for (auto& layer : layers_) {
     TransformerBlock* block = layer.get();
     auto run = [this, block](const at::Tensor& x) { return block->forward(x, rope_); };
+    NamedScope scope("layers." + std::to_string(block->layer_id));
     h = block_runner_ ? block_runner_(block->layer_id, h, run) : run(h);
   }
-  return output_.forward(norm_.forward(h));  // [B, S, vocab]
+  auto head = [this](const at::Tensor& x) { return output_.forward(norm_.forward(x)); };
+  NamedScope scope("output");
+  return stage_runner_ ? stage_runner_(Stage::kHead, h, head) : head(h);  // [B, S, vocab]
 }
 
 }  // namespace titan::model

@@ -45,6 +45,10 @@ RotaryTable make_rotary_table(int64_t head_dim, int64_t max_seq_len, double thet
 // x: [B, S, H, head_dim]; rotates the pairs (x[2i], x[2i+1]) by position, as Meta's complex form.
 at::Tensor apply_rotary(const at::Tensor& x, const RotaryTable& table);
 
+// Transforms a module's input before its first linear (torchtitan's PrepareModuleInput):
+// sequence parallel all-gathers the sequence shards here once for wq/wk/wv (or w1/w3).
+using ModuleInputHook = std::function<at::Tensor(const at::Tensor& x)>;
+
 struct Attention {
   Attention(const std::string& prefix, const ModelArgs& args);
   at::Tensor forward(const at::Tensor& x, const RotaryTable& rope) const;  // [B, S, D]
@@ -52,6 +56,7 @@ struct Attention {
 
   int64_t n_heads, n_kv_heads, head_dim;
   Linear wq, wk, wv, wo;  // wq [H*hd, D], wk/wv [KV*hd, D], wo [D, H*hd]
+  ModuleInputHook prepare_input;  // empty: identity
 };
 
 struct FeedForward {
@@ -60,6 +65,7 @@ struct FeedForward {
   void visit_params(const ParamVisitor& visit);
 
   Linear w1, w2, w3;  // w1/w3 [hidden, D], w2 [D, hidden]
+  ModuleInputHook prepare_input;  // empty: identity
 };
 
 struct TransformerBlock {
@@ -78,6 +84,21 @@ struct TransformerBlock {
 using BlockRunner = std::function<at::Tensor(
     int64_t layer_id, const at::Tensor& h, const std::function<at::Tensor(const at::Tensor&)>& run)>;
 
+// tokens [B, S] int64 + embedding weight -> [B, S', D]. Default: at::embedding (S' = S);
+// tensor parallel installs a vocab-parallel lookup whose output is sequence-sharded.
+using EmbeddingCompute = std::function<at::Tensor(const at::Tensor& tokens, const at::Tensor& weight)>;
+
+// The stages outside the blocks, for StageRunner: kEmbedding maps tokens -> h,
+// kHead maps h -> logits (final norm + output projection).
+enum class Stage { kEmbedding, kHead };
+// Wraps a non-block stage as BlockRunner wraps blocks (FSDP gathers those parameter groups).
+using StageRunner = std::function<at::Tensor(
+    Stage stage, const at::Tensor& x, const std::function<at::Tensor(const at::Tensor&)>& run)>;
+
+// Receives each parameter's full, initialized value (float32, CPU) in parameter order; the
+// default sink copies it into the slot. Sharded training keeps only its shard.
+using InitSink = std::function<void(const std::string& fqn, at::Tensor& slot, const at::Tensor& full)>;
+
 class Llama {
  public:
   // Builds every parameter on the meta device: no memory is allocated.
@@ -85,8 +106,13 @@ class Llama {
 
   // Replaces every (meta) parameter with uninitialized storage on `device` of `dtype`.
   void materialize(c10::Device device, c10::ScalarType dtype);
+  // Only the non-parameter buffers (RoPE tables): for sharded training, whose parameters never
+  // exist in full on one rank.
+  void materialize_buffers(c10::Device device);
   // torchtitan's init (REFERENCE.md section 3) from `seed`; deterministic on the CPU.
   void init_weights(uint64_t seed);
+  // Same values, handed to `sink` one full parameter at a time (slots may stay on meta).
+  void init_weights(uint64_t seed, const InitSink& sink);
 
   // tokens [B, S] int64 -> logits [B, S, vocab] in the parameters' dtype.
   at::Tensor forward(const at::Tensor& tokens);
@@ -94,6 +120,13 @@ class Llama {
   void visit_params(const ParamVisitor& visit);
   std::vector<Linear*> linears();  // every linear, in parameter order
   void set_block_runner(BlockRunner runner) { block_runner_ = std::move(runner); }
+  const BlockRunner& block_runner() const { return block_runner_; }  // to wrap an installed one
+  void set_stage_runner(StageRunner runner) { stage_runner_ = std::move(runner); }
+  const StageRunner& stage_runner() const { return stage_runner_; }
+  void set_embedding_compute(EmbeddingCompute compute) { embedding_compute_ = std::move(compute); }
+  std::vector<TransformerBlock*> blocks();
+  RMSNorm& norm() { return norm_; }
+  Linear& output() { return output_; }
 
   const ModelArgs& args() const { return args_; }
 
@@ -105,6 +138,8 @@ class Llama {
   Linear output_;  // [vocab, D]
   RotaryTable rope_;
   BlockRunner block_runner_;
+  StageRunner stage_runner_;
+  EmbeddingCompute embedding_compute_;
 };
 
 }  // namespace titan::model

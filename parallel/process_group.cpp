@@ -20,6 +20,9 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#ifdef TITAN_WITH_CUDA
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
@@ -69,10 +72,11 @@ const char* reduce_op_name(ReduceOp op) {
 
 c10::intrusive_ptr<c10d::Store> create_tcp_store(const std::string& host, int port, int rank,
                                                  int world_size,
-                                                 std::chrono::milliseconds timeout) {
+                                                 std::chrono::milliseconds timeout,
+                                                 std::optional<bool> serve) {
   c10d::TCPStoreOptions opts;
   opts.port = static_cast<std::uint16_t>(port);
-  opts.isServer = rank == 0;
+  opts.isServer = serve.value_or(rank == 0);
   opts.numWorkers = static_cast<std::size_t>(world_size);
   // Rank 0 must return at once: with port 0 it has to hand the chosen port to the others
   // before they can connect. Group formation (Comm) waits for everyone anyway.
@@ -118,6 +122,26 @@ Comm::Comm(c10::intrusive_ptr<c10d::Store> store, int rank, int size, std::strin
   }
   last_.group = name_;
   try {
+#ifdef TITAN_WITH_CUDA
+    if (options_.backend == "nccl") {
+      auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
+      nccl_options->timeout = options_.timeout;
+      nccl_options->group_name = name_;
+      for (int g : global_ranks_) nccl_options->global_ranks_in_group.push_back(g);
+      auto prefixed = c10::make_intrusive<c10d::PrefixStore>(name_ + "/", store_);
+      backend_ = c10::make_intrusive<c10d::ProcessGroupNCCL>(prefixed, rank_, size_, nccl_options);
+      return;
+    }
+#endif
+    if (options_.backend != "gloo")
+      throw std::invalid_argument("backend '" + options_.backend + "' is not available in this build "
+                                  "(gloo" +
+#ifdef TITAN_WITH_CUDA
+                                  std::string(", nccl") +
+#else
+                                  std::string() +
+#endif
+                                  ")");
     auto gloo_options = c10d::ProcessGroupGloo::Options::create(options_.timeout);
     gloo_options->devices.push_back(create_device(options_));
     gloo_options->group_name = name_;
@@ -193,6 +217,7 @@ void Comm::run_collective(std::string op, const at::Tensor& tensor, Launch&& lau
   try {
     c10::intrusive_ptr<c10d::Work> work = launch();
     work->wait();
+    total_seconds_ += std::chrono::duration<double>(Clock::now() - start).count();
   } catch (const std::exception& e) {
     auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
     std::ostringstream os;
@@ -281,8 +306,26 @@ std::unique_ptr<Comm> init_process_group(const WorldInfo& world, CommOptions opt
       options.device_hostname.clear();
     }
   }
+  const auto init_timeout = options.init_timeout.count() > 0 ? options.init_timeout : options.timeout;
+  const char* agent_store = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
+  const bool torchrun_serves = agent_store != nullptr && std::string(agent_store) == "True";
   auto store = create_tcp_store(world.master_addr, world.master_port, world.rank,
-                                world.world_size, options.timeout);
+                                world.world_size, init_timeout,
+                                torchrun_serves ? std::optional<bool>(false) : std::nullopt);
+  // Join barrier on the store, bounded by the init timeout: once every rank is here, forming
+  // the groups is quick, so their (training) timeout can be shorter than rendezvous may take.
+  try {
+    store->set("titan/joined/" + std::to_string(world.rank), std::vector<uint8_t>{1});
+    std::vector<std::string> keys;
+    for (int r = 0; r < world.world_size; ++r) keys.push_back("titan/joined/" + std::to_string(r));
+    store->wait(keys, init_timeout);
+  } catch (const std::exception& e) {
+    std::ostringstream os;
+    os << "[rank " << world.rank << "] not every one of the " << world.world_size
+       << " ranks joined at " << world.master_addr << ":" << world.master_port << " within "
+       << init_timeout.count() << " ms (comm.init_timeout_seconds): " << error_text(e);
+    throw CommError(os.str());
+  }
   return std::make_unique<Comm>(store, world.rank, world.world_size, "world", options);
 }
 

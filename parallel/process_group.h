@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -54,14 +55,22 @@ struct CommOptions {
   std::string device_hostname = "127.0.0.1";
   // A network interface name (e.g. "eth0"); when set it takes precedence over device_hostname.
   std::string device_interface;
+  // init_process_group only: how long to wait for every rank to reach the store and join
+  // (0 = `timeout`). Lets rendezvous wait for slow starters longer than a collective may take.
+  std::chrono::milliseconds init_timeout{0};
+  // "gloo" (CPU tensors) or, in CUDA builds, "nccl" (CUDA tensors).
+  std::string backend = "gloo";
 };
 
 // The job's key-value store: rank 0 serves it on `port` (0: a free port, read it back with
 // store_port()), every other rank connects to host:port. Every rank holds its own connection
 // (threads standing in for ranks each create their own client).
+// `serve` overrides "rank 0 serves": torchrun's agent already serves the store at
+// MASTER_ADDR:MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE=True), so there every rank is a client.
 c10::intrusive_ptr<c10d::Store> create_tcp_store(const std::string& host, int port, int rank,
                                                  int world_size,
-                                                 std::chrono::milliseconds timeout);
+                                                 std::chrono::milliseconds timeout,
+                                                 std::optional<bool> serve = std::nullopt);
 
 // The port a store from create_tcp_store listens on / connects to.
 int store_port(const c10::intrusive_ptr<c10d::Store>& store);
@@ -102,6 +111,9 @@ class Comm {
   uint64_t sequence_number() const { return last_.seq; }  // collectives issued so far
   const CollectiveRecord& last_collective() const { return last_; }
   int64_t total_bytes() const { return total_bytes_; }
+  // Wall time spent inside this Comm's collectives (issue to completion), for the share of a
+  // step spent waiting on communication.
+  double total_seconds() const { return total_seconds_; }
 
  private:
   template <typename Launch>
@@ -119,6 +131,7 @@ class Comm {
   std::vector<int> global_ranks_;
   CollectiveRecord last_;
   int64_t total_bytes_ = 0;
+  double total_seconds_ = 0;
 };
 
 // The job-wide Comm "world" from torchrun/Slurm-style info: rank 0 serves the TCPStore on

@@ -20,7 +20,7 @@ TEST_CASE("flavor shapes follow torchtitan", "[model]") {
   CHECK(llama3_flavor("405B").ffn_hidden_dim() == 53248);
   CHECK(llama3_flavor("8B").head_dim() == 128);
   CHECK(llama3_flavor("405B").kv_heads() == 8);
-  CHECK_THROWS_WITH(llama3_flavor("7B"), Catch::Contains("debugmodel, 8B, 70B, 405B"));
+  CHECK_THROWS_WITH(llama3_flavor("7B"), Catch::Contains("debugmodel, 8B, 70B, 405B, 100M"));
 }
 
 TEST_CASE("parameter counts without allocating", "[model]") {

@@ -78,6 +78,7 @@ struct TrainingSection {
   bool deterministic = false;
   std::string device = "cpu";  // cpu|cuda
   int64_t num_threads = 0;     // intra-op threads, 0 = all cores
+  double cpu_memory_limit_gib = 0;  // CPU tensor memory limit (out-of-memory error above); 0 = none
 };
 
 struct CheckpointSection {
@@ -88,11 +89,57 @@ struct CheckpointSection {
 
 // Keys of these sections are declared by later work; the sections exist now so that files
 // naming them get "unknown key" errors rather than "unknown section".
-struct ProfilingSection {};
-struct ParallelismSection {};
-struct ActivationCheckpointSection {};
-struct Float8Section {};
-struct CommSection {};
+struct ProfilingSection {
+  bool enable_profiling = false;
+  std::string save_traces_folder = "profile_traces";  // under job.dump_folder
+  int64_t profile_freq = 10;  // traces AND memory snapshots every this many steps
+  bool enable_memory_snapshot = false;
+  std::string save_memory_snapshot_folder = "memory_snapshot";  // under job.dump_folder
+};
+
+// The parallel layout; see docs/parallelism.md. The product of the degrees must equal
+// WORLD_SIZE (data_parallel_shard_degree -1 takes what the others leave).
+struct ParallelismSection {
+  int64_t data_parallel_replicate_degree = 1;
+  int64_t data_parallel_shard_degree = -1;  // -1 = WORLD_SIZE / (replicate x tp)
+  int64_t tensor_parallel_degree = 1;
+  std::string fsdp_reshard_after_forward = "default";  // default|always|never
+  bool disable_loss_parallel = false;
+  int64_t pipeline_parallel_degree = 1;  // > 1 not supported
+  int64_t context_parallel_degree = 1;   // > 1 not supported
+};
+
+struct ActivationCheckpointSection {
+  std::string mode = "none";              // none|full|selective
+  std::string selective_ac_option = "2";  // "op" or an integer N (every N-th block)
+};
+struct Float8Section {
+  bool enable_float8_linear = false;
+  std::string recipe_name = "tensorwise";
+  std::vector<std::string> filter_fqns = {"output"};
+  bool auto_filter_small_kn = false;
+  bool emulate = false;  // the CPU always emulates; on CUDA this forces the emulated GEMM
+  bool enable_fsdp_float8_all_gather = false;
+  bool precompute_float8_dynamic_scale_for_fsdp = false;
+  int64_t amax_history_len = 16;  // tensorwise_delayed only
+};
+
+struct Int8Section {
+  bool enable_int8_linear = false;
+  std::vector<std::string> filter_fqns = {"output"};
+  bool output_gemm = true;       // y = x W^T in int8
+  bool grad_input_gemm = true;   // dx = dy W in int8
+  bool grad_weight_gemm = true;  // dW = dy^T x in int8
+};
+
+struct CommSection {
+  int64_t init_timeout_seconds = 300;   // rendezvous: waiting for every rank to join
+  int64_t train_timeout_seconds = 100;  // one collective during training
+  // Fault injection for tests: rank debug_fail_rank throws at the start of step
+  // debug_fail_at_step (0 = never).
+  int64_t debug_fail_at_step = 0;
+  int64_t debug_fail_rank = 0;
+};
 
 struct JobConfig {
   JobSection job;
@@ -106,6 +153,7 @@ struct JobConfig {
   CheckpointSection checkpoint;
   ActivationCheckpointSection activation_checkpoint;
   Float8Section float8;
+  Int8Section int8;
   CommSection comm;
   std::vector<std::string> warnings;  // one line each, for the app to log (e.g. ignored keys)
   bool help_requested = false;        // -h / --help: print config_help() and exit 0

@@ -6,11 +6,20 @@
 #include <cmath>
 #include <sstream>
 
+#include "float8/recipe.h"
+#include "model/args.h"
 #include "trainer/config_table.h"
 
 namespace titan::trainer::config_detail {
 
 namespace {
+
+// Canonical recipe names first, then the aliases users of the seed-era PR type.
+std::vector<std::string> float8_recipe_choices() {
+  std::vector<std::string> names = float8::recipe_names();
+  names.insert(names.end(), {"all_axiswise", "lw_axiswise_with_gw_hp"});
+  return names;
+}
 
 std::vector<SectionSpec> build_table() {
   using J = JobConfig;
@@ -24,7 +33,21 @@ std::vector<SectionSpec> build_table() {
           key("print_args", &JobSection::print_args,
               "Print the effective config as TOML at start-up."),
       }),
-      section("profiling", &J::profiling, "Profiler traces and memory snapshots.", {}),
+      section("profiling", &J::profiling, "Profiler traces and memory snapshots.", {
+          key("enable_profiling", &ProfilingSection::enable_profiling,
+              "Write a Chrome/Perfetto trace (Kineto profiler) of one step every profile_freq "
+              "steps, per rank."),
+          key("save_traces_folder", &ProfilingSection::save_traces_folder,
+              "Folder under job.dump_folder for traces: iteration_N/rank{R}_trace.json."),
+          key("profile_freq", &ProfilingSection::profile_freq,
+              "Profile (and snapshot memory at) every this many steps.").at_least(1),
+          key("enable_memory_snapshot", &ProfilingSection::enable_memory_snapshot,
+              "Record every allocation and write a memory snapshot (PyTorch's pickle layout) "
+              "plus an HTML picture every profile_freq steps and on out-of-memory."),
+          key("save_memory_snapshot_folder", &ProfilingSection::save_memory_snapshot_folder,
+              "Folder under job.dump_folder for snapshots: "
+              "iteration_N/rank{R}_memory_snapshot.pickle (and .html)."),
+      }),
       section("metrics", &J::metrics, "The per-step metrics log line.", {
           key("log_freq", &MetricsSection::log_freq,
               "Log metrics at step 1 and every this many steps.").at_least(1),
@@ -37,7 +60,7 @@ std::vector<SectionSpec> build_table() {
       section("model", &J::model, "Which model to build and how to tokenize.", {
           key("name", &ModelSection::name, "Model family.").one_of({"llama3"}),
           key("flavor", &ModelSection::flavor, "Model size (debugmodel is CPU-sized).")
-              .one_of({"debugmodel", "8B", "70B", "405B"}),
+              .one_of(model::llama3_flavor_names()),
           key("tokenizer_path", &ModelSection::tokenizer_path,
               "\"\" = byte-level tokenizer; else a tiktoken-format BPE file (Llama 3's "
               "tokenizer.model)."),
@@ -98,8 +121,32 @@ std::vector<SectionSpec> build_table() {
           key("device", &TrainingSection::device, "Where to train.").one_of({"cpu", "cuda"}),
           key("num_threads", &TrainingSection::num_threads,
               "Intra-op CPU threads; 0 = all cores.").at_least(0),
+          key("cpu_memory_limit_gib", &TrainingSection::cpu_memory_limit_gib,
+              "Limit on live CPU tensor memory in GiB (the tracked allocator raises an "
+              "out-of-memory error above it); 0 = no limit.").at_least(0),
       }),
-      section("parallelism", &J::parallelism, "Data/tensor/pipeline-parallel layout.", {}),
+      section("parallelism", &J::parallelism, "Data/tensor/pipeline-parallel layout.", {
+          key("data_parallel_replicate_degree", &ParallelismSection::data_parallel_replicate_degree,
+              "Data-parallel replicas (HSDP's outer dimension: gradients all-reduced across "
+              "them).").at_least(1),
+          key("data_parallel_shard_degree", &ParallelismSection::data_parallel_shard_degree,
+              "FSDP degree: parameters, gradients and optimizer state sharded across this many "
+              "ranks; -1 = WORLD_SIZE / (replicate x tensor parallel).").at_least(1).or_exactly(-1),
+          key("tensor_parallel_degree", &ParallelismSection::tensor_parallel_degree,
+              "Tensor + sequence parallel degree (must divide n_heads and n_kv_heads).")
+              .at_least(1),
+          key("fsdp_reshard_after_forward", &ParallelismSection::fsdp_reshard_after_forward,
+              "Free gathered parameters after forward: default = every group but the last "
+              "block and norm+output (torchtitan's choice), always, never.")
+              .one_of({"default", "always", "never"}),
+          key("disable_loss_parallel", &ParallelismSection::disable_loss_parallel,
+              "With tensor parallel: all-gather the logits and compute the loss on the full "
+              "vocabulary instead of on vocab shards."),
+          key("pipeline_parallel_degree", &ParallelismSection::pipeline_parallel_degree,
+              "Pipeline parallel degree; only 1 is supported.").at_least(1),
+          key("context_parallel_degree", &ParallelismSection::context_parallel_degree,
+              "Context parallel degree; only 1 is supported.").at_least(1),
+      }),
       section("checkpoint", &J::checkpoint, "Initial weights and exported weights.", {
           key("initial_load_path", &CheckpointSection::initial_load_path,
               "safetensors file to start from; \"\" = random init."),
@@ -109,9 +156,59 @@ std::vector<SectionSpec> build_table() {
               .one_of({"float32", "bfloat16"}),
       }),
       section("activation_checkpoint", &J::activation_checkpoint,
-              "Recomputing activations in backward to save memory.", {}),
-      section("float8", &J::float8, "float8 training.", {}),
-      section("comm", &J::comm, "Collective timeouts and tracing.", {}),
+              "Recomputing activations in backward to save memory.", {
+          key("mode", &ActivationCheckpointSection::mode,
+              "none = keep every activation; full = every block keeps only its input and is "
+              "recomputed in backward; selective = see selective_ac_option.")
+              .one_of({"none", "full", "selective"}),
+          key("selective_ac_option", &ActivationCheckpointSection::selective_ac_option,
+              "With mode = selective: \"op\" = per-op (keep matrix products except every "
+              "second one, attention, reduce-scatters, float8 amax; recompute the rest), or an "
+              "integer N = checkpoint every N-th block."),
+      }),
+      section("float8", &J::float8, "float8 training of the linears (torchao.float8 numerics).", {
+          key("enable_float8_linear", &Float8Section::enable_float8_linear,
+              "Train the model's linears with float8 GEMMs (emulated on the CPU)."),
+          key("recipe_name", &Float8Section::recipe_name,
+              "Scaling recipe: tensorwise (e4m3/e4m3/e5m2), rowwise (axiswise e4m3, power-of-2 "
+              "scales), rowwise_with_gw_hp (high-precision grad_weight GEMM), tensorwise_delayed "
+              "(scale from an amax history).")
+              .one_of(float8_recipe_choices()),
+          key("filter_fqns", &Float8Section::filter_fqns,
+              "Linears whose fully-qualified name contains one of these stay high precision."),
+          key("auto_filter_small_kn", &Float8Section::auto_filter_small_kn,
+              "Skip linears whose K/N are too small for float8 to be faster (torchao's table)."),
+          key("emulate", &Float8Section::emulate,
+              "Emulate the float8 GEMM in float32 (always the case on the CPU)."),
+          key("enable_fsdp_float8_all_gather", &Float8Section::enable_fsdp_float8_all_gather,
+              "FSDP all-gathers float8 weight shards (tensorwise recipes only)."),
+          key("precompute_float8_dynamic_scale_for_fsdp",
+              &Float8Section::precompute_float8_dynamic_scale_for_fsdp,
+              "Compute every weight scale for the next step in one all-reduce after the "
+              "optimizer step (needs enable_fsdp_float8_all_gather)."),
+          key("amax_history_len", &Float8Section::amax_history_len,
+              "Length of the amax history of tensorwise_delayed.").at_least(1),
+      }),
+      section("int8", &J::int8, "INT8 mixed-precision training of the linears.", {
+          key("enable_int8_linear", &Int8Section::enable_int8_linear,
+              "Train the linears with int8 GEMMs (row-wise forward, column-wise backward)."),
+          key("filter_fqns", &Int8Section::filter_fqns,
+              "Linears whose fully-qualified name contains one of these stay high precision."),
+          key("output_gemm", &Int8Section::output_gemm, "Forward GEMM in int8."),
+          key("grad_input_gemm", &Int8Section::grad_input_gemm, "grad_input GEMM in int8."),
+          key("grad_weight_gemm", &Int8Section::grad_weight_gemm, "grad_weight GEMM in int8."),
+      }),
+      section("comm", &J::comm, "Collective timeouts and tracing.", {
+          key("init_timeout_seconds", &CommSection::init_timeout_seconds,
+              "How long rendezvous waits for every rank to join.").at_least(1),
+          key("train_timeout_seconds", &CommSection::train_timeout_seconds,
+              "How long one collective may take during training before it fails.").at_least(1),
+          key("debug_fail_at_step", &CommSection::debug_fail_at_step,
+              "Fault injection (tests): rank comm.debug_fail_rank fails at the start of this "
+              "step; 0 = never.").at_least(0),
+          key("debug_fail_rank", &CommSection::debug_fail_rank,
+              "The rank that comm.debug_fail_at_step makes fail.").at_least(0),
+      }),
   };
 }
 

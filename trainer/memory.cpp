@@ -5,8 +5,12 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <fstream>
+#include <mutex>
 #include <string>
+
+#include "model/scope.h"
 
 #ifdef TITAN_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -20,6 +24,44 @@ namespace {
 std::atomic<int64_t> g_current{0};
 std::atomic<int64_t> g_peak{0};
 std::atomic<bool> g_installed{false};
+std::atomic<int64_t> g_limit{0};
+std::atomic<bool> g_recording{false};
+
+// The record, guarded by its mutex; touched only while recording (one relaxed load otherwise).
+struct Recorder {
+  std::mutex mu;
+  CpuMemoryRecord record;
+};
+Recorder& recorder() {
+  static auto* r = new Recorder();  // outlives static destruction: storages free at exit
+  return *r;
+}
+
+int64_t now_us() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+void record_event(MemoryEvent::Action action, uintptr_t addr, int64_t size, int32_t scope,
+                  uint8_t category) {
+  Recorder& r = recorder();
+  std::lock_guard<std::mutex> lock(r.mu);
+  CpuMemoryRecord& rec = r.record;
+  if (action == MemoryEvent::kAlloc) {
+    rec.live[addr] = {size, scope, category};
+  } else if (action == MemoryEvent::kFree) {
+    auto it = rec.live.find(addr);
+    if (it == rec.live.end()) return;  // allocated before recording started
+    scope = it->second.scope;
+    category = it->second.category;
+    rec.live.erase(it);
+  }
+  if (rec.events.size() >= kMaxRecordedEvents) {
+    rec.events_truncated = true;
+    return;
+  }
+  rec.events.push_back({action, category, scope, addr, size, now_us()});
+}
 
 // The base allocation's pointer and deleter travel with the DataPtr so that a free can be
 // counted and then handed back to the allocator that made it.
@@ -27,13 +69,22 @@ struct TrackedContext {
   void* base_context;
   c10::DeleterFnPtr base_deleter;
   int64_t bytes;
+  void* data;
 };
 
 void tracked_delete(void* ctx) {
   auto* tracked = static_cast<TrackedContext*>(ctx);
   g_current.fetch_sub(tracked->bytes, std::memory_order_relaxed);
+  if (g_recording.load(std::memory_order_relaxed))
+    record_event(MemoryEvent::kFree, reinterpret_cast<uintptr_t>(tracked->data), tracked->bytes, 0, 0);
   if (tracked->base_deleter) tracked->base_deleter(tracked->base_context);
   delete tracked;
+}
+
+std::string gib_text(int64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.3f GiB", bytes / double(1ull << 30));
+  return buf;
 }
 
 class CountingCPUAllocator final : public c10::Allocator {
@@ -41,11 +92,27 @@ class CountingCPUAllocator final : public c10::Allocator {
   explicit CountingCPUAllocator(c10::Allocator* base) : base_(base) {}
 
   c10::DataPtr allocate(size_t n) override {
+    const int64_t limit = g_limit.load(std::memory_order_relaxed);
+    if (limit > 0 && g_current.load(std::memory_order_relaxed) + static_cast<int64_t>(n) > limit) {
+      if (g_recording.load(std::memory_order_relaxed))
+        record_event(MemoryEvent::kOom, 0, static_cast<int64_t>(n), model::current_scope_path_id(),
+                     static_cast<uint8_t>(model::current_memory_category()));
+      C10_THROW_ERROR(OutOfMemoryError,
+                      "CPU out of memory: tried to allocate " + gib_text(static_cast<int64_t>(n)) +
+                          " with " + gib_text(g_current.load()) + " of tensors live; the limit " +
+                          "(training.cpu_memory_limit_gib) is " + gib_text(limit) +
+                          ". Raise the limit, lower training.local_batch_size or seq_len, or "
+                          "enable activation_checkpoint.mode = full");
+    }
     c10::DataPtr inner = base_->allocate(n);
     void* data = inner.get();
     c10::DeleterFnPtr deleter = inner.get_deleter();
     void* context = inner.release_context();
-    auto* tracked = new TrackedContext{context, deleter, static_cast<int64_t>(n)};
+    auto* tracked = new TrackedContext{context, deleter, static_cast<int64_t>(n), data};
+    if (g_recording.load(std::memory_order_relaxed))
+      record_event(MemoryEvent::kAlloc, reinterpret_cast<uintptr_t>(data), tracked->bytes,
+                   model::current_scope_path_id(),
+                   static_cast<uint8_t>(model::current_memory_category()));
     const int64_t now = g_current.fetch_add(tracked->bytes, std::memory_order_relaxed) + tracked->bytes;
     int64_t peak = g_peak.load(std::memory_order_relaxed);
     while (now > peak && !g_peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
@@ -80,6 +147,44 @@ void install_cpu_memory_tracker() {
 }
 
 bool cpu_memory_tracker_installed() { return g_installed.load(); }
+
+void set_cpu_memory_limit(int64_t bytes) { g_limit.store(bytes < 0 ? 0 : bytes); }
+int64_t cpu_memory_limit() { return g_limit.load(); }
+
+void set_cpu_memory_recording(bool enabled) {
+  if (!enabled) {
+    g_recording.store(false);
+    return;
+  }
+  Recorder& r = recorder();
+  {
+    std::lock_guard<std::mutex> lock(r.mu);
+    r.record = CpuMemoryRecord{};
+  }
+  g_recording.store(true);
+}
+bool cpu_memory_recording() { return g_recording.load(); }
+
+void restart_cpu_memory_trace() {
+  Recorder& r = recorder();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.record.events.clear();
+  r.record.events_truncated = false;
+  r.record.category_bytes_at_restart.fill(0);
+  for (const auto& [addr, a] : r.record.live) r.record.category_bytes_at_restart[a.category % 8] += a.size;
+}
+
+CpuMemoryRecord cpu_memory_record() {
+  Recorder& r = recorder();
+  CpuMemoryRecord copy;
+  {
+    std::lock_guard<std::mutex> lock(r.mu);
+    copy = r.record;
+  }
+  copy.current_bytes = g_current.load();
+  copy.peak_bytes = g_peak.load();
+  return copy;
+}
 
 int64_t total_ram_bytes() {
   return static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);

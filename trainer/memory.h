@@ -10,7 +10,10 @@
 
 #include <c10/core/Device.h>
 
+#include <array>
 #include <cstdint>
+#include <map>
+#include <vector>
 
 namespace titan::trainer {
 
@@ -25,6 +28,46 @@ struct MemoryStats {
 };
 MemoryStats memory_stats(c10::Device device);
 void reset_peak_memory(c10::Device device);
+
+// ---- CPU limit and recording (the same counting allocator) ----
+
+// Live tensor bytes above `bytes` make the next allocation throw c10::OutOfMemoryError (a test
+// can exercise the out-of-memory path on any machine). 0 = no limit.
+void set_cpu_memory_limit(int64_t bytes);
+int64_t cpu_memory_limit();
+
+// One recorded allocator event. `scope` is model::current_scope_path_id() and `category` a
+// model::MemoryCategory at the time of the allocation (a free repeats its allocation's).
+struct MemoryEvent {
+  enum Action : uint8_t { kAlloc, kFree, kOom };
+  Action action;
+  uint8_t category;
+  int32_t scope;
+  uintptr_t addr;
+  int64_t size;
+  int64_t time_us;  // microseconds since the Unix epoch
+};
+struct LiveAllocation {
+  int64_t size;
+  int32_t scope;
+  uint8_t category;
+};
+struct CpuMemoryRecord {
+  std::vector<MemoryEvent> events;            // since the last restart, oldest first
+  bool events_truncated = false;              // more than kMaxRecordedEvents happened
+  std::map<uintptr_t, LiveAllocation> live;   // every live recorded allocation by address
+  std::array<int64_t, 8> category_bytes_at_restart{};  // live bytes per category then
+  int64_t current_bytes = 0, peak_bytes = 0;  // the counters (all storages, recorded or not)
+};
+constexpr size_t kMaxRecordedEvents = 2'000'000;
+
+// While enabled, every CPU allocation and free is recorded with its size, time and scope.
+// Enable before the model is built so parameters are part of the record.
+void set_cpu_memory_recording(bool enabled);
+bool cpu_memory_recording();
+// Drops the recorded events (keeping the live set), e.g. at the start of a profiled step.
+void restart_cpu_memory_trace();
+CpuMemoryRecord cpu_memory_record();  // a consistent copy
 
 int64_t process_rss_bytes();      // VmRSS of this process
 int64_t process_peak_rss_bytes(); // VmHWM of this process

@@ -98,8 +98,11 @@ void MetricsLogger::log(const StepMetrics& m) {
                              {"grad_norm", m.grad_norm}, {"lr", m.lr},
                              {"memory_peak_bytes", mem.peak_bytes},
                              {"memory_peak_pct", pct},  {"tps", tps},
+                             {"peak_rss_bytes", process_peak_rss_bytes()},
+                             {"tokens", tokens_since_last_},
                              {"tflops", tflops},        {"mfu_pct", mfu},
                              {"elapsed_s", elapsed}};
+    if (m.comm_seconds >= 0) record["comm_s"] = m.comm_seconds;
     jsonl_ << record.dump() << '\n';
     jsonl_.flush();
   }

@@ -28,6 +28,7 @@ struct StepMetrics {
   double loss = 0;
   double grad_norm = 0;
   double lr = 0;
+  double comm_seconds = -1;  // time inside collectives since the last line; < 0 = not distributed
 };
 
 class MetricsLogger {

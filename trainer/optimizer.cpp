@@ -1,6 +1,7 @@
 #include "trainer/optimizer.h"
 
 #include <ATen/core/grad_mode.h>
+#include <ATen/ops/_foreach_add.h>
 #include <ATen/ops/_foreach_mul.h>
 #include <ATen/ops/_foreach_norm.h>
 #include <ATen/ops/_fused_adam.h>
@@ -43,6 +44,9 @@ void AdamW::step(double lr) {
     s.push_back(steps_[i]);
   }
   if (p.empty()) return;
+  // The fused kernel reads the step count for bias correction but does not advance it
+  // (torch.optim increments it just before the call, as here).
+  at::_foreach_add_(s, 1.0);
   if (options_.name == "AdamW") {
     at::_fused_adamw_(p, g, m, v, /*max_exp_avg_sqs=*/{}, s, lr, options_.beta1, options_.beta2,
                       options_.weight_decay, options_.eps, /*amsgrad=*/false, /*maximize=*/false);

@@ -13,11 +13,19 @@
 #include <vector>
 
 #include "model/llama.h"
+#include "parallel/world.h"
 #include "trainer/config.h"
+#include "trainer/converters.h"
 #include "trainer/data/loader.h"
 #include "trainer/data/tokenizer.h"
 #include "trainer/metrics.h"
 #include "trainer/optimizer.h"
+#include "trainer/profiling.h"
+
+namespace titan::parallel {
+class DeviceMesh;
+class ParallelModel;
+}  // namespace titan::parallel
 
 namespace titan::trainer {
 
@@ -31,6 +39,7 @@ struct TrainResult {
 class Trainer {
  public:
   explicit Trainer(JobConfig cfg);
+  ~Trainer();
   TrainResult train();
 
   model::Llama& model() { return *model_; }
@@ -47,6 +56,8 @@ class Trainer {
   // Points the model's parameter slots at compute copies of the masters (a differentiable cast
   // for bf16 compute, the masters themselves for float32).
   void bind_compute_params();
+  // WORLD_SIZE > 1: process group, device mesh (parallelism.* degrees); see parallel/.
+  void init_distributed();
 
   JobConfig cfg_;
   c10::Device device_{c10::kCPU};
@@ -54,14 +65,20 @@ class Trainer {
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<DataLoader> loader_;
   std::unique_ptr<model::Llama> model_;
+  ConvertedModel converted_;  // which float8/int8 computes the linears use
   std::vector<std::string> param_names_;
   std::vector<at::Tensor*> param_slots_;    // the model's own tensors, in parameter order
   std::vector<at::Tensor> master_params_;   // float32, requires_grad, in parameter order
   std::unique_ptr<AdamW> optimizer_;
   LrSchedule lr_schedule_{};
   std::unique_ptr<MetricsLogger> metrics_;
+  std::unique_ptr<StepProfiler> profiler_;  // traces + memory snapshots ([profiling])
   int64_t global_batch_size_ = 0;
   int64_t grad_accumulation_steps_ = 1;
+  parallel::WorldInfo world_;                          // from the environment (torchrun-style)
+  std::unique_ptr<parallel::DeviceMesh> mesh_;         // null when single-process
+  std::unique_ptr<parallel::ParallelModel> parallel_;  // null when single-process
+  double comm_seconds_logged_ = 0;                     // mesh comm time at the last metrics line
 };
 
 }  // namespace titan::trainer

@@ -1,0 +1,185 @@
+#include "model/checkpoint_ops.h"
+
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu.h>
+#include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_backward.h>
+#include <ATen/ops/repeat_interleave.h>
+#include <ATen/ops/scaled_dot_product_attention.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <exception>
+
+namespace titan::model {
+
+// Note [Op save list]:
+// The ONLY ops whose outputs per-op selective AC keeps (REFERENCE.md section 4, torchtitan's
+// _save_list). Everything else a block computes (pointwise, norms, RoPE, casts, abs, float8
+// scaling) is recomputed. `abs` in particular must never be here: with float8 rowwise it is
+// abs(W) of an unsharded weight, ~11 GiB on Llama3-8B (seed 000). tests/test_activation_checkpoint
+// checks that a block keeps exactly the 1st/3rd/5th/7th mm and sdpa, and no abs.
+const std::vector<SaveListEntry>& selective_ac_save_list() {
+  static const std::vector<SaveListEntry> list = {
+      {"mm", /*every_second=*/true, "matrix products: the FLOPs; every second one is recomputed"},
+      {"sdpa", false, "attention: quadratic in seq_len, the costliest op to recompute"},
+      {"reduce_scatter", false, "TP reduce-scatter: recomputing it would repeat communication"},
+      {"amax", false, "float8 amax reductions: tiny outputs, and a cross-rank max in FSDP"},
+  };
+  return list;
+}
+
+bool op_on_save_list(const std::string& op) {
+  for (const auto& e : selective_ac_save_list())
+    if (op == e.op) return true;
+  return false;
+}
+
+namespace {
+
+thread_local OpCheckpointStore* t_store = nullptr;
+thread_local OpCheckpointPhase t_phase = OpCheckpointPhase::kRecord;
+
+// Index of `op` in the save list, -1 if absent.
+int save_list_row(const char* op) {
+  const auto& list = selective_ac_save_list();
+  for (size_t i = 0; i < list.size(); ++i)
+    if (std::string(op) == list[i].op) return static_cast<int>(i);
+  return -1;
+}
+
+}  // namespace
+
+std::vector<std::string> OpCheckpointStore::kept_ops() const {
+  std::vector<std::string> out;
+  for (const auto& e : entries_)
+    if (e.kept) out.push_back(e.op);
+  return out;
+}
+
+int64_t OpCheckpointStore::kept_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& e : entries_)
+    for (const auto& t : e.outputs)
+      if (t.defined()) bytes += static_cast<int64_t>(t.nbytes());
+  return bytes;
+}
+
+OpCheckpointScope::OpCheckpointScope(OpCheckpointStore* store, OpCheckpointPhase phase)
+    : prev_store_(t_store), prev_phase_(t_phase), store_(store), phase_(phase),
+      uncaught_(std::uncaught_exceptions()) {
+  TORCH_CHECK(store != nullptr, "OpCheckpointScope needs a store");
+  if (phase == OpCheckpointPhase::kRecord) store->entries_.clear();
+  store->replay_pos_ = 0;
+  store->counts_.assign(selective_ac_save_list().size(), 0);
+  t_store = store;
+  t_phase = phase;
+}
+
+OpCheckpointScope::~OpCheckpointScope() noexcept(false) {
+  t_store = prev_store_;
+  t_phase = prev_phase_;
+  const bool unwinding = std::uncaught_exceptions() > uncaught_;
+  if (!unwinding && phase_ == OpCheckpointPhase::kReplay)
+    TORCH_CHECK(store_->replay_pos_ == store_->entries_.size(),
+                "selective AC: the recompute ran ", store_->replay_pos_,
+                " checkpointable ops but the first forward ran ", store_->entries_.size(),
+                " (the block's forward must be deterministic in its op sequence)");
+}
+
+OpCheckpointPause::OpCheckpointPause() : prev_store_(t_store) { t_store = nullptr; }
+OpCheckpointPause::~OpCheckpointPause() { t_store = prev_store_; }
+
+std::vector<at::Tensor> checkpointable_op_multi(
+    const char* name, const std::function<std::vector<at::Tensor>()>& fn) {
+  OpCheckpointStore* store = t_store;
+  if (store == nullptr) return fn();
+  if (t_phase == OpCheckpointPhase::kRecord) {
+    // The entry is reserved before fn runs, so ops nested inside it (float8's amax inside a
+    // float8 GEMM) are recorded after it and can be skipped together in the replay.
+    const size_t index = store->entries_.size();
+    store->entries_.emplace_back();
+    store->entries_[index].op = name;
+    bool kept = false;
+    const int row = save_list_row(name);
+    if (row >= 0) {
+      const int64_t n = ++store->counts_[row];  // 1-based call number of this op in the block
+      kept = !selective_ac_save_list()[row].every_second || n % 2 == 1;
+    }
+    std::vector<at::Tensor> out = fn();
+    OpCheckpointStore::Entry& entry = store->entries_[index];
+    entry.kept = kept;
+    entry.nested_end = store->entries_.size();
+    if (kept)
+      for (const auto& t : out) entry.outputs.push_back(t.defined() ? t.detach() : t);
+    return out;
+  }
+  TORCH_CHECK(store->replay_pos_ < store->entries_.size(), "selective AC: the recompute ran more "
+              "checkpointable ops than the first forward (", store->entries_.size(), "); extra: ", name);
+  OpCheckpointStore::Entry& entry = store->entries_[store->replay_pos_++];
+  TORCH_CHECK(entry.op == name, "selective AC: op #", store->replay_pos_, " was '", entry.op,
+              "' in the first forward but '", name, "' in the recompute");
+  if (!entry.kept) return fn();
+  // Ops nested in a kept op do not run again: release what they kept and skip them.
+  for (size_t i = store->replay_pos_; i < entry.nested_end; ++i) store->entries_[i].outputs.clear();
+  store->replay_pos_ = entry.nested_end;
+  return std::move(entry.outputs);  // handed over: the store no longer holds them
+}
+
+at::Tensor checkpointable_op(const char* name, const std::function<at::Tensor()>& fn) {
+  return checkpointable_op_multi(name, [&] { return std::vector<at::Tensor>{fn()}; })[0];
+}
+
+// ---------------------------------------------------------------- attention
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// The CPU flash-attention kernel as an autograd Function, so its forward can be replayed
+// (See Note [Replay needs no autograd history]): the backward needs q, k, v, out and the
+// logsumexp, all of which are saved here, and never the forward's history. The same two ATen
+// kernels at::scaled_dot_product_attention's autograd uses on the CPU.
+struct CpuFlashAttention : public torch::autograd::Function<CpuFlashAttention> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
+                               const at::Tensor& v) {
+    // out [B, H, S, hd], logsumexp [B, H, S] float32: kept or recomputed together.
+    auto r = checkpointable_op_multi("sdpa", [&] {
+      auto [out, lse] =
+          at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, /*is_causal=*/true);
+      return std::vector<at::Tensor>{out, lse};
+    });
+    ctx->save_for_backward({q, k, v, r[0], r[1]});
+    return {r[0]};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto s = ctx->get_saved_variables();
+    auto g = at::_scaled_dot_product_flash_attention_for_cpu_backward(
+        grads[0].contiguous(), s[0], s[1], s[2], s[3], s[4], 0.0, /*is_causal=*/true);
+    return {std::get<0>(g), std::get<1>(g), std::get<2>(g)};
+  }
+};
+
+}  // namespace
+
+at::Tensor attention_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  const auto dt = q.scalar_type();
+  const bool cpu_flash = q.device().is_cpu() &&
+                         (dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf);
+  if (!cpu_flash) {
+    // TODO(ac): CUDA/float64 take the generic kernel, which selective AC recomputes (its
+    // autograd node cannot be rebuilt from a kept output without a per-backend Function).
+    return at::scaled_dot_product_attention(q, k, v, std::nullopt, 0.0, /*is_causal=*/true,
+                                            std::nullopt, /*enable_gqa=*/q.size(1) != k.size(1));
+  }
+  at::Tensor kk = k, vv = v;
+  if (q.size(1) != k.size(1)) {  // GQA: repeat each kv head, as SDPA's math path does
+    const int64_t rep = q.size(1) / k.size(1);
+    kk = k.repeat_interleave(rep, 1);
+    vv = v.repeat_interleave(rep, 1);
+  }
+  return CpuFlashAttention::apply(q, kk, vv)[0];
+}
+
+}  // namespace titan::model

@@ -1,0 +1,103 @@
+// model/checkpoint_ops.h — the op layer that per-op selective activation checkpointing acts on.
+//
+// Code that runs an op worth keeping for backward (a matrix product, attention, a TP
+// reduce-scatter, a float8 amax reduction) calls it through `checkpointable_op(name, fn)`.
+// Outside an activation-checkpointing context that is just `fn()`. Inside a block checkpointed
+// per op (parallel/activation_checkpoint.h), the block's forward runs twice:
+//   record  (first forward, no grad): fn() runs; if the policy keeps `name`, its output is stored;
+//   replay  (recompute in backward, with grad): a stored output is returned INSTEAD of running
+//           fn(); every other op is recomputed.
+// The policy is ONE table, kSelectiveAcSaveList in checkpoint_ops.cpp (See Note [Op save list]).
+//
+// Note [Replay needs no autograd history]:
+// A replayed output has no autograd history of its own, so callers put checkpointable_op where
+// that does not matter: inside the forward of a custom autograd Function (which owns the
+// backward and saves what it needs itself, e.g. the linear's x and W), or around a
+// non-differentiable op (amax). That is why the high-precision linear is an autograd Function
+// (model/linear.cpp) and attention goes through attention_op() below.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace titan::model {
+
+// One row of the save list: an op name callers use, and whether only every second call of it
+// in a block is kept (torchtitan keeps the 1st, 3rd, 5th ... mm and recomputes the others).
+struct SaveListEntry {
+  const char* op;
+  bool every_second;
+  const char* why;
+};
+const std::vector<SaveListEntry>& selective_ac_save_list();
+bool op_on_save_list(const std::string& op);
+
+enum class OpCheckpointPhase { kRecord, kReplay };
+
+// What one checkpointed block keeps between its first forward and its recompute.
+class OpCheckpointStore {
+ public:
+  struct Entry {
+    std::string op;    // the name passed to checkpointable_op
+    bool kept = false;
+    std::vector<at::Tensor> outputs;  // the op's outputs while kept (handed over in replay)
+    size_t nested_end = 0;  // entries of ops called inside this one end here (exclusive)
+  };
+  const std::vector<Entry>& entries() const { return entries_; }
+  std::vector<std::string> kept_ops() const;  // names of kept outputs, in call order
+  int64_t kept_bytes() const;
+  void clear() { entries_.clear(); }
+
+ private:
+  friend std::vector<at::Tensor> checkpointable_op_multi(
+      const char*, const std::function<std::vector<at::Tensor>()>&);
+  std::vector<Entry> entries_;
+  size_t replay_pos_ = 0;
+  std::vector<int64_t> counts_;  // calls per save-list row in this pass
+  friend class OpCheckpointScope;
+};
+
+// Makes `store` the current store of this thread in `phase` for its lifetime (nestable; the
+// previous one is restored). Replay checks that it consumed exactly what record produced.
+class OpCheckpointScope {
+ public:
+  OpCheckpointScope(OpCheckpointStore* store, OpCheckpointPhase phase);
+  ~OpCheckpointScope() noexcept(false);
+  OpCheckpointScope(const OpCheckpointScope&) = delete;
+  OpCheckpointScope& operator=(const OpCheckpointScope&) = delete;
+
+ private:
+  OpCheckpointStore* prev_store_;
+  OpCheckpointPhase prev_phase_;
+  OpCheckpointStore* store_;
+  OpCheckpointPhase phase_;
+  int uncaught_;
+};
+
+// Suspends any current store (e.g. while the recompute runs its backward, where float8's
+// backward casts call amax again and must not consume replayed outputs).
+class OpCheckpointPause {
+ public:
+  OpCheckpointPause();
+  ~OpCheckpointPause();
+
+ private:
+  OpCheckpointStore* prev_store_;
+};
+
+// See the file comment. `name` should be a row of the save list or a descriptive name of an op
+// deliberately left off it ("abs", "cast"), so tests can see what was offered and not kept.
+at::Tensor checkpointable_op(const char* name, const std::function<at::Tensor()>& fn);
+// The same for an op with several outputs (kept or recomputed together).
+std::vector<at::Tensor> checkpointable_op_multi(const char* name,
+                                                const std::function<std::vector<at::Tensor>()>& fn);
+
+// Scaled dot-product attention through the op layer (kept as "sdpa").
+// q [B, H, S, hd], k/v [B, KV, S, hd] -> [B, H, S, hd]; causal, no dropout.
+at::Tensor attention_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
+
+}  // namespace titan::model

@@ -1,0 +1,258 @@
+// parallel/fsdp.cpp — see fsdp.h.
+#include "parallel/fsdp.h"
+
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <c10/core/StorageImpl.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <map>
+#include <sstream>
+
+#include "model/scope.h"
+
+namespace titan::parallel {
+namespace {
+
+// FSDP's resize-to-0 trick without device-specific headers: the storage keeps its identity
+// (tensors viewing it and autograd's saved references stay valid) while its memory is gone.
+void free_storage(const at::Tensor& t) {
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  s->set_data_ptr_noswap(at::DataPtr(nullptr, t.device()));
+  s->set_nbytes(0);
+}
+
+void allocate_storage(const at::Tensor& t, size_t nbytes) {
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  s->set_data_ptr_noswap(s->allocator()->allocate(nbytes));
+  s->set_nbytes(nbytes);
+}
+
+}  // namespace
+
+ShardLayout shard_layout(int64_t rows, int rank, int n) {
+  ShardLayout l;
+  l.rows = rows;
+  l.padded_rows = (rows + n - 1) / n * n;
+  l.shard_rows = l.padded_rows / n;
+  l.valid_rows = std::max<int64_t>(0, std::min<int64_t>(l.shard_rows, rows - rank * l.shard_rows));
+  return l;
+}
+
+struct Fsdp::Group {
+  struct Param {
+    std::string fqn;
+    at::Tensor* slot;
+    std::vector<int64_t> shape;  // unsharded [d0, rest...]
+    ShardLayout layout;
+    int64_t row_numel = 1;       // prod(rest)
+    int64_t shard_numel = 0;     // shard_rows * row_numel
+    int64_t shard_offset = 0;    // in the per-rank flat shard [S]
+    int64_t unsharded_offset = 0;  // in the unsharded flat buffer [N * S]
+    at::Tensor master;           // [shard_rows, rest...] float32, requires_grad
+    at::Tensor leaf;             // [d0, rest...] compute dtype, view of unsharded_flat
+  };
+  std::string name;
+  std::vector<Param> params;
+  bool reshard_after_forward = true;
+  int64_t shard_numel = 0;  // S
+  // Note [FSDP version counter]: the parameters are views of unsharded_flat, so they share its
+  // version counter, which autograd checks when it unpacks a saved weight. Gathers write through
+  // fill_alias, a second tensor over the same storage with a counter of its own, so re-gathering
+  // before backward does not look like an in-place change of a saved tensor.
+  at::Tensor unsharded_flat;  // [N * S] compute dtype; storage freed while resharded
+  at::Tensor fill_alias;      // [N * S] same storage, own version counter
+  bool unsharded = false;
+  size_t grads_ready = 0;
+};
+
+struct FsdpGradReadyHook : torch::autograd::PostAccumulateGradHook {
+  FsdpGradReadyHook(std::function<void()> fn) : fn_(std::move(fn)) {}
+  void operator()(const torch::autograd::Variable&) override { fn_(); }
+  std::function<void()> fn_;
+};
+
+Fsdp::Fsdp(Comm& comm, at::ScalarType compute_dtype, c10::Device device, double grad_divide_factor)
+    : comm_(comm), compute_dtype_(compute_dtype), device_(device), grad_divide_factor_(grad_divide_factor) {}
+
+Fsdp::~Fsdp() = default;
+
+int Fsdp::num_groups() const { return static_cast<int>(groups_.size()); }
+const std::string& Fsdp::group_name(int g) const { return groups_[static_cast<size_t>(g)]->name; }
+
+int64_t Fsdp::unsharded_bytes_max() const {
+  int64_t m = 0;
+  for (const auto& g : groups_)
+    m = std::max<int64_t>(m, g->shard_numel * comm_.size() * c10::elementSize(compute_dtype_));
+  return m;
+}
+
+int Fsdp::add_group(const std::string& name, const std::vector<FsdpParamSpec>& specs,
+                    bool reshard_after_forward) {
+  const int n = comm_.size(), rank = comm_.rank();
+  auto group = std::make_unique<Group>();
+  group->name = name;
+  group->reshard_after_forward = reshard_after_forward;
+  for (const auto& spec : specs) {
+    TORCH_CHECK(!spec.shape.empty(), "FSDP group '", name, "': parameter ", spec.fqn,
+                " is a scalar; dim-0 sharding needs at least one dimension");
+    Group::Param p;
+    p.fqn = spec.fqn;
+    p.slot = spec.slot;
+    p.shape = spec.shape;
+    p.layout = shard_layout(spec.shape[0], rank, n);
+    for (size_t d = 1; d < spec.shape.size(); ++d) p.row_numel *= spec.shape[d];
+    p.shard_numel = p.layout.shard_rows * p.row_numel;
+    p.shard_offset = group->shard_numel;
+    p.unsharded_offset = n * group->shard_numel;
+    group->shard_numel += p.shard_numel;
+    std::vector<int64_t> shard_shape = spec.shape;
+    shard_shape[0] = p.layout.shard_rows;
+    p.master = at::zeros(shard_shape, at::TensorOptions().dtype(at::kFloat).device(device_));
+    p.master.requires_grad_(true);
+    masters_.push_back(p.master);
+    master_fqns_.push_back(p.fqn);
+    group->params.push_back(std::move(p));
+  }
+  const int64_t total = n * group->shard_numel;
+  const auto opts = at::TensorOptions().dtype(compute_dtype_).device(device_);
+  group->unsharded_flat = at::empty({total}, opts);
+  group->fill_alias = at::empty({0}, opts);
+  group->fill_alias.set_(group->unsharded_flat.storage(), 0, {total}, {1});
+  const int g = static_cast<int>(groups_.size());
+  for (auto& p : group->params) {
+    std::vector<int64_t> padded = p.shape;
+    padded[0] = p.layout.padded_rows;
+    p.leaf = group->unsharded_flat.narrow(0, p.unsharded_offset, p.layout.padded_rows * p.row_numel)
+                 .view(padded)
+                 .narrow(0, 0, p.layout.rows);
+    p.leaf.requires_grad_(true);
+    torch::autograd::impl::set_post_acc_grad_hooks(
+        p.leaf, std::make_unique<FsdpGradReadyHook>([this, g] { on_grad_ready(g); }));
+  }
+  free_storage(group->unsharded_flat);
+  groups_.push_back(std::move(group));
+  return g;
+}
+
+void Fsdp::attach_params() {
+  for (auto& group : groups_)
+    for (auto& p : group->params) *p.slot = p.leaf;
+}
+
+bool Fsdp::load_full(const std::string& fqn, const at::Tensor& unsharded) {
+  for (auto& group : groups_) {
+    for (auto& p : group->params) {
+      if (p.fqn != fqn) continue;
+      TORCH_CHECK(unsharded.sizes().vec() == p.shape, "FSDP: parameter ", fqn, " has shape ",
+                  unsharded.sizes(), ", expected ", c10::IntArrayRef(p.shape));
+      at::NoGradGuard no_grad;
+      p.master.zero_();
+      const int64_t start = comm_.rank() * p.layout.shard_rows;
+      if (p.layout.valid_rows > 0)
+        p.master.narrow(0, 0, p.layout.valid_rows)
+            .copy_(unsharded.narrow(0, start, p.layout.valid_rows));
+      return true;
+    }
+  }
+  return false;
+}
+
+void Fsdp::unshard(int g) {
+  Group& group = *groups_[static_cast<size_t>(g)];
+  if (group.unsharded) return;
+  at::NoGradGuard no_grad;
+  // Memory snapshots file the gathered parameters as communication buffers.
+  model::NamedScope scope("fsdp all-gather", model::MemoryCategory::kCommunication);
+  const int n = comm_.size();
+  const auto opts = at::TensorOptions().dtype(compute_dtype_).device(device_);
+  at::Tensor shard = at::empty({group.shard_numel}, opts);  // this rank's shards, cast
+  for (const auto& p : group.params)
+    shard.narrow(0, p.shard_offset, p.shard_numel).copy_(p.master.detach().reshape({-1}));
+  at::Tensor staging = at::empty({n * group.shard_numel}, opts);  // [N, S] rank-major
+  comm_.all_gather_into_tensor(staging, shard);
+  allocate_storage(group.unsharded_flat, static_cast<size_t>(n * group.shard_numel) *
+                                             c10::elementSize(compute_dtype_));
+  at::Tensor by_rank = staging.view({n, group.shard_numel});
+  // One strided copy per parameter: rank r's rows land at [r * shard_rows, ...) of its view.
+  for (const auto& p : group.params)
+    group.fill_alias.narrow(0, p.unsharded_offset, n * p.shard_numel)
+        .view({n, p.shard_numel})
+        .copy_(by_rank.narrow(1, p.shard_offset, p.shard_numel));
+  group.unsharded = true;
+}
+
+void Fsdp::reshard(int g) {
+  Group& group = *groups_[static_cast<size_t>(g)];
+  if (!group.unsharded) return;
+  free_storage(group.unsharded_flat);
+  group.unsharded = false;
+}
+
+at::Tensor Fsdp::run_group(int g, const at::Tensor& x,
+                           const std::function<at::Tensor(const at::Tensor&)>& run) {
+  // Note [FSDP under activation checkpointing]: a checkpointed block re-runs its forward
+  // inside backward. Then the group is needed right after (its backward follows), and the
+  // next group is already done: no prefetch, no reshard after that forward.
+  unshard(g);
+  if (!in_backward_ && g + 1 < num_groups()) unshard(g + 1);  // See Note [FSDP blocking prefetch]
+  at::Tensor out = run(x);
+  const bool training = at::GradMode::is_enabled() && out.requires_grad();
+  if (!in_backward_ && (groups_[static_cast<size_t>(g)]->reshard_after_forward || !training)) reshard(g);
+  if (training) {
+    out.register_hook([this, g](const at::Tensor&) {
+      in_backward_ = true;
+      unshard(g);
+      if (g > 0) unshard(g - 1);  // backward prefetch, same Note
+    });
+  }
+  return out;
+}
+
+void Fsdp::on_grad_ready(int g) {
+  Group& group = *groups_[static_cast<size_t>(g)];
+  if (++group.grads_ready < group.params.size()) return;
+  reduce_scatter_grads(g);
+}
+
+void Fsdp::reduce_scatter_grads(int g) {
+  Group& group = *groups_[static_cast<size_t>(g)];
+  at::NoGradGuard no_grad;
+  const int n = comm_.size();
+  const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device_);
+  at::Tensor input = at::zeros({n, group.shard_numel}, f32);  // rank-major, padding rows zero
+  for (auto& p : group.params) {
+    const at::Tensor& grad = p.leaf.grad();
+    if (!grad.defined()) continue;  // counts as zero (finish_backward only)
+    at::Tensor padded = at::zeros({p.layout.padded_rows * p.row_numel}, f32);
+    padded.narrow(0, 0, p.layout.rows * p.row_numel).copy_(grad.reshape({-1}));
+    input.narrow(1, p.shard_offset, p.shard_numel).copy_(padded.view({n, p.shard_numel}));
+    p.leaf.mutable_grad() = at::Tensor();  // the unsharded gradient is done with
+  }
+  at::Tensor output = at::empty({group.shard_numel}, f32);
+  comm_.reduce_scatter_tensor(output, input.view({-1}));
+  if (grad_divide_factor_ != 1.0) output.div_(grad_divide_factor_);  // See Note [FSDP gradient scale]
+  for (auto& p : group.params) {
+    at::Tensor shard_grad = output.narrow(0, p.shard_offset, p.shard_numel).view(p.master.sizes());
+    if (p.master.grad().defined())
+      p.master.mutable_grad().add_(shard_grad);
+    else
+      p.master.mutable_grad() = shard_grad.clone();
+  }
+  group.grads_ready = 0;
+  reshard(g);  // FSDP2 always reshards after backward
+}
+
+void Fsdp::finish_backward() {
+  in_backward_ = false;
+  for (int g = num_groups() - 1; g >= 0; --g) {
+    Group& group = *groups_[static_cast<size_t>(g)];
+    if (group.grads_ready > 0) reduce_scatter_grads(g);
+    reshard(g);
+  }
+}
+
+}  // namespace titan::parallel

@@ -1,0 +1,104 @@
+// parallel/fsdp.h — FSDP2: per-parameter dim-0 sharding over the dp_shard group, gathered one
+// parameter group (a transformer block; the embedding; final norm + output) at a time.
+//
+// Per parameter p with (tensor-parallel-local) shape [d0, rest...] on N shard ranks:
+//   d0 is padded to d0p = ceil(d0 / N) * N (zero rows, never a crash); rank r keeps rows
+//   [r * d0p/N, (r+1) * d0p/N) as its float32 master shard [d0p/N, rest...], which the
+//   optimizer and grad clipping see. Padding rows stay zero (zero grads, zero AdamW update).
+//
+// Per group, one step:
+//   forward:  unshard (ONE all_gather_into_tensor of the group's shards, cast to the compute
+//             dtype, into a flat staging buffer; copied out into the group's unsharded flat
+//             buffer, whose views are the parameters the model uses), prefetch the next group,
+//             run, reshard (free the unsharded storage) per reshard_after_forward.
+//   backward: a hook on the group's output gradient unshards it again (and prefetches the
+//             previous group); when every parameter's gradient has been accumulated (post-
+//             accumulate-grad hooks), the gradients are flattened in float32, reduce-scattered
+//             (ONE reduce_scatter_tensor, SUM) into the master shards' .grad (accumulating
+//             over micro-batches), and the group is resharded.
+//
+// Note [FSDP blocking prefetch]: Comm's collectives are blocking, so "prefetch" only fixes the
+// order (group i+1 is gathered before group i runs, holding two groups at once); there is no
+// overlap on CPU/Gloo. With asynchronous work handles the same order would overlap.
+//
+// Note [FSDP gradient scale]: the trainer scales every micro-batch loss by 1 / (global batch
+// tokens), so the gradient of the global mean loss is the SUM over data-parallel ranks: the
+// reduce-scatter divides by grad_divide_factor = 1. (torchtitan divides by the dp degree
+// because its loss is a per-rank mean; Gloo has no AVG, so any divide is done locally.)
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "parallel/process_group.h"
+
+namespace titan::parallel {
+
+// Rows per rank and padding of a dim-0 shard (pure arithmetic, unit-tested).
+struct ShardLayout {
+  int64_t rows = 0;         // d0, the unsharded (tensor-parallel-local) rows
+  int64_t padded_rows = 0;  // ceil(d0 / N) * N
+  int64_t shard_rows = 0;   // padded_rows / N
+  int64_t valid_rows = 0;   // real rows in this rank's shard (the rest is padding)
+};
+ShardLayout shard_layout(int64_t rows, int rank, int n);
+
+struct FsdpParamSpec {
+  std::string fqn;
+  at::Tensor* slot;            // the model's tensor: FSDP points it at the unsharded view
+  std::vector<int64_t> shape;  // unsharded (tensor-parallel-local) shape [d0, rest...]
+};
+
+class Fsdp {
+ public:
+  // `comm`: the dp_shard group. Unsharded parameters are `compute_dtype` on `device`.
+  Fsdp(Comm& comm, at::ScalarType compute_dtype, c10::Device device, double grad_divide_factor = 1.0);
+  ~Fsdp();
+
+  // Declares the next group in forward order: allocates this rank's zero float32 master shards
+  // (requires_grad) and the unsharded views (no storage until the first gather). Returns the
+  // group index. Slots are left alone until attach_params (init still reads their shapes).
+  int add_group(const std::string& name, const std::vector<FsdpParamSpec>& params,
+                bool reshard_after_forward);
+  // Sets parameter `fqn` from its full unsharded value (any device/dtype): keeps this rank's
+  // rows. Init streams every parameter through here one at a time. Returns false if FSDP does
+  // not own `fqn`.
+  bool load_full(const std::string& fqn, const at::Tensor& unsharded);
+  // Points every declared parameter's slot at its unsharded view.
+  void attach_params();
+
+  // Runs `run(x)` as group g's forward (gather, prefetch, run, reshard, backward hooks).
+  at::Tensor run_group(int g, const at::Tensor& x, const std::function<at::Tensor(const at::Tensor&)>& run);
+
+  // After each backward: reduce-scatters any group whose gradients were not all produced
+  // (missing ones count as zero) and reshards everything. Normally a no-op.
+  void finish_backward();
+
+  // The float32 master shards, in declaration order, with their fqns.
+  const std::vector<at::Tensor>& masters() const { return masters_; }
+  const std::vector<std::string>& master_fqns() const { return master_fqns_; }
+  int num_groups() const;
+  const std::string& group_name(int g) const;
+  int64_t unsharded_bytes_max() const;  // the largest group's unsharded buffer
+
+ private:
+  struct Group;
+  void unshard(int g);
+  void reshard(int g);
+  void reduce_scatter_grads(int g);
+  void on_grad_ready(int g);
+
+  Comm& comm_;
+  at::ScalarType compute_dtype_;
+  c10::Device device_;
+  double grad_divide_factor_;
+  std::vector<std::unique_ptr<Group>> groups_;
+  std::vector<at::Tensor> masters_;
+  std::vector<std::string> master_fqns_;
+  bool in_backward_ = false;  // between the first pre-backward hook and finish_backward
+};
+
+}  // namespace titan::parallel

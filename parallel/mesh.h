@@ -1,0 +1,84 @@
+// parallel/mesh.h — the device mesh: the job's ranks laid out as a grid
+// [dp_replicate, dp_shard, tp] (tp innermost, as torchtitan), with one Comm per dimension.
+//
+//   rank = (dp_replicate_rank * dp_shard + dp_shard_rank) * tp + tp_rank
+//
+// TP groups are neighbouring ranks (on GPUs: the same node, the fastest links); FSDP groups
+// stride over them; HSDP replicas are the outermost dimension. A Comm is built for every
+// dimension of size > 1, plus "dp" (dp_replicate x dp_shard, for the loss and token counts)
+// and "world" (for the global grad norm). Every rank builds every group it belongs to, in one
+// fixed order, through Comm::new_group — so the same code runs under titan-run, torchrun and srun.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "parallel/process_group.h"
+
+namespace titan::parallel {
+
+// The degrees of every parallel dimension, resolved and checked against the world size.
+struct ParallelDims {
+  int dp_replicate = 1;
+  int dp_shard = 1;
+  int tp = 1;
+  int world_size = 1;
+
+  int dp() const { return dp_replicate * dp_shard; }  // data-parallel degree (batch split)
+  int non_data_parallel_size() const { return tp; }   // what tps is divided by
+  std::string describe() const;  // "dp_replicate 1 x dp_shard 2 x tp 2 = 4 ranks"
+};
+
+// Resolves data_parallel_shard_degree -1 ("the rest") and checks the product against the world
+// size. Throws std::invalid_argument with the numbers, e.g.
+//   "Invalid parallel dims: dp_replicate(2) * dp_shard(2) * tp(2) != WORLD_SIZE(10)".
+// pipeline / context parallel degrees > 1 are rejected as not supported.
+ParallelDims resolve_parallel_dims(int64_t dp_replicate, int64_t dp_shard, int64_t tp,
+                                   int64_t pp, int64_t cp, int world_size);
+
+// This rank's coordinate on each mesh dimension.
+struct MeshCoord {
+  int dp_replicate = 0;
+  int dp_shard = 0;
+  int tp = 0;
+};
+MeshCoord mesh_coord(const ParallelDims& dims, int rank);
+int mesh_rank(const ParallelDims& dims, const MeshCoord& coord);
+
+enum class MeshDim { kDpReplicate, kDpShard, kTp, kDp };
+const char* mesh_dim_name(MeshDim dim);  // "dp_replicate", "dp_shard", "tp", "dp"
+
+// The global ranks of every group along `dim`, groups in ascending order of their first rank.
+// Each inner vector lists the members in group-rank order.
+std::vector<std::vector<int>> mesh_groups(const ParallelDims& dims, MeshDim dim);
+
+class DeviceMesh {
+ public:
+  // Builds the per-dimension Comms from `world` (every rank of the job must call this).
+  DeviceMesh(std::unique_ptr<Comm> world, ParallelDims dims);
+  ~DeviceMesh();
+
+  const ParallelDims& dims() const { return dims_; }
+  const MeshCoord& coord() const { return coord_; }
+  int rank() const { return world_->rank(); }
+
+  Comm& world() { return *world_; }
+  // nullptr when the dimension has size 1 (no communication needed along it).
+  Comm* comm(MeshDim dim);
+  int size(MeshDim dim) const;
+  int local_rank(MeshDim dim) const;  // this rank's coordinate along `dim`
+
+  // Wall time spent inside collectives of all this mesh's Comms, and their count.
+  double comm_seconds() const;
+  uint64_t comm_calls() const;
+
+ private:
+  std::unique_ptr<Comm> world_;
+  ParallelDims dims_;
+  MeshCoord coord_;
+  std::unique_ptr<Comm> dp_replicate_, dp_shard_, tp_, dp_;
+};
+
+}  // namespace titan::parallel

@@ -1,0 +1,269 @@
+// Activation checkpointing: gradients bit for bit equal to no AC for every mode (full, every
+// 2nd block, per-op selective; also with float8 rowwise linears), the per-op policy's kept set,
+// runner composition, and option validation.
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/abs.h>
+#include <ATen/ops/amax.h>
+#include <ATen/ops/clamp.h>
+#include <ATen/ops/cross_entropy_loss.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/linear.h>
+#include <ATen/ops/randint.h>
+#include <ATen/ops/randn.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <catch2/catch.hpp>
+
+#include "float8/convert.h"
+#include "float8/scaling.h"
+#include "model/checkpoint_ops.h"
+#include "model/llama.h"
+#include "parallel/activation_checkpoint.h"
+
+using namespace titan;
+using parallel::AcMode;
+using parallel::AcOptions;
+
+namespace {
+
+model::ModelArgs tiny_args(int64_t kv_heads = 0) {
+  model::ModelArgs a;
+  a.dim = 64;
+  a.n_layers = 4;
+  a.n_heads = 4;
+  a.n_kv_heads = kv_heads;
+  a.vocab_size = 64;
+  a.multiple_of = 16;
+  a.max_seq_len = 16;
+  return a;
+}
+
+struct Grads {
+  double loss = 0;
+  std::vector<std::string> names;
+  std::vector<at::Tensor> grads;
+};
+
+// One forward + backward of a fresh model (same init every time) under `ac`; `convert` may
+// swap the linears' computes (float8).
+Grads run_once(const model::ModelArgs& args, const AcOptions& ac,
+               const std::function<void(model::Llama&)>& convert = {}) {
+  model::Llama m(args);
+  m.materialize(c10::kCPU, at::kFloat);
+  m.init_weights(7);
+  std::vector<at::Tensor> params;
+  Grads out;
+  m.visit_params([&](const std::string& n, at::Tensor& p) {
+    p.requires_grad_(true);
+    params.push_back(p);
+    out.names.push_back(n);
+  });
+  if (convert) convert(m);
+  parallel::apply_activation_checkpointing(m, ac);
+  at::manual_seed(3);
+  at::Tensor tokens = at::randint(args.vocab_size, {2, 16});
+  at::Tensor labels = at::randint(args.vocab_size, {2, 16});
+  at::Tensor logits = m.forward(tokens);
+  at::Tensor loss = at::cross_entropy_loss(logits.flatten(0, 1), labels.flatten());
+  torch::autograd::backward({loss});
+  out.loss = loss.item<double>();
+  for (auto& p : params) out.grads.push_back(p.grad());
+  return out;
+}
+
+void require_bitwise_equal(const Grads& a, const Grads& b) {
+  REQUIRE(a.loss == b.loss);
+  REQUIRE(a.grads.size() == b.grads.size());
+  for (size_t i = 0; i < a.grads.size(); ++i) {
+    INFO(a.names[i]);
+    REQUIRE(a.grads[i].defined());
+    REQUIRE(b.grads[i].defined());
+    CHECK(at::equal(a.grads[i], b.grads[i]));
+  }
+}
+
+const std::vector<std::pair<std::string, AcOptions>>& modes() {
+  static const std::vector<std::pair<std::string, AcOptions>> m = {
+      {"full", parallel::parse_ac_options("full", "")},
+      {"every 2", parallel::parse_ac_options("selective", "2")},
+      {"op", parallel::parse_ac_options("selective", "op")},
+  };
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("every AC mode gives the gradients of no AC, bit for bit", "[ac]") {
+  for (int64_t kv : {0, 2}) {  // plain multi-head and grouped-query attention
+    const auto args = tiny_args(kv);
+    const Grads reference = run_once(args, AcOptions{});
+    for (const auto& [name, opts] : modes()) {
+      INFO("mode " << name << ", kv_heads " << kv);
+      require_bitwise_equal(reference, run_once(args, opts));
+    }
+  }
+}
+
+TEST_CASE("AC with float8 rowwise linears keeps gradients bit for bit", "[ac][float8]") {
+  const auto args = tiny_args();
+  auto to_float8 = [](model::Llama& m) {
+    float8::Float8Options o;
+    o.recipe_name = "rowwise";
+    o.emulate = true;
+    o.filter_fqns = {"output"};
+    float8::convert_to_float8_training(m.linears(), o);
+  };
+  const Grads reference = run_once(args, AcOptions{}, to_float8);
+  for (const auto& [name, opts] : modes()) {
+    INFO("mode " << name);
+    require_bitwise_equal(reference, run_once(args, opts, to_float8));
+  }
+}
+
+TEST_CASE("per-op AC on float8 rowwise linears keeps products and amaxes, never abs", "[ac][float8]") {
+  for (const char* recipe : {"rowwise", "tensorwise"}) {
+    INFO(recipe);
+    model::Llama m(tiny_args());
+    m.materialize(c10::kCPU, at::kFloat);
+    m.init_weights(1);
+    float8::Float8Options o;
+    o.recipe_name = recipe;
+    o.emulate = true;
+    float8::convert_to_float8_training(m.linears(), o);
+    auto rope = model::make_rotary_table(16, 16, 500000.0, c10::kCPU);
+    at::Tensor x = at::randn({2, 16, 64});
+    at::NoGradGuard no_grad;
+    model::OpCheckpointStore store;
+    {
+      model::OpCheckpointScope record(&store, model::OpCheckpointPhase::kRecord);
+      m.blocks()[0]->forward(x, rope);
+    }
+    std::vector<std::string> kept_big;  // kept ops other than the amax scalars/vectors
+    int64_t abs_seen = 0;
+    for (const auto& e : store.entries()) {
+      if (e.op == "abs") {
+        ++abs_seen;
+        CHECK_FALSE(e.kept);
+        CHECK(e.outputs.empty());
+      }
+      if (e.kept && e.op != "amax") kept_big.push_back(e.op);
+    }
+    CHECK(abs_seen == 14);  // input and weight of each of the 7 float8 linears
+    CHECK(kept_big == std::vector<std::string>{"mm", "mm", "sdpa", "mm", "mm"});
+  }
+}
+
+namespace {
+// A linear compute that, like a float8 cast, offers abs(W) and its amax to the op layer before
+// the product: the policy must keep the amax and never the abs.
+class AbsAmaxLinear final : public model::LinearCompute {
+ public:
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& w) override {
+    at::Tensor a = model::checkpointable_op("abs", [&] { return at::abs(w); });  // [N, K]
+    model::checkpointable_op("amax", [&] { return at::amax(a); });               // []
+    return model::HighPrecisionLinearCompute().forward(x, w);
+  }
+  std::string describe() const override { return "abs-amax-hp"; }
+};
+}  // namespace
+
+TEST_CASE("per-op AC keeps every other mm and sdpa, never abs", "[ac]") {
+  model::Llama m(tiny_args());
+  m.materialize(c10::kCPU, at::kFloat);
+  m.init_weights(1);
+  model::TransformerBlock* block = m.blocks()[0];
+  auto rope = model::make_rotary_table(16, 16, 500000.0, c10::kCPU);
+  at::Tensor x = at::randn({2, 16, 64});
+  at::NoGradGuard no_grad;
+
+  SECTION("high-precision block: the 1st/3rd/5th/7th mm (wq, wv, w1, w2) and attention") {
+    model::OpCheckpointStore store;
+    {
+      model::OpCheckpointScope record(&store, model::OpCheckpointPhase::kRecord);
+      block->forward(x, rope);
+    }
+    CHECK(store.kept_ops() == std::vector<std::string>{"mm", "mm", "sdpa", "mm", "mm"});
+    int64_t mm_calls = 0;
+    for (const auto& e : store.entries()) mm_calls += e.op == "mm";
+    CHECK(mm_calls == 7);
+    // wq [T, 64] + wv [T, 64] + sdpa out [T, 64] and logsumexp [B, H, S] + w1 [T, 176]... sizes
+    // follow the shapes; at least the kept mm outputs are the first, third... products.
+    CHECK(store.kept_bytes() > 0);
+  }
+  SECTION("abs offered by a cast is recomputed, amax is kept") {
+    for (model::Linear* l : m.linears()) l->set_compute(std::make_shared<AbsAmaxLinear>());
+    model::OpCheckpointStore store;
+    {
+      model::OpCheckpointScope record(&store, model::OpCheckpointPhase::kRecord);
+      block->forward(x, rope);
+    }
+    int64_t abs_seen = 0, amax_kept = 0;
+    for (const auto& e : store.entries()) {
+      if (e.op == "abs") {
+        ++abs_seen;
+        CHECK_FALSE(e.kept);
+        CHECK(e.outputs.empty());
+      }
+      amax_kept += e.op == "amax" && e.kept;
+    }
+    CHECK(abs_seen == 7);
+    CHECK(amax_kept == 7);
+    for (const auto& op : store.kept_ops()) CHECK(model::op_on_save_list(op));
+  }
+  SECTION("the save list is the one table, without abs") {
+    std::vector<std::string> ops;
+    for (const auto& e : model::selective_ac_save_list()) ops.push_back(e.op);
+    CHECK(ops == std::vector<std::string>{"mm", "sdpa", "reduce_scatter", "amax"});
+    CHECK_FALSE(model::op_on_save_list("abs"));
+  }
+}
+
+TEST_CASE("AC composes as the outer runner and re-runs the inner one in the recompute", "[ac]") {
+  model::Llama m(tiny_args());
+  m.materialize(c10::kCPU, at::kFloat);
+  m.init_weights(2);
+  m.visit_params([](const std::string&, at::Tensor& p) { p.requires_grad_(true); });
+  int inner_calls = 0, inner_calls_with_grad = 0;
+  m.set_block_runner([&](int64_t, const at::Tensor& h, const std::function<at::Tensor(const at::Tensor&)>& run) {
+    ++inner_calls;
+    inner_calls_with_grad += at::GradMode::is_enabled();
+    return run(h);
+  });
+  parallel::apply_activation_checkpointing(m, parallel::parse_ac_options("full", ""));
+  at::Tensor logits = m.forward(at::randint(64, {1, 8}));
+  CHECK(inner_calls == 4);
+  CHECK(inner_calls_with_grad == 0);  // the first forward runs without grad
+  logits.sum().backward();
+  CHECK(inner_calls == 8);            // the recompute re-runs the inner runner (FSDP re-gathers)
+  CHECK(inner_calls_with_grad == 4);
+}
+
+TEST_CASE("AC options are validated", "[ac]") {
+  CHECK(parallel::parse_ac_options("none", "whatever").mode == AcMode::kNone);
+  CHECK(parallel::parse_ac_options("selective", "3").every_n == 3);
+  CHECK_THROWS_WITH(parallel::parse_ac_options("selective", "0"), Catch::Contains("\"op\""));
+  CHECK_THROWS_WITH(parallel::parse_ac_options("selective", "ops"), Catch::Contains("'ops'"));
+  CHECK_THROWS_WITH(parallel::parse_ac_options("partial", "op"), Catch::Contains("none, full, selective"));
+  const auto every2 = parallel::parse_ac_options("selective", "2");
+  CHECK_FALSE(parallel::block_is_checkpointed(every2, 0));
+  CHECK(parallel::block_is_checkpointed(every2, 1));
+}
+
+TEST_CASE("chunked CPU float8 casts equal the one-shot formulas bit for bit", "[ac][float8]") {
+  // See Note [Chunked CPU casts] in float8/scaling.cpp: large CPU operands are cast in slices
+  // so the float32 temporaries stay small; the bytes must not change.
+  at::manual_seed(11);
+  const at::Tensor x = at::randn({4, 300, 96}) * 37;  // 115200 elements > one slice
+  const double m = 448.0;
+  for (int64_t dim : {-1, 0, 1}) {
+    INFO("axis " << dim);
+    const at::Tensor a = float8::amax(x, float8::ScalingGranularity::Axiswise, dim);
+    CHECK(at::equal(a, at::amax(at::abs(x), {dim}, true).to(at::kFloat)));
+    const at::Tensor s = float8::scale_from_amax(a, at::kFloat8_e4m3fn, true);
+    const at::Tensor got = float8::cast_to_float8(x, s, at::kFloat8_e4m3fn);
+    const at::Tensor want = at::clamp(x * s, -m, m).to(at::kFloat8_e4m3fn);
+    CHECK(at::equal(got.view(at::kByte), want.view(at::kByte)));
+  }
+  const at::Tensor t = float8::amax(x, float8::ScalingGranularity::Tensorwise, 0);
+  CHECK(at::equal(t, at::amax(at::abs(x)).to(at::kFloat)));
+}

@@ -1,0 +1,96 @@
+#include "trainer/converters.h"
+
+#include <algorithm>
+#include <map>
+#include <stdexcept>
+
+#include "float8/convert.h"
+#include "float8/float8_linear.h"
+#include "trainer/logging.h"
+
+namespace titan::trainer {
+namespace {
+
+// One summary line per outcome instead of one per linear: "converted (float8[rowwise]) 42:
+// layers.*.attention.wq, ..." keeps the start-up log readable for 126-layer models.
+void log_report(const char* kind, const float8::ConversionReport& report) {
+  auto pattern = [](const std::string& fqn) {
+    if (fqn.rfind("layers.", 0) != 0) return fqn;
+    return "layers.*" + fqn.substr(fqn.find('.', 7));
+  };
+  std::map<std::string, std::vector<std::string>> converted, skipped;
+  for (const auto& [fqn, how] : report.converted) converted[how].push_back(pattern(fqn));
+  for (const auto& [fqn, why] : report.skipped) skipped[why].push_back(pattern(fqn));
+  auto join_unique = [](const std::vector<std::string>& names) {
+    std::vector<std::string> seen;
+    std::string out;
+    for (const auto& n : names) {
+      if (std::find(seen.begin(), seen.end(), n) != seen.end()) continue;
+      seen.push_back(n);
+      out += (out.empty() ? "" : ", ") + n;
+    }
+    return out;
+  };
+  for (const auto& [how, names] : converted)
+    log_info(std::string(kind) + ": converted " + std::to_string(names.size()) + " linear(s) to " +
+             how + ": " + join_unique(names));
+  for (const auto& [why, names] : skipped)
+    log_info(std::string(kind) + ": kept " + std::to_string(names.size()) +
+             " linear(s) in high precision (" + why + "): " + join_unique(names));
+}
+
+}  // namespace
+
+ConvertedModel apply_model_converters(model::Llama& model, const JobConfig& cfg, c10::Device device) {
+  ConvertedModel result;
+  const bool float8_requested =
+      cfg.float8.enable_float8_linear ||
+      std::find(cfg.model.converters.begin(), cfg.model.converters.end(), "float8") !=
+          cfg.model.converters.end();
+  if (float8_requested && cfg.int8.enable_int8_linear)
+    throw ConfigError(
+        "float8.enable_float8_linear and int8.enable_int8_linear are both set: a linear trains in "
+        "one low precision; choose one");
+
+  if (float8_requested) {
+    float8::Float8Options options;
+    options.recipe_name = cfg.float8.recipe_name;
+    options.filter_fqns = cfg.float8.filter_fqns;
+    options.auto_filter_small_kn = cfg.float8.auto_filter_small_kn;
+    // The CPU has no float8 GEMM: emulation is the only way there (FLOAT8.md).
+    options.emulate = cfg.float8.emulate || device.is_cpu();
+    options.amax_history_len = cfg.float8.amax_history_len;
+    options.enable_fsdp_float8_all_gather = cfg.float8.enable_fsdp_float8_all_gather;
+    options.precompute_float8_dynamic_scale_for_fsdp = cfg.float8.precompute_float8_dynamic_scale_for_fsdp;
+    float8::ConversionReport report;
+    try {
+      float8::validate_float8_options(options);
+      report = float8::convert_to_float8_training(model.linears(), options);
+    } catch (const std::invalid_argument& e) {
+      throw ConfigError(e.what());
+    }
+    log_report("float8", report);
+    result.float8 = true;
+    result.delayed_scaling = float8::recipe_from_name(options.recipe_name).delayed;
+    result.float8_computes = float8::float8_computes(model.linears());
+    if (options.emulate) log_info("float8: GEMMs are emulated in float32 (same numerics up to the final GEMM)");
+  }
+  if (cfg.int8.enable_int8_linear) {
+    float8::Int8Options options;
+    options.filter_fqns = cfg.int8.filter_fqns;
+    options.gemms.output = cfg.int8.output_gemm;
+    options.gemms.grad_input = cfg.int8.grad_input_gemm;
+    options.gemms.grad_weight = cfg.int8.grad_weight_gemm;
+    float8::ConversionReport report;
+    try {
+      report = float8::convert_to_int8_training(model.linears(), options);
+    } catch (const std::invalid_argument& e) {
+      throw ConfigError(e.what());
+    }
+    log_report("int8", report);
+    result.int8 = true;
+  }
+  return result;
+}
+
+}  // namespace titan::trainer

@@ -1,0 +1,29 @@
+// trainer/converters.h — model rewrites chosen by the config (torchtitan's "model converters"):
+// float8 (`--float8.enable_float8_linear` or `model.converters = ["float8"]`) or int8
+// (`--int8.enable_int8_linear`) training of the linears. Applied on the meta-device model,
+// before parallelization, so that TP/FSDP wrap the converted computes.
+#pragma once
+
+#include <vector>
+
+#include "model/llama.h"
+#include "trainer/config.h"
+
+namespace titan::float8 {
+class Float8LinearCompute;
+}
+
+namespace titan::trainer {
+
+struct ConvertedModel {
+  bool float8 = false;
+  bool int8 = false;
+  bool delayed_scaling = false;                             // tensorwise_delayed: sync each step
+  std::vector<float8::Float8LinearCompute*> float8_computes;  // owned by the model's linears
+};
+
+// Validates the float8/int8 options (bad combinations throw ConfigError saying why), converts
+// the linears and logs which were converted and which were skipped, with the reason.
+ConvertedModel apply_model_converters(model::Llama& model, const JobConfig& cfg, c10::Device device);
+
+}  // namespace titan::trainer

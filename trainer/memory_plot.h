@@ -1,0 +1,17 @@
+// trainer/memory_plot.h — a self-contained HTML picture of CPU memory over one recorded window.
+//
+// Live tensor bytes over the recorded events (x: allocator event number, y: GiB), stacked by
+// category (parameters, gradients, optimizer state, activations, float8 casts, communication
+// buffers, other), as inline SVG with a legend and a per-category table at the peak. No
+// script, no external resource: it opens offline in any browser.
+#pragma once
+
+#include <string>
+
+#include "trainer/memory.h"
+
+namespace titan::trainer {
+
+std::string memory_timeline_html(const CpuMemoryRecord& record, const std::string& title);
+
+}  // namespace titan::trainer

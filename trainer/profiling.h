@@ -1,0 +1,47 @@
+// trainer/profiling.h — profiler traces and memory snapshots at chosen steps (torchtitan's
+// [profiling] section).
+//
+// Every profile_freq steps (step % profile_freq == 0), one step is
+//   traced:      Kineto (LibTorch's profiler) from step start to end, saved as Chrome-trace JSON
+//                dump_folder/save_traces_folder/iteration_N/rank{R}_trace.json (Perfetto and
+//                chrome://tracing open it); titan's NamedScopes appear as user ranges;
+//   snapshotted: dump_folder/save_memory_snapshot_folder/iteration_N/rank{R}_memory_snapshot
+//                .pickle (+ .html on the CPU) at the end of the step, covering that step.
+// One frequency drives both, as in torchtitan. On an out-of-memory error the trainer calls
+// on_out_of_memory(), which writes iteration_N_exit/ (torchtitan's name) before it exits.
+#pragma once
+
+#include <c10/core/Device.h>
+
+#include <cstdint>
+#include <string>
+
+#include "trainer/config.h"
+
+namespace titan::trainer {
+
+class StepProfiler {
+ public:
+  StepProfiler(const ProfilingSection& cfg, const std::string& dump_folder, int rank,
+               c10::Device device);
+  ~StepProfiler();
+
+  void step_begin(int64_t step);
+  void step_end(int64_t step);
+  // Writes the exit snapshot of `step` (if snapshots are on); never throws.
+  void on_out_of_memory(int64_t step) noexcept;
+
+  bool snapshots_enabled() const { return cfg_.enable_memory_snapshot; }
+
+ private:
+  bool due(int64_t step) const { return step % cfg_.profile_freq == 0; }
+  std::string snapshot_dir(const std::string& iteration) const;
+
+  ProfilingSection cfg_;
+  std::string dump_folder_;
+  int rank_;
+  c10::Device device_;
+  bool tracing_ = false;
+};
+
+}  // namespace titan::trainer
