@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/bench_common.h"
 #include "float8/convert.h"
 #include "float8/float8_linear.h"
 #include "float8/int8_linear.h"
@@ -27,17 +28,8 @@
 
 namespace {
 
-int64_t scaled(int64_t v, int64_t scale) { return std::max<int64_t>(16, (v / scale + 15) / 16 * 16); }
-
-double time_ms(const std::function<void()>& fn, int iters, bool cuda) {
-  fn();
-  if (cuda) torch::cuda::synchronize();
-  const auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < iters; ++i) fn();
-  if (cuda) torch::cuda::synchronize();
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() /
-         iters;
-}
+using titan::bench::scaled;
+using titan::bench::time_ms;
 
 }  // namespace
 

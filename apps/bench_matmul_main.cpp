@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/bench_common.h"
 #include "float8/gemm.h"
 #include "float8/int8_linear.h"
 #include "float8/scaling.h"
@@ -41,18 +42,8 @@ const std::vector<Shape> kShapes = {
     {"70B", "w1/w3", 8192, 28672}, {"70B", "w2", 28672, 8192},
 };
 
-int64_t scaled(int64_t v, int64_t scale) { return std::max<int64_t>(16, (v / scale + 15) / 16 * 16); }
-
-// Mean milliseconds of fn over iters after one warm-up call.
-double time_ms(const std::function<void()>& fn, int iters, bool cuda) {
-  fn();
-  if (cuda) torch::cuda::synchronize();
-  const auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < iters; ++i) fn();
-  if (cuda) torch::cuda::synchronize();
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() /
-         iters;
-}
+using titan::bench::scaled;
+using titan::bench::time_ms;
 
 }  // namespace
 

@@ -3,11 +3,15 @@
 // 1 runtime failure, 2 bad input (config, flags).
 #include <c10/util/Exception.h>
 
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <thread>
 #include <iostream>
 #include <string>
 #include <vector>
 
+#include "parallel/process_group.h"
 #include "parallel/world.h"
 #include "trainer/config.h"
 #include "trainer/logging.h"
@@ -62,7 +66,8 @@ int main(int argc, char** argv) {
   int rank = -1;
   try {
     const titan::parallel::WorldInfo world = titan::parallel::world_from_env();
-    if (world.world_size > 1) rank = world.rank;
+    const char* prefixed = std::getenv("TITAN_RUN_PREFIXES_OUTPUT");  // titan-run adds "[rank N] "
+    if (world.world_size > 1 && !(prefixed && std::string(prefixed) == "1")) rank = world.rank;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "titan-train: error: distributed environment: %s\n", e.what());
     return 2;
@@ -80,6 +85,12 @@ int main(int argc, char** argv) {
   } catch (const ConfigError& e) {
     log_error(std::string("bad config: ") + e.what());
     return 2;
+  } catch (const titan::parallel::CommError& e) {
+    // Usually the echo of another rank's failure (its sockets closed). Exit a moment later, so
+    // that the launcher reports the rank that failed first rather than this one.
+    log_error(e.what());
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    return 1;
   } catch (const c10::Error& e) {
     log_error(e.what_without_backtrace());
     return 1;

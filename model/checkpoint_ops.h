@@ -7,7 +7,8 @@
 //   record  (first forward, no grad): fn() runs; if the policy keeps `name`, its output is stored;
 //   replay  (recompute in backward, with grad): a stored output is returned INSTEAD of running
 //           fn(); every other op is recomputed.
-// The policy is ONE table, kSelectiveAcSaveList in checkpoint_ops.cpp (See Note [Op save list]).
+// The policy is ONE table, selective_ac_save_list() in checkpoint_ops.cpp (See Note [Op save
+// list]). Ops called inside a kept op are skipped with it in the replay.
 //
 // Note [Replay needs no autograd history]:
 // A replayed output has no autograd history of its own, so callers put checkpointable_op where

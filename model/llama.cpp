@@ -6,7 +6,6 @@
 #include <ATen/ops/outer.h>
 #include <ATen/ops/pow.h>
 #include <ATen/ops/rms_norm.h>
-#include <ATen/ops/scaled_dot_product_attention.h>
 #include <ATen/ops/silu.h>
 #include <ATen/ops/stack.h>
 #include <c10/util/Exception.h>

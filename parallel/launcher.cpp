@@ -281,6 +281,9 @@ std::vector<std::string> Supervisor::rank_environment(const Rank& r) const {
   set("ROLE_WORLD_SIZE", std::to_string(world_size));
   set("MASTER_ADDR", options_.master_addr);
   set("MASTER_PORT", std::to_string(master_port_));
+  // titan-run prefixes every relayed line with "[rank N] "; the trainer then leaves its own
+  // rank prefix out (under torchrun or srun it keeps it).
+  set("TITAN_RUN_PREFIXES_OUTPUT", "1");
   // As torchrun: several ranks on one node each spawning one OpenMP thread per core would
   // oversubscribe the CPU many times over.
   if (options_.nproc_per_node > 1 && std::getenv("OMP_NUM_THREADS") == nullptr) {

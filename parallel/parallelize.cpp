@@ -8,6 +8,7 @@
 #include <ATen/ops/_foreach_norm.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/cross_entropy_loss.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/stack.h>
 #include <ATen/ops/tensor.h>
 #include <ATen/ops/zeros.h>
@@ -246,6 +247,34 @@ void ParallelModel::load_full(const std::string& fqn, const at::Tensor& full) {
     return;
   }
   TORCH_CHECK(false, "the model has no parameter '", fqn, "'");
+}
+
+at::Tensor ParallelModel::full_param(const std::string& fqn) {
+  at::NoGradGuard no_grad;
+  size_t i = 0;
+  while (i < names_.size() && names_[i] != fqn) ++i;
+  TORCH_CHECK(i < names_.size(), "the model has no parameter '", fqn, "'");
+  const Param* p = nullptr;
+  for (const auto& q : params_)
+    if (q.fqn == fqn) p = &q;
+  at::Tensor local = masters_[i].detach().contiguous();
+  if (Comm* shard = fsdp_ ? mesh_.comm(MeshDim::kDpShard) : nullptr) {  // [d0p/N, ...] -> [d0, ...]
+    at::Tensor out = at::empty({shard->size() * local.numel()}, local.options());
+    shard->all_gather_into_tensor(out, local.view({-1}));
+    std::vector<int64_t> padded = p->tp_shape;
+    padded[0] = local.size(0) * shard->size();
+    local = out.view(padded).narrow(0, 0, p->tp_shape[0]).contiguous();
+  }
+  if (Comm* tp = p->tp_dim >= 0 ? mesh_.comm(MeshDim::kTp) : nullptr) {  // TP chunks along tp_dim
+    at::Tensor out = at::empty({tp->size() * local.numel()}, local.options());
+    tp->all_gather_into_tensor(out, local.view({-1}));
+    std::vector<int64_t> shape = local.sizes().vec();
+    shape.insert(shape.begin(), tp->size());
+    local = at::cat(out.view(shape).unbind(0), p->tp_dim)
+                .narrow(p->tp_dim, 0, p->full_shape[static_cast<size_t>(p->tp_dim)])
+                .contiguous();
+  }
+  return local;
 }
 
 void ParallelModel::init_weights(uint64_t seed) {

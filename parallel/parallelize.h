@@ -43,6 +43,10 @@ class ParallelModel {
   const std::vector<at::Tensor>& master_params() const { return masters_; }
   std::vector<int64_t> full_shape(size_t i) const { return params_[i].full_shape; }
 
+  // The full value of parameter `fqn` (float32, on the device): all-gathers the FSDP shards,
+  // then the TP shards, and drops the padding. Collective: every rank calls it, same order.
+  at::Tensor full_param(const std::string& fqn);
+
   // Before each micro-batch forward: without FSDP, points the model at compute copies of the
   // masters (FSDP casts during its gathers instead).
   void bind_compute_params();
@@ -56,7 +60,7 @@ class ParallelModel {
   // one all-reduce); returns the norm before clipping.
   double clip_grad_norm(double max_norm);
   // Sum over data-parallel ranks (TP ranks hold the same value).
-  double sum_over_dp(double local) ;
+  double sum_over_dp(double local);
 
   std::string describe() const;  // one line per applied stage, for the start-up log
   DeviceMesh& mesh() { return mesh_; }

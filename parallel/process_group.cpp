@@ -30,6 +30,8 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "model/scope.h"
+
 namespace titan::parallel {
 namespace {
 
@@ -213,6 +215,8 @@ void Comm::run_collective(std::string op, const at::Tensor& tensor, Launch&& lau
   last_.op = std::move(op);
   last_.bytes = tensor.defined() ? static_cast<int64_t>(tensor.numel() * tensor.element_size()) : 0;
   total_bytes_ += last_.bytes;
+  // A named range in profiler traces; memory allocated inside counts as communication buffers.
+  model::NamedScope scope("collective " + last_.op, model::MemoryCategory::kCommunication);
   auto start = Clock::now();
   try {
     c10::intrusive_ptr<c10d::Work> work = launch();

@@ -179,8 +179,9 @@ TEST_CASE("unknown sections and keys name the closest valid key", "[config]") {
   CHECK_THAT(file_error_of("[trainin]\nsteps = 5\n"),
              Contains("bad.toml") && Contains("unknown config section [trainin]") &&
                  Contains("did you mean [training]?"));
-  CHECK_THAT(file_error_of("[float8]\nenable_float8_linear = true\n"),
-             Contains("unknown config key 'float8.enable_float8_linear'"));
+  CHECK_THAT(file_error_of("[float8]\nenable_float8_linaer = true\n"),
+             Contains("unknown config key 'float8.enable_float8_linaer'") &&
+                 Contains("did you mean 'float8.enable_float8_linear'?"));
   CHECK_THAT(file_error_of("steps = 5\n"),
              Contains("top-level key 'steps'") && Contains("'training.steps'"));
   CHECK_THAT(file_error_of("training = 5\n"), Contains("must be a [training] table"));

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <unordered_map>
 #include <chrono>
 #include <fstream>
 #include <mutex>
@@ -63,22 +64,36 @@ void record_event(MemoryEvent::Action action, uintptr_t addr, int64_t size, int3
   rec.events.push_back({action, category, scope, addr, size, now_us()});
 }
 
-// The base allocation's pointer and deleter travel with the DataPtr so that a free can be
-// counted and then handed back to the allocator that made it.
-struct TrackedContext {
-  void* base_context;
-  c10::DeleterFnPtr base_deleter;
-  int64_t bytes;
-  void* data;
+// Note [Tracked DataPtr]: the DataPtr handed out keeps data == context (LibTorch's
+// Allocator::raw_allocate asserts it, and bf16 kernels allocate that way) and uses
+// tracked_delete as its deleter and as raw_deleter(). The byte count of each live allocation
+// lives in a side table keyed by the pointer; the base allocator (c10's default CPU
+// allocator, whose DataPtrs also have data == context) frees the memory.
+struct LiveAllocations {
+  std::mutex mu;
+  std::unordered_map<void*, int64_t> bytes;
 };
+LiveAllocations& live_allocations() {
+  static auto* table = new LiveAllocations();  // outlives static destruction, like the allocator
+  return *table;
+}
+std::atomic<c10::DeleterFnPtr> g_base_deleter{nullptr};
 
-void tracked_delete(void* ctx) {
-  auto* tracked = static_cast<TrackedContext*>(ctx);
-  g_current.fetch_sub(tracked->bytes, std::memory_order_relaxed);
+void tracked_delete(void* data) {
+  int64_t bytes = 0;
+  {
+    LiveAllocations& table = live_allocations();
+    std::lock_guard<std::mutex> lock(table.mu);
+    auto it = table.bytes.find(data);
+    if (it != table.bytes.end()) {
+      bytes = it->second;
+      table.bytes.erase(it);
+    }
+  }
+  g_current.fetch_sub(bytes, std::memory_order_relaxed);
   if (g_recording.load(std::memory_order_relaxed))
-    record_event(MemoryEvent::kFree, reinterpret_cast<uintptr_t>(tracked->data), tracked->bytes, 0, 0);
-  if (tracked->base_deleter) tracked->base_deleter(tracked->base_context);
-  delete tracked;
+    record_event(MemoryEvent::kFree, reinterpret_cast<uintptr_t>(data), bytes, 0, 0);
+  g_base_deleter.load(std::memory_order_relaxed)(data);
 }
 
 std::string gib_text(int64_t bytes) {
@@ -106,19 +121,29 @@ class CountingCPUAllocator final : public c10::Allocator {
     }
     c10::DataPtr inner = base_->allocate(n);
     void* data = inner.get();
-    c10::DeleterFnPtr deleter = inner.get_deleter();
-    void* context = inner.release_context();
-    auto* tracked = new TrackedContext{context, deleter, static_cast<int64_t>(n), data};
+    if (data == nullptr) return inner;  // zero-byte storage: nothing to count
+    TORCH_INTERNAL_ASSERT(inner.get_context() == data,
+                          "the base CPU allocator must hand out data == context (See Note [Tracked DataPtr])");
+    g_base_deleter.store(inner.get_deleter(), std::memory_order_relaxed);
+    inner.release_context();
+    const int64_t bytes = static_cast<int64_t>(n);
+    {
+      LiveAllocations& table = live_allocations();
+      std::lock_guard<std::mutex> lock(table.mu);
+      table.bytes[data] = bytes;
+    }
     if (g_recording.load(std::memory_order_relaxed))
-      record_event(MemoryEvent::kAlloc, reinterpret_cast<uintptr_t>(data), tracked->bytes,
+      record_event(MemoryEvent::kAlloc, reinterpret_cast<uintptr_t>(data), bytes,
                    model::current_scope_path_id(),
                    static_cast<uint8_t>(model::current_memory_category()));
-    const int64_t now = g_current.fetch_add(tracked->bytes, std::memory_order_relaxed) + tracked->bytes;
+    const int64_t now = g_current.fetch_add(bytes, std::memory_order_relaxed) + bytes;
     int64_t peak = g_peak.load(std::memory_order_relaxed);
     while (now > peak && !g_peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
     }
-    return {data, tracked, &tracked_delete, c10::Device(c10::kCPU)};
+    return {data, data, &tracked_delete, c10::Device(c10::kCPU)};
   }
+
+  c10::DeleterFnPtr raw_deleter() const override { return &tracked_delete; }
 
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     default_copy_data(dest, src, count);

@@ -191,7 +191,13 @@ MemoryEstimate estimate_memory(const EstimateInputs& in) {
 EstimateInputs estimate_inputs_from_config(const JobConfig& cfg) {
   EstimateInputs in;
   in.args = model::llama3_flavor(cfg.model.flavor);
-  in.args.vocab_size = make_tokenizer(cfg.model.tokenizer_path)->vocab_size();
+  try {
+    in.args.vocab_size = make_tokenizer(cfg.model.tokenizer_path)->vocab_size();
+  } catch (const std::exception& e) {
+    // The estimate should answer before the assets are in place: the flavor's vocabulary.
+    in.notes.push_back(std::string("tokenizer not readable (") + e.what() + "): assuming the " +
+                       cfg.model.flavor + " flavor's vocab " + std::to_string(in.args.vocab_size));
+  }
   in.args.max_seq_len = cfg.training.seq_len;
   in.local_batch_size = cfg.training.local_batch_size;
   in.seq_len = cfg.training.seq_len;
@@ -248,6 +254,7 @@ std::string format_memory_estimate(const EstimateInputs& in, const MemoryEstimat
   os << "  activation terms (one block unless stated):\n";
   for (const auto& [name, bytes] : e.activation_detail)
     os << "    " << gib(bytes) << "  " << name << "\n";
+  for (const auto& note : in.notes) os << "  note: " << note << "\n";
   if (in.device_capacity > 0) {
     const double pct = 100.0 * e.total / in.device_capacity;
     char buf[64];

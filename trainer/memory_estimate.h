@@ -32,6 +32,7 @@ struct EstimateInputs {
   bool cuda = false;
   int64_t device_capacity = 0;    // bytes; 0 = unknown
   std::string device_name = "cpu";
+  std::vector<std::string> notes;  // assumptions the report should state
 };
 
 struct MemoryEstimate {

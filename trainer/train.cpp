@@ -362,9 +362,6 @@ void Trainer::init_distributed() {
     throw ConfigError(e.what());
   }
   if (world_.world_size == 1) return;
-  if (!cfg_.checkpoint.export_path.empty())
-    throw ConfigError("checkpoint.export_path is not supported with WORLD_SIZE > 1 yet "
-                      "(export from a single-process run)");
 #ifdef TITAN_WITH_CUDA
   if (device_.is_cuda()) device_ = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(world_.local_rank));
 #endif
@@ -379,8 +376,12 @@ void Trainer::init_distributed() {
 void Trainer::export_weights(const std::string& path) const {
   const at::ScalarType dtype = cfg_.checkpoint.export_dtype == "bfloat16" ? at::kBFloat16 : at::kFloat;
   std::vector<std::pair<std::string, at::Tensor>> tensors;
-  for (size_t i = 0; i < param_names_.size(); ++i)
-    tensors.emplace_back(param_names_[i], master_params_[i].detach().to(dtype));
+  for (size_t i = 0; i < param_names_.size(); ++i) {
+    // Sharded: every rank joins the gathers of each full parameter; rank 0 writes the file.
+    at::Tensor full = parallel_ ? parallel_->full_param(param_names_[i]) : master_params_[i].detach();
+    if (world_.rank == 0) tensors.emplace_back(param_names_[i], full.to(at::kCPU).to(dtype));
+  }
+  if (world_.rank != 0) return;
   const auto parent = std::filesystem::path(path).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent);
   save_safetensors(path, tensors, {{"format", "pt"}, {"flavor", cfg_.model.flavor}});
