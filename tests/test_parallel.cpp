@@ -102,28 +102,36 @@ std::vector<Step> read_metrics(const fs::path& path) {
   return steps;
 }
 
-// The single-process reference, run once per global batch size.
-const std::vector<Step>& reference(int64_t global_batch = 8) {
-  static std::map<int64_t, std::vector<Step>> cache;
-  auto it = cache.find(global_batch);
+// The single-process reference, run once per global batch size and extra overrides (e.g. the
+// float8 recipe, which the reference must share with the layout it is compared to).
+const std::vector<Step>& reference(int64_t global_batch = 8, const std::string& extra = "") {
+  static std::map<std::pair<int64_t, std::string>, std::vector<Step>> cache;
+  const auto key = std::make_pair(global_batch, extra);
+  auto it = cache.find(key);
   if (it != cache.end()) return it->second;
-  const fs::path dump = root() / ("single_" + std::to_string(global_batch));
-  const Run r = shell(std::string(TITAN_TRAIN_PATH) + " " + train_args(dump, global_batch),
+  const fs::path dump = root() / ("single_" + std::to_string(global_batch) + "_" + std::to_string(cache.size()));
+  const Run r = shell(std::string(TITAN_TRAIN_PATH) + " " + train_args(dump, global_batch) + " " + extra,
                       dump.string() + ".log");
   INFO(r.log);
   REQUIRE(r.exit_code == 0);
-  return cache[global_batch] = read_metrics(dump / "metrics.jsonl");
+  return cache[key] = read_metrics(dump / "metrics.jsonl");
 }
+
+struct Tolerance {
+  double loss = kLossRelTol, grad_norm = kGradNormRelTol;
+  double first_loss = kLossRelTol;  // step 1 (identical weights, only reduction order differs)
+};
 
 // Runs `nproc` ranks under titan-run with extra config overrides; checks every rank against
 // the reference; returns the max relative loss difference seen (for the log).
 double check_layout(const std::string& name, int nproc, const std::string& overrides,
-                    int64_t global_batch = 8) {
-  const auto& ref = reference(global_batch);
+                    int64_t global_batch = 8, const std::string& shared = "",
+                    const Tolerance& tol = {}) {
+  const auto& ref = reference(global_batch, shared);
   const fs::path dump = root() / name;
   const Run r = shell(std::string(TITAN_RUN_PATH) + " --nproc-per-node " + std::to_string(nproc) +
                           " -- " + TITAN_TRAIN_PATH + " " + train_args(dump, global_batch) + " " +
-                          overrides,
+                          shared + " " + overrides,
                       dump.string() + ".log");
   INFO(name << ":\n" << r.log);
   REQUIRE(r.exit_code == 0);
@@ -133,8 +141,8 @@ double check_layout(const std::string& name, int nproc, const std::string& overr
     REQUIRE(got.size() == ref.size());
     for (size_t s = 0; s < ref.size(); ++s) {
       INFO(name << " rank " << rank << " step " << s + 1);
-      CHECK(got[s].loss == Approx(ref[s].loss).epsilon(kLossRelTol));
-      CHECK(got[s].grad_norm == Approx(ref[s].grad_norm).epsilon(kGradNormRelTol));
+      CHECK(got[s].loss == Approx(ref[s].loss).epsilon(s == 0 ? tol.first_loss : tol.loss));
+      CHECK(got[s].grad_norm == Approx(ref[s].grad_norm).epsilon(tol.grad_norm));
       worst = std::max(worst, std::abs(got[s].loss - ref[s].loss) / ref[s].loss);
     }
   }
@@ -283,6 +291,25 @@ TEST_CASE("tensor + sequence parallel layouts reproduce the single-process losse
   // TP 4: vocab 258 padded to 260 over 4 ranks; the loss ignores the padding columns.
   check_layout("tp4", 4, "--parallelism.tensor_parallel_degree 4");
   check_layout("fsdp2_tp2", 4, "--parallelism.data_parallel_shard_degree 2 --parallelism.tensor_parallel_degree 2");
+}
+
+TEST_CASE("float8 under FSDP and TP reproduces the single-process float8 losses", "[parallel][dist][float8]") {
+  // FSDP gathers the float32 master weights and each Float8LinearCompute casts the full weight
+  // (the tensorwise scale is the global amax, exactly as in one process); TP wraps the float8
+  // computes of the sharded linears. Step 1 sees identical weights, so its loss must match to
+  // the float32 tolerance. Later steps inherit float32 reduction-order differences (gradient
+  // reduce-scatter / TP all-reduce) that can flip an element's e4m3 rounding (one e4m3 step is
+  // 2^-3 relative), so they get a looser bound: measured (CPU, emulated) at most 7.1e-5 loss and
+  // 4.1e-4 grad norm relative over 10 steps; the bounds leave ~7x / ~5x margin.
+  Tolerance f8;
+  f8.loss = 5e-4;
+  f8.grad_norm = 2e-3;
+  for (const std::string recipe : {"tensorwise", "rowwise"}) {
+    const std::string shared = "--float8.enable_float8_linear --float8.recipe_name " + recipe;
+    check_layout("fsdp2_float8_" + recipe, 2, "--parallelism.data_parallel_shard_degree 2", 8, shared, f8);
+  }
+  check_layout("tp2_float8_rowwise", 2, "--parallelism.tensor_parallel_degree 2", 8,
+               "--float8.enable_float8_linear --float8.recipe_name rowwise", f8);
 }
 
 TEST_CASE("tensor parallel degree must divide the heads", "[parallel][dist]") {

@@ -74,6 +74,10 @@ ConvertedModel apply_model_converters(model::Llama& model, const JobConfig& cfg,
     result.delayed_scaling = float8::recipe_from_name(options.recipe_name).delayed;
     result.float8_computes = float8::float8_computes(model.linears());
     if (options.emulate) log_info("float8: GEMMs are emulated in float32 (same numerics up to the final GEMM)");
+    if (options.enable_fsdp_float8_all_gather)
+      log_warn("float8: enable_fsdp_float8_all_gather is not implemented yet: FSDP still gathers the "
+               "high-precision weights and each linear casts the full weight (same numerics, "
+               "more all-gather traffic); precompute_float8_dynamic_scale_for_fsdp has no effect");
   }
   if (cfg.int8.enable_int8_linear) {
     float8::Int8Options options;
