@@ -12,7 +12,7 @@ OUT="$(mktemp -d)"
 trap 'rm -rf "$OUT"' EXIT
 
 # name flavor batch seq_len timed_steps
-CASES=("debug debugmodel 4 128 20" "100M 100M 2 256 4")
+CASES=("debug debugmodel 4 128 30" "100M 100M 2 256 8")
 
 printf '%-8s %-8s %14s %14s %8s %14s %14s %8s\n' case threads "titan tok/s" "eager tok/s" ratio \
   "titan peakRSS" "eager peakRSS" "mem"
