@@ -310,6 +310,12 @@ TEST_CASE("float8 under FSDP and TP reproduces the single-process float8 losses"
   }
   check_layout("tp2_float8_rowwise", 2, "--parallelism.tensor_parallel_degree 2", 8,
                "--float8.enable_float8_linear --float8.recipe_name rowwise", f8);
+  // Seed 004's crash: float8 rowwise + TP + full activation checkpointing, where the recompute
+  // re-cast a 3-D activation whose rowwise scale had been flattened. Scales keep the data's rank
+  // (Note [Scale follows data]), so this layout trains like the single-process float8 run.
+  check_layout("tp2_float8_rowwise_full_ac", 2, "--parallelism.tensor_parallel_degree 2", 8,
+               "--float8.enable_float8_linear --float8.recipe_name rowwise "
+               "--activation_checkpoint.mode full", f8);
 }
 
 TEST_CASE("tensor parallel degree must divide the heads", "[parallel][dist]") {
