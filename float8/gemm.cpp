@@ -12,32 +12,28 @@
 #include "float8/cublaslt_gemm.h"
 #endif
 
+#include <c10/util/StringUtil.h>
+
 namespace titan::float8 {
 
 namespace {
-
-std::string shape_str(at::IntArrayRef s) {
-  std::ostringstream os;
-  os << s;
-  return os.str();
-}
 
 void check_operands(const Float8Tensor& a, const Float8Tensor& b) {
   check_float8_tensor(a, "scaled_mm operand a");
   check_float8_tensor(b, "scaled_mm operand b");
   if (a.data.dim() != 2 || b.data.dim() != 2 || a.data.size(1) != b.data.size(0)) {
     throw std::invalid_argument("scaled_mm: needs a [M, K] and b [K, N], got a " +
-                                shape_str(a.data.sizes()) + " and b " + shape_str(b.data.sizes()) +
+                                c10::str(a.data.sizes()) + " and b " + c10::str(b.data.sizes()) +
                                 " (flatten inputs with reshape_to_2d first)");
   }
   // Axiswise scales must be constant along K or the scale cannot be pulled out of the sum.
   if (!a.is_tensorwise() && a.scale.size(1) != 1) {
-    throw std::invalid_argument("scaled_mm: a's scale " + shape_str(a.scale.sizes()) +
+    throw std::invalid_argument("scaled_mm: a's scale " + c10::str(a.scale.sizes()) +
                                 " varies along the contraction dim; expected () or (" +
                                 std::to_string(a.data.size(0)) + ", 1)");
   }
   if (!b.is_tensorwise() && b.scale.size(0) != 1) {
-    throw std::invalid_argument("scaled_mm: b's scale " + shape_str(b.scale.sizes()) +
+    throw std::invalid_argument("scaled_mm: b's scale " + c10::str(b.scale.sizes()) +
                                 " varies along the contraction dim; expected () or (1, " +
                                 std::to_string(b.data.size(1)) + ")");
   }

@@ -19,15 +19,11 @@
 #include "model/checkpoint_ops.h"
 #include "model/scope.h"
 
+#include <c10/util/StringUtil.h>
+
 namespace titan::float8 {
 
 namespace {
-
-std::string shape_str(at::IntArrayRef s) {
-  std::ostringstream os;
-  os << s;
-  return os.str();
-}
 
 bool is_float8(at::ScalarType t) { return t == at::kFloat8_e4m3fn || t == at::kFloat8_e5m2; }
 
@@ -156,8 +152,8 @@ void check_float8_tensor(const Float8Tensor& t, const char* what) {
   }
   if (!ok) {
     throw std::invalid_argument(std::string(what) + ": scale shape " +
-                                shape_str(t.scale.sizes()) + " does not follow data shape " +
-                                shape_str(t.data.sizes()) +
+                                c10::str(t.scale.sizes()) + " does not follow data shape " +
+                                c10::str(t.data.sizes()) +
                                 " (needs 0-dim or the data's rank with 1 or the data's size per "
                                 "dim; See Note [Scale follows data])");
   }
@@ -170,10 +166,10 @@ Float8Tensor reshape(const Float8Tensor& t, at::IntArrayRef shape) {
   const int64_t rank = t.data.dim();
   const int64_t last = t.data.size(-1);
   if (data.dim() == 0 || data.size(-1) != last) {
-    throw std::invalid_argument("float8 reshape: axiswise data " + shape_str(t.data.sizes()) +
-                                " -> " + shape_str(shape) +
+    throw std::invalid_argument("float8 reshape: axiswise data " + c10::str(t.data.sizes()) +
+                                " -> " + c10::str(shape) +
                                 " must keep the last dimension so the scale " +
-                                shape_str(t.scale.sizes()) + " can follow");
+                                c10::str(t.scale.sizes()) + " can follow");
   }
   bool lead_full = true, lead_one = true;
   for (int64_t d = 0; d + 1 < rank; ++d) {
@@ -186,10 +182,10 @@ Float8Tensor reshape(const Float8Tensor& t, at::IntArrayRef shape) {
   }
   scale_shape.push_back(t.scale.size(-1));
   if (!lead_full && !lead_one) {
-    throw std::invalid_argument("float8 reshape: scale " + shape_str(t.scale.sizes()) +
-                                " of data " + shape_str(t.data.sizes()) +
+    throw std::invalid_argument("float8 reshape: scale " + c10::str(t.scale.sizes()) +
+                                " of data " + c10::str(t.data.sizes()) +
                                 " mixes per-row and shared leading dims; cannot reshape to " +
-                                shape_str(shape));
+                                c10::str(shape));
   }
   Float8Tensor out{data, t.scale.reshape(scale_shape), t.orig_dtype};
   check_float8_tensor(out, "float8 reshape");
@@ -207,7 +203,7 @@ Float8Tensor reshape_to_2d(const Float8Tensor& t) {
 Float8Tensor transpose_2d(const Float8Tensor& t) {
   check_float8_tensor(t, "float8 transpose_2d");
   if (t.data.dim() != 2) {
-    throw std::invalid_argument("float8 transpose_2d: data " + shape_str(t.data.sizes()) +
+    throw std::invalid_argument("float8 transpose_2d: data " + c10::str(t.data.sizes()) +
                                 " is not 2-D");
   }
   return {t.data.t(), t.is_tensorwise() ? t.scale : t.scale.t(), t.orig_dtype};
