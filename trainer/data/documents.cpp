@@ -1,4 +1,5 @@
 #include "trainer/data/documents.h"
+#include "trainer/data/text_lines.h"
 
 #include <algorithm>
 #include <filesystem>
@@ -14,14 +15,6 @@ const char* const kFortunesDir = "/usr/share/games/fortunes";
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string read_whole_file(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error("cannot open " + path.string());
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
-}
 
 // Regular (non-symlink) files of `dir` whose name passes `keep`, in sorted order.
 std::vector<fs::path> list_files(const fs::path& dir, bool (*keep)(const fs::path&)) {
@@ -85,26 +78,21 @@ std::vector<std::string> read_fortunes(const std::string& dir) {
   }
   std::vector<std::string> documents;
   for (const fs::path& file : list_files(folder, is_fortune_file)) {
-    const std::string content = read_whole_file(file);
+    const std::string content = read_whole_file(file.string());
     // A document is its lines between "%" lines, joined by '\n' (no trailing newline).
     std::string document;
     bool has_line = false;
-    size_t pos = 0;
-    while (pos < content.size()) {
-      size_t end = content.find('\n', pos);
-      if (end == std::string::npos) end = content.size();
-      std::string_view line(content.data() + pos, end - pos);
-      pos = end + 1;
+    for_each_line(content, [&](std::string_view line, size_t) {
       if (line == "%") {
         if (!is_blank(document)) documents.push_back(std::move(document));
         document.clear();
         has_line = false;
-        continue;
+        return;
       }
       if (has_line) document += '\n';
       document += line;
       has_line = true;
-    }
+    });
     if (!is_blank(document)) documents.push_back(std::move(document));
   }
   if (documents.empty()) {
@@ -117,7 +105,7 @@ std::vector<std::string> read_fortunes(const std::string& dir) {
 std::vector<std::string> read_text_documents(const std::string& path) {
   std::vector<std::string> documents;
   for (const fs::path& file : resolve_inputs(path, "text", has_txt_extension, ".txt")) {
-    std::string content = read_whole_file(file);
+    std::string content = read_whole_file(file.string());
     if (!content.empty()) documents.push_back(std::move(content));
   }
   if (documents.empty()) throw std::runtime_error("text dataset " + path + " has only empty files");
@@ -127,16 +115,9 @@ std::vector<std::string> read_text_documents(const std::string& path) {
 std::vector<std::string> read_jsonl_documents(const std::string& path) {
   std::vector<std::string> documents;
   for (const fs::path& file : resolve_inputs(path, "jsonl", has_jsonl_extension, ".jsonl")) {
-    const std::string content = read_whole_file(file);
-    size_t pos = 0;
-    size_t line_number = 0;
-    while (pos < content.size()) {
-      size_t end = content.find('\n', pos);
-      if (end == std::string::npos) end = content.size();
-      std::string_view line(content.data() + pos, end - pos);
-      pos = end + 1;
-      ++line_number;
-      if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
+    const std::string content = read_whole_file(file.string());
+    for_each_line(content, [&](std::string_view line, size_t line_number) {
+      if (line.find_first_not_of(" \t\r") == std::string_view::npos) return;
       const std::string where = file.string() + ":" + std::to_string(line_number);
       nlohmann::json object;
       try {
@@ -151,7 +132,7 @@ std::vector<std::string> read_jsonl_documents(const std::string& path) {
       }
       std::string document = text->get<std::string>();
       if (!document.empty()) documents.push_back(std::move(document));
-    }
+    });
   }
   if (documents.empty()) {
     throw std::runtime_error("jsonl dataset " + path + " holds no non-empty \"text\" fields");

@@ -1,4 +1,5 @@
 #include "trainer/data/tiktoken_file.h"
+#include "trainer/data/text_lines.h"
 
 #include <cstdint>
 #include <cstdio>
@@ -95,30 +96,22 @@ bool base64_decode(std::string_view text, std::string* bytes) {
 }
 
 std::vector<std::string> read_tiktoken_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
+  std::string content;
+  try {
+    content = read_whole_file(path);
+  } catch (const std::runtime_error&) {
     throw std::runtime_error("cannot open tiktoken file " + path +
                              " (model.tokenizer_path; use \"\" for the byte-level tokenizer)");
   }
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  const std::string content = buffer.str();
 
   std::vector<std::string> tokens;
   std::vector<int64_t> ranks;      // rank of tokens[i] as written in the file
   std::vector<size_t> line_of;     // 1-based line of tokens[i]
   std::unordered_map<std::string, size_t> seen_token;  // bytes -> line
   std::unordered_map<int64_t, size_t> seen_rank;       // rank -> line
-  size_t line_number = 0;
-  size_t pos = 0;
-  while (pos < content.size()) {
-    size_t end = content.find('\n', pos);
-    if (end == std::string::npos) end = content.size();
-    std::string_view line(content.data() + pos, end - pos);
-    pos = end + 1;
-    ++line_number;
+  for_each_line(content, [&](std::string_view line, size_t line_number) {
     if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-    if (line.empty()) continue;
+    if (line.empty()) return;
 
     size_t space = line.find(' ');
     if (space == std::string_view::npos || line.find(' ', space + 1) != std::string_view::npos) {
@@ -146,7 +139,7 @@ std::vector<std::string> read_tiktoken_file(const std::string& path) {
     tokens.push_back(std::move(bytes));
     ranks.push_back(rank);
     line_of.push_back(line_number);
-  }
+  });
   if (tokens.empty()) throw std::runtime_error("tiktoken file " + path + " holds no tokens");
 
   // Ranks are unique; they cover 0..n-1 exactly when none is >= n.
