@@ -87,7 +87,7 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
   data_cfg.seed = t.seed;
   if (mesh_) {
     data_cfg.dp_rank = mesh_->local_rank(parallel::MeshDim::kDp);
-    data_cfg.dp_degree = mesh_->dims().dp();
+    data_cfg.dp_degree = dp_degree;
   }
   loader_ = std::make_unique<DataLoader>(data_cfg, *tokenizer_);
   log_info("tokenizer: " + tokenizer_->describe() + "; dataset: " + loader_->describe());
