@@ -45,6 +45,22 @@ Float8Tensor recast(const at::Tensor& x, const CastConfig& config, int64_t axis_
   return to_float8(x, config, axis_dim, recipe.round_scales_to_power_of_2);
 }
 
+// See Note [Float8 weight from FSDP].
+Float8Tensor weight_from_fsdp(const Float8LinearState& s, const at::Tensor& weight) {
+  if (!s.fsdp_weight.data.defined())
+    throw std::logic_error("float8 linear: the FSDP float8 all-gather has not published this "
+                           "linear's weight (is it run outside its FSDP group?)");
+  if (s.fsdp_weight.data.sizes() != weight.sizes()) {
+    std::ostringstream os;
+    os << "float8 linear: the FSDP-gathered float8 weight " << s.fsdp_weight.data.sizes()
+       << " does not match the weight " << weight.sizes();
+    throw std::logic_error(os.str());
+  }
+  Float8Tensor w8 = s.fsdp_weight;
+  w8.orig_dtype = weight.scalar_type();
+  return w8;
+}
+
 at::Tensor saved_tensor(AutogradContext* ctx, const char* key) {
   auto it = ctx->saved_data.find(key);
   return it == ctx->saved_data.end() ? at::Tensor() : it->second.toTensor();
@@ -72,7 +88,8 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
         ctx->saved_data["weight_scale"] = w8.scale;
       } else {
         x8 = to_float8(input, r.input, /*axis_dim=*/-1, r.round_scales_to_power_of_2);
-        w8 = to_float8(weight, r.weight, /*axis_dim=*/-1, r.round_scales_to_power_of_2);
+        w8 = s.weight_from_fsdp ? weight_from_fsdp(s, weight)
+                                : to_float8(weight, r.weight, /*axis_dim=*/-1, r.round_scales_to_power_of_2);
       }
       // See Note [Scale follows data]: (B, S, K) with (B, S, 1) -> (B*S, K) with (B*S, 1).
       return scaled_mm(reshape_to_2d(x8), transpose_2d(w8), input.scalar_type(),
@@ -122,7 +139,10 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
     at::Tensor grad_input, grad_weight;
     if (ctx->needs_input_grad(0)) {
       // grad_input [M, K] = G [M, N] @ W [N, K]; W scaled per column (1, K) or tensorwise.
-      Float8Tensor w8 = recast(weight, r.weight_for_grad_input, /*axis_dim=*/0, r, w_scale);
+      // Tensorwise W is the same cast for both GEMMs, so the FSDP-gathered one serves here too.
+      Float8Tensor w8 = s.weight_from_fsdp
+                            ? weight_from_fsdp(s, weight)
+                            : recast(weight, r.weight_for_grad_input, /*axis_dim=*/0, r, w_scale);
       grad_input = scaled_mm(g8_rows, w8, input.scalar_type(), /*use_fast_accum=*/false, backend)
                        .reshape(input.sizes());
     }
@@ -169,9 +189,26 @@ at::Tensor Float8LinearCompute::forward(const at::Tensor& input, const at::Tenso
   return Float8LinearFunction::apply(input, weight, state_);
 }
 
+void Float8LinearCompute::use_weight_from_fsdp() {
+  const Float8Recipe& r = state_->recipe;
+  if (r.delayed || r.weight.granularity != ScalingGranularity::Tensorwise ||
+      r.weight_for_grad_input.granularity != ScalingGranularity::Tensorwise ||
+      r.weight.dtype != r.weight_for_grad_input.dtype) {
+    throw std::invalid_argument("float8 recipe '" + r.name +
+                                "': a float8 weight gathered by FSDP needs one tensorwise dynamic "
+                                "weight cast for both GEMMs (recipe 'tensorwise')");
+  }
+  state_->weight_from_fsdp = true;
+}
+
+void Float8LinearCompute::set_fsdp_weight(const at::Tensor& data, const at::Tensor& scale) {
+  state_->fsdp_weight = data.defined() ? Float8Tensor{data, scale, at::kFloat} : Float8Tensor{};
+}
+
 std::string Float8LinearCompute::describe() const {
   std::string d = "float8[" + state_->recipe.name;
   if (state_->emulate) d += ",emulated";
+  if (state_->weight_from_fsdp) d += ",fsdp_float8_all_gather";
   if (state_->backend != GemmBackend::Auto) d += std::string(",") + gemm_backend_name(state_->backend);
   return d + "]";
 }

@@ -18,6 +18,7 @@
 
 #include "float8/gemm.h"
 #include "float8/recipe.h"
+#include "float8/scaling.h"
 #include "model/linear.h"
 
 namespace titan::float8 {
@@ -45,6 +46,13 @@ class Float8LinearState : public torch::CustomClassHolder {
   bool emulate = false;
   GemmBackend backend = GemmBackend::Auto;
   AmaxHistory input, weight, grad_output;  // used only when recipe.delayed
+  // Note [Float8 weight from FSDP]: with float8.enable_fsdp_float8_all_gather the weight
+  // arrives already cast (FSDP gathers float8 bytes with a global tensorwise scale; Note [FSDP
+  // float8 all-gather] in parallel/fsdp.h). Both the output and the grad_input GEMM use it; the
+  // high-precision weight argument is then only autograd's handle for grad_weight. FSDP
+  // re-publishes it when it re-gathers for backward and clears it when it reshards.
+  bool weight_from_fsdp = false;
+  Float8Tensor fsdp_weight;  // [N, K] e4m3 + scale [] while FSDP holds the group unsharded
 };
 
 class Float8LinearCompute final : public titan::model::LinearCompute {
@@ -55,6 +63,11 @@ class Float8LinearCompute final : public titan::model::LinearCompute {
   // input [..., K] (any rank >= 1), weight [N, K] -> [..., N] in input's dtype.
   at::Tensor forward(const at::Tensor& input, const at::Tensor& weight) override;
   std::string describe() const override;  // "float8[rowwise]", "float8[tensorwise,emulated]"
+
+  // See Note [Float8 weight from FSDP]. Tensorwise dynamic recipes only (validated earlier).
+  void use_weight_from_fsdp();
+  // Undefined tensors clear it (FSDP resharded).
+  void set_fsdp_weight(const at::Tensor& data, const at::Tensor& scale);
 
   const Float8Recipe& recipe() const { return state_->recipe; }
   bool emulate() const { return state_->emulate; }

@@ -3,6 +3,7 @@
 
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/stack.h>
 #include <ATen/ops/zeros.h>
 #include <c10/core/StorageImpl.h>
 #include <c10/util/Exception.h>
@@ -12,6 +13,7 @@
 #include <map>
 #include <sstream>
 
+#include "float8/scaling.h"
 #include "model/scope.h"
 
 namespace titan::parallel {
@@ -50,21 +52,26 @@ struct Fsdp::Group {
     ShardLayout layout;
     int64_t row_numel = 1;       // prod(rest)
     int64_t shard_numel = 0;     // shard_rows * row_numel
-    int64_t shard_offset = 0;    // in the per-rank flat shard [S]
-    int64_t unsharded_offset = 0;  // in the unsharded flat buffer [N * S]
+    int64_t shard_offset = 0;    // in the per-rank flat gradient shard [S] (every parameter)
+    int64_t gather_offset = 0;   // in the per-rank gather shard of its kind (hp [H] or float8 [F])
     at::Tensor master;           // [shard_rows, rest...] float32, requires_grad
-    at::Tensor leaf;             // [d0, rest...] compute dtype, view of unsharded_flat
+    at::Tensor leaf;             // [d0, rest...] compute dtype (hp: view of unsharded_flat)
+    std::optional<FsdpFloat8Weight> float8;  // See Note [FSDP float8 all-gather]
+    at::Tensor precomputed_scale;            // [] float32, from precompute_float8_scales()
   };
   std::string name;
   std::vector<Param> params;
   bool reshard_after_forward = true;
-  int64_t shard_numel = 0;  // S
+  int64_t shard_numel = 0;      // S: every parameter's shard (the gradient reduce-scatter)
+  int64_t hp_shard_numel = 0;   // H: the parameters gathered in the compute dtype
+  int64_t f8_shard_numel = 0;   // F: the float8-gathered weights (bytes)
   // Note [FSDP version counter]: the parameters are views of unsharded_flat, so they share its
   // version counter, which autograd checks when it unpacks a saved weight. Gathers write through
   // fill_alias, a second tensor over the same storage with a counter of its own, so re-gathering
   // before backward does not look like an in-place change of a saved tensor.
-  at::Tensor unsharded_flat;  // [N * S] compute dtype; storage freed while resharded
-  at::Tensor fill_alias;      // [N * S] same storage, own version counter
+  at::Tensor unsharded_flat;  // [N * H] compute dtype; storage freed while resharded
+  at::Tensor fill_alias;      // [N * H] same storage, own version counter
+  at::Tensor f8_unsharded;    // [N * F] uint8 while unsharded, else undefined
   bool unsharded = false;
   size_t grads_ready = 0;
 };
@@ -86,7 +93,8 @@ const std::string& Fsdp::group_name(int g) const { return groups_[static_cast<si
 int64_t Fsdp::unsharded_bytes_max() const {
   int64_t m = 0;
   for (const auto& g : groups_)
-    m = std::max<int64_t>(m, g->shard_numel * comm_.size() * c10::elementSize(compute_dtype_));
+    m = std::max<int64_t>(m, (g->hp_shard_numel * static_cast<int64_t>(c10::elementSize(compute_dtype_)) +
+                              g->f8_shard_numel) * comm_.size());
   return m;
 }
 
@@ -107,8 +115,11 @@ int Fsdp::add_group(const std::string& name, const std::vector<FsdpParamSpec>& s
     for (size_t d = 1; d < spec.shape.size(); ++d) p.row_numel *= spec.shape[d];
     p.shard_numel = p.layout.shard_rows * p.row_numel;
     p.shard_offset = group->shard_numel;
-    p.unsharded_offset = n * group->shard_numel;
     group->shard_numel += p.shard_numel;
+    p.float8 = spec.float8;
+    int64_t& gather_numel = p.float8 ? group->f8_shard_numel : group->hp_shard_numel;
+    p.gather_offset = gather_numel;
+    gather_numel += p.shard_numel;
     std::vector<int64_t> shard_shape = spec.shape;
     shard_shape[0] = p.layout.shard_rows;
     p.master = at::zeros(shard_shape, at::TensorOptions().dtype(at::kFloat).device(device_));
@@ -117,18 +128,24 @@ int Fsdp::add_group(const std::string& name, const std::vector<FsdpParamSpec>& s
     master_fqns_.push_back(p.fqn);
     group->params.push_back(std::move(p));
   }
-  const int64_t total = n * group->shard_numel;
+  const int64_t total = n * group->hp_shard_numel;
   const auto opts = at::TensorOptions().dtype(compute_dtype_).device(device_);
   group->unsharded_flat = at::empty({total}, opts);
   group->fill_alias = at::empty({0}, opts);
   group->fill_alias.set_(group->unsharded_flat.storage(), 0, {total}, {1});
   const int g = static_cast<int>(groups_.size());
   for (auto& p : group->params) {
-    std::vector<int64_t> padded = p.shape;
-    padded[0] = p.layout.padded_rows;
-    p.leaf = group->unsharded_flat.narrow(0, p.unsharded_offset, p.layout.padded_rows * p.row_numel)
-                 .view(padded)
-                 .narrow(0, 0, p.layout.rows);
+    if (p.float8) {
+      // Never holds values (See Note [FSDP float8 all-gather]): a shape for autograd only.
+      p.leaf = at::empty(p.shape, opts);
+      free_storage(p.leaf);
+    } else {
+      std::vector<int64_t> padded = p.shape;
+      padded[0] = p.layout.padded_rows;
+      p.leaf = group->unsharded_flat.narrow(0, n * p.gather_offset, p.layout.padded_rows * p.row_numel)
+                   .view(padded)
+                   .narrow(0, 0, p.layout.rows);
+    }
     p.leaf.requires_grad_(true);
     torch::autograd::impl::set_post_acc_grad_hooks(
         p.leaf, std::make_unique<FsdpGradReadyHook>([this, g] { on_grad_ready(g); }));
@@ -150,6 +167,7 @@ bool Fsdp::load_full(const std::string& fqn, const at::Tensor& unsharded) {
       TORCH_CHECK(unsharded.sizes().vec() == p.shape, "FSDP: parameter ", fqn, " has shape ",
                   unsharded.sizes(), ", expected ", c10::IntArrayRef(p.shape));
       at::NoGradGuard no_grad;
+      p.precomputed_scale = at::Tensor();  // the weights changed: the next gather measures again
       p.master.zero_();
       const int64_t start = comm_.rank() * p.layout.shard_rows;
       if (p.layout.valid_rows > 0)
@@ -168,27 +186,113 @@ void Fsdp::unshard(int g) {
   // Memory snapshots file the gathered parameters as communication buffers.
   model::NamedScope scope("fsdp all-gather", model::MemoryCategory::kCommunication);
   const int n = comm_.size();
-  const auto opts = at::TensorOptions().dtype(compute_dtype_).device(device_);
-  at::Tensor shard = at::empty({group.shard_numel}, opts);  // this rank's shards, cast
-  for (const auto& p : group.params)
-    shard.narrow(0, p.shard_offset, p.shard_numel).copy_(p.master.detach().reshape({-1}));
-  at::Tensor staging = at::empty({n * group.shard_numel}, opts);  // [N, S] rank-major
-  comm_.all_gather_into_tensor(staging, shard);
-  allocate_storage(group.unsharded_flat, static_cast<size_t>(n * group.shard_numel) *
-                                             c10::elementSize(compute_dtype_));
-  at::Tensor by_rank = staging.view({n, group.shard_numel});
-  // One strided copy per parameter: rank r's rows land at [r * shard_rows, ...) of its view.
-  for (const auto& p : group.params)
-    group.fill_alias.narrow(0, p.unsharded_offset, n * p.shard_numel)
-        .view({n, p.shard_numel})
-        .copy_(by_rank.narrow(1, p.shard_offset, p.shard_numel));
+  if (group.hp_shard_numel > 0) {
+    const auto opts = at::TensorOptions().dtype(compute_dtype_).device(device_);
+    at::Tensor shard = at::empty({group.hp_shard_numel}, opts);  // this rank's shards, cast
+    for (const auto& p : group.params)
+      if (!p.float8)
+        shard.narrow(0, p.gather_offset, p.shard_numel).copy_(p.master.detach().reshape({-1}));
+    at::Tensor staging = at::empty({n * group.hp_shard_numel}, opts);  // [N, H] rank-major
+    comm_.all_gather_into_tensor(staging, shard);
+    allocate_storage(group.unsharded_flat, static_cast<size_t>(n * group.hp_shard_numel) *
+                                               c10::elementSize(compute_dtype_));
+    at::Tensor by_rank = staging.view({n, group.hp_shard_numel});
+    // One strided copy per parameter: rank r's rows land at [r * shard_rows, ...) of its view.
+    for (const auto& p : group.params)
+      if (!p.float8)
+        group.fill_alias.narrow(0, n * p.gather_offset, n * p.shard_numel)
+            .view({n, p.shard_numel})
+            .copy_(by_rank.narrow(1, p.gather_offset, p.shard_numel));
+  }
+  if (group.f8_shard_numel > 0) unshard_float8(group);
   group.unsharded = true;
+}
+
+// See Note [FSDP float8 all-gather].
+void Fsdp::unshard_float8(Group& group) {
+  const int n = comm_.size();
+  std::vector<Group::Param*> weights;
+  for (auto& p : group.params)
+    if (p.float8) weights.push_back(&p);
+  // 1. Scales: precomputed after the last optimizer step, or one MAX all-reduce of shard amaxes.
+  std::vector<at::Tensor> scales(weights.size());
+  std::vector<at::Tensor> amaxes;
+  for (Group::Param* p : weights)
+    if (!p->precomputed_scale.defined())
+      amaxes.push_back(float8::amax(p->master.detach(), float8::ScalingGranularity::Tensorwise, 0));
+  at::Tensor global_amax;
+  if (!amaxes.empty()) {
+    global_amax = at::stack(amaxes);
+    comm_.all_reduce(global_amax, ReduceOp::kMax);
+  }
+  for (size_t i = 0, next = 0; i < weights.size(); ++i) {
+    const Group::Param& p = *weights[i];
+    scales[i] = p.precomputed_scale.defined()
+                    ? p.precomputed_scale
+                    : float8::scale_from_amax(global_amax[static_cast<int64_t>(next++)],
+                                              p.float8->float8_dtype, p.float8->round_scales_to_power_of_2);
+  }
+  // 2. Cast this rank's shards into one byte buffer; 3. gather it.
+  const auto bytes = at::TensorOptions().dtype(at::kByte).device(device_);
+  at::Tensor shard = at::empty({group.f8_shard_numel}, bytes);
+  for (size_t i = 0; i < weights.size(); ++i) {
+    const Group::Param& p = *weights[i];
+    shard.narrow(0, p.gather_offset, p.shard_numel)
+        .copy_(float8::cast_to_float8(p.master.detach(), scales[i], p.float8->float8_dtype)
+                   .reshape({-1})
+                   .view(at::kByte));
+  }
+  at::Tensor staging = at::empty({n * group.f8_shard_numel}, bytes);  // [N, F] rank-major
+  comm_.all_gather_into_tensor(staging, shard);
+  group.f8_unsharded = at::empty({n * group.f8_shard_numel}, bytes);
+  at::Tensor by_rank = staging.view({n, group.f8_shard_numel});
+  // 4. Per weight: rank-major rows into [padded_rows, rest...], published without the padding.
+  for (size_t i = 0; i < weights.size(); ++i) {
+    const Group::Param& p = *weights[i];
+    at::Tensor unsharded = group.f8_unsharded.narrow(0, n * p.gather_offset, n * p.shard_numel);
+    unsharded.view({n, p.shard_numel}).copy_(by_rank.narrow(1, p.gather_offset, p.shard_numel));
+    std::vector<int64_t> padded = p.shape;
+    padded[0] = p.layout.padded_rows;
+    p.float8->publish(unsharded.view(p.float8->float8_dtype).view(padded).narrow(0, 0, p.layout.rows),
+                      scales[i]);
+  }
+}
+
+void Fsdp::precompute_float8_scales() {
+  at::NoGradGuard no_grad;
+  std::vector<Group::Param*> weights;
+  std::vector<at::Tensor> amaxes;
+  for (auto& group : groups_)
+    for (auto& p : group->params)
+      if (p.float8) {
+        weights.push_back(&p);
+        amaxes.push_back(float8::amax(p.master.detach(), float8::ScalingGranularity::Tensorwise, 0));
+      }
+  if (weights.empty()) return;
+  model::NamedScope scope("fsdp float8 scales", model::MemoryCategory::kFloat8Casts);
+  at::Tensor global_amax = at::stack(amaxes);
+  comm_.all_reduce(global_amax, ReduceOp::kMax);  // the ONE collective for every weight
+  for (size_t i = 0; i < weights.size(); ++i) {
+    Group::Param& p = *weights[i];
+    p.precomputed_scale = float8::scale_from_amax(global_amax[static_cast<int64_t>(i)], p.float8->float8_dtype,
+                                                  p.float8->round_scales_to_power_of_2);
+  }
+}
+
+int Fsdp::num_float8_params() const {
+  int count = 0;
+  for (const auto& group : groups_)
+    for (const auto& p : group->params) count += p.float8 ? 1 : 0;
+  return count;
 }
 
 void Fsdp::reshard(int g) {
   Group& group = *groups_[static_cast<size_t>(g)];
   if (!group.unsharded) return;
-  free_storage(group.unsharded_flat);
+  if (group.hp_shard_numel > 0) free_storage(group.unsharded_flat);
+  for (auto& p : group.params)
+    if (p.float8) p.float8->publish(at::Tensor(), at::Tensor());
+  group.f8_unsharded = at::Tensor();
   group.unsharded = false;
 }
 

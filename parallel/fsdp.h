@@ -21,6 +21,21 @@
 // order (group i+1 is gathered before group i runs, holding two groups at once); there is no
 // overlap on CPU/Gloo. With asynchronous work handles the same order would overlap.
 //
+// Note [FSDP float8 all-gather] (float8.enable_fsdp_float8_all_gather, tensorwise recipes):
+// a float8 linear's weight is not gathered in the compute dtype at all. Per group, unshard:
+//   1. scale: ONE all_reduce(MAX) of the stacked float32 shard amaxes of the group's float8
+//      weights gives each weight's global amax, hence the same tensorwise scale one process
+//      computes from the full weight; or the scale precompute_float8_scales() made after the
+//      last optimizer step (then no collective here at all);
+//   2. each float32 master shard is cast to float8 with that scale (1 byte per element);
+//   3. ONE all_gather_into_tensor of those bytes (uint8: no backend knows float8 types);
+//   4. publish(data [d0, rest...] float8, scale []) hands the gathered weight to the linear,
+//      which uses it for the output and grad_input GEMMs instead of casting (FLOAT8.md);
+// reshard publishes undefined tensors and drops the bytes. The autograd leaf of such a weight
+// never holds values (the float8 compute does not read it); its gradient arrives as usual and
+// is reduce-scattered in float32. Casting the float32 shard (not a compute-dtype copy) is what
+// torchao does; with float32 compute it is bit-identical to casting the full weight.
+//
 // Note [FSDP gradient scale]: the trainer scales every micro-batch loss by 1 / (global batch
 // tokens), so the gradient of the global mean loss is the SUM over data-parallel ranks: the
 // reduce-scatter divides by grad_divide_factor = 1. (torchtitan divides by the dp degree
@@ -29,7 +44,9 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -46,10 +63,20 @@ struct ShardLayout {
 };
 ShardLayout shard_layout(int64_t rows, int rank, int n);
 
+// A weight FSDP all-gathers in float8 (See Note [FSDP float8 all-gather]).
+struct FsdpFloat8Weight {
+  at::ScalarType float8_dtype = at::ScalarType::Float8_e4m3fn;
+  bool round_scales_to_power_of_2 = false;
+  // Receives the gathered weight after each unshard (data [d0, rest...] float8, scale [] float32)
+  // and undefined tensors at reshard.
+  std::function<void(const at::Tensor& data, const at::Tensor& scale)> publish;
+};
+
 struct FsdpParamSpec {
   std::string fqn;
   at::Tensor* slot;            // the model's tensor: FSDP points it at the unsharded view
   std::vector<int64_t> shape;  // unsharded (tensor-parallel-local) shape [d0, rest...]
+  std::optional<FsdpFloat8Weight> float8 = std::nullopt;  // set: gathered in float8
 };
 
 class Fsdp {
@@ -77,16 +104,23 @@ class Fsdp {
   // (missing ones count as zero) and reshards everything. Normally a no-op.
   void finish_backward();
 
+  // After each optimizer step (float8.precompute_float8_dynamic_scale_for_fsdp): the next
+  // forward's scales of every float8-gathered weight from ONE all_reduce(MAX) of all their shard
+  // amaxes, so the unshards skip their own. See Note [FSDP float8 all-gather].
+  void precompute_float8_scales();
+  int num_float8_params() const;
+
   // The float32 master shards, in declaration order, with their fqns.
   const std::vector<at::Tensor>& masters() const { return masters_; }
   const std::vector<std::string>& master_fqns() const { return master_fqns_; }
   int num_groups() const;
   const std::string& group_name(int g) const;
-  int64_t unsharded_bytes_max() const;  // the largest group's unsharded buffer
+  int64_t unsharded_bytes_max() const;  // the largest group's unsharded buffers
 
  private:
   struct Group;
   void unshard(int g);
+  void unshard_float8(Group& group);
   void reshard(int g);
   void reduce_scatter_grads(int g);
   void on_grad_ready(int g);

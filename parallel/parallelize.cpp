@@ -168,6 +168,8 @@ std::unique_ptr<ParallelModel> parallelize_llama(model::Llama& model, DeviceMesh
        << mesh.size(MeshDim::kDpShard) << ": " << fsdp->num_groups()
        << " groups, reshard_after_forward " << options.reshard_after_forward
        << ", largest gathered group " << fsdp->unsharded_bytes_max() << " bytes";
+    if (fsdp->num_float8_params() > 0)
+      os << ", " << fsdp->num_float8_params() << " float8 linear weights gathered in float8";
     pm->log_.push_back(os.str());
   }
   if (mesh.size(MeshDim::kDpReplicate) > 1)
@@ -208,7 +210,11 @@ void ParallelModel::finalize() {
       std::vector<FsdpParamSpec> specs;
       for (const auto& fqn : fsdp_groups_[g].second) {
         const Param* p = by_fqn.at(fqn);
-        specs.push_back({p->fqn, p->slot, p->tp_shape});
+        auto f8 = options_.float8_all_gather_weights.find(fqn);
+        specs.push_back({p->fqn, p->slot, p->tp_shape,
+                         f8 == options_.float8_all_gather_weights.end()
+                             ? std::nullopt
+                             : std::optional<FsdpFloat8Weight>(f8->second)});
       }
       fsdp_->add_group(fsdp_groups_[g].first, specs, fsdp_reshard_[g]);
     }
@@ -298,6 +304,10 @@ at::Tensor ParallelModel::loss_sum(const at::Tensor& logits, const at::Tensor& l
                                             model_.args().vocab_size, *tp);
   return at::cross_entropy_loss(logits.flatten(0, 1).to(at::kFloat), labels.flatten(),
                                 /*weight=*/std::nullopt, at::Reduction::Sum);
+}
+
+void ParallelModel::precompute_float8_scales() {
+  if (fsdp_) fsdp_->precompute_float8_scales();
 }
 
 void ParallelModel::after_backward() {

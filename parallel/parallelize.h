@@ -10,6 +10,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -26,6 +27,10 @@ struct ParallelOptions {
   at::ScalarType compute_dtype = at::kFloat;       // training.mixed_precision_param
   c10::Device device = c10::kCPU;
   int64_t seq_len = 0;  // training.seq_len, checked against the TP degree
+  // float8.enable_fsdp_float8_all_gather: weight fqn -> its float8 linear's receiver. FSDP
+  // gathers these in float8 (See Note [FSDP float8 all-gather] in parallel/fsdp.h); without
+  // FSDP they are ignored.
+  std::map<std::string, FsdpFloat8Weight> float8_all_gather_weights;
 };
 
 class ParallelModel {
@@ -59,6 +64,9 @@ class ParallelModel {
   // Clips by the global L2 norm of all gradients (each element counted once over the mesh;
   // one all-reduce); returns the norm before clipping.
   double clip_grad_norm(double max_norm);
+  // After the optimizer step (float8.precompute_float8_dynamic_scale_for_fsdp): every
+  // float8-gathered weight's next scale in one all-reduce. No-op without such weights.
+  void precompute_float8_scales();
   // Sum over data-parallel ranks (TP ranks hold the same value).
   double sum_over_dp(double local);
 

@@ -13,6 +13,8 @@
 
 #include <ATen/ops/arange.h>
 #include <ATen/ops/equal.h>
+#include <ATen/ops/zeros.h>
+#include <ATen/core/grad_mode.h>
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -28,6 +30,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "float8/scaling.h"
 #include "model/llama.h"
 #include "parallel/fsdp.h"
 #include "parallel/parallelize.h"
@@ -164,6 +167,39 @@ std::vector<int> processes_mentioning(const std::string& needle) {
   return pids;
 }
 
+// Runs fn(rank, comm) on `world` threads of this process, the ranks of one Gloo job (as
+// tests/test_comm.cpp), each with its own store client; returns each rank's error ("" = ok).
+std::vector<std::string> run_ranks_as_threads(int world, const std::function<void(int, tp::DeviceMesh&)>& fn,
+                                              const tp::ParallelDims& dims) {
+  std::promise<int> port_promise;
+  std::shared_future<int> port = port_promise.get_future().share();
+  std::vector<std::string> errors(static_cast<size_t>(world));
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < world; ++rank) {
+    threads.emplace_back([&, rank] {
+      try {
+        const std::chrono::milliseconds timeout(30000);
+        c10::intrusive_ptr<c10d::Store> store;
+        if (rank == 0) {
+          store = tp::create_tcp_store("127.0.0.1", 0, 0, world, timeout);
+          port_promise.set_value(tp::store_port(store));
+        } else {
+          store = tp::create_tcp_store("127.0.0.1", port.get(), rank, world, timeout);
+        }
+        tp::CommOptions opts;
+        opts.timeout = timeout;
+        tp::DeviceMesh mesh(std::make_unique<tp::Comm>(store, rank, world, "world", opts), dims);
+        fn(rank, mesh);
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(rank)] = e.what();
+        if (rank == 0) try { port_promise.set_value(0); } catch (...) {}
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
 }  // namespace
 
 TEST_CASE("parallel dims resolve -1 and reject bad products with the numbers", "[parallel]") {
@@ -226,48 +262,90 @@ TEST_CASE("sharded init equals the single-process weights bit for bit (FSDP 2 x 
     total += p.numel();
   });
   const int world = 4;
-  std::promise<int> port_promise;
-  std::shared_future<int> port = port_promise.get_future().share();
-  std::vector<std::string> errors(world);
   std::vector<int64_t> local_numel(world, 0);
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < world; ++rank) {
-    threads.emplace_back([&, rank] {
-      try {
-        const std::chrono::milliseconds timeout(30000);
-        c10::intrusive_ptr<c10d::Store> store;
-        if (rank == 0) {
-          store = tp::create_tcp_store("127.0.0.1", 0, 0, world, timeout);
-          port_promise.set_value(tp::store_port(store));
-        } else {
-          store = tp::create_tcp_store("127.0.0.1", port.get(), rank, world, timeout);
-        }
-        tp::CommOptions opts;
-        opts.timeout = timeout;
-        tp::DeviceMesh mesh(std::make_unique<tp::Comm>(store, rank, world, "world", opts),
-                            tp::resolve_parallel_dims(1, 2, 2, 1, 1, world));
-        titan::model::Llama model(args);
-        tp::ParallelOptions popt;
-        popt.seq_len = 32;
-        auto pm = tp::parallelize_llama(model, mesh, popt);
-        pm->init_weights(7);
-        for (const auto& m : pm->master_params()) local_numel[rank] += m.numel();
-        for (const auto& name : pm->param_names()) {
-          const at::Tensor full = pm->full_param(name);
-          if (!at::equal(full, expected.at(name))) throw std::runtime_error(name + " differs");
-        }
-      } catch (const std::exception& e) {
-        errors[rank] = e.what();
-        if (rank == 0) try { port_promise.set_value(0); } catch (...) {}
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
+  const auto errors = run_ranks_as_threads(world, [&](int rank, tp::DeviceMesh& mesh) {
+    titan::model::Llama model(args);
+    tp::ParallelOptions popt;
+    popt.seq_len = 32;
+    auto pm = tp::parallelize_llama(model, mesh, popt);
+    pm->init_weights(7);
+    for (const auto& m : pm->master_params()) local_numel[rank] += m.numel();
+    for (const auto& name : pm->param_names()) {
+      const at::Tensor full = pm->full_param(name);
+      if (!at::equal(full, expected.at(name))) throw std::runtime_error(name + " differs");
+    }
+  }, tp::resolve_parallel_dims(1, 2, 2, 1, 1, world));
   for (int rank = 0; rank < world; ++rank) {
     INFO("rank " << rank << ": " << errors[rank]);
     CHECK(errors[rank].empty());
     // ~1/4 of the model per rank (plus padding rows, and the replicated norms' shards).
     CHECK(local_numel[rank] < total / 4 + total / 100);
+  }
+}
+
+TEST_CASE("FSDP float8 all-gather: global-amax scale, gathered bytes, precomputed scales (threads)",
+          "[parallel][float8]") {
+  // Note [FSDP float8 all-gather]. A [5, 16] weight over 2 ranks (3 rows each, one padding row)
+  // next to a high-precision norm weight in the same group. Row 4 (rank 1's shard) holds the
+  // global amax, so rank 0 only gets the right scale through the MAX all-reduce.
+  at::Tensor full = at::arange(80, at::kFloat).view({5, 16}).sub(40).div(7);
+  full[4][3] = 1000.0f;
+  const at::Tensor norm = at::arange(16, at::kFloat);
+  const auto e4m3 = at::ScalarType::Float8_e4m3fn;
+  auto expected_scale = [&](const at::Tensor& w) {
+    return titan::float8::scale_from_amax(titan::float8::amax(w, titan::float8::ScalingGranularity::Tensorwise, 0),
+                                          e4m3, false);
+  };
+  auto as_bytes = [](const at::Tensor& f8) { return f8.contiguous().view(at::kByte); };
+  const auto errors = run_ranks_as_threads(2, [&](int, tp::DeviceMesh& mesh) {
+    tp::Fsdp fsdp(*mesh.comm(tp::MeshDim::kDpShard), at::kFloat, c10::kCPU);
+    at::Tensor w_slot, norm_slot, got_data, got_scale;
+    tp::FsdpFloat8Weight f8;
+    f8.publish = [&](const at::Tensor& data, const at::Tensor& scale) {
+      got_data = data.defined() ? data.clone() : at::Tensor();
+      got_scale = scale.defined() ? scale.clone() : at::Tensor();
+    };
+    fsdp.add_group("block", {{"w", &w_slot, {5, 16}, f8}, {"norm", &norm_slot, {16}}}, true);
+    fsdp.load_full("w", full);
+    fsdp.load_full("norm", norm);
+    fsdp.attach_params();
+    auto gather_once = [&] {  // a forward without grad: unshard, run, reshard
+      at::Tensor seen_data, seen_scale;
+      fsdp.run_group(0, at::zeros({1}), [&](const at::Tensor& x) {
+        if (!at::equal(norm_slot, norm)) throw std::runtime_error("norm not gathered in float32");
+        seen_data = got_data;
+        seen_scale = got_scale;
+        return x;
+      });
+      if (got_data.defined()) throw std::runtime_error("reshard did not clear the float8 weight");
+      if (!seen_data.defined() || seen_data.scalar_type() != e4m3 || seen_data.sizes() != full.sizes())
+        throw std::runtime_error("no [5, 16] e4m3 weight was published");
+      return std::make_pair(seen_data, seen_scale);
+    };
+    // Dynamic: the scale of the full weight's amax; the bytes of casting the full weight.
+    auto [data, scale] = gather_once();
+    if (!at::equal(scale, expected_scale(full))) throw std::runtime_error("scale is not the global amax's");
+    if (!at::equal(as_bytes(data), as_bytes(titan::float8::cast_to_float8(full, scale, e4m3))))
+      throw std::runtime_error("gathered bytes differ from casting the full weight");
+    // Precomputed: taken after "the optimizer step"; a later change of the shards (here x2)
+    // is cast with it, proving the unshard used it instead of measuring the amax again.
+    fsdp.precompute_float8_scales();
+    {
+      at::NoGradGuard no_grad;
+      fsdp.masters()[0].mul_(2);
+    }
+    std::tie(data, scale) = gather_once();
+    if (!at::equal(scale, expected_scale(full))) throw std::runtime_error("precomputed scale not used");
+    if (!at::equal(as_bytes(data), as_bytes(titan::float8::cast_to_float8(full * 2, scale, e4m3))))
+      throw std::runtime_error("bytes with the precomputed scale differ");
+    // Loading weights invalidates the precomputed scales.
+    fsdp.load_full("w", full * 2);
+    std::tie(data, scale) = gather_once();
+    if (!at::equal(scale, expected_scale(full * 2))) throw std::runtime_error("stale scale after load_full");
+  }, tp::resolve_parallel_dims(1, 2, 1, 1, 1, 2));
+  for (size_t rank = 0; rank < errors.size(); ++rank) {
+    INFO("rank " << rank << ": " << errors[rank]);
+    CHECK(errors[rank].empty());
   }
 }
 
@@ -304,10 +382,9 @@ TEST_CASE("float8 under FSDP and TP reproduces the single-process float8 losses"
   Tolerance f8;
   f8.loss = 5e-4;
   f8.grad_norm = 2e-3;
-  for (const std::string recipe : {"tensorwise", "rowwise"}) {
-    const std::string shared = "--float8.enable_float8_linear --float8.recipe_name " + recipe;
-    check_layout("fsdp2_float8_" + recipe, 2, "--parallelism.data_parallel_shard_degree 2", 8, shared, f8);
-  }
+  // (FSDP 2 tensorwise: the next test case, with and without the float8 all-gather.)
+  check_layout("fsdp2_float8_rowwise", 2, "--parallelism.data_parallel_shard_degree 2", 8,
+               "--float8.enable_float8_linear --float8.recipe_name rowwise", f8);
   check_layout("tp2_float8_rowwise", 2, "--parallelism.tensor_parallel_degree 2", 8,
                "--float8.enable_float8_linear --float8.recipe_name rowwise", f8);
   // Seed 004's crash: float8 rowwise + TP + full activation checkpointing, where the recompute
@@ -316,6 +393,45 @@ TEST_CASE("float8 under FSDP and TP reproduces the single-process float8 losses"
   check_layout("tp2_float8_rowwise_full_ac", 2, "--parallelism.tensor_parallel_degree 2", 8,
                "--float8.enable_float8_linear --float8.recipe_name rowwise "
                "--activation_checkpoint.mode full", f8);
+}
+
+TEST_CASE("FSDP float8 all-gather (and precomputed scales) reproduces the float8 runs", "[parallel][dist][float8]") {
+  // Note [FSDP float8 all-gather]: each float32 master shard is cast to e4m3 with the scale of
+  // the global amax (one MAX all-reduce, or the precomputed one from after the optimizer step,
+  // which is the same number because the weights have not changed since), and the bytes are
+  // gathered. With float32 compute that is the same cast, element by element, as casting the
+  // gathered float32 weight, so these runs must equal the high-precision-gather FSDP run bit for
+  // bit, and the 1-process float8 run within the float8 tolerance of the test above.
+  Tolerance f8;
+  f8.loss = 5e-4;
+  f8.grad_norm = 2e-3;
+  const std::string shared = "--float8.enable_float8_linear --float8.recipe_name tensorwise";
+  const std::string fsdp = "--parallelism.data_parallel_shard_degree 2";
+  check_layout("fsdp2_float8_hp_gather", 2, fsdp, 8, shared, f8);
+  const std::vector<std::pair<std::string, std::string>> variants = {
+      {"fsdp2_float8_all_gather", " --float8.enable_fsdp_float8_all_gather"},
+      {"fsdp2_float8_all_gather_precompute",
+       " --float8.enable_fsdp_float8_all_gather --float8.precompute_float8_dynamic_scale_for_fsdp"},
+      // Full AC re-runs each block inside backward: FSDP re-gathers the float8 weights there.
+      {"fsdp2_float8_all_gather_precompute_full_ac",
+       " --float8.enable_fsdp_float8_all_gather --float8.precompute_float8_dynamic_scale_for_fsdp"
+       " --activation_checkpoint.mode full --parallelism.fsdp_reshard_after_forward always"},
+  };
+  const auto hp_gather = read_metrics(root() / "fsdp2_float8_hp_gather" / "metrics_rank0.jsonl");
+  for (const auto& [name, args] : variants) {
+    check_layout(name, 2, fsdp + args, 8, shared, f8);
+    const auto got = read_metrics(root() / name / "metrics_rank0.jsonl");
+    REQUIRE(got.size() == hp_gather.size());
+    for (size_t s = 0; s < got.size(); ++s) {
+      INFO(name << " step " << s + 1 << " vs the high-precision-gather FSDP run");
+      CHECK(got[s].loss == hp_gather[s].loss);
+      CHECK(got[s].grad_norm == hp_gather[s].grad_norm);
+    }
+  }
+  // The log says what was gathered in float8, and the gathered buffers are smaller.
+  std::ifstream log((root() / "fsdp2_float8_all_gather.log").string());
+  const std::string text((std::istreambuf_iterator<char>(log)), {});
+  CHECK(text.find("42 float8 linear weights gathered in float8") != std::string::npos);
 }
 
 TEST_CASE("tensor parallel degree must divide the heads", "[parallel][dist]") {

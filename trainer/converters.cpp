@@ -74,10 +74,8 @@ ConvertedModel apply_model_converters(model::Llama& model, const JobConfig& cfg,
     result.delayed_scaling = float8::recipe_from_name(options.recipe_name).delayed;
     result.float8_computes = float8::float8_computes(model.linears());
     if (options.emulate) log_info("float8: GEMMs are emulated in float32 (same numerics up to the final GEMM)");
-    if (options.enable_fsdp_float8_all_gather)
-      log_warn("float8: enable_fsdp_float8_all_gather is not implemented yet: FSDP still gathers the "
-               "high-precision weights and each linear casts the full weight (same numerics, "
-               "more all-gather traffic); precompute_float8_dynamic_scale_for_fsdp has no effect");
+    result.fsdp_float8_all_gather = options.enable_fsdp_float8_all_gather;
+    result.precompute_fsdp_float8_scales = options.precompute_float8_dynamic_scale_for_fsdp;
   }
   if (cfg.int8.enable_int8_linear) {
     float8::Int8Options options;
@@ -95,6 +93,24 @@ ConvertedModel apply_model_converters(model::Llama& model, const JobConfig& cfg,
     result.int8 = true;
   }
   return result;
+}
+
+std::map<std::string, parallel::FsdpFloat8Weight> use_fsdp_float8_all_gather(model::Llama& model) {
+  std::map<std::string, parallel::FsdpFloat8Weight> weights;
+  for (model::Linear* linear : model.linears()) {
+    std::shared_ptr<model::LinearCompute> owner = linear->compute();
+    auto* compute = dynamic_cast<float8::Float8LinearCompute*>(owner.get());
+    if (!compute) continue;  // filtered linears keep the high-precision gather
+    compute->use_weight_from_fsdp();
+    parallel::FsdpFloat8Weight w;
+    w.float8_dtype = compute->recipe().weight.dtype;
+    w.round_scales_to_power_of_2 = compute->recipe().round_scales_to_power_of_2;
+    w.publish = [owner, compute](const at::Tensor& data, const at::Tensor& scale) {
+      compute->set_fsdp_weight(data, scale);
+    };
+    weights.emplace(linear->fqn() + ".weight", std::move(w));
+  }
+  return weights;
 }
 
 }  // namespace titan::trainer

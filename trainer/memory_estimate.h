@@ -27,6 +27,7 @@ struct EstimateInputs {
   int64_t compute_bytes = 4;      // bytes per element of parameters/activations in compute
   parallel::AcOptions ac;
   std::string float8_recipe;      // "" = high precision
+  bool float8_all_gather = false;  // float8.enable_fsdp_float8_all_gather (FSDP gathers float8)
   int64_t dp_shard = 1;           // FSDP degree: parameters/grads/optimizer state sharded
   int64_t tp = 1;                 // tensor (+ sequence) parallel degree
   bool cuda = false;

@@ -157,6 +157,10 @@ void Trainer::build_model() {
            " FLOPs/token");
   // Converters before parallelization: TP then wraps the float8/int8 computes.
   converted_ = apply_model_converters(*model_, cfg_, device_);
+  const bool fsdp = mesh_ && mesh_->size(parallel::MeshDim::kDpShard) > 1;
+  if (converted_.fsdp_float8_all_gather && !fsdp)
+    log_info("float8: enable_fsdp_float8_all_gather has no effect without FSDP "
+             "(parallelism.data_parallel_shard_degree 1): each linear casts its own weight");
 
   if (mesh_) {
     // Sharded: parallelize on meta (TP, FSDP), then only this rank's shards are allocated.
@@ -166,6 +170,8 @@ void Trainer::build_model() {
     popt.compute_dtype = compute_dtype_;
     popt.device = device_;
     popt.seq_len = cfg_.training.seq_len;
+    if (converted_.fsdp_float8_all_gather && fsdp)
+      popt.float8_all_gather_weights = use_fsdp_float8_all_gather(*model_);
     try {
       model::NamedScope scope("model init", model::MemoryCategory::kParameters);
       parallel_ = parallel::parallelize_llama(*model_, *mesh_, popt);
@@ -295,6 +301,7 @@ std::pair<double, double> Trainer::train_step(int64_t step) {
   const double grad_norm = parallel_ ? parallel_->clip_grad_norm(t.max_norm)
                                      : clip_grad_norm(master_params_, t.max_norm);
   optimizer_->step(lr);
+  if (converted_.precompute_fsdp_float8_scales && parallel_) parallel_->precompute_float8_scales();
   if (converted_.delayed_scaling) {
     // tensorwise_delayed: every linear's amax history advances once per step, with ONE
     // all-reduce(max) over all ranks so every replica scales identically.
