@@ -2,6 +2,7 @@
 
 #include <ATen/ops/_scaled_mm.h>
 #include <ATen/ops/constant_pad_nd.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/ones.h>
 
@@ -131,13 +132,45 @@ GemmBackend resolve_gemm_backend(GemmBackend requested, bool emulate, const c10:
   return requested;
 }
 
+// Note [Emulated GEMM in tiles]: FLOAT8.md's emulation, mm(A.float() / sA, B.float() / sB),
+// computed tile by tile of the output so that the float32 copies of the operands exist one
+// tile at a time (at most kEmulatedTileBytes each). Whole-operand copies were a cost the CPU
+// had and the GPU has not: a [tokens, hidden] float32 transient in backward, +2.5% of the debug
+// model's per-op-AC peak (docs/performance.md). Every output element is still one float32 dot
+// product over all of K from the same dequantized values; only BLAS's blocking of that sum may
+// differ from the untiled product (the same float32 reduction error bound; tested).
+namespace {
+constexpr int64_t kEmulatedTileBytes = int64_t{512} << 10;
+
+// The slice [start, start + length) of `scale` along `dim` when the scale varies along it.
+at::Tensor scale_slice(const at::Tensor& scale, int64_t dim, int64_t full, int64_t start, int64_t length) {
+  if (scale.dim() == 0 || scale.size(dim) != full || full == 1) return scale;
+  return scale.narrow(dim, start, length);
+}
+}  // namespace
+
 at::Tensor scaled_mm_emulated(const Float8Tensor& a, const Float8Tensor& b,
                               at::ScalarType out_dtype) {
-  // Dequantize in place on the float32 copy: one float32 temporary per operand instead of two
-  // (x / s in place gives the same values, in the same layout, as x / s out of place).
-  at::Tensor a32 = a.data.to(at::kFloat).div_(a.scale);  // [M, K]
-  at::Tensor b32 = b.data.to(at::kFloat).div_(b.scale);  // [K, N]
-  return at::mm(a32, b32).to(out_dtype);
+  const int64_t M = a.data.size(0), K = a.data.size(1), N = b.data.size(1);
+  const int64_t rows = std::max<int64_t>(16, kEmulatedTileBytes / (4 * std::max<int64_t>(K, 1)));
+  if (rows >= M && rows >= N) {
+    // Dequantize in place on the float32 copy: one float32 temporary per operand instead of
+    // two (x / s in place gives the same values, in the same layout, as x / s out of place).
+    at::Tensor a32 = a.data.to(at::kFloat).div_(a.scale);  // [M, K]
+    at::Tensor b32 = b.data.to(at::kFloat).div_(b.scale);  // [K, N]
+    return at::mm(a32, b32).to(out_dtype);
+  }
+  at::Tensor out = at::empty({M, N}, a.data.options().dtype(out_dtype));
+  for (int64_t j = 0; j < N; j += rows) {  // B's columns: dequantized once per column tile
+    const int64_t nj = std::min(rows, N - j);
+    at::Tensor b32 = b.data.narrow(1, j, nj).to(at::kFloat).div_(scale_slice(b.scale, 1, N, j, nj));
+    for (int64_t i = 0; i < M; i += rows) {
+      const int64_t ni = std::min(rows, M - i);
+      at::Tensor a32 = a.data.narrow(0, i, ni).to(at::kFloat).div_(scale_slice(a.scale, 0, M, i, ni));
+      out.narrow(0, i, ni).narrow(1, j, nj).copy_(at::mm(a32, b32));
+    }
+  }
+  return out;
 }
 
 at::Tensor scaled_mm(const Float8Tensor& a, const Float8Tensor& b, at::ScalarType out_dtype,
