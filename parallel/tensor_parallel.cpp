@@ -12,6 +12,8 @@
 
 #include <sstream>
 
+#include "model/checkpoint_ops.h"
+
 namespace titan::parallel {
 namespace {
 
@@ -82,7 +84,11 @@ struct AllGatherSeq : torch::autograd::Function<AllGatherSeq> {
 struct ReduceScatterSeq : torch::autograd::Function<ReduceScatterSeq> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t comm) {
     ctx->saved_data["comm"] = comm;
-    return reduce_scatter_seq_raw(x, *reinterpret_cast<Comm*>(comm));
+    // Through the op layer: per-op AC keeps the reduce-scattered output, so the recompute in
+    // backward neither repeats the collective nor needs the other ranks (every rank replays
+    // the same stored output). Safe without autograd history: this is a Function's forward.
+    return titan::model::checkpointable_op(
+        "reduce_scatter", [&] { return reduce_scatter_seq_raw(x, *reinterpret_cast<Comm*>(comm)); });
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     return {gather_seq_raw(grads[0], unpack(ctx)), at::Tensor()};

@@ -13,6 +13,7 @@
 
 #include <ATen/ops/arange.h>
 #include <ATen/ops/equal.h>
+#include <ATen/ops/randn.h>
 #include <ATen/ops/zeros.h>
 #include <ATen/core/grad_mode.h>
 
@@ -31,6 +32,7 @@
 #include <stdexcept>
 
 #include "float8/scaling.h"
+#include "model/checkpoint_ops.h"
 #include "model/llama.h"
 #include "parallel/fsdp.h"
 #include "parallel/parallelize.h"
@@ -343,6 +345,36 @@ TEST_CASE("FSDP float8 all-gather: global-amax scale, gathered bytes, precompute
     std::tie(data, scale) = gather_once();
     if (!at::equal(scale, expected_scale(full * 2))) throw std::runtime_error("stale scale after load_full");
   }, tp::resolve_parallel_dims(1, 2, 1, 1, 1, 2));
+  for (size_t rank = 0; rank < errors.size(); ++rank) {
+    INFO("rank " << rank << ": " << errors[rank]);
+    CHECK(errors[rank].empty());
+  }
+}
+
+TEST_CASE("per-op AC under TP keeps the reduce-scatter outputs (threads)", "[parallel][ac]") {
+  // Row-parallel wo and w2 end in a sequence reduce-scatter that goes through the op layer
+  // (model/checkpoint_ops.h): under per-op AC its output is kept, so the recompute in backward
+  // replays it instead of communicating. Here: one TP-2 block's recorded forward.
+  titan::model::ModelArgs args = titan::model::llama3_flavor("debugmodel");
+  args.max_seq_len = 16;
+  const auto errors = run_ranks_as_threads(2, [&](int, tp::DeviceMesh& mesh) {
+    titan::model::Llama model(args);
+    tp::ParallelOptions popt;
+    popt.seq_len = 16;
+    auto pm = tp::parallelize_llama(model, mesh, popt);
+    pm->init_weights(5);
+    auto rope = titan::model::make_rotary_table(args.dim / args.n_heads, 16, args.rope_theta, c10::kCPU);
+    at::NoGradGuard no_grad;
+    titan::model::OpCheckpointStore store;
+    {
+      titan::model::OpCheckpointScope record(&store, titan::model::OpCheckpointPhase::kRecord);
+      model.blocks()[0]->forward(at::randn({2, 8, args.dim}), rope);  // [B, S/tp, D] sequence shard
+    }
+    int64_t kept_reduce_scatters = 0;
+    for (const auto& e : store.entries()) kept_reduce_scatters += e.op == "reduce_scatter" && e.kept;
+    if (kept_reduce_scatters != 2)
+      throw std::runtime_error("kept " + std::to_string(kept_reduce_scatters) + " reduce-scatters, want 2 (wo, w2)");
+  }, tp::resolve_parallel_dims(1, 1, 2, 1, 1, 2));
   for (size_t rank = 0; rank < errors.size(); ++rank) {
     INFO("rank " << rank << ": " << errors[rank]);
     CHECK(errors[rank].empty());
