@@ -41,11 +41,27 @@ for recipe in none tensorwise rowwise rowwise_with_gw_hp tensorwise_delayed int8
   esac
   run "train_debugmodel_$recipe" "$B/apps/titan-train" --job.config_file configs/llama3_debugmodel.toml "${args[@]}"
 done
+# CUDA memory snapshot: PyTorch's pickle (memory_viz) and titan's categorized HTML picture.
+snap() {
+  "$B/apps/titan-train" --job.config_file configs/llama3_debugmodel.toml --training.device cuda \
+    --training.steps 2 --profiling.enable_memory_snapshot --profiling.profile_freq 2 \
+    --job.dump_folder "$OUT/train_snapshot" &&
+    ls "$OUT"/train_snapshot/memory_snapshot/iteration_2/rank0_memory_snapshot.{pickle,html} &&
+    .deps/venv/bin/python -c "import pickle,sys; d=pickle.load(open(sys.argv[1],'rb')); print(len(d['segments']), 'segments')" \
+      "$OUT/train_snapshot/memory_snapshot/iteration_2/rank0_memory_snapshot.pickle" &&
+    grep -q "activations" "$OUT/train_snapshot/memory_snapshot/iteration_2/rank0_memory_snapshot.html"
+}
+run cuda_memory_snapshot snap
 NG="$(nvidia-smi -L | wc -l)"
 if [[ "$NG" -ge 2 ]]; then
   run train_fsdp2 "$B/apps/titan-run" --nproc-per-node 2 -- "$B/apps/titan-train" \
     --job.config_file configs/llama3_debugmodel.toml --training.device cuda --training.steps 20 \
     --parallelism.data_parallel_shard_degree 2 --job.dump_folder "$OUT/train_fsdp2"
+  run train_fsdp2_float8_all_gather "$B/apps/titan-run" --nproc-per-node 2 -- "$B/apps/titan-train" \
+    --job.config_file configs/llama3_debugmodel.toml --training.device cuda --training.steps 20 \
+    --parallelism.data_parallel_shard_degree 2 --float8.enable_float8_linear \
+    --float8.recipe_name tensorwise --float8.enable_fsdp_float8_all_gather \
+    --float8.precompute_float8_dynamic_scale_for_fsdp --job.dump_folder "$OUT/train_fsdp2_f8ag"
 fi
 echo
 echo "== gpu_check summary ($(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)) =="

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <fstream>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 
 #include "model/scope.h"
@@ -28,13 +29,21 @@ std::atomic<bool> g_installed{false};
 std::atomic<int64_t> g_limit{0};
 std::atomic<bool> g_recording{false};
 
-// The record, guarded by its mutex; touched only while recording (one relaxed load otherwise).
+// A record, guarded by its mutex; touched only while recording (one relaxed load otherwise).
+// One for the CPU allocator, one for the CUDA caching allocator's trace.
 struct Recorder {
   std::mutex mu;
-  CpuMemoryRecord record;
+  MemoryRecord record;
 };
-Recorder& recorder() {
+
+Recorder& cpu_recorder() {
   static auto* r = new Recorder();  // outlives static destruction: storages free at exit
+  return *r;
+}
+
+std::atomic<bool> g_cuda_recording{false};
+Recorder& cuda_recorder() {
+  static auto* r = new Recorder();
   return *r;
 }
 
@@ -43,11 +52,10 @@ int64_t now_us() {
              std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-void record_event(MemoryEvent::Action action, uintptr_t addr, int64_t size, int32_t scope,
-                  uint8_t category) {
-  Recorder& r = recorder();
+void record_event(Recorder& r, MemoryEvent::Action action, uintptr_t addr, int64_t size,
+                  int32_t scope, uint8_t category) {
   std::lock_guard<std::mutex> lock(r.mu);
-  CpuMemoryRecord& rec = r.record;
+  MemoryRecord& rec = r.record;
   if (action == MemoryEvent::kAlloc) {
     rec.live[addr] = {size, scope, category};
   } else if (action == MemoryEvent::kFree) {
@@ -62,6 +70,24 @@ void record_event(MemoryEvent::Action action, uintptr_t addr, int64_t size, int3
     return;
   }
   rec.events.push_back({action, category, scope, addr, size, now_us()});
+}
+
+void record_event(MemoryEvent::Action action, uintptr_t addr, int64_t size, int32_t scope,
+                  uint8_t category) {
+  record_event(cpu_recorder(), action, addr, size, scope, category);
+}
+
+void restart_trace(Recorder& r) {
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.record.events.clear();
+  r.record.events_truncated = false;
+  r.record.category_bytes_at_restart.fill(0);
+  for (const auto& [addr, a] : r.record.live) r.record.category_bytes_at_restart[a.category % 8] += a.size;
+}
+
+MemoryRecord copy_record(Recorder& r) {
+  std::lock_guard<std::mutex> lock(r.mu);
+  return r.record;
 }
 
 // Note [Tracked DataPtr]: the DataPtr handed out keeps data == context (LibTorch's
@@ -181,33 +207,61 @@ void set_cpu_memory_recording(bool enabled) {
     g_recording.store(false);
     return;
   }
-  Recorder& r = recorder();
+  Recorder& r = cpu_recorder();
   {
     std::lock_guard<std::mutex> lock(r.mu);
-    r.record = CpuMemoryRecord{};
+    r.record = MemoryRecord{};
   }
   g_recording.store(true);
 }
+
 bool cpu_memory_recording() { return g_recording.load(); }
 
-void restart_cpu_memory_trace() {
-  Recorder& r = recorder();
-  std::lock_guard<std::mutex> lock(r.mu);
-  r.record.events.clear();
-  r.record.events_truncated = false;
-  r.record.category_bytes_at_restart.fill(0);
-  for (const auto& [addr, a] : r.record.live) r.record.category_bytes_at_restart[a.category % 8] += a.size;
+void set_cuda_memory_recording(bool enabled) {
+#ifdef TITAN_WITH_CUDA
+  if (enabled) {
+    Recorder& r = cuda_recorder();
+    {
+      std::lock_guard<std::mutex> lock(r.mu);
+      r.record = MemoryRecord{};
+    }
+    static std::once_flag attached;
+    std::call_once(attached, [] {
+      // Called with the allocator's lock held, on the allocating thread for an alloc (so the
+      // scope and category are the caller's); takes only the recorder's own mutex.
+      c10::cuda::CUDACachingAllocator::attachAllocatorTraceTracker(
+          [](const c10::CachingDeviceAllocator::TraceEntry& e) {
+            if (!g_cuda_recording.load(std::memory_order_relaxed)) return;
+            using A = c10::CachingDeviceAllocator::TraceEntry::Action;
+            MemoryEvent::Action action;
+            switch (e.action_) {
+              case A::ALLOC: action = MemoryEvent::kAlloc; break;
+              case A::FREE_COMPLETED: action = MemoryEvent::kFree; break;
+              case A::OOM: action = MemoryEvent::kOom; break;
+              default: return;  // free_requested, segment and snapshot events
+            }
+            record_event(cuda_recorder(), action, e.action_ == A::OOM ? 0 : e.addr_,
+                         static_cast<int64_t>(e.size_), model::current_scope_path_id(),
+                         static_cast<uint8_t>(model::current_memory_category()));
+          });
+    });
+  }
+  g_cuda_recording.store(enabled);
+#else
+  if (enabled)
+    throw std::runtime_error("CUDA memory recording: this titan was built without CUDA (-DTITAN_CUDA=OFF)");
+#endif
 }
 
-CpuMemoryRecord cpu_memory_record() {
-  Recorder& r = recorder();
-  CpuMemoryRecord copy;
-  {
-    std::lock_guard<std::mutex> lock(r.mu);
-    copy = r.record;
-  }
-  copy.current_bytes = g_current.load();
-  copy.peak_bytes = g_peak.load();
+void restart_memory_trace(c10::Device device) {
+  restart_trace(device.is_cuda() ? cuda_recorder() : cpu_recorder());
+}
+
+MemoryRecord memory_record(c10::Device device) {
+  MemoryRecord copy = copy_record(device.is_cuda() ? cuda_recorder() : cpu_recorder());
+  const MemoryStats stats = memory_stats(device);
+  copy.current_bytes = stats.current_bytes;
+  copy.peak_bytes = stats.peak_bytes;
   return copy;
 }
 

@@ -52,12 +52,12 @@ struct LiveAllocation {
   int32_t scope;
   uint8_t category;
 };
-struct CpuMemoryRecord {
+struct MemoryRecord {
   std::vector<MemoryEvent> events;            // since the last restart, oldest first
   bool events_truncated = false;              // more than kMaxRecordedEvents happened
   std::map<uintptr_t, LiveAllocation> live;   // every live recorded allocation by address
   std::array<int64_t, 8> category_bytes_at_restart{};  // live bytes per category then
-  int64_t current_bytes = 0, peak_bytes = 0;  // the counters (all storages, recorded or not)
+  int64_t current_bytes = 0, peak_bytes = 0;  // memory_stats()' counters when copied
 };
 constexpr size_t kMaxRecordedEvents = 2'000'000;
 
@@ -65,9 +65,16 @@ constexpr size_t kMaxRecordedEvents = 2'000'000;
 // Enable before the model is built so parameters are part of the record.
 void set_cpu_memory_recording(bool enabled);
 bool cpu_memory_recording();
-// Drops the recorded events (keeping the live set), e.g. at the start of a profiled step.
-void restart_cpu_memory_trace();
-CpuMemoryRecord cpu_memory_record();  // a consistent copy
+// CUDA builds: the caching allocator's alloc / free_completed / oom events, through an
+// allocator trace tracker, with titan's scope and category at the time of the allocation, so a
+// GPU rank gets the same HTML picture as a CPU one (PyTorch's own snapshot pickle is written
+// beside it). Sizes are the caching allocator's (rounded) block sizes. Throws without CUDA.
+void set_cuda_memory_recording(bool enabled);
+// Drops the recorded events of `device`'s record (keeping the live set), e.g. at the start of
+// a profiled step.
+void restart_memory_trace(c10::Device device);
+// A consistent copy of `device`'s record, with memory_stats(device)'s counters.
+MemoryRecord memory_record(c10::Device device);
 
 int64_t process_rss_bytes();      // VmRSS of this process
 int64_t process_peak_rss_bytes(); // VmHWM of this process

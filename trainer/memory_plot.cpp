@@ -56,7 +56,7 @@ int64_t total(const Sample& s) {
 
 }  // namespace
 
-std::string memory_timeline_html(const CpuMemoryRecord& record, const std::string& title) {
+std::string memory_timeline_html(const MemoryRecord& record, const std::string& title) {
   // Replay the window: start from the live bytes per category at the restart.
   Sample cur{};
   for (int c = 0; c < 8; ++c) cur[order_index(static_cast<uint8_t>(c))] += record.category_bytes_at_restart[c];
@@ -131,8 +131,8 @@ std::string memory_timeline_html(const CpuMemoryRecord& record, const std::strin
        << escape(title) << "</title>\n<style>body{font-family:sans-serif;margin:20px}"
        << "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:3px 8px;"
        << "text-align:right}.sw{display:inline-block;width:12px;height:12px;margin-right:6px}"
-       << "</style></head><body>\n<h2>titan CPU memory: " << escape(title) << "</h2>\n<p>Live "
-       << "tensor bytes of the tracked CPU allocator, stacked by what they are for (from the "
+       << "</style></head><body>\n<h2>titan memory: " << escape(title) << "</h2>\n<p>Live "
+       << "tensor bytes (CPU: the tracked allocator; CUDA: the caching allocator's blocks), stacked by what they are for (from the "
        << "scope that allocated them). Peak in this window: <b>" << gib(total(peak))
        << "</b> at event " << peak_at << " of " << record.events.size()
        << (record.events_truncated ? " (recording truncated)" : "")

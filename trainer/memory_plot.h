@@ -1,4 +1,5 @@
-// trainer/memory_plot.h — a self-contained HTML picture of CPU memory over one recorded window.
+// trainer/memory_plot.h — a self-contained HTML picture of memory (CPU or CUDA) over one
+// recorded window.
 //
 // Live tensor bytes over the recorded events (x: allocator event number, y: GiB), stacked by
 // category (parameters, gradients, optimizer state, activations, float8 casts, communication
@@ -12,6 +13,6 @@
 
 namespace titan::trainer {
 
-std::string memory_timeline_html(const CpuMemoryRecord& record, const std::string& title);
+std::string memory_timeline_html(const MemoryRecord& record, const std::string& title);
 
 }  // namespace titan::trainer

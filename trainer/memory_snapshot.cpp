@@ -74,6 +74,7 @@ void start_memory_recording(c10::Device device) {
 #ifdef TITAN_WITH_CUDA
   if (device.is_cuda()) {
     torch::cuda::_record_memory_history("all", "all", "all", /*max_entries=*/100000);
+    set_cuda_memory_recording(true);  // titan's categorized record, for the HTML picture
     return;
   }
 #endif
@@ -81,7 +82,7 @@ void start_memory_recording(c10::Device device) {
   set_cpu_memory_recording(true);
 }
 
-std::string cpu_memory_snapshot_pickle(const CpuMemoryRecord& record) {
+std::string cpu_memory_snapshot_pickle(const MemoryRecord& record) {
   FrameCache frames;
   List segments = make_list();
   for (const auto& [addr, a] : record.live) {
@@ -144,16 +145,17 @@ std::string write_memory_snapshot(c10::Device device, const std::string& dir, in
   std::filesystem::create_directories(dir);
   const std::string base = (std::filesystem::path(dir) / ("rank" + std::to_string(rank) +
                                                           "_memory_snapshot")).string();
+  const std::string label = "rank " + std::to_string(rank) + " (" + device.str() + "), " + title;
 #ifdef TITAN_WITH_CUDA
   if (device.is_cuda()) {
     write_file(base + ".pickle", torch::cuda::_memory_snapshot_pickled());
+    write_file(base + ".html", memory_timeline_html(memory_record(device), label));
     return base + ".pickle";
   }
 #endif
-  (void)device;
-  const CpuMemoryRecord record = cpu_memory_record();
+  const MemoryRecord record = memory_record(device);
   write_file(base + ".pickle", cpu_memory_snapshot_pickle(record));
-  write_file(base + ".html", memory_timeline_html(record, "rank " + std::to_string(rank) + ", " + title));
+  write_file(base + ".html", memory_timeline_html(record, label));
   return base + ".pickle";
 }
 

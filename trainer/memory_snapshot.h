@@ -10,7 +10,8 @@
 //   allocator_settings {}, external_annotations [].
 // frames are titan's scope path, innermost first ({name: "attention", filename: "titan scope",
 // line: 0}), so `python -m torch.cuda._memory_viz trace_plot F -o x.html` and pickle.load read
-// it. Beside each snapshot, memory_plot.h draws a self-contained HTML picture.
+// it. Beside each snapshot (CPU and CUDA), memory_plot.h draws a self-contained HTML picture
+// from titan's own categorized record (memory.h).
 #pragma once
 
 #include <c10/core/Device.h>
@@ -22,13 +23,13 @@
 namespace titan::trainer {
 
 // Starts recording allocations on `device` (CPU: the counting allocator; CUDA: PyTorch's
-// recorder, keeping the last 100000 events).
+// recorder, keeping the last 100000 events, plus titan's categorized record).
 void start_memory_recording(c10::Device device);
 
 // The CPU record as a plain pickle (bytes).
-std::string cpu_memory_snapshot_pickle(const CpuMemoryRecord& record);
+std::string cpu_memory_snapshot_pickle(const MemoryRecord& record);
 
-// Writes `dir`/rank{rank}_memory_snapshot.pickle and, for the CPU, .html beside it; returns
+// Writes `dir`/rank{rank}_memory_snapshot.pickle and .html beside it; returns
 // the pickle's path. `title` heads the picture ("step 10", "out of memory at step 3").
 std::string write_memory_snapshot(c10::Device device, const std::string& dir, int rank,
                                   const std::string& title);

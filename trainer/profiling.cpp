@@ -51,7 +51,7 @@ std::string StepProfiler::snapshot_dir(const std::string& iteration) const {
 
 void StepProfiler::step_begin(int64_t step) {
   // Every step restarts the allocation trace so a snapshot (or the OOM one) shows its step.
-  if (cfg_.enable_memory_snapshot && device_.is_cpu()) restart_cpu_memory_trace();
+  if (cfg_.enable_memory_snapshot) restart_memory_trace(device_);
   if (cfg_.enable_profiling && due(step)) {
     const ProfilerConfig config(ProfilerState::KINETO, /*report_input_shapes=*/true,
                                 /*profile_memory=*/false, /*with_stack=*/false);
