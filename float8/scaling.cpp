@@ -16,6 +16,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "float8/kernels/fused_cast.h"
 #include "model/checkpoint_ops.h"
 #include "model/scope.h"
 
@@ -117,6 +118,14 @@ at::Tensor cast_to_float8(const at::Tensor& x, const at::Tensor& scale, at::Scal
 
 Float8Tensor to_float8(const at::Tensor& x, const CastConfig& config, int64_t axis_dim,
                        bool round_scales_to_power_of_2) {
+  if (x.is_cuda()) {
+    if (auto fused = try_fused_to_float8(x, config, axis_dim, round_scales_to_power_of_2)) return *fused;
+  }
+  return to_float8_composite(x, config, axis_dim, round_scales_to_power_of_2);
+}
+
+Float8Tensor to_float8_composite(const at::Tensor& x, const CastConfig& config, int64_t axis_dim,
+                                 bool round_scales_to_power_of_2) {
   at::Tensor a = amax(x, config.granularity, axis_dim);
   return to_float8_with_scale(x, scale_from_amax(a, config.dtype, round_scales_to_power_of_2),
                               config.dtype);

@@ -53,9 +53,13 @@ at::Tensor round_scale_to_power_of_2(const at::Tensor& scale);
 at::Tensor cast_to_float8(const at::Tensor& x, const at::Tensor& scale, at::ScalarType dtype);
 
 // Dynamic scaling: amax -> scale -> cast. `axis_dim` is the dimension reduced for Axiswise
-// (the GEMM's contraction dimension) and ignored for Tensorwise.
+// (the GEMM's contraction dimension) and ignored for Tensorwise. On CUDA the fused kernels run
+// where they apply (Note [Fused casts on the hot path], float8/kernels/fused_cast.h).
 Float8Tensor to_float8(const at::Tensor& x, const CastConfig& config, int64_t axis_dim,
                        bool round_scales_to_power_of_2 = false);
+// The same with ATen ops only, on any device: the numerics the fused kernels reproduce.
+Float8Tensor to_float8_composite(const at::Tensor& x, const CastConfig& config, int64_t axis_dim,
+                                 bool round_scales_to_power_of_2 = false);
 
 // Cast with a given scale (delayed scaling, or a precomputed FSDP scale).
 Float8Tensor to_float8_with_scale(const at::Tensor& x, const at::Tensor& scale,

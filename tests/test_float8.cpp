@@ -614,6 +614,27 @@ TEST_CASE("CUDA scaled_mm back ends match the emulation", "[float8][cuda]") {
   }
 }
 
+TEST_CASE("CUDA to_float8 takes the fused kernels and equals the ATen composite", "[float8][cuda]") {
+  // Note [Fused casts on the hot path]: 3-D per-row (scale follows the data), 2-D per-column
+  // (column-major data), tensorwise; bit for bit, values and scale shapes.
+  if (!at::hasCUDA()) return;
+  at::manual_seed(14);
+  const CastConfig axis{ScalingGranularity::Axiswise, at::kFloat8_e4m3fn};
+  const CastConfig tensor{ScalingGranularity::Tensorwise, at::kFloat8_e5m2};
+  at::Tensor x3 = (at::randn({2, 9, 48}) * 3).to(at::kCUDA, at::kBFloat16);
+  at::Tensor x2 = (at::randn({40, 24}) * 3).to(at::kCUDA);
+  struct Case { at::Tensor x; CastConfig cfg; int64_t axis; };
+  for (const Case& c : {Case{x3, axis, -1}, Case{x3, tensor, -1}, Case{x2, axis, 0}, Case{x2, axis, -1}}) {
+    REQUIRE(try_fused_to_float8(c.x, c.cfg, c.axis, true).has_value());
+    Float8Tensor got = to_float8(c.x, c.cfg, c.axis, true);
+    Float8Tensor want = to_float8_composite(c.x, c.cfg, c.axis, true);
+    CHECK(got.data.sizes() == want.data.sizes());
+    CHECK(got.scale.sizes() == want.scale.sizes());
+    CHECK(at::equal(got.data.view(at::kByte), want.data.view(at::kByte)));
+    CHECK(at::equal(got.scale, want.scale));
+  }
+}
+
 TEST_CASE("CUDA fused cast kernels equal their CPU references bit for bit", "[float8][cuda]") {
   if (!at::hasCUDA()) return;
   at::manual_seed(13);

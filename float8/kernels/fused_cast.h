@@ -10,10 +10,24 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <optional>
+
 #include "float8/recipe.h"
 #include "float8/scaling.h"
 
 namespace titan::float8 {
+
+// Note [Fused casts on the hot path]: to_float8() on a CUDA tensor asks this first. It covers
+// per-row and tensorwise casts of any rank (axis_dim = last: flattened to 2-D and back, the scale
+// following the data) and, for 2-D x, per-column casts (axis_dim = 0: the cast + transpose
+// kernel, returned as its transposed view, i.e. column-major data, the layout _scaled_mm wants
+// for its second operand). The first call per (source dtype, float8 dtype, granularity, rows or
+// columns) is compared bit for bit with to_float8_composite(); a mismatch turns the fused path
+// off for that case with a warning, so a kernel bug costs speed, never numerics. nullopt: not
+// applicable (no CUDA build, other dtypes or axes, TITAN_FLOAT8_FUSED_CASTS=0); the caller then
+// runs the composite.
+std::optional<Float8Tensor> try_fused_to_float8(const at::Tensor& x, const CastConfig& config,
+                                                int64_t axis_dim, bool round_scales_to_power_of_2);
 
 // to_float8(x, config, axis_dim = -1) for a 2-D CUDA x [R, C] (float, bf16 or half):
 // tensorwise (scale ()) or per row (scale (R, 1)).
