@@ -79,9 +79,22 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
     Float8LinearState& s = *state;
     const Float8Recipe& r = s.recipe;
     const GemmBackend backend = resolve_gemm_backend(s.backend, s.emulate, input.device());
+    // See Note [Float8 input from a TP all-gather]: the input may arrive already cast.
+    Float8Tensor handed;
+    if (Float8InputHandoff* h = s.input_handoff.get(); h && h->proxy.defined() && input.is_same(h->proxy)) {
+      handed = h->input;
+      handed.orig_dtype = input.scalar_type();
+      if (--h->remaining == 0) *h = Float8InputHandoff{{}, {}, h->consumers, 0};  // last reader
+      ctx->saved_data["input_f8_data"] = handed.data;
+      ctx->saved_data["input_f8_scale"] = handed.scale;
+    }
     auto cast_and_multiply = [&] {
       Float8Tensor x8, w8;  // x8: [..., K] scale () or [..., 1]; w8: [N, K] scale () or (N, 1)
-      if (r.delayed) {
+      if (handed.data.defined()) {
+        x8 = handed;
+        w8 = s.weight_from_fsdp ? weight_from_fsdp(s, weight)
+                                : to_float8(weight, r.weight, /*axis_dim=*/-1, r.round_scales_to_power_of_2);
+      } else if (r.delayed) {
         x8 = delayed_cast(s.input, input, r.input.dtype, r);
         w8 = delayed_cast(s.weight, weight, r.weight.dtype, r);
         ctx->saved_data["input_scale"] = x8.scale;
@@ -119,7 +132,9 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
     const at::Tensor& weight = saved[1];  // [N, K]
     const int64_t K = weight.size(1), N = weight.size(0);
     const GemmBackend backend = resolve_gemm_backend(s.backend, s.emulate, input.device());
-    at::Tensor x = input.reshape({-1, K});         // [M, K]
+    const at::Tensor x8_data = saved_tensor(ctx, "input_f8_data");  // TP float8 gather only
+    // The proxy of a float8-gathered input has no values: only its float8 copy is read.
+    at::Tensor x = x8_data.defined() ? at::Tensor() : input.reshape({-1, K});  // [M, K]
     at::Tensor G = grads[0].reshape({-1, N});      // [M, N]
     const at::Tensor x_scale = saved_tensor(ctx, "input_scale");   // delayed only
     const at::Tensor w_scale = saved_tensor(ctx, "weight_scale");  // delayed only
@@ -152,7 +167,10 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
         grad_weight = at::mm(G.t(), x).to(weight.scalar_type());
       } else {
         // grad_weight [N, K] = G^T [N, M] (scale (N, 1)) @ x [M, K] (scale (1, K)).
-        Float8Tensor x8 = recast(x, r.input, /*axis_dim=*/0, r, x_scale);
+        Float8Tensor x8 = x8_data.defined()
+                              ? Float8Tensor{x8_data.reshape({-1, K}), saved_tensor(ctx, "input_f8_scale"),
+                                             input.scalar_type()}
+                              : recast(x, r.input, /*axis_dim=*/0, r, x_scale);
         grad_weight = scaled_mm(transpose_2d(g8_cols), x8, weight.scalar_type(),
                                 /*use_fast_accum=*/false, backend);
       }
@@ -199,6 +217,17 @@ void Float8LinearCompute::use_weight_from_fsdp() {
                                 "weight cast for both GEMMs (recipe 'tensorwise')");
   }
   state_->weight_from_fsdp = true;
+}
+
+void Float8LinearCompute::use_input_from(std::shared_ptr<Float8InputHandoff> handoff) {
+  const Float8Recipe& r = state_->recipe;
+  if (r.delayed || r.input.granularity != ScalingGranularity::Tensorwise || r.grad_weight_high_precision) {
+    throw std::invalid_argument("float8 recipe '" + r.name +
+                                "': an input gathered in float8 needs one tensorwise dynamic input "
+                                "cast for the output and grad_weight GEMMs (recipe 'tensorwise')");
+  }
+  ++handoff->consumers;
+  state_->input_handoff = std::move(handoff);
 }
 
 void Float8LinearCompute::set_fsdp_weight(const at::Tensor& data, const at::Tensor& scale) {

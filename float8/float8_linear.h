@@ -13,6 +13,7 @@
 #include <ATen/core/ivalue.h>
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,22 @@ struct AmaxHistory {
   bool initialized = false;
 };
 
+// Note [Float8 input from a TP all-gather]: under tensor parallel with a tensorwise dynamic
+// recipe, attention's and feed_forward's sequence-sharded input is cast to float8 with the scale
+// of its global amax (one MAX all-reduce over TP) and gathered as bytes (parallel/
+// tensor_parallel.h make_float8_sequence_gather; torchtitan's PrepareFloat8ModuleInput). The
+// gather gives the module a storage-less proxy of the gathered input for autograd; the linears
+// reading it (wq, wk, wv; w1, w3) find the float8 input here, use it for the output GEMM, and save
+// it (1 byte per element, one tensor for all of them) for the grad_weight GEMM, where a
+// tensorwise recipe casts x with the same global scale. Casting the gathered high-precision input
+// gives the same bytes, so this changes traffic and memory, not numerics.
+struct Float8InputHandoff {
+  at::Tensor proxy;      // [B, S, K]: what the module's linears receive; no storage
+  Float8Tensor input;    // [B, S, K] float8, scale []
+  int consumers = 0;     // linears registered with use_input_from
+  int remaining = 0;     // reads left before the handoff lets go of this gather
+};
+
 // Everything the autograd function needs; shared (by reference count) between the compute
 // object and every autograd graph built through it, so a graph outlives a set_compute() swap.
 class Float8LinearState : public torch::CustomClassHolder {
@@ -53,6 +70,7 @@ class Float8LinearState : public torch::CustomClassHolder {
   // re-publishes it when it re-gathers for backward and clears it when it reshards.
   bool weight_from_fsdp = false;
   Float8Tensor fsdp_weight;  // [N, K] e4m3 + scale [] while FSDP holds the group unsharded
+  std::shared_ptr<Float8InputHandoff> input_handoff;  // See Note [Float8 input from a TP all-gather]
 };
 
 class Float8LinearCompute final : public titan::model::LinearCompute {
@@ -68,6 +86,8 @@ class Float8LinearCompute final : public titan::model::LinearCompute {
   void use_weight_from_fsdp();
   // Undefined tensors clear it (FSDP resharded).
   void set_fsdp_weight(const at::Tensor& data, const at::Tensor& scale);
+  // See Note [Float8 input from a TP all-gather]. Tensorwise dynamic recipes only.
+  void use_input_from(std::shared_ptr<Float8InputHandoff> handoff);
 
   const Float8Recipe& recipe() const { return state_->recipe; }
   bool emulate() const { return state_->emulate; }

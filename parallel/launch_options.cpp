@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "parallel/launcher.h"
+#include "util/edit_distance.h"
 
 namespace titan::parallel {
 namespace {
@@ -29,20 +30,7 @@ const FlagSpec kFlags[] = {
     {"help", false},
 };
 
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diagonal = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1])});
-      diagonal = up;
-    }
-  }
-  return row[b.size()];
-}
+using titan::util::edit_distance;
 
 std::string suggest_flag(const std::string& name) {
   const FlagSpec* best = nullptr;

@@ -19,6 +19,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "float8/float8_linear.h"
 #include "parallel/tensor_parallel.h"
 
 namespace titan::parallel {
@@ -67,6 +68,27 @@ void check_tp_shapes(const model::ModelArgs& args, int tp, int64_t seq_len, int 
   if (seq_len > 0 && seq_len % tp) fail("training.seq_len (sequence parallel)", seq_len);
 }
 
+// See Note [Float8 input from a TP all-gather] in float8/float8_linear.h: when every linear
+// reading module `name`'s gathered input is float8 with a tensorwise dynamic input cast, they
+// share one handoff (returned); otherwise nullptr (the input is gathered in high precision).
+std::shared_ptr<float8::Float8InputHandoff> float8_input_handoff(
+    const std::map<std::string, model::Linear*>& linears, const std::string& name,
+    const std::vector<std::string>& readers) {
+  std::vector<float8::Float8LinearCompute*> computes;
+  for (const auto& r : readers) {
+    auto* c = dynamic_cast<float8::Float8LinearCompute*>(linears.at(name + "." + r)->compute().get());
+    if (!c) return nullptr;
+    const float8::Float8Recipe& recipe = c->recipe();
+    if (recipe.delayed || recipe.input.granularity != float8::ScalingGranularity::Tensorwise ||
+        recipe.grad_weight_high_precision)
+      return nullptr;
+    computes.push_back(c);
+  }
+  auto handoff = std::make_shared<float8::Float8InputHandoff>();
+  for (auto* c : computes) c->use_input_from(handoff);
+  return handoff;
+}
+
 }  // namespace
 
 // The plan. Stages in torchtitan's order; each reads as a table.
@@ -82,6 +104,7 @@ std::unique_ptr<ParallelModel> parallelize_llama(model::Llama& model, DeviceMesh
   for (model::Linear* l : model.linears()) linears[l->fqn()] = l;
 
   // 1. Tensor + sequence parallel.
+  int float8_gathers = 0;  // modules whose input is gathered in float8
   if (Comm* tp = mesh.comm(MeshDim::kTp)) {
     check_tp_shapes(model.args(), tp->size(), options.seq_len, mesh.rank());
     auto apply = [&](const std::string& name, TpStyle style, model::TransformerBlock* block) {
@@ -96,12 +119,25 @@ std::unique_ptr<ParallelModel> parallelize_llama(model::Llama& model, DeviceMesh
           break;
         case TpStyle::kSequenceParallel:
           break;  // replicated weight on sequence shards: reduce_grads sums its grads over TP
-        case TpStyle::kGatherInput:
-          if (name.size() >= 9 && name.compare(name.size() - 9, 9, "attention") == 0)
-            block->attention.prepare_input = make_sequence_gather(*tp);
-          else
-            block->feed_forward.prepare_input = make_sequence_gather(*tp);
+        case TpStyle::kGatherInput: {
+          const bool attention = name.size() >= 9 && name.compare(name.size() - 9, 9, "attention") == 0;
+          model::ModuleInputHook& hook =
+              attention ? block->attention.prepare_input : block->feed_forward.prepare_input;
+          const std::vector<std::string> readers =
+              attention ? std::vector<std::string>{"wq", "wk", "wv"} : std::vector<std::string>{"w1", "w3"};
+          auto handoff = options.float8_tp_input_all_gather ? float8_input_handoff(linears, name, readers)
+                                                            : nullptr;
+          if (handoff) {
+            const auto* f8 = dynamic_cast<const float8::Float8LinearCompute*>(
+                linears.at(name + "." + readers[0])->compute().get());
+            hook = make_float8_sequence_gather(*tp, handoff, f8->recipe().input.dtype,
+                                               f8->recipe().round_scales_to_power_of_2);
+            ++float8_gathers;
+          } else {
+            hook = make_sequence_gather(*tp);
+          }
           break;
+        }
         case TpStyle::kVocabParallelEmbedding:
           model.set_embedding_compute(make_vocab_parallel_embedding(*tp, model.args().vocab_size));
           set_tp_dim(name, 0);
@@ -119,7 +155,10 @@ std::unique_ptr<ParallelModel> parallelize_llama(model::Llama& model, DeviceMesh
     for (const auto& [name, style] : kModelTpPlan) apply(name, style, nullptr);
     pm->log_.push_back("tensor parallel " + std::to_string(tp->size()) +
                        ": sequence parallel, loss " +
-                       (options.loss_parallel ? "on vocab shards" : "on all-gathered logits"));
+                       (options.loss_parallel ? "on vocab shards" : "on all-gathered logits") +
+                       (float8_gathers ? ", " + std::to_string(float8_gathers) +
+                                             " module inputs all-gathered in float8"
+                                       : std::string()));
   }
 
   // 2. Activation checkpointing: applied by the trainer right after this function, as the

@@ -31,6 +31,9 @@ struct ParallelOptions {
   // gathers these in float8 (See Note [FSDP float8 all-gather] in parallel/fsdp.h); without
   // FSDP they are ignored.
   std::map<std::string, FsdpFloat8Weight> float8_all_gather_weights;
+  // float8.tp_input_all_gather: under TP, modules whose input linears are all float8 tensorwise
+  // gather that input in float8 (Note [Float8 input from a TP all-gather]).
+  bool float8_tp_input_all_gather = true;
 };
 
 class ParallelModel {

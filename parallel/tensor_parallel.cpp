@@ -7,11 +7,13 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/zeros.h>
+#include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <sstream>
 
+#include "float8/scaling.h"
 #include "model/checkpoint_ops.h"
 
 namespace titan::parallel {
@@ -92,6 +94,21 @@ struct ReduceScatterSeq : torch::autograd::Function<ReduceScatterSeq> {
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     return {gather_seq_raw(grads[0], unpack(ctx)), at::Tensor()};
+  }
+};
+
+// The autograd side of make_float8_sequence_gather: [B, s, ...] -> a [B, n*s, ...] tensor with
+// one element of storage (expanded), standing for the gathered input that only exists in float8;
+// backward is all-gather's adjoint, the sequence reduce-scatter.
+struct Float8GatherProxy : torch::autograd::Function<Float8GatherProxy> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t comm) {
+    ctx->saved_data["comm"] = comm;
+    std::vector<int64_t> shape = x.sizes().vec();
+    shape[1] *= reinterpret_cast<Comm*>(comm)->size();
+    return at::zeros({}, x.options()).expand(shape);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {reduce_scatter_seq_raw(grads[0], unpack(ctx)), at::Tensor()};
   }
 };
 
@@ -191,6 +208,24 @@ at::Tensor all_reduce_sum(const at::Tensor& x, Comm& comm) { return AllReduceSum
 
 model::ModuleInputHook make_sequence_gather(Comm& comm) {
   return [&comm](const at::Tensor& x) { return all_gather_seq(x, comm); };
+}
+
+model::ModuleInputHook make_float8_sequence_gather(Comm& comm, std::shared_ptr<float8::Float8InputHandoff> handoff,
+                                                   at::ScalarType float8_dtype, bool round_scales_to_power_of_2) {
+  return [&comm, handoff, float8_dtype, round_scales_to_power_of_2](const at::Tensor& x) {
+    float8::Float8Tensor gathered;
+    {
+      at::NoGradGuard no_grad;
+      at::Tensor amax = float8::amax(x.detach(), float8::ScalingGranularity::Tensorwise, 0).clone();
+      comm.all_reduce(amax, ReduceOp::kMax);  // the global amax: every rank casts with one scale
+      at::Tensor scale = float8::scale_from_amax(amax, float8_dtype, round_scales_to_power_of_2);
+      at::Tensor local = float8::cast_to_float8(x.detach(), scale, float8_dtype);
+      gathered = {gather_seq_raw(local.view(at::kByte), comm).view(float8_dtype), scale, x.scalar_type()};
+    }
+    at::Tensor proxy = Float8GatherProxy::apply(x, pack(comm));
+    *handoff = float8::Float8InputHandoff{proxy, gathered, handoff->consumers, handoff->consumers};
+    return proxy;
+  };
 }
 
 at::Tensor ColwiseLinear::forward(const at::Tensor& input, const at::Tensor& weight) {

@@ -18,6 +18,7 @@
 
 #include <memory>
 
+#include "float8/float8_linear.h"
 #include "model/linear.h"
 #include "model/llama.h"
 #include "parallel/process_group.h"
@@ -40,6 +41,12 @@ at::Tensor all_reduce_sum(const at::Tensor& x, Comm& comm);       // backward: i
 
 // PrepareModuleInput for attention / feed_forward: all-gathers the sequence shards once.
 model::ModuleInputHook make_sequence_gather(Comm& comm);
+// The same for a module whose input linears are all float8 tensorwise (See Note [Float8 input
+// from a TP all-gather] in float8/float8_linear.h): ONE all_reduce(MAX) of the shard's amax,
+// the shard cast to `float8_dtype`, ONE all-gather of the bytes into `handoff`; returns the
+// gathered input's storage-less proxy, whose gradient is reduce-scattered as usual.
+model::ModuleInputHook make_float8_sequence_gather(Comm& comm, std::shared_ptr<float8::Float8InputHandoff> handoff,
+                                                   at::ScalarType float8_dtype, bool round_scales_to_power_of_2);
 
 // Column-parallel: y_local = inner(x, W_local) on a replicated input (gathered by the
 // module's prepare_input hook). No communication of its own.

@@ -20,6 +20,7 @@
 #include <toml++/toml.h>
 
 #include "trainer/config_table.h"
+#include "util/edit_distance.h"
 
 namespace titan::trainer {
 
@@ -35,20 +36,7 @@ using Origins = std::map<std::string, std::string>;  // dotted key -> where it w
   throw ConfigError(where + ": " + what);
 }
 
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diag = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diag = up;
-    }
-  }
-  return row[b.size()];
-}
+using titan::util::edit_distance;
 
 // The valid key closest to `section.name` ("" section: a key given without one). An exact key
 // name in another section beats any spelling distance, because `training.lr` almost always

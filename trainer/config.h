@@ -121,6 +121,7 @@ struct Float8Section {
   bool emulate = false;  // the CPU always emulates; on CUDA this forces the emulated GEMM
   bool enable_fsdp_float8_all_gather = false;
   bool precompute_float8_dynamic_scale_for_fsdp = false;
+  bool tp_input_all_gather = true;  // tensorwise under TP: gather module inputs in float8
   int64_t amax_history_len = 16;  // tensorwise_delayed only
 };
 

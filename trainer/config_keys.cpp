@@ -186,6 +186,10 @@ std::vector<SectionSpec> build_table() {
               &Float8Section::precompute_float8_dynamic_scale_for_fsdp,
               "Compute every weight scale for the next step in one all-reduce after the "
               "optimizer step (needs enable_fsdp_float8_all_gather)."),
+          key("tp_input_all_gather", &Float8Section::tp_input_all_gather,
+              "Tensor parallel with a tensorwise recipe: all-gather the sequence shards of the "
+              "attention / feed_forward inputs already cast to float8 (one global-amax scale; "
+              "torchtitan's PrepareFloat8ModuleInput). false: gather high precision."),
           key("amax_history_len", &Float8Section::amax_history_len,
               "Length of the amax history of tensorwise_delayed.").at_least(1),
       }),

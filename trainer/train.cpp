@@ -170,6 +170,7 @@ void Trainer::build_model() {
     popt.compute_dtype = compute_dtype_;
     popt.device = device_;
     popt.seq_len = cfg_.training.seq_len;
+    popt.float8_tp_input_all_gather = cfg_.float8.tp_input_all_gather;
     if (converted_.fsdp_float8_all_gather && fsdp)
       popt.float8_all_gather_weights = use_fsdp_float8_all_gather(*model_);
     try {
