@@ -22,6 +22,7 @@
 #include <thread>
 
 #include "parallel/process_group.h"
+#include "tests/rank_threads.h"
 
 using titan::parallel::CollectiveRecord;
 using titan::parallel::Comm;
@@ -37,34 +38,11 @@ constexpr std::chrono::milliseconds kTestTimeout{20000};  // a hang fails instea
 std::vector<std::string> run_ranks(int world, const std::function<void(Comm&)>& body,
                                    CommOptions options = {}) {
   if (options.timeout == CommOptions{}.timeout) options.timeout = kTestTimeout;
-  std::promise<int> port_promise;
-  std::shared_future<int> port = port_promise.get_future().share();
-  std::vector<std::string> errors(static_cast<size_t>(world));
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < world; ++rank) {
-    threads.emplace_back([&, rank] {
-      try {
-        c10::intrusive_ptr<c10d::Store> store;
-        if (rank == 0) {
-          try {
-            store = titan::parallel::create_tcp_store("127.0.0.1", 0, 0, world, options.timeout);
-            port_promise.set_value(titan::parallel::store_port(store));
-          } catch (...) {
-            port_promise.set_exception(std::current_exception());
-            throw;
-          }
-        } else {
-          store = titan::parallel::create_tcp_store("127.0.0.1", port.get(), rank, world,
-                                                    options.timeout);
-        }
+  const auto errors = titan::testing::run_ranks_on_threads(
+      world, options.timeout, [&](int rank, const c10::intrusive_ptr<c10d::Store>& store) {
         Comm comm(store, rank, world, "world", options);
         body(comm);
-      } catch (const std::exception& e) {
-        errors[static_cast<size_t>(rank)] = e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
+      });
   std::vector<std::string> failed;
   for (int rank = 0; rank < world; ++rank) {
     if (!errors[static_cast<size_t>(rank)].empty()) {

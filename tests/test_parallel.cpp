@@ -39,6 +39,7 @@
 #include "parallel/launcher.h"
 #include "parallel/mesh.h"
 #include "parallel/tensor_parallel.h"
+#include "tests/rank_threads.h"
 
 #if !defined(TITAN_RUN_PATH) || !defined(TITAN_TRAIN_PATH) || !defined(TITAN_TORCHRUN_PATH)
 #error "TITAN_RUN_PATH, TITAN_TRAIN_PATH and TITAN_TORCHRUN_PATH must be defined by the build"
@@ -107,6 +108,16 @@ std::vector<Step> read_metrics(const fs::path& path) {
   return steps;
 }
 
+// Bit-identical runs: every step's loss and grad norm equal, not just close.
+void check_same_steps(const std::string& what, const std::vector<Step>& got, const std::vector<Step>& want) {
+  REQUIRE(got.size() == want.size());
+  for (size_t s = 0; s < got.size(); ++s) {
+    INFO(what << ", step " << s + 1);
+    CHECK(got[s].loss == want[s].loss);
+    CHECK(got[s].grad_norm == want[s].grad_norm);
+  }
+}
+
 // The single-process reference, run once per global batch size and extra overrides (e.g. the
 // float8 recipe, which the reference must share with the layout it is compared to).
 const std::vector<Step>& reference(int64_t global_batch = 8, const std::string& extra = "") {
@@ -169,37 +180,18 @@ std::vector<int> processes_mentioning(const std::string& needle) {
   return pids;
 }
 
-// Runs fn(rank, comm) on `world` threads of this process, the ranks of one Gloo job (as
-// tests/test_comm.cpp), each with its own store client; returns each rank's error ("" = ok).
+// Runs fn(rank, mesh) on `world` threads, the ranks of one Gloo job (tests/rank_threads.h);
+// returns each rank's error ("" = ok).
 std::vector<std::string> run_ranks_as_threads(int world, const std::function<void(int, tp::DeviceMesh&)>& fn,
                                               const tp::ParallelDims& dims) {
-  std::promise<int> port_promise;
-  std::shared_future<int> port = port_promise.get_future().share();
-  std::vector<std::string> errors(static_cast<size_t>(world));
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < world; ++rank) {
-    threads.emplace_back([&, rank] {
-      try {
-        const std::chrono::milliseconds timeout(30000);
-        c10::intrusive_ptr<c10d::Store> store;
-        if (rank == 0) {
-          store = tp::create_tcp_store("127.0.0.1", 0, 0, world, timeout);
-          port_promise.set_value(tp::store_port(store));
-        } else {
-          store = tp::create_tcp_store("127.0.0.1", port.get(), rank, world, timeout);
-        }
+  const std::chrono::milliseconds timeout(30000);
+  return titan::testing::run_ranks_on_threads(
+      world, timeout, [&](int rank, const c10::intrusive_ptr<c10d::Store>& store) {
         tp::CommOptions opts;
         opts.timeout = timeout;
         tp::DeviceMesh mesh(std::make_unique<tp::Comm>(store, rank, world, "world", opts), dims);
         fn(rank, mesh);
-      } catch (const std::exception& e) {
-        errors[static_cast<size_t>(rank)] = e.what();
-        if (rank == 0) try { port_promise.set_value(0); } catch (...) {}
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  return errors;
+      });
 }
 
 }  // namespace
@@ -452,13 +444,8 @@ TEST_CASE("FSDP float8 all-gather (and precomputed scales) reproduces the float8
   const auto hp_gather = read_metrics(root() / "fsdp2_float8_hp_gather" / "metrics_rank0.jsonl");
   for (const auto& [name, args] : variants) {
     check_layout(name, 2, fsdp + args, 8, shared, f8);
-    const auto got = read_metrics(root() / name / "metrics_rank0.jsonl");
-    REQUIRE(got.size() == hp_gather.size());
-    for (size_t s = 0; s < got.size(); ++s) {
-      INFO(name << " step " << s + 1 << " vs the high-precision-gather FSDP run");
-      CHECK(got[s].loss == hp_gather[s].loss);
-      CHECK(got[s].grad_norm == hp_gather[s].grad_norm);
-    }
+    check_same_steps(name + " vs the high-precision-gather FSDP run",
+                     read_metrics(root() / name / "metrics_rank0.jsonl"), hp_gather);
   }
   // The log says what was gathered in float8, and the gathered buffers are smaller.
   std::ifstream log((root() / "fsdp2_float8_all_gather.log").string());
@@ -496,13 +483,7 @@ TEST_CASE("TP float8 input all-gather reproduces the high-precision-gather TP ru
   for (const auto& [name, extra] : std::vector<std::pair<std::string, std::string>>{
            {"tp2_float8_input_all_gather", ""},
            {"tp2_float8_input_all_gather_full_ac", " --activation_checkpoint.mode full"}}) {
-    const auto got = run(name, extra);
-    REQUIRE(got.size() == hp_gather.size());
-    for (size_t s = 0; s < got.size(); ++s) {
-      INFO(name << " step " << s + 1 << " vs the high-precision-gather TP run");
-      CHECK(got[s].loss == hp_gather[s].loss);
-      CHECK(got[s].grad_norm == hp_gather[s].grad_norm);
-    }
+    check_same_steps(name + " vs the high-precision-gather TP run", run(name, extra), hp_gather);
   }
   std::ifstream log((root() / "tp2_float8_input_all_gather.log").string());
   const std::string text((std::istreambuf_iterator<char>(log)), {});
@@ -625,13 +606,7 @@ TEST_CASE("activation checkpointing under FSDP and TP: the very same losses as w
     };
     const auto plain = run_layout("none", "");
     for (const auto& [mode, mode_args] : modes) {
-      const auto got = run_layout(mode, mode_args);
-      REQUIRE(got.size() == plain.size());
-      for (size_t s = 0; s < plain.size(); ++s) {
-        INFO(layout << " AC " << mode << " step " << s + 1);
-        CHECK(got[s].loss == plain[s].loss);
-        CHECK(got[s].grad_norm == plain[s].grad_norm);
-      }
+      check_same_steps(layout + " AC " + mode, run_layout(mode, mode_args), plain);
     }
   }
 }
