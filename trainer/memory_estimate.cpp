@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "float8/recipe.h"
 #include "trainer/data/tokenizer.h"
 #include "trainer/memory.h"
 
@@ -41,6 +42,9 @@ BlockTerms block_terms(const EstimateInputs& in) {
   const double seq_share = 1.0 / tp;
   const bool gqa = a.kv_heads() != a.n_heads;
   const bool low_precision = in.compute_bytes != 4;
+  // The gathered input of wq/wk/wv and of w1/w3: kept in float8 (1 byte) when TP gathers it so
+  // (Note [Float8 input from a TP all-gather]), else in the compute dtype.
+  const double gathered = in.float8_tp_input_all_gather && in.tp > 1 ? 1.0 : e;
 
   BlockTerms t;
   t.input = d * e * seq_share;
@@ -49,7 +53,7 @@ BlockTerms block_terms(const EstimateInputs& in) {
   // RMSNorm keeps x * rstd (and rstd); computing in bf16 it also keeps the float32 copy of x.
   full.push_back({"attention_norm internals", kNormSaved * d * e * seq_share + f +
                                                   (low_precision ? d * f * seq_share : 0)});
-  full.push_back({"normed input of wq/wk/wv", d * e});
+  full.push_back({"normed input of wq/wk/wv", d * gathered});
   // q and k projections are not kept: RoPE's products with the (constant) tables keep only
   // the tables; the rotated copies are what attention keeps.
   if (gqa) {
@@ -62,7 +66,7 @@ BlockTerms block_terms(const EstimateInputs& in) {
   full.push_back({"residual h (kept by ffn_norm)", d * e * seq_share});
   full.push_back({"ffn_norm internals", kNormSaved * d * e * seq_share + f +
                                             (low_precision ? d * f * seq_share : 0)});
-  full.push_back({"normed input of w1/w3", d * e});
+  full.push_back({"normed input of w1/w3", d * gathered});
   full.push_back({"w1, w3 outputs", 2 * hid * e});
   full.push_back({"silu(w1 x) and the product (w2 input)", 2 * hid * e});
   // Per-op AC keeps the 1st/3rd/5th/7th product (wq, wv, w1, w2) and attention's outputs.
@@ -215,6 +219,11 @@ EstimateInputs estimate_inputs_from_config(const JobConfig& cfg) {
                                 "float8") != cfg.model.converters.end();
   if (float8) in.float8_recipe = cfg.float8.recipe_name;
   in.float8_all_gather = float8 && cfg.float8.enable_fsdp_float8_all_gather;
+  if (float8 && cfg.float8.tp_input_all_gather) {
+    const float8::Float8Recipe r = float8::recipe_from_name(cfg.float8.recipe_name);
+    in.float8_tp_input_all_gather = !r.delayed && !r.grad_weight_high_precision &&
+                                    r.input.granularity == float8::ScalingGranularity::Tensorwise;
+  }
   const char* ws = std::getenv("WORLD_SIZE");
   const int64_t world = ws ? std::max<int64_t>(1, std::atoll(ws)) : 1;
   in.tp = cfg.parallelism.tensor_parallel_degree;

@@ -28,6 +28,7 @@ struct EstimateInputs {
   parallel::AcOptions ac;
   std::string float8_recipe;      // "" = high precision
   bool float8_all_gather = false;  // float8.enable_fsdp_float8_all_gather (FSDP gathers float8)
+  bool float8_tp_input_all_gather = false;  // tensorwise + float8.tp_input_all_gather (under TP)
   int64_t dp_shard = 1;           // FSDP degree: parameters/grads/optimizer state sharded
   int64_t tp = 1;                 // tensor (+ sequence) parallel degree
   bool cuda = false;
