@@ -460,10 +460,10 @@ TEST_CASE("TP float8 input all-gather reproduces the high-precision-gather TP ru
   // high-precision-gather TP run bit for bit. Full AC re-gathers inside the recompute.
   const std::string args = "--float8.enable_float8_linear --float8.recipe_name tensorwise "
                            "--parallelism.tensor_parallel_degree 2";
-  auto run = [&](const std::string& name, const std::string& extra) {
+  auto run = [&](const std::string& name, const std::string& extra, int nproc = 2) {
     const fs::path dump = root() / name;
-    const Run r = shell(std::string(TITAN_RUN_PATH) + " --nproc-per-node 2 -- " + TITAN_TRAIN_PATH + " " +
-                            train_args(dump) + " " + args + extra,
+    const Run r = shell(std::string(TITAN_RUN_PATH) + " --nproc-per-node " + std::to_string(nproc) +
+                            " -- " + TITAN_TRAIN_PATH + " " + train_args(dump) + " " + args + extra,
                         dump.string() + ".log");
     INFO(name << ":\n" << r.log);
     REQUIRE(r.exit_code == 0);
@@ -488,6 +488,13 @@ TEST_CASE("TP float8 input all-gather reproduces the high-precision-gather TP ru
   std::ifstream log((root() / "tp2_float8_input_all_gather.log").string());
   const std::string text((std::istreambuf_iterator<char>(log)), {});
   CHECK(text.find("12 module inputs all-gathered in float8") != std::string::npos);  // 6 blocks x 2
+  // FSDP 2 x TP 2 with every float8 gather (inputs over TP, weights over FSDP with precomputed
+  // scales) against the same layout gathering everything in high precision.
+  const std::string fsdp = " --parallelism.data_parallel_shard_degree 2";
+  check_same_steps("fsdp2_tp2 with float8 input and weight all-gathers",
+                   run("fsdp2_tp2_float8_all_gathers", fsdp + " --float8.enable_fsdp_float8_all_gather"
+                                                           " --float8.precompute_float8_dynamic_scale_for_fsdp", 4),
+                   run("fsdp2_tp2_float8_hp_gathers", fsdp + " --float8.tp_input_all_gather=false", 4));
 }
 
 TEST_CASE("tensor parallel degree must divide the heads", "[parallel][dist]") {
