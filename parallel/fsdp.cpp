@@ -224,6 +224,7 @@ void Fsdp::unshard_float8(Group& group) {
   if (!amaxes.empty()) {
     global_amax = at::stack(amaxes);
     comm_.all_reduce(global_amax, ReduceOp::kMax);
+    if (float8_amax_tp_) float8_amax_tp_->all_reduce(global_amax, ReduceOp::kMax);
   }
   for (size_t i = 0, next = 0; i < weights.size(); ++i) {
     const Group::Param& p = *weights[i];
@@ -272,6 +273,7 @@ void Fsdp::precompute_float8_scales() {
   model::NamedScope scope("fsdp float8 scales", model::MemoryCategory::kFloat8Casts);
   at::Tensor global_amax = at::stack(amaxes);
   comm_.all_reduce(global_amax, ReduceOp::kMax);  // the ONE collective for every weight
+  if (float8_amax_tp_) float8_amax_tp_->all_reduce(global_amax, ReduceOp::kMax);  // (+ TP shards)
   for (size_t i = 0; i < weights.size(); ++i) {
     Group::Param& p = *weights[i];
     p.precomputed_scale = float8::scale_from_amax(global_amax[static_cast<int64_t>(i)], p.float8->float8_dtype,

@@ -24,9 +24,10 @@
 // Note [FSDP float8 all-gather] (float8.enable_fsdp_float8_all_gather, tensorwise recipes):
 // a float8 linear's weight is not gathered in the compute dtype at all. Per group, unshard:
 //   1. scale: ONE all_reduce(MAX) of the stacked float32 shard amaxes of the group's float8
-//      weights gives each weight's global amax, hence the same tensorwise scale one process
-//      computes from the full weight; or the scale precompute_float8_scales() made after the
-//      last optimizer step (then no collective here at all);
+//      weights (and one more over TP when the weights are TP shards too) gives each weight's
+//      global amax, hence the same tensorwise scale one process computes from the full weight;
+//      or the scale precompute_float8_scales() made after the last optimizer step (then no
+//      collective here at all);
 //   2. each float32 master shard is cast to float8 with that scale (1 byte per element);
 //   3. ONE all_gather_into_tensor of those bytes (uint8: no backend knows float8 types);
 //   4. publish(data [d0, rest...] float8, scale []) hands the gathered weight to the linear,
@@ -109,6 +110,9 @@ class Fsdp {
   // amaxes, so the unshards skip their own. See Note [FSDP float8 all-gather].
   void precompute_float8_scales();
   int num_float8_params() const;
+  // Under TP the weights are TP shards too: their float8 amaxes are also reduced (MAX) over
+  // `tp` so the scale is the full weight's (Note [Tensorwise scales under TP]).
+  void reduce_float8_amax_over(Comm* tp) { float8_amax_tp_ = tp; }
 
   // The float32 master shards, in declaration order, with their fqns.
   const std::vector<at::Tensor>& masters() const { return masters_; }
@@ -133,6 +137,7 @@ class Fsdp {
   std::vector<at::Tensor> masters_;
   std::vector<std::string> master_fqns_;
   bool in_backward_ = false;  // between the first pre-backward hook and finish_backward
+  Comm* float8_amax_tp_ = nullptr;
 };
 
 }  // namespace titan::parallel

@@ -107,13 +107,21 @@ std::unique_ptr<ParallelModel> parallelize_llama(model::Llama& model, DeviceMesh
   int float8_gathers = 0;  // modules whose input is gathered in float8
   if (Comm* tp = mesh.comm(MeshDim::kTp)) {
     check_tp_shapes(model.args(), tp->size(), options.seq_len, mesh.rank());
+    // See Note [Tensorwise scales under TP] in float8/float8_linear.h.
+    auto shard_float8_scales = [&](const std::string& name, bool input, bool weight, bool grad_output) {
+      if (auto* c = dynamic_cast<float8::Float8LinearCompute*>(linears.at(name)->compute().get()))
+        c->set_tp_sharding([tp](at::Tensor& amax) { tp->all_reduce(amax, ReduceOp::kMax); }, input,
+                           weight, grad_output);
+    };
     auto apply = [&](const std::string& name, TpStyle style, model::TransformerBlock* block) {
       switch (style) {
         case TpStyle::kColwise:
+          shard_float8_scales(name, /*input=*/false, /*weight=*/true, /*grad_output=*/true);
           linears.at(name)->set_compute(std::make_shared<ColwiseLinear>(linears.at(name)->compute()));
           set_tp_dim(name, 0);
           break;
         case TpStyle::kRowwise:
+          shard_float8_scales(name, /*input=*/true, /*weight=*/true, /*grad_output=*/false);
           linears.at(name)->set_compute(std::make_shared<RowwiseLinear>(linears.at(name)->compute(), *tp));
           set_tp_dim(name, 1);
           break;
@@ -143,6 +151,7 @@ std::unique_ptr<ParallelModel> parallelize_llama(model::Llama& model, DeviceMesh
           set_tp_dim(name, 0);
           break;
         case TpStyle::kVocabParallelOutput:
+          shard_float8_scales(name, /*input=*/false, /*weight=*/true, /*grad_output=*/true);
           linears.at(name)->set_compute(std::make_shared<VocabParallelOutput>(
               linears.at(name)->compute(), *tp, model.args().vocab_size, options.loss_parallel));
           set_tp_dim(name, 0);
@@ -245,6 +254,7 @@ void ParallelModel::finalize() {
   for (const auto& p : params_) by_fqn[p.fqn] = &p;
   if (!fsdp_groups_.empty()) {
     fsdp_ = std::make_unique<Fsdp>(*mesh_.comm(MeshDim::kDpShard), options_.compute_dtype, options_.device);
+    if (tp > 1) fsdp_->reduce_float8_amax_over(mesh_.comm(MeshDim::kTp));
     for (size_t g = 0; g < fsdp_groups_.size(); ++g) {
       std::vector<FsdpParamSpec> specs;
       for (const auto& fqn : fsdp_groups_[g].second) {

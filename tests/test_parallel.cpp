@@ -472,14 +472,17 @@ TEST_CASE("TP float8 input all-gather reproduces the high-precision-gather TP ru
     return read_metrics(dump / "metrics_rank0.jsonl");
   };
   const auto hp_gather = run("tp2_float8_tensorwise_hp_gather", " --float8.tp_input_all_gather=false");
-  // Sanity against one float8 process. Not the float32-level agreement of the other layouts:
-  // under TP each rank takes the tensorwise scale of its own shard of W, of a row-parallel
-  // linear's input and of a column-parallel linear's output gradient (docs/float8.md "FSDP and
-  // TP"), so elements round differently from the 1-process cast. Measured (10 steps): loss
-  // within 1.8e-4 relative; 1e-3 is 5x that, while a wrong gather or scale moves it by > 1e-2.
+  // Against one float8 process: TP-sharded operands take the TP group's amax (Note [Tensorwise
+  // scales under TP]), so step 1 casts exactly as one process does; later steps inherit float32
+  // reduction-order differences that flip single e4m3 roundings (as for FSDP; measured 4.0e-5
+  // loss and 5.4e-4 grad norm relative over 10 steps; same bounds as the other float8 layouts).
   const auto& ref = reference(8, "--float8.enable_float8_linear --float8.recipe_name tensorwise");
   REQUIRE(hp_gather.size() == ref.size());
-  for (size_t s = 0; s < ref.size(); ++s) CHECK(hp_gather[s].loss == Approx(ref[s].loss).epsilon(1e-3));
+  for (size_t s = 0; s < ref.size(); ++s) {
+    INFO("TP 2 tensorwise vs one float8 process, step " << s + 1);
+    CHECK(hp_gather[s].loss == Approx(ref[s].loss).epsilon(s == 0 ? kLossRelTol : 5e-4));
+    CHECK(hp_gather[s].grad_norm == Approx(ref[s].grad_norm).epsilon(2e-3));
+  }
   for (const auto& [name, extra] : std::vector<std::pair<std::string, std::string>>{
            {"tp2_float8_input_all_gather", ""},
            {"tp2_float8_input_all_gather_full_ac", " --activation_checkpoint.mode full"}}) {
