@@ -139,16 +139,19 @@ MemoryEstimate estimate_memory(const EstimateInputs& in) {
   const double vloc = vocab / tp;
   const double head_fwd = tokens * (d * e * (1 + kNormSaved) + vloc * 4);
   const double head_bwd = tokens * (2 * vloc * 4 + (in.compute_bytes != 4 ? vloc * e : 0));
-  // float8: a cast of an operand briefly holds two float32 temporaries of it (x * scale, then
-  // the clamp; three from bf16: the float32 copy first) before the 1-byte float8 data; the
-  // high-precision x and W are what the linear saves, as without float8. The largest operand
-  // (a [T, hidden] activation or a [hidden, D] weight) bounds the temporaries; the float8 data
-  // of both operands of the largest linear coexist.
+  // float8: the 1-byte data of both operands of the largest linear coexist (the high-precision
+  // x and W are what the linear saves, as without float8). Casts make no operand-sized
+  // temporaries: on the CPU they run in 64 Ki-element slices (Note [Chunked CPU casts]) and the
+  // emulated GEMM dequantizes 512 KiB tiles (Note [Emulated GEMM in tiles]); on CUDA the fused
+  // kernels cast in one pass, except the TP-sharded tensorwise casts, which take the composite
+  // path (x * scale, then the clamp: two float32 temporaries, three from bf16).
   double float8_transient = 0;
   if (!in.float8_recipe.empty()) {
     const double hid = static_cast<double>(a.ffn_hidden_dim());
     const double act = tokens * std::max(hid, d) / tp, weight = hid * d / tp;
-    float8_transient = std::max(act, weight) * (in.compute_bytes == 4 ? 8 : 12) + (act + weight);
+    float8_transient = act + weight;
+    if (!in.cuda) float8_transient += 2 * (512 << 10) + 2 * (64 << 10) * 4;
+    else if (in.tp > 1) float8_transient += std::max(act, weight) * (in.compute_bytes == 4 ? 8 : 12);
   }
 
   const double static_bytes = masters + compute_copies + adam + comm;
