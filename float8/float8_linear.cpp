@@ -38,24 +38,28 @@ Float8Tensor delayed_cast(AmaxHistory& h, const at::Tensor& x, at::ScalarType dt
   return to_float8_with_scale(x, h.scale.clone(), dtype);
 }
 
-// Dynamic cast of an operand; `tp_sharded`: this rank holds a TP shard of it (See Note
-// [Tensorwise scales under TP]).
-Float8Tensor cast_dynamic(const Float8LinearState& s, bool tp_sharded, const at::Tensor& x,
+// Dynamic cast of an operand; `tp_sharded_dim`: the dimension (0 first, 1 last, -1 none) along
+// which this rank holds only a TP shard of it (See Note [Scales under TP]).
+Float8Tensor cast_dynamic(const Float8LinearState& s, int tp_sharded_dim, const at::Tensor& x,
                           const CastConfig& config, int64_t axis_dim) {
   const bool pow2 = s.recipe.round_scales_to_power_of_2;
-  if (tp_sharded && s.tp_amax_max && config.granularity == ScalingGranularity::Tensorwise) {
-    at::Tensor global = amax(x, config.granularity, axis_dim).clone();  // a kept amax stays local
-    s.tp_amax_max(global);
-    return to_float8_with_scale(x, scale_from_amax(global, config.dtype, pow2), config.dtype);
+  if (tp_sharded_dim >= 0 && s.tp_amax_max) {
+    const int64_t axis = c10::maybe_wrap_dim(axis_dim, x.dim());
+    const int reduced_dim = axis == x.dim() - 1 ? 1 : (axis == 0 ? 0 : -1);
+    if (config.granularity == ScalingGranularity::Tensorwise || reduced_dim == tp_sharded_dim) {
+      at::Tensor global = amax(x, config.granularity, axis).clone();  // a kept amax stays local
+      s.tp_amax_max(global);
+      return to_float8_with_scale(x, scale_from_amax(global, config.dtype, pow2), config.dtype);
+    }
   }
   return to_float8(x, config, axis_dim, pow2);
 }
 
 // Dynamic or snapshot cast: `snapshot` is the forward's delayed scale when defined.
-Float8Tensor recast(const Float8LinearState& s, bool tp_sharded, const at::Tensor& x,
+Float8Tensor recast(const Float8LinearState& s, int tp_sharded_dim, const at::Tensor& x,
                     const CastConfig& config, int64_t axis_dim, const at::Tensor& snapshot) {
   if (snapshot.defined()) return to_float8_with_scale(x, snapshot, config.dtype);
-  return cast_dynamic(s, tp_sharded, x, config, axis_dim);
+  return cast_dynamic(s, tp_sharded_dim, x, config, axis_dim);
 }
 
 // See Note [Float8 weight from FSDP].
@@ -106,16 +110,16 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
       if (handed.data.defined()) {
         x8 = handed;
         w8 = s.weight_from_fsdp ? weight_from_fsdp(s, weight)
-                                : cast_dynamic(s, s.tp_sharded_weight, weight, r.weight, /*axis_dim=*/-1);
+                                : cast_dynamic(s, s.tp_sharded_dim_weight, weight, r.weight, /*axis_dim=*/-1);
       } else if (r.delayed) {
         x8 = delayed_cast(s.input, input, r.input.dtype, r);
         w8 = delayed_cast(s.weight, weight, r.weight.dtype, r);
         ctx->saved_data["input_scale"] = x8.scale;
         ctx->saved_data["weight_scale"] = w8.scale;
       } else {
-        x8 = cast_dynamic(s, s.tp_sharded_input, input, r.input, /*axis_dim=*/-1);
+        x8 = cast_dynamic(s, s.tp_sharded_dim_input, input, r.input, /*axis_dim=*/-1);
         w8 = s.weight_from_fsdp ? weight_from_fsdp(s, weight)
-                                : cast_dynamic(s, s.tp_sharded_weight, weight, r.weight, /*axis_dim=*/-1);
+                                : cast_dynamic(s, s.tp_sharded_dim_weight, weight, r.weight, /*axis_dim=*/-1);
       }
       // See Note [Scale follows data]: (B, S, K) with (B, S, 1) -> (B*S, K) with (B*S, 1).
       return scaled_mm(reshape_to_2d(x8), transpose_2d(w8), input.scalar_type(),
@@ -158,10 +162,10 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
     if (r.delayed) {
       g8_rows = g8_cols = delayed_cast(s.grad_output, G, r.grad_output.dtype, r);
     } else {
-      g8_rows = cast_dynamic(s, s.tp_sharded_grad_output, G, r.grad_output, /*axis_dim=*/-1);
+      g8_rows = cast_dynamic(s, s.tp_sharded_dim_grad_output, G, r.grad_output, /*axis_dim=*/-1);
       g8_cols = r.grad_output.granularity == ScalingGranularity::Tensorwise
                     ? g8_rows
-                    : cast_dynamic(s, s.tp_sharded_grad_output, G, r.grad_output, /*axis_dim=*/0);
+                    : cast_dynamic(s, s.tp_sharded_dim_grad_output, G, r.grad_output, /*axis_dim=*/0);
     }
 
     at::Tensor grad_input, grad_weight;
@@ -170,7 +174,7 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
       // Tensorwise W is the same cast for both GEMMs, so the FSDP-gathered one serves here too.
       Float8Tensor w8 = s.weight_from_fsdp
                             ? weight_from_fsdp(s, weight)
-                            : recast(s, s.tp_sharded_weight, weight, r.weight_for_grad_input, /*axis_dim=*/0, w_scale);
+                            : recast(s, s.tp_sharded_dim_weight, weight, r.weight_for_grad_input, /*axis_dim=*/0, w_scale);
       grad_input = scaled_mm(g8_rows, w8, input.scalar_type(), /*use_fast_accum=*/false, backend)
                        .reshape(input.sizes());
     }
@@ -183,7 +187,7 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
         Float8Tensor x8 = x8_data.defined()
                               ? Float8Tensor{x8_data.reshape({-1, K}), saved_tensor(ctx, "input_f8_scale"),
                                              input.scalar_type()}
-                              : recast(s, s.tp_sharded_input, x, r.input, /*axis_dim=*/0, x_scale);
+                              : recast(s, s.tp_sharded_dim_input, x, r.input, /*axis_dim=*/0, x_scale);
         grad_weight = scaled_mm(transpose_2d(g8_cols), x8, weight.scalar_type(),
                                 /*use_fast_accum=*/false, backend);
       }
@@ -232,12 +236,12 @@ void Float8LinearCompute::use_weight_from_fsdp() {
   state_->weight_from_fsdp = true;
 }
 
-void Float8LinearCompute::set_tp_sharding(std::function<void(at::Tensor&)> amax_max, bool input,
-                                          bool weight, bool grad_output) {
+void Float8LinearCompute::set_tp_sharding(std::function<void(at::Tensor&)> amax_max, int input_dim,
+                                          int weight_dim, int grad_output_dim) {
   state_->tp_amax_max = std::move(amax_max);
-  state_->tp_sharded_input = input;
-  state_->tp_sharded_weight = weight;
-  state_->tp_sharded_grad_output = grad_output;
+  state_->tp_sharded_dim_input = input_dim;
+  state_->tp_sharded_dim_weight = weight_dim;
+  state_->tp_sharded_dim_grad_output = grad_output_dim;
 }
 
 void Float8LinearCompute::use_input_from(std::shared_ptr<Float8InputHandoff> handoff) {

@@ -71,12 +71,15 @@ class Float8LinearState : public torch::CustomClassHolder {
   bool weight_from_fsdp = false;
   Float8Tensor fsdp_weight;  // [N, K] e4m3 + scale [] while FSDP holds the group unsharded
   std::shared_ptr<Float8InputHandoff> input_handoff;  // See Note [Float8 input from a TP all-gather]
-  // Note [Tensorwise scales under TP]: an operand sharded over the TP group (a column- or
-  // row-parallel weight, a row-parallel linear's input, a column-parallel linear's output
-  // gradient) takes its tensorwise amax over the whole group, one scalar all_reduce(MAX) per
-  // cast, as torchao's DTensor path does; so a TP run casts exactly what one process casts.
+  // Note [Scales under TP]: an operand sharded over the TP group (a column- or row-parallel
+  // weight, a row-parallel linear's input, a column-parallel linear's output gradient) takes its
+  // amax over the whole group whenever the amax reduces over the sharded dimension: always for
+  // tensorwise (one scalar all_reduce(MAX) per cast, as torchao's DTensor path does), and for
+  // axiswise scales whose reduction runs along that dimension (a vector all_reduce). So a TP
+  // run casts exactly what one process casts. Sharded dimension of the 2-D operand: 0 = rows
+  // (the first), 1 = columns (the last); -1 = not sharded.
   std::function<void(at::Tensor&)> tp_amax_max;  // empty: not under TP
-  bool tp_sharded_input = false, tp_sharded_weight = false, tp_sharded_grad_output = false;
+  int tp_sharded_dim_input = -1, tp_sharded_dim_weight = -1, tp_sharded_dim_grad_output = -1;
 };
 
 class Float8LinearCompute final : public titan::model::LinearCompute {
@@ -92,10 +95,11 @@ class Float8LinearCompute final : public titan::model::LinearCompute {
   void use_weight_from_fsdp();
   // Undefined tensors clear it (FSDP resharded).
   void set_fsdp_weight(const at::Tensor& data, const at::Tensor& scale);
-  // See Note [Tensorwise scales under TP]: `amax_max` all-reduces (MAX) over the TP group; the
-  // flags say which operands this linear holds only a TP shard of.
-  void set_tp_sharding(std::function<void(at::Tensor&)> amax_max, bool input, bool weight,
-                       bool grad_output);
+  // See Note [Scales under TP]: `amax_max` all-reduces (MAX) over the TP group; the dims say
+  // along which dimension (0 first, 1 last, -1 none) this linear holds only a TP shard of each
+  // operand.
+  void set_tp_sharding(std::function<void(at::Tensor&)> amax_max, int input_dim, int weight_dim,
+                       int grad_output_dim);
   // See Note [Float8 input from a TP all-gather]. Tensorwise dynamic recipes only.
   void use_input_from(std::shared_ptr<Float8InputHandoff> handoff);
 

@@ -111,7 +111,7 @@ class Fsdp {
   void precompute_float8_scales();
   int num_float8_params() const;
   // Under TP the weights are TP shards too: their float8 amaxes are also reduced (MAX) over
-  // `tp` so the scale is the full weight's (Note [Tensorwise scales under TP]).
+  // `tp` so the scale is the full weight's (Note [Scales under TP]).
   void reduce_float8_amax_over(Comm* tp) { float8_amax_tp_ = tp; }
 
   // The float32 master shards, in declaration order, with their fqns.

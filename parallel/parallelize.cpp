@@ -107,8 +107,9 @@ std::unique_ptr<ParallelModel> parallelize_llama(model::Llama& model, DeviceMesh
   int float8_gathers = 0;  // modules whose input is gathered in float8
   if (Comm* tp = mesh.comm(MeshDim::kTp)) {
     check_tp_shapes(model.args(), tp->size(), options.seq_len, mesh.rank());
-    // See Note [Tensorwise scales under TP] in float8/float8_linear.h.
-    auto shard_float8_scales = [&](const std::string& name, bool input, bool weight, bool grad_output) {
+    // See Note [Scales under TP] in float8/float8_linear.h: along which dim (0 rows, 1 columns,
+    // -1 none) this rank holds a shard of each operand of linear `name`.
+    auto shard_float8_scales = [&](const std::string& name, int input, int weight, int grad_output) {
       if (auto* c = dynamic_cast<float8::Float8LinearCompute*>(linears.at(name)->compute().get()))
         c->set_tp_sharding([tp](at::Tensor& amax) { tp->all_reduce(amax, ReduceOp::kMax); }, input,
                            weight, grad_output);
@@ -116,12 +117,12 @@ std::unique_ptr<ParallelModel> parallelize_llama(model::Llama& model, DeviceMesh
     auto apply = [&](const std::string& name, TpStyle style, model::TransformerBlock* block) {
       switch (style) {
         case TpStyle::kColwise:
-          shard_float8_scales(name, /*input=*/false, /*weight=*/true, /*grad_output=*/true);
+          shard_float8_scales(name, /*input=*/-1, /*weight: rows=*/0, /*grad_output: columns=*/1);
           linears.at(name)->set_compute(std::make_shared<ColwiseLinear>(linears.at(name)->compute()));
           set_tp_dim(name, 0);
           break;
         case TpStyle::kRowwise:
-          shard_float8_scales(name, /*input=*/true, /*weight=*/true, /*grad_output=*/false);
+          shard_float8_scales(name, /*input: columns=*/1, /*weight: columns=*/1, /*grad_output=*/-1);
           linears.at(name)->set_compute(std::make_shared<RowwiseLinear>(linears.at(name)->compute(), *tp));
           set_tp_dim(name, 1);
           break;
@@ -151,7 +152,7 @@ std::unique_ptr<ParallelModel> parallelize_llama(model::Llama& model, DeviceMesh
           set_tp_dim(name, 0);
           break;
         case TpStyle::kVocabParallelOutput:
-          shard_float8_scales(name, /*input=*/false, /*weight=*/true, /*grad_output=*/true);
+          shard_float8_scales(name, /*input=*/-1, /*weight: rows=*/0, /*grad_output: columns=*/1);
           linears.at(name)->set_compute(std::make_shared<VocabParallelOutput>(
               linears.at(name)->compute(), *tp, model.args().vocab_size, options.loss_parallel));
           set_tp_dim(name, 0);
