@@ -321,4 +321,10 @@ TEST_CASE("every configs/*.toml parses", "[config]") {
   CHECK(big.model.flavor == "405B");
   CHECK(big.optimizer.lr == 8e-5);
   CHECK(big.training.mixed_precision_param == "bfloat16");
+  CHECK(big.activation_checkpoint.mode == "full");  // torchtitan's 405B choice
+  const JobConfig eight = parse_job_config(std::vector<std::string>{
+      "--job.config_file", std::string(src) + "/configs/llama3_8b.toml"});
+  CHECK(eight.activation_checkpoint.mode == "selective");
+  CHECK(eight.activation_checkpoint.selective_ac_option == "op");
+  CHECK(eight.float8.filter_fqns == std::vector<std::string>{"output"});
 }
