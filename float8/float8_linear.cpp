@@ -46,11 +46,8 @@ Float8Tensor cast_dynamic(const Float8LinearState& s, int tp_sharded_dim, const 
   if (tp_sharded_dim >= 0 && s.tp_amax_max) {
     const int64_t axis = c10::maybe_wrap_dim(axis_dim, x.dim());
     const int reduced_dim = axis == x.dim() - 1 ? 1 : (axis == 0 ? 0 : -1);
-    if (config.granularity == ScalingGranularity::Tensorwise || reduced_dim == tp_sharded_dim) {
-      at::Tensor global = amax(x, config.granularity, axis).clone();  // a kept amax stays local
-      s.tp_amax_max(global);
-      return to_float8_with_scale(x, scale_from_amax(global, config.dtype, pow2), config.dtype);
-    }
+    if (config.granularity == ScalingGranularity::Tensorwise || reduced_dim == tp_sharded_dim)
+      return to_float8_with_global_amax(x, config, axis, pow2, s.tp_amax_max);
   }
   return to_float8(x, config, axis_dim, pow2);
 }
@@ -101,7 +98,10 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
     if (Float8InputHandoff* h = s.input_handoff.get(); h && h->proxy.defined() && input.is_same(h->proxy)) {
       handed = h->input;
       handed.orig_dtype = input.scalar_type();
-      if (--h->remaining == 0) *h = Float8InputHandoff{{}, {}, h->consumers, 0};  // last reader
+      if (--h->remaining == 0) {  // the last reader: let go of this gather
+        h->proxy = at::Tensor();
+        h->input = Float8Tensor{};
+      }
       ctx->saved_data["input_f8_data"] = handed.data;
       ctx->saved_data["input_f8_scale"] = handed.scale;
     }
@@ -251,6 +251,11 @@ void Float8LinearCompute::use_input_from(std::shared_ptr<Float8InputHandoff> han
                                 "': an input gathered in float8 needs one tensorwise dynamic input "
                                 "cast for the output and grad_weight GEMMs (recipe 'tensorwise')");
   }
+  if (handoff->consumers > 0 && (handoff->cast.dtype != r.input.dtype ||
+                                 handoff->round_scales_to_power_of_2 != r.round_scales_to_power_of_2))
+    throw std::invalid_argument("float8: linears sharing a float8-gathered input need one input cast");
+  handoff->cast = r.input;
+  handoff->round_scales_to_power_of_2 = r.round_scales_to_power_of_2;
   ++handoff->consumers;
   state_->input_handoff = std::move(handoff);
 }

@@ -49,6 +49,8 @@ struct AmaxHistory {
 // tensorwise recipe casts x with the same global scale. Casting the gathered high-precision input
 // gives the same bytes, so this changes traffic and memory, not numerics.
 struct Float8InputHandoff {
+  CastConfig cast;                  // the readers' input cast (tensorwise), set by use_input_from
+  bool round_scales_to_power_of_2 = false;
   at::Tensor proxy;      // [B, S, K]: what the module's linears receive; no storage
   Float8Tensor input;    // [B, S, K] float8, scale []
   int consumers = 0;     // linears registered with use_input_from

@@ -131,6 +131,16 @@ Float8Tensor to_float8_composite(const at::Tensor& x, const CastConfig& config, 
                               config.dtype);
 }
 
+Float8Tensor to_float8_with_global_amax(const at::Tensor& x, const CastConfig& config, int64_t axis_dim,
+                                        bool round_scales_to_power_of_2,
+                                        const std::function<void(at::Tensor&)>& amax_max) {
+  // clone: under per-op AC a replayed amax is the kept (local) tensor, which must stay local.
+  at::Tensor global = amax(x, config.granularity, axis_dim).clone();
+  amax_max(global);
+  return to_float8_with_scale(x, scale_from_amax(global, config.dtype, round_scales_to_power_of_2),
+                              config.dtype);
+}
+
 Float8Tensor to_float8_with_scale(const at::Tensor& x, const at::Tensor& scale,
                                   at::ScalarType float8_dtype) {
   Float8Tensor t{cast_to_float8(x, scale, float8_dtype), scale, x.scalar_type()};

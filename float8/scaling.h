@@ -12,6 +12,8 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/ArrayRef.h>
 
+#include <functional>
+
 #include "float8/recipe.h"
 
 namespace titan::float8 {
@@ -60,6 +62,13 @@ Float8Tensor to_float8(const at::Tensor& x, const CastConfig& config, int64_t ax
 // The same with ATen ops only, on any device: the numerics the fused kernels reproduce.
 Float8Tensor to_float8_composite(const at::Tensor& x, const CastConfig& config, int64_t axis_dim,
                                  bool round_scales_to_power_of_2 = false);
+
+// to_float8 of one shard of a tensor split over ranks: the amax is first reduced by `amax_max`
+// (an all_reduce(MAX) over the ranks holding the other shards), so the scale is the one a single
+// process computes from the whole tensor. Never the fused CUDA path (it has no reduction hook).
+Float8Tensor to_float8_with_global_amax(const at::Tensor& x, const CastConfig& config, int64_t axis_dim,
+                                        bool round_scales_to_power_of_2,
+                                        const std::function<void(at::Tensor&)>& amax_max);
 
 // Cast with a given scale (delayed scaling, or a precomputed FSDP scale).
 Float8Tensor to_float8_with_scale(const at::Tensor& x, const at::Tensor& scale,

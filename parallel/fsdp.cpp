@@ -44,21 +44,23 @@ ShardLayout shard_layout(int64_t rows, int rank, int n) {
   return l;
 }
 
+struct Fsdp::ParamState {
+  std::string fqn;
+  at::Tensor* slot;
+  std::vector<int64_t> shape;  // unsharded [d0, rest...]
+  ShardLayout layout;
+  int64_t row_numel = 1;       // prod(rest)
+  int64_t shard_numel = 0;     // shard_rows * row_numel
+  int64_t shard_offset = 0;    // in the per-rank flat gradient shard [S] (every parameter)
+  int64_t gather_offset = 0;   // in the per-rank gather shard of its kind (hp [H] or float8 [F])
+  at::Tensor master;           // [shard_rows, rest...] float32, requires_grad
+  at::Tensor leaf;             // [d0, rest...] compute dtype (hp: view of unsharded_flat)
+  std::optional<FsdpFloat8Weight> float8;  // See Note [FSDP float8 all-gather]
+  at::Tensor precomputed_scale;          // [] float32, from precompute_float8_scales()
+};
+
 struct Fsdp::Group {
-  struct Param {
-    std::string fqn;
-    at::Tensor* slot;
-    std::vector<int64_t> shape;  // unsharded [d0, rest...]
-    ShardLayout layout;
-    int64_t row_numel = 1;       // prod(rest)
-    int64_t shard_numel = 0;     // shard_rows * row_numel
-    int64_t shard_offset = 0;    // in the per-rank flat gradient shard [S] (every parameter)
-    int64_t gather_offset = 0;   // in the per-rank gather shard of its kind (hp [H] or float8 [F])
-    at::Tensor master;           // [shard_rows, rest...] float32, requires_grad
-    at::Tensor leaf;             // [d0, rest...] compute dtype (hp: view of unsharded_flat)
-    std::optional<FsdpFloat8Weight> float8;  // See Note [FSDP float8 all-gather]
-    at::Tensor precomputed_scale;            // [] float32, from precompute_float8_scales()
-  };
+  using Param = ParamState;
   std::string name;
   std::vector<Param> params;
   bool reshard_after_forward = true;
@@ -215,24 +217,13 @@ void Fsdp::unshard_float8(Group& group) {
   for (auto& p : group.params)
     if (p.float8) weights.push_back(&p);
   // 1. Scales: precomputed after the last optimizer step, or one MAX all-reduce of shard amaxes.
-  std::vector<at::Tensor> scales(weights.size());
-  std::vector<at::Tensor> amaxes;
+  std::vector<Group::Param*> measured;
   for (Group::Param* p : weights)
-    if (!p->precomputed_scale.defined())
-      amaxes.push_back(float8::amax(p->master.detach(), float8::ScalingGranularity::Tensorwise, 0));
-  at::Tensor global_amax;
-  if (!amaxes.empty()) {
-    global_amax = at::stack(amaxes);
-    comm_.all_reduce(global_amax, ReduceOp::kMax);
-    if (float8_amax_tp_) float8_amax_tp_->all_reduce(global_amax, ReduceOp::kMax);
-  }
-  for (size_t i = 0, next = 0; i < weights.size(); ++i) {
-    const Group::Param& p = *weights[i];
-    scales[i] = p.precomputed_scale.defined()
-                    ? p.precomputed_scale
-                    : float8::scale_from_amax(global_amax[static_cast<int64_t>(next++)],
-                                              p.float8->float8_dtype, p.float8->round_scales_to_power_of_2);
-  }
+    if (!p->precomputed_scale.defined()) measured.push_back(p);
+  std::vector<at::Tensor> measured_scales = global_float8_scales(measured);
+  std::vector<at::Tensor> scales(weights.size());
+  for (size_t i = 0, next = 0; i < weights.size(); ++i)
+    scales[i] = weights[i]->precomputed_scale.defined() ? weights[i]->precomputed_scale : measured_scales[next++];
   // 2. Cast this rank's shards into one byte buffer; 3. gather it.
   const auto bytes = at::TensorOptions().dtype(at::kByte).device(device_);
   at::Tensor shard = at::empty({group.f8_shard_numel}, bytes);
@@ -262,23 +253,29 @@ void Fsdp::unshard_float8(Group& group) {
 void Fsdp::precompute_float8_scales() {
   at::NoGradGuard no_grad;
   std::vector<Group::Param*> weights;
-  std::vector<at::Tensor> amaxes;
   for (auto& group : groups_)
     for (auto& p : group->params)
-      if (p.float8) {
-        weights.push_back(&p);
-        amaxes.push_back(float8::amax(p.master.detach(), float8::ScalingGranularity::Tensorwise, 0));
-      }
-  if (weights.empty()) return;
+      if (p.float8) weights.push_back(&p);
   model::NamedScope scope("fsdp float8 scales", model::MemoryCategory::kFloat8Casts);
+  const std::vector<at::Tensor> scales = global_float8_scales(weights);  // ONE collective (+ TP)
+  for (size_t i = 0; i < weights.size(); ++i) weights[i]->precomputed_scale = scales[i];
+}
+
+// The tensorwise scale of each full weight from its shards: the stacked shard amaxes in ONE
+// all_reduce(MAX) over the shard group (and one over TP when the weights are TP shards too).
+std::vector<at::Tensor> Fsdp::global_float8_scales(const std::vector<ParamState*>& weights) {
+  if (weights.empty()) return {};
+  std::vector<at::Tensor> amaxes;
+  for (const Group::Param* p : weights)
+    amaxes.push_back(float8::amax(p->master.detach(), float8::ScalingGranularity::Tensorwise, 0));
   at::Tensor global_amax = at::stack(amaxes);
-  comm_.all_reduce(global_amax, ReduceOp::kMax);  // the ONE collective for every weight
-  if (float8_amax_tp_) float8_amax_tp_->all_reduce(global_amax, ReduceOp::kMax);  // (+ TP shards)
-  for (size_t i = 0; i < weights.size(); ++i) {
-    Group::Param& p = *weights[i];
-    p.precomputed_scale = float8::scale_from_amax(global_amax[static_cast<int64_t>(i)], p.float8->float8_dtype,
-                                                  p.float8->round_scales_to_power_of_2);
-  }
+  comm_.all_reduce(global_amax, ReduceOp::kMax);
+  if (float8_amax_tp_) float8_amax_tp_->all_reduce(global_amax, ReduceOp::kMax);
+  std::vector<at::Tensor> scales;
+  for (size_t i = 0; i < weights.size(); ++i)
+    scales.push_back(float8::scale_from_amax(global_amax[static_cast<int64_t>(i)], weights[i]->float8->float8_dtype,
+                                             weights[i]->float8->round_scales_to_power_of_2));
+  return scales;
 }
 
 int Fsdp::num_float8_params() const {

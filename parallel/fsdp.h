@@ -122,9 +122,11 @@ class Fsdp {
   int64_t unsharded_bytes_max() const;  // the largest group's unsharded buffers
 
  private:
+  struct ParamState;  // one parameter of a group
   struct Group;
   void unshard(int g);
   void unshard_float8(Group& group);
+  std::vector<at::Tensor> global_float8_scales(const std::vector<ParamState*>& weights);
   void reshard(int g);
   void reduce_scatter_grads(int g);
   void on_grad_ready(int g);

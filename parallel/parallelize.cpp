@@ -137,10 +137,7 @@ std::unique_ptr<ParallelModel> parallelize_llama(model::Llama& model, DeviceMesh
           auto handoff = options.float8_tp_input_all_gather ? float8_input_handoff(linears, name, readers)
                                                             : nullptr;
           if (handoff) {
-            const auto* f8 = dynamic_cast<const float8::Float8LinearCompute*>(
-                linears.at(name + "." + readers[0])->compute().get());
-            hook = make_float8_sequence_gather(*tp, handoff, f8->recipe().input.dtype,
-                                               f8->recipe().round_scales_to_power_of_2);
+            hook = make_float8_sequence_gather(*tp, handoff);
             ++float8_gathers;
           } else {
             hook = make_sequence_gather(*tp);

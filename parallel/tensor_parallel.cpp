@@ -210,21 +210,22 @@ model::ModuleInputHook make_sequence_gather(Comm& comm) {
   return [&comm](const at::Tensor& x) { return all_gather_seq(x, comm); };
 }
 
-model::ModuleInputHook make_float8_sequence_gather(Comm& comm, std::shared_ptr<float8::Float8InputHandoff> handoff,
-                                                   at::ScalarType float8_dtype, bool round_scales_to_power_of_2) {
-  return [&comm, handoff, float8_dtype, round_scales_to_power_of_2](const at::Tensor& x) {
+model::ModuleInputHook make_float8_sequence_gather(Comm& comm, std::shared_ptr<float8::Float8InputHandoff> handoff) {
+  return [&comm, handoff](const at::Tensor& x) {
     float8::Float8Tensor gathered;
     {
       at::NoGradGuard no_grad;
-      at::Tensor amax = float8::amax(x.detach(), float8::ScalingGranularity::Tensorwise, 0).clone();
-      comm.all_reduce(amax, ReduceOp::kMax);  // the global amax: every rank casts with one scale
-      at::Tensor scale = float8::scale_from_amax(amax, float8_dtype, round_scales_to_power_of_2);
-      at::Tensor local = float8::cast_to_float8(x.detach(), scale, float8_dtype);
-      gathered = {gather_seq_raw(local.view(at::kByte), comm).view(float8_dtype), scale, x.scalar_type()};
+      // One scale for every rank: the global amax of the sequence shards.
+      const float8::Float8Tensor local = float8::to_float8_with_global_amax(
+          x.detach(), handoff->cast, /*axis_dim=*/-1, handoff->round_scales_to_power_of_2,
+          [&comm](at::Tensor& amax) { comm.all_reduce(amax, ReduceOp::kMax); });
+      gathered = {gather_seq_raw(local.data.view(at::kByte), comm).view(local.data.scalar_type()),
+                  local.scale, x.scalar_type()};
     }
-    at::Tensor proxy = Float8GatherProxy::apply(x, pack(comm));
-    *handoff = float8::Float8InputHandoff{proxy, gathered, handoff->consumers, handoff->consumers};
-    return proxy;
+    handoff->proxy = Float8GatherProxy::apply(x, pack(comm));
+    handoff->input = gathered;
+    handoff->remaining = handoff->consumers;
+    return handoff->proxy;
   };
 }
 

@@ -43,10 +43,9 @@ at::Tensor all_reduce_sum(const at::Tensor& x, Comm& comm);       // backward: i
 model::ModuleInputHook make_sequence_gather(Comm& comm);
 // The same for a module whose input linears are all float8 tensorwise (See Note [Float8 input
 // from a TP all-gather] in float8/float8_linear.h): ONE all_reduce(MAX) of the shard's amax,
-// the shard cast to `float8_dtype`, ONE all-gather of the bytes into `handoff`; returns the
-// gathered input's storage-less proxy, whose gradient is reduce-scattered as usual.
-model::ModuleInputHook make_float8_sequence_gather(Comm& comm, std::shared_ptr<float8::Float8InputHandoff> handoff,
-                                                   at::ScalarType float8_dtype, bool round_scales_to_power_of_2);
+// the shard cast with the readers' input cast, ONE all-gather of the bytes into `handoff`;
+// returns the gathered input's storage-less proxy, whose gradient is reduce-scattered as usual.
+model::ModuleInputHook make_float8_sequence_gather(Comm& comm, std::shared_ptr<float8::Float8InputHandoff> handoff);
 
 // Column-parallel: y_local = inner(x, W_local) on a replicated input (gathered by the
 // module's prepare_input hook). No communication of its own.
