@@ -17,6 +17,7 @@
 #include "trainer/memory.h"
 #include "trainer/memory_estimate.h"
 #include "trainer/memory_snapshot.h"
+#include "tests/temp_dir.h"
 #include "trainer/train.h"
 
 using namespace titan::trainer;
@@ -24,12 +25,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-fs::path temp_dir(const std::string& name) {
-  fs::path dir = fs::temp_directory_path() / ("titan_test_memory_" + name + "_" + std::to_string(getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
+fs::path temp_dir(const std::string& name) { return titan::testing::fresh_temp_dir("test_memory_" + name); }
 
 std::string python() {
   const char* src = std::getenv("TITAN_SOURCE_DIR");

@@ -18,17 +18,14 @@
 #include "trainer/memory.h"
 #include "trainer/optimizer.h"
 #include "trainer/safetensors.h"
+#include "tests/temp_dir.h"
 #include "trainer/train.h"
 
 using namespace titan::trainer;
 namespace fs = std::filesystem;
 
 namespace {
-fs::path temp_dir(const std::string& name) {
-  fs::path dir = fs::temp_directory_path() / ("titan_test_trainer_" + name + "_" + std::to_string(getpid()));
-  fs::create_directories(dir);
-  return dir;
-}
+fs::path temp_dir(const std::string& name) { return titan::testing::fresh_temp_dir("test_trainer_" + name); }
 
 JobConfig small_job(const std::vector<std::string>& extra = {}) {
   std::vector<std::string> args = {"--training.seq_len", "64",  "--training.local_batch_size", "2",
