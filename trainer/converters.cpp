@@ -105,6 +105,7 @@ std::map<std::string, parallel::FsdpFloat8Weight> use_fsdp_float8_all_gather(mod
     parallel::FsdpFloat8Weight w;
     w.float8_dtype = compute->recipe().weight.dtype;
     w.round_scales_to_power_of_2 = compute->recipe().round_scales_to_power_of_2;
+    // `owner` keeps the compute alive for as long as FSDP may publish to it.
     w.publish = [owner, compute](const at::Tensor& data, const at::Tensor& scale) {
       compute->set_fsdp_weight(data, scale);
     };
