@@ -43,11 +43,11 @@ Float8Tensor delayed_cast(AmaxHistory& h, const at::Tensor& x, at::ScalarType dt
 Float8Tensor cast_dynamic(const Float8LinearState& s, int tp_sharded_dim, const at::Tensor& x,
                           const CastConfig& config, int64_t axis_dim) {
   const bool pow2 = s.recipe.round_scales_to_power_of_2;
-  if (tp_sharded_dim >= 0 && s.tp_amax_max) {
+  if (tp_sharded_dim >= 0 && s.tp.amax_max) {
     const int64_t axis = c10::maybe_wrap_dim(axis_dim, x.dim());
     const int reduced_dim = axis == x.dim() - 1 ? 1 : (axis == 0 ? 0 : -1);
     if (config.granularity == ScalingGranularity::Tensorwise || reduced_dim == tp_sharded_dim)
-      return to_float8_with_global_amax(x, config, axis, pow2, s.tp_amax_max);
+      return to_float8_with_global_amax(x, config, axis, pow2, s.tp.amax_max);
   }
   return to_float8(x, config, axis_dim, pow2);
 }
@@ -59,20 +59,10 @@ Float8Tensor recast(const Float8LinearState& s, int tp_sharded_dim, const at::Te
   return cast_dynamic(s, tp_sharded_dim, x, config, axis_dim);
 }
 
-// See Note [Float8 weight from FSDP].
-Float8Tensor weight_from_fsdp(const Float8LinearState& s, const at::Tensor& weight) {
-  if (!s.fsdp_weight.data.defined())
-    throw std::logic_error("float8 linear: the FSDP float8 all-gather has not published this "
-                           "linear's weight (is it run outside its FSDP group?)");
-  if (s.fsdp_weight.data.sizes() != weight.sizes()) {
-    std::ostringstream os;
-    os << "float8 linear: the FSDP-gathered float8 weight " << s.fsdp_weight.data.sizes()
-       << " does not match the weight " << weight.sizes();
-    throw std::logic_error(os.str());
-  }
-  Float8Tensor w8 = s.fsdp_weight;
-  w8.orig_dtype = weight.scalar_type();
-  return w8;
+// An operand its producer cast (See Note [Float8 operands from the producer]), or undefined.
+Float8Tensor handed_operand(const titan::model::LinearOperand& op) {
+  if (!op.cast.defined()) return {};
+  return Float8Tensor{op.cast.data, op.cast.scale, op.hp.scalar_type()};
 }
 
 at::Tensor saved_tensor(AutogradContext* ctx, const char* key) {
@@ -81,45 +71,46 @@ at::Tensor saved_tensor(AutogradContext* ctx, const char* key) {
 }
 
 // Note [Float8 linear autograd]:
-// forward(input [..., K], weight [N, K]) -> [..., N]. Saves the high-precision input and
-// weight; backward flattens input to x [M, K] and grad to G [M, N] (scales are computed after
-// flattening, so they are (M, 1) / (1, K) by construction) and runs the two backward GEMMs
-// with the operand layouts of FLOAT8.md. The non-tensor `state` argument gets an undefined
-// gradient, as custom functions require one gradient slot per forward argument.
+// forward(input [..., K], weight [N, K], input_cast, weight_cast, state) -> [..., N]. Saves the
+// high-precision input and weight and any operand handed already cast; backward flattens input
+// to x [M, K] and grad to G [M, N] (scales are computed after flattening, so they are (M, 1) /
+// (1, K) by construction) and runs the two backward GEMMs with the operand layouts of
+// docs/float8.md. The non-tensor arguments get undefined gradients, as custom functions require
+// one gradient slot per forward argument.
 struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunction> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input,
-                            const at::Tensor& weight,
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weight,
+                            const titan::model::QuantizedOperand& input_cast,
+                            const titan::model::QuantizedOperand& weight_cast,
                             const c10::intrusive_ptr<Float8LinearState>& state) {
     Float8LinearState& s = *state;
     const Float8Recipe& r = s.recipe;
     const GemmBackend backend = resolve_gemm_backend(s.backend, s.emulate, input.device());
-    // See Note [Float8 input from a TP all-gather]: the input may arrive already cast.
-    Float8Tensor handed;
-    if (Float8InputHandoff* h = s.input_handoff.get(); h && h->proxy.defined() && input.is_same(h->proxy)) {
-      handed = h->input;
-      handed.orig_dtype = input.scalar_type();
-      if (--h->remaining == 0) {  // the last reader: let go of this gather
-        h->proxy = at::Tensor();
-        h->input = Float8Tensor{};
-      }
-      ctx->saved_data["input_f8_data"] = handed.data;
-      ctx->saved_data["input_f8_scale"] = handed.scale;
+    // See Note [Float8 operands from the producer]: either may arrive already cast.
+    const Float8Tensor x_handed = handed_operand({input, input_cast});
+    const Float8Tensor w_handed = handed_operand({weight, weight_cast});
+    if (x_handed.data.defined()) {
+      ctx->saved_data["input_f8_data"] = x_handed.data;
+      ctx->saved_data["input_f8_scale"] = x_handed.scale;
+    }
+    if (w_handed.data.defined()) {
+      ctx->saved_data["weight_f8_data"] = w_handed.data;
+      ctx->saved_data["weight_f8_scale"] = w_handed.scale;
     }
     auto cast_and_multiply = [&] {
       Float8Tensor x8, w8;  // x8: [..., K] scale () or [..., 1]; w8: [N, K] scale () or (N, 1)
-      if (handed.data.defined()) {
-        x8 = handed;
-        w8 = s.weight_from_fsdp ? weight_from_fsdp(s, weight)
-                                : cast_dynamic(s, s.tp_sharded_dim_weight, weight, r.weight, /*axis_dim=*/-1);
+      if (x_handed.data.defined()) {
+        x8 = x_handed;
+        w8 = w_handed.data.defined() ? w_handed
+                                     : cast_dynamic(s, s.tp.weight_dim, weight, r.weight, /*axis_dim=*/-1);
       } else if (r.delayed) {
         x8 = delayed_cast(s.input, input, r.input.dtype, r);
         w8 = delayed_cast(s.weight, weight, r.weight.dtype, r);
         ctx->saved_data["input_scale"] = x8.scale;
         ctx->saved_data["weight_scale"] = w8.scale;
       } else {
-        x8 = cast_dynamic(s, s.tp_sharded_dim_input, input, r.input, /*axis_dim=*/-1);
-        w8 = s.weight_from_fsdp ? weight_from_fsdp(s, weight)
-                                : cast_dynamic(s, s.tp_sharded_dim_weight, weight, r.weight, /*axis_dim=*/-1);
+        x8 = cast_dynamic(s, s.tp.input_dim, input, r.input, /*axis_dim=*/-1);
+        w8 = w_handed.data.defined() ? w_handed
+                                     : cast_dynamic(s, s.tp.weight_dim, weight, r.weight, /*axis_dim=*/-1);
       }
       // See Note [Scale follows data]: (B, S, K) with (B, S, 1) -> (B*S, K) with (B*S, 1).
       return scaled_mm(reshape_to_2d(x8), transpose_2d(w8), input.scalar_type(),
@@ -149,8 +140,9 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
     const at::Tensor& weight = saved[1];  // [N, K]
     const int64_t K = weight.size(1), N = weight.size(0);
     const GemmBackend backend = resolve_gemm_backend(s.backend, s.emulate, input.device());
-    const at::Tensor x8_data = saved_tensor(ctx, "input_f8_data");  // TP float8 gather only
-    // The proxy of a float8-gathered input has no values: only its float8 copy is read.
+    const at::Tensor x8_data = saved_tensor(ctx, "input_f8_data");   // handed input only
+    const at::Tensor w8_data = saved_tensor(ctx, "weight_f8_data");  // handed weight only
+    // A handed input's high-precision stand-in has no values: only its float8 copy is read.
     at::Tensor x = x8_data.defined() ? at::Tensor() : input.reshape({-1, K});  // [M, K]
     at::Tensor G = grads[0].reshape({-1, N});      // [M, N]
     const at::Tensor x_scale = saved_tensor(ctx, "input_scale");   // delayed only
@@ -162,19 +154,19 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
     if (r.delayed) {
       g8_rows = g8_cols = delayed_cast(s.grad_output, G, r.grad_output.dtype, r);
     } else {
-      g8_rows = cast_dynamic(s, s.tp_sharded_dim_grad_output, G, r.grad_output, /*axis_dim=*/-1);
+      g8_rows = cast_dynamic(s, s.tp.grad_output_dim, G, r.grad_output, /*axis_dim=*/-1);
       g8_cols = r.grad_output.granularity == ScalingGranularity::Tensorwise
                     ? g8_rows
-                    : cast_dynamic(s, s.tp_sharded_dim_grad_output, G, r.grad_output, /*axis_dim=*/0);
+                    : cast_dynamic(s, s.tp.grad_output_dim, G, r.grad_output, /*axis_dim=*/0);
     }
 
     at::Tensor grad_input, grad_weight;
     if (ctx->needs_input_grad(0)) {
       // grad_input [M, K] = G [M, N] @ W [N, K]; W scaled per column (1, K) or tensorwise.
-      // Tensorwise W is the same cast for both GEMMs, so the FSDP-gathered one serves here too.
-      Float8Tensor w8 = s.weight_from_fsdp
-                            ? weight_from_fsdp(s, weight)
-                            : recast(s, s.tp_sharded_dim_weight, weight, r.weight_for_grad_input, /*axis_dim=*/0, w_scale);
+      // A handed weight is tensorwise: the same cast serves both GEMMs.
+      Float8Tensor w8 = w8_data.defined()
+                            ? Float8Tensor{w8_data, saved_tensor(ctx, "weight_f8_scale"), weight.scalar_type()}
+                            : recast(s, s.tp.weight_dim, weight, r.weight_for_grad_input, /*axis_dim=*/0, w_scale);
       grad_input = scaled_mm(g8_rows, w8, input.scalar_type(), /*use_fast_accum=*/false, backend)
                        .reshape(input.sizes());
     }
@@ -187,18 +179,18 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
         Float8Tensor x8 = x8_data.defined()
                               ? Float8Tensor{x8_data.reshape({-1, K}), saved_tensor(ctx, "input_f8_scale"),
                                              input.scalar_type()}
-                              : recast(s, s.tp_sharded_dim_input, x, r.input, /*axis_dim=*/0, x_scale);
+                              : recast(s, s.tp.input_dim, x, r.input, /*axis_dim=*/0, x_scale);
         grad_weight = scaled_mm(transpose_2d(g8_cols), x8, weight.scalar_type(),
                                 /*use_fast_accum=*/false, backend);
       }
     }
-    return {grad_input, grad_weight, at::Tensor()};
+    return {grad_input, grad_weight, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
 
-Float8LinearCompute::Float8LinearCompute(Float8Recipe recipe, bool emulate, GemmBackend backend)
+Float8LinearCompute::Float8LinearCompute(Float8Recipe recipe, bool emulate, GemmBackend backend, TpSharding tp)
     : state_(c10::make_intrusive<Float8LinearState>()) {
   if (recipe.delayed && recipe_uses_axiswise(recipe)) {
     throw std::invalid_argument("float8 recipe '" + recipe.name +
@@ -212,62 +204,54 @@ Float8LinearCompute::Float8LinearCompute(Float8Recipe recipe, bool emulate, Gemm
   state_->recipe = std::move(recipe);
   state_->emulate = emulate;
   state_->backend = backend;
+  state_->tp = std::move(tp);
 }
 
-at::Tensor Float8LinearCompute::forward(const at::Tensor& input, const at::Tensor& weight) {
-  if (weight.dim() != 2 || input.dim() < 1 || input.size(-1) != weight.size(1)) {
+bool Float8LinearCompute::accepts_float8_input(at::ScalarType dtype) const {
+  const Float8Recipe& r = state_->recipe;
+  return !r.delayed && r.input.granularity == ScalingGranularity::Tensorwise &&
+         !r.grad_weight_high_precision && r.input.dtype == dtype;
+}
+
+bool Float8LinearCompute::accepts_float8_weight(at::ScalarType dtype) const {
+  const Float8Recipe& r = state_->recipe;
+  return !r.delayed && r.weight.granularity == ScalingGranularity::Tensorwise &&
+         r.weight_for_grad_input.granularity == ScalingGranularity::Tensorwise &&
+         r.weight.dtype == dtype && r.weight_for_grad_input.dtype == dtype;
+}
+
+at::Tensor Float8LinearCompute::forward(const titan::model::LinearOperand& input,
+                                        const titan::model::LinearOperand& weight) {
+  const at::Tensor& x = input.hp;
+  const at::Tensor& w = weight.hp;
+  if (w.dim() != 2 || x.dim() < 1 || x.size(-1) != w.size(1)) {
     std::ostringstream os;
-    os << describe() << ": input " << input.sizes() << " does not match weight " << weight.sizes()
+    os << describe() << ": input " << x.sizes() << " does not match weight " << w.sizes()
        << " (need input [..., K] and weight [N, K])";
     throw std::invalid_argument(os.str());
   }
-  return Float8LinearFunction::apply(input, weight, state_);
-}
-
-void Float8LinearCompute::use_weight_from_fsdp() {
   const Float8Recipe& r = state_->recipe;
-  if (r.delayed || r.weight.granularity != ScalingGranularity::Tensorwise ||
-      r.weight_for_grad_input.granularity != ScalingGranularity::Tensorwise ||
-      r.weight.dtype != r.weight_for_grad_input.dtype) {
-    throw std::invalid_argument("float8 recipe '" + r.name +
-                                "': a float8 weight gathered by FSDP needs one tensorwise dynamic "
-                                "weight cast for both GEMMs (recipe 'tensorwise')");
-  }
-  state_->weight_from_fsdp = true;
-}
-
-void Float8LinearCompute::set_tp_sharding(std::function<void(at::Tensor&)> amax_max, int input_dim,
-                                          int weight_dim, int grad_output_dim) {
-  state_->tp_amax_max = std::move(amax_max);
-  state_->tp_sharded_dim_input = input_dim;
-  state_->tp_sharded_dim_weight = weight_dim;
-  state_->tp_sharded_dim_grad_output = grad_output_dim;
-}
-
-void Float8LinearCompute::use_input_from(std::shared_ptr<Float8InputHandoff> handoff) {
-  const Float8Recipe& r = state_->recipe;
-  if (r.delayed || r.input.granularity != ScalingGranularity::Tensorwise || r.grad_weight_high_precision) {
-    throw std::invalid_argument("float8 recipe '" + r.name +
-                                "': an input gathered in float8 needs one tensorwise dynamic input "
-                                "cast for the output and grad_weight GEMMs (recipe 'tensorwise')");
-  }
-  if (handoff->consumers > 0 && (handoff->cast.dtype != r.input.dtype ||
-                                 handoff->round_scales_to_power_of_2 != r.round_scales_to_power_of_2))
-    throw std::invalid_argument("float8: linears sharing a float8-gathered input need one input cast");
-  handoff->cast = r.input;
-  handoff->round_scales_to_power_of_2 = r.round_scales_to_power_of_2;
-  ++handoff->consumers;
-  state_->input_handoff = std::move(handoff);
-}
-
-void Float8LinearCompute::set_fsdp_weight(const at::Tensor& data, const at::Tensor& scale) {
-  state_->fsdp_weight = data.defined() ? Float8Tensor{data, scale, at::kFloat} : Float8Tensor{};
+  if (input.cast.defined() && (!accepts_float8_input(input.cast.data.scalar_type()) ||
+                               input.cast.data.sizes() != x.sizes()))
+    throw std::invalid_argument("recipe '" + r.name + "' cannot use an input already cast to float8 "
+                                "(that needs one tensorwise dynamic input cast of the same shape and "
+                                "dtype for the output and grad_weight GEMMs: recipe 'tensorwise')");
+  if (weight.cast.defined() && (!accepts_float8_weight(weight.cast.data.scalar_type()) ||
+                                weight.cast.data.sizes() != w.sizes()))
+    throw std::invalid_argument("recipe '" + r.name + "' cannot use a weight already cast to float8 "
+                                "(that needs one tensorwise dynamic weight cast of the same shape and "
+                                "dtype for both GEMMs: recipe 'tensorwise')");
+  // An FSDP float8-gathered weight's autograd handle has no values; casting it would read freed
+  // memory.
+  if (!weight.cast.defined() && w.numel() > 0 && !w.is_meta() && w.storage().nbytes() == 0)
+    throw std::invalid_argument("the weight has no values and no float8 form (is the linear run "
+                                "outside its FSDP group's forward?)");
+  return Float8LinearFunction::apply(x, w, input.cast, weight.cast, state_);
 }
 
 std::string Float8LinearCompute::describe() const {
   std::string d = "float8[" + state_->recipe.name;
   if (state_->emulate) d += ",emulated";
-  if (state_->weight_from_fsdp) d += ",fsdp_float8_all_gather";
   if (state_->backend != GemmBackend::Auto) d += std::string(",") + gemm_backend_name(state_->backend);
   return d + "]";
 }
@@ -276,7 +260,7 @@ std::vector<Float8LinearCompute*> float8_computes(
     const std::vector<titan::model::Linear*>& linears) {
   std::vector<Float8LinearCompute*> out;
   for (titan::model::Linear* l : linears) {
-    if (auto* c = dynamic_cast<Float8LinearCompute*>(l->compute().get())) out.push_back(c);
+    if (auto* c = dynamic_cast<Float8LinearCompute*>(titan::model::innermost(l->compute()))) out.push_back(c);
   }
   return out;
 }

@@ -136,7 +136,12 @@ Int8LinearCompute::Int8LinearCompute(Int8GemmSwitches gemms, Int8MmBackend backe
   state_->backend = backend;
 }
 
-at::Tensor Int8LinearCompute::forward(const at::Tensor& input, const at::Tensor& weight) {
+at::Tensor Int8LinearCompute::forward(const titan::model::LinearOperand& input_op,
+                                      const titan::model::LinearOperand& weight_op) {
+  if (input_op.cast.defined() || weight_op.cast.defined())
+    throw std::invalid_argument(describe() + " was handed a float8 operand; int8 quantizes its own");
+  const at::Tensor& input = input_op.hp;
+  const at::Tensor& weight = weight_op.hp;
   if (weight.dim() != 2 || input.dim() < 1 || input.size(-1) != weight.size(1)) {
     std::ostringstream os;
     os << describe() << ": input " << input.sizes() << " does not match weight " << weight.sizes()

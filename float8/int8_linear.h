@@ -1,4 +1,4 @@
-// float8/int8_linear.h — INT8 mixed-precision training (torchao's int8_mixed_precision, seed 003).
+// float8/int8_linear.h — INT8 mixed-precision training (torchao's int8_mixed_precision).
 //
 // Weights stay in high precision; each GEMM quantizes its operands on the fly to int8 with one
 // scale per row of the left operand and one per column of the right operand (constant along
@@ -8,7 +8,7 @@
 //   out[m,n]  = float(acc[m,n]) * row_scale[m] * col_scale[n]
 // output = x @ W^T (x per row, W per row); grad_input = G @ W (G per row, W per column);
 // grad_weight = (x^T @ G)^T (x per column, G per column). Each GEMM can be switched back to
-// high precision. (FLOAT8.md "INT8 mixed-precision training".)
+// high precision. (docs/float8.md, "INT8 mixed precision".)
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -63,7 +63,8 @@ class Int8LinearCompute final : public titan::model::LinearCompute {
                              Int8MmBackend backend = Int8MmBackend::Auto);
 
   // input [..., K], weight [N, K] -> [..., N] in input's dtype.
-  at::Tensor forward(const at::Tensor& input, const at::Tensor& weight) override;
+  at::Tensor forward(const titan::model::LinearOperand& input,
+                     const titan::model::LinearOperand& weight) override;
   std::string describe() const override;  // "int8", "int8[output,grad_input]", "int8[emulated]"
 
   const Int8GemmSwitches& gemms() const { return state_->gemms; }

@@ -12,36 +12,13 @@
 
 namespace titan::model {
 
-// Note [Op save list]:
-// The ONLY ops whose outputs per-op selective AC keeps (REFERENCE.md section 4, torchtitan's
-// _save_list). Everything else a block computes (pointwise, norms, RoPE, casts, abs, float8
-// scaling) is recomputed. `abs` in particular must never be here: with float8 rowwise it is
-// abs(W) of an unsharded weight, ~11 GiB on Llama3-8B (seed 000). tests/test_activation_checkpoint
-// checks that a block keeps exactly the 1st/3rd/5th/7th mm and sdpa, and no abs.
-const std::vector<SaveListEntry>& selective_ac_save_list() {
-  static const std::vector<SaveListEntry> list = {
-      {"mm", /*every_second=*/true, "matrix products: the FLOPs; every second one is recomputed"},
-      {"sdpa", false, "attention: quadratic in seq_len, the costliest op to recompute"},
-      {"reduce_scatter", false, "TP reduce-scatter: recomputing it would repeat communication"},
-      {"amax", false, "float8 amax reductions: tiny outputs, and a cross-rank max in FSDP"},
-  };
-  return list;
-}
-
-bool op_on_save_list(const std::string& op) {
-  for (const auto& e : selective_ac_save_list())
-    if (op == e.op) return true;
-  return false;
-}
-
 namespace {
 
 thread_local OpCheckpointStore* t_store = nullptr;
 thread_local OpCheckpointPhase t_phase = OpCheckpointPhase::kRecord;
 
-// Index of `op` in the save list, -1 if absent.
-int save_list_row(const char* op) {
-  const auto& list = selective_ac_save_list();
+// Index of `op` in `list`, -1 if absent.
+int save_list_row(const SaveList& list, const char* op) {
   for (size_t i = 0; i < list.size(); ++i)
     if (std::string(op) == list[i].op) return static_cast<int>(i);
   return -1;
@@ -70,7 +47,7 @@ OpCheckpointScope::OpCheckpointScope(OpCheckpointStore* store, OpCheckpointPhase
   TORCH_CHECK(store != nullptr, "OpCheckpointScope needs a store");
   if (phase == OpCheckpointPhase::kRecord) store->entries_.clear();
   store->replay_pos_ = 0;
-  store->counts_.assign(selective_ac_save_list().size(), 0);
+  store->counts_.assign(store->save_list_->size(), 0);
   t_store = store;
   t_phase = phase;
 }
@@ -100,10 +77,10 @@ std::vector<at::Tensor> checkpointable_op_multi(
     store->entries_.emplace_back();
     store->entries_[index].op = name;
     bool kept = false;
-    const int row = save_list_row(name);
+    const int row = save_list_row(*store->save_list_, name);
     if (row >= 0) {
       const int64_t n = ++store->counts_[row];  // 1-based call number of this op in the block
-      kept = !selective_ac_save_list()[row].every_second || n % 2 == 1;
+      kept = !(*store->save_list_)[row].every_second || n % 2 == 1;
     }
     std::vector<at::Tensor> out = fn();
     OpCheckpointStore::Entry& entry = store->entries_[index];

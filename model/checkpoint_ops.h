@@ -7,8 +7,9 @@
 //   record  (first forward, no grad): fn() runs; if the policy keeps `name`, its output is stored;
 //   replay  (recompute in backward, with grad): a stored output is returned INSTEAD of running
 //           fn(); every other op is recomputed.
-// The policy is ONE table, selective_ac_save_list() in checkpoint_ops.cpp (See Note [Op save
-// list]). Ops called inside a kept op are skipped with it in the replay.
+// The policy is a table the store is built with: the one per-op AC uses lives beside apply_ac,
+// parallel::selective_ac_save_list() (See Note [Op save list] in parallel/activation_checkpoint.cpp).
+// Ops called inside a kept op are skipped with it in the replay.
 //
 // Note [Replay needs no autograd history]:
 // A replayed output has no autograd history of its own, so callers put checkpointable_op where
@@ -34,14 +35,16 @@ struct SaveListEntry {
   bool every_second;
   const char* why;
 };
-const std::vector<SaveListEntry>& selective_ac_save_list();
-bool op_on_save_list(const std::string& op);
+using SaveList = std::vector<SaveListEntry>;
 
 enum class OpCheckpointPhase { kRecord, kReplay };
 
 // What one checkpointed block keeps between its first forward and its recompute.
 class OpCheckpointStore {
  public:
+  // `save_list` must outlive the store (the policy tables are static).
+  explicit OpCheckpointStore(const SaveList& save_list) : save_list_(&save_list) {}
+  const SaveList& save_list() const { return *save_list_; }
   struct Entry {
     std::string op;    // the name passed to checkpointable_op
     bool kept = false;
@@ -56,6 +59,7 @@ class OpCheckpointStore {
  private:
   friend std::vector<at::Tensor> checkpointable_op_multi(
       const char*, const std::function<std::vector<at::Tensor>()>&);
+  const SaveList* save_list_;
   std::vector<Entry> entries_;
   size_t replay_pos_ = 0;
   std::vector<int64_t> counts_;  // calls per save-list row in this pass

@@ -4,6 +4,8 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <stdexcept>
+
 #include "model/checkpoint_ops.h"
 
 namespace titan::model {
@@ -41,8 +43,17 @@ struct LinearFunction : public torch::autograd::Function<LinearFunction> {
 
 }  // namespace
 
-at::Tensor HighPrecisionLinearCompute::forward(const at::Tensor& input, const at::Tensor& weight) {
-  return LinearFunction::apply(input, weight);
+LinearCompute* innermost(const std::shared_ptr<LinearCompute>& compute) {
+  LinearCompute* c = compute.get();
+  while (c && c->inner()) c = c->inner()->get();
+  return c;
+}
+
+at::Tensor HighPrecisionLinearCompute::forward(const LinearOperand& input, const LinearOperand& weight) {
+  if (input.cast.defined() || weight.cast.defined())
+    throw std::invalid_argument("the high-precision linear was handed a float8 operand; only a "
+                                "float8 tensorwise compute can use one");
+  return LinearFunction::apply(input.hp, weight.hp);
 }
 
 Linear::Linear(std::string fqn, int64_t in_features, int64_t out_features)
@@ -50,6 +61,14 @@ Linear::Linear(std::string fqn, int64_t in_features, int64_t out_features)
       in_features_(in_features),
       out_features_(out_features),
       compute_(std::make_shared<HighPrecisionLinearCompute>()) {}
+
+at::Tensor Linear::forward(const LinearOperand& input) const {
+  try {
+    return compute_->forward(input, LinearOperand(weight, weight_cast));
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument("linear " + fqn_ + " (" + compute_->describe() + "): " + e.what());
+  }
+}
 
 void Linear::set_compute(std::shared_ptr<LinearCompute> compute) {
   TORCH_CHECK(compute, "Linear ", fqn_, ": set_compute needs a non-null LinearCompute");

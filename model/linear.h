@@ -15,20 +15,50 @@
 
 namespace titan::model {
 
+// Note [Linear operands as data]:
+// A compute receives its input and its weight as values, never through shared state. `hp` is
+// the high-precision tensor autograd differentiates through. `cast` is set when the producer
+// already holds the operand quantized for the GEMM, the way TransformerEngine hands quantized
+// tensors to its GEMMs and torchao's FSDP makes the float8 weight the gathered parameter:
+//   - the weight, when FSDP all-gathers it in float8 (the Linear's `weight_cast` slot, filled
+//     by FSDP's unshard like `weight` itself; `weight` is then a storage-less autograd handle);
+//   - the input, when tensor parallel all-gathers a module's input in float8 (returned by the
+//     module's prepare_input; `hp` is then a storage-less stand-in whose backward is the
+//     gather's adjoint).
+// A compute that cannot use a given cast (high precision, int8, a rowwise float8 recipe)
+// refuses it with an error naming the linear; the plan only builds casts a compute can take.
+struct QuantizedOperand {
+  at::Tensor data;   // same shape as the operand, float8
+  at::Tensor scale;  // [] float32: data = saturate(float32(hp) * scale) (one tensorwise scale)
+  bool defined() const { return data.defined(); }
+};
+
+struct LinearOperand {
+  LinearOperand(at::Tensor hp_) : hp(std::move(hp_)) {}  // NOLINT: a plain tensor is an operand
+  LinearOperand(at::Tensor hp_, QuantizedOperand cast_) : hp(std::move(hp_)), cast(std::move(cast_)) {}
+  at::Tensor hp;          // input [..., K] or weight [N, K], in the compute dtype
+  QuantizedOperand cast;  // undefined unless the producer cast it (see the Note)
+};
+
 // y = x W^T for x [..., in_features] and W [out_features, in_features]; no bias (Llama has none).
 class LinearCompute {
  public:
   virtual ~LinearCompute() = default;
-  virtual at::Tensor forward(const at::Tensor& input, const at::Tensor& weight) = 0;
+  virtual at::Tensor forward(const LinearOperand& input, const LinearOperand& weight) = 0;
   // Short name for logs, e.g. "hp", "float8[rowwise]", "int8", "colwise(float8[rowwise])".
   virtual std::string describe() const = 0;
+  // The compute a decorator (colwise, rowwise, ...) wraps; nullptr for a compute that multiplies.
+  virtual const std::shared_ptr<LinearCompute>* inner() const { return nullptr; }
 };
+
+// The compute at the bottom of a decorator chain: the one that multiplies.
+LinearCompute* innermost(const std::shared_ptr<LinearCompute>& compute);
 
 // The high-precision product x W^T (an autograd Function whose GEMM goes through the op layer,
 // model/checkpoint_ops.h): the default compute of every Linear.
 class HighPrecisionLinearCompute final : public LinearCompute {
  public:
-  at::Tensor forward(const at::Tensor& input, const at::Tensor& weight) override;
+  at::Tensor forward(const LinearOperand& input, const LinearOperand& weight) override;
   std::string describe() const override { return "hp"; }
 };
 
@@ -36,7 +66,8 @@ class Linear {
  public:
   Linear(std::string fqn, int64_t in_features, int64_t out_features);
 
-  at::Tensor forward(const at::Tensor& input) const { return compute_->forward(input, weight); }
+  // input [..., in_features] -> [..., out_features]; errors name this linear's fqn.
+  at::Tensor forward(const LinearOperand& input) const;
 
   const std::string& fqn() const { return fqn_; }  // e.g. "layers.0.attention.wq"
   int64_t in_features() const { return in_features_; }
@@ -45,7 +76,8 @@ class Linear {
   void set_compute(std::shared_ptr<LinearCompute> compute);
   const std::shared_ptr<LinearCompute>& compute() const { return compute_; }
 
-  at::Tensor weight;  // [out_features, in_features], parameter "<fqn>.weight"
+  at::Tensor weight;              // [out_features, in_features], parameter "<fqn>.weight"
+  QuantizedOperand weight_cast;   // set by an FSDP float8 all-gather while unsharded, else empty
 
  private:
   std::string fqn_;

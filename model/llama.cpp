@@ -86,8 +86,8 @@ Attention::Attention(const std::string& prefix, const ModelArgs& args)
 }
 
 at::Tensor Attention::forward(const at::Tensor& x_in, const RotaryTable& rope) const {
-  const at::Tensor x = prepare_input ? prepare_input(x_in) : x_in;
-  const int64_t batch = x.size(0), seq = x.size(1);
+  const LinearOperand x = prepare_input ? prepare_input(x_in) : LinearOperand(x_in);
+  const int64_t batch = x.hp.size(0), seq = x.hp.size(1);
   // Head counts come from the weights, so a tensor-parallel shard (fewer local heads) works too.
   at::Tensor q = wq.forward(x).view({batch, seq, -1, head_dim});  // [B, S, H, hd]
   at::Tensor k = wk.forward(x).view({batch, seq, -1, head_dim});  // [B, S, KV, hd]
@@ -114,7 +114,7 @@ FeedForward::FeedForward(const std::string& prefix, int64_t dim, int64_t hidden_
 }
 
 at::Tensor FeedForward::forward(const at::Tensor& x_in) const {
-  const at::Tensor x = prepare_input ? prepare_input(x_in) : x_in;
+  const LinearOperand x = prepare_input ? prepare_input(x_in) : LinearOperand(x_in);
   // w1 before w3, explicitly: per-op AC counts matrix products in call order (every second one
   // is recomputed), so the order must not be left to unspecified argument evaluation.
   at::Tensor gate = w1.forward(x);  // [B, S, hidden]
@@ -202,23 +202,103 @@ void Llama::materialize_buffers(c10::Device device) {
   rope_ = make_rotary_table(args_.head_dim(), args_.max_seq_len, args_.rope_theta, device);
 }
 
+namespace {
+
+// wrappers[0] innermost: each one's run calls the forward composed so far.
+ForwardFn compose(ForwardFn run, const std::vector<ForwardWrapper>& wrappers) {
+  for (const ForwardWrapper& w : wrappers)
+    run = [wrap = w.run, inner = std::move(run)](const at::Tensor& x) { return wrap(x, inner); };
+  return run;
+}
+
+// "fsdp(group 4) > ac(full)": outermost first.
+std::string chain(const std::vector<ForwardWrapper>& wrappers) {
+  std::string out;
+  for (auto it = wrappers.rbegin(); it != wrappers.rend(); ++it) out += (out.empty() ? "" : " > ") + it->name;
+  return out;
+}
+
+}  // namespace
+
+void Llama::wrap_block(int64_t layer_id, ForwardWrapper wrapper) {
+  TORCH_CHECK(layer_id >= 0 && layer_id < args_.n_layers, "wrap_block: no layer ", layer_id);
+  if (block_wrappers_.empty()) block_wrappers_.resize(static_cast<size_t>(args_.n_layers));
+  block_wrappers_[static_cast<size_t>(layer_id)].push_back(std::move(wrapper));
+}
+
+void Llama::wrap_stage(Stage stage, ForwardWrapper wrapper) {
+  (stage == Stage::kEmbedding ? embedding_wrappers_ : head_wrappers_).push_back(std::move(wrapper));
+}
+
+void Llama::set_embedding_compute(std::string name, EmbeddingCompute compute) {
+  embedding_compute_name_ = std::move(name);
+  embedding_compute_ = std::move(compute);
+}
+
+std::vector<std::string> Llama::describe() const {
+  // (line with the layer number replaced by '#', layer ids) in first-seen order.
+  std::vector<std::pair<std::string, std::vector<int64_t>>> lines;
+  auto add = [&](int64_t layer, const std::string& line) {
+    for (auto& l : lines)
+      if (l.first == line) return l.second.push_back(layer);
+    lines.push_back({line, {layer}});
+  };
+  std::string embedding = "tok_embeddings: " + embedding_compute_name_;
+  if (!embedding_wrappers_.empty()) embedding += " > " + chain(embedding_wrappers_);
+  add(-1, embedding);
+  for (const auto& layer : layers_) {
+    const size_t id = static_cast<size_t>(layer->layer_id);
+    if (id < block_wrappers_.size() && !block_wrappers_[id].empty())
+      add(layer->layer_id, "layers.#: " + chain(block_wrappers_[id]));
+    const Attention& a = layer->attention;
+    const FeedForward& f = layer->feed_forward;
+    for (const Linear* l : {&a.wq, &a.wk, &a.wv, &a.wo, &f.w1, &f.w2, &f.w3}) {
+      const std::string& fqn = l->fqn();
+      add(layer->layer_id, "layers.#" + fqn.substr(fqn.find('.', 7)) + ": " + l->compute()->describe());
+    }
+  }
+  std::string head = "output: " + output_.compute()->describe();
+  if (!head_wrappers_.empty()) head = "norm+output: " + chain(head_wrappers_) + "; " + head;
+  add(-1, head);
+  std::vector<std::string> out;
+  for (const auto& [line, ids] : lines) {
+    const size_t hash = line.find('#');
+    if (hash == std::string::npos) {
+      out.push_back(line);
+      continue;
+    }
+    std::string ranges;  // "0-5" or "1,3,5"
+    for (size_t i = 0; i < ids.size();) {
+      size_t j = i;
+      while (j + 1 < ids.size() && ids[j + 1] == ids[j] + 1) ++j;
+      ranges += (ranges.empty() ? "" : ",") + std::to_string(ids[i]) +
+                (j > i ? "-" + std::to_string(ids[j]) : std::string());
+      i = j + 1;
+    }
+    out.push_back(line.substr(0, hash) + ranges + line.substr(hash + 1));
+  }
+  return out;
+}
+
 at::Tensor Llama::forward(const at::Tensor& tokens) {
   TORCH_CHECK(tokens.dim() == 2, "Llama::forward expects tokens [batch, seq], got shape ",
               tokens.sizes());
-  auto embed = [this](const at::Tensor& t) {
+  ForwardFn embed = [this](const at::Tensor& t) {
     return embedding_compute_ ? embedding_compute_(t, tok_embeddings_weight_)
                               : at::embedding(tok_embeddings_weight_, t);  // [B, S, D]
   };
-  at::Tensor h = stage_runner_ ? stage_runner_(Stage::kEmbedding, tokens, embed) : embed(tokens);
+  at::Tensor h = compose(std::move(embed), embedding_wrappers_)(tokens);
+  static const std::vector<ForwardWrapper> kNoWrappers;
   for (auto& layer : layers_) {
     TransformerBlock* block = layer.get();
-    auto run = [this, block](const at::Tensor& x) { return block->forward(x, rope_); };
+    const size_t id = static_cast<size_t>(block->layer_id);
+    ForwardFn run = [this, block](const at::Tensor& x) { return block->forward(x, rope_); };
     NamedScope scope("layers." + std::to_string(block->layer_id));
-    h = block_runner_ ? block_runner_(block->layer_id, h, run) : run(h);
+    h = compose(std::move(run), id < block_wrappers_.size() ? block_wrappers_[id] : kNoWrappers)(h);
   }
-  auto head = [this](const at::Tensor& x) { return output_.forward(norm_.forward(x)); };
+  ForwardFn head = [this](const at::Tensor& x) { return output_.forward(norm_.forward(x)); };
   NamedScope scope("output");
-  return stage_runner_ ? stage_runner_(Stage::kHead, h, head) : head(h);  // [B, S, vocab]
+  return compose(std::move(head), head_wrappers_)(h);  // [B, S, vocab]
 }
 
 }  // namespace titan::model

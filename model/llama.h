@@ -46,8 +46,9 @@ RotaryTable make_rotary_table(int64_t head_dim, int64_t max_seq_len, double thet
 at::Tensor apply_rotary(const at::Tensor& x, const RotaryTable& table);
 
 // Transforms a module's input before its first linear (torchtitan's PrepareModuleInput):
-// sequence parallel all-gathers the sequence shards here once for wq/wk/wv (or w1/w3).
-using ModuleInputHook = std::function<at::Tensor(const at::Tensor& x)>;
+// sequence parallel all-gathers the sequence shards here once for wq/wk/wv (or w1/w3), possibly
+// already cast to float8 (See Note [Linear operands as data] in model/linear.h).
+using ModuleInputHook = std::function<LinearOperand(const at::Tensor& x)>;
 
 struct Attention {
   Attention(const std::string& prefix, const ModelArgs& args);
@@ -79,21 +80,24 @@ struct TransformerBlock {
   RMSNorm attention_norm, ffn_norm;
 };
 
-// Runs one block; parallel/ installs wrappers (activation checkpointing, FSDP gathers) that
-// call `run` themselves. Default: run(h).
-using BlockRunner = std::function<at::Tensor(
-    int64_t layer_id, const at::Tensor& h, const std::function<at::Tensor(const at::Tensor&)>& run)>;
+// A block's (or a stage's) forward, x -> y.
+using ForwardFn = std::function<at::Tensor(const at::Tensor& x)>;
+
+// One wrapper of a block's or stage's forward (activation checkpointing, FSDP's gathers): `run`
+// calls `inner` itself, its own way. Wrappers nest in the order they are added, the last added
+// outermost; `name` is what describe() prints ("ac(full)", "fsdp(group 4)").
+struct ForwardWrapper {
+  std::string name;
+  std::function<at::Tensor(const at::Tensor& x, const ForwardFn& inner)> run;
+};
 
 // tokens [B, S] int64 + embedding weight -> [B, S', D]. Default: at::embedding (S' = S);
 // tensor parallel installs a vocab-parallel lookup whose output is sequence-sharded.
 using EmbeddingCompute = std::function<at::Tensor(const at::Tensor& tokens, const at::Tensor& weight)>;
 
-// The stages outside the blocks, for StageRunner: kEmbedding maps tokens -> h,
-// kHead maps h -> logits (final norm + output projection).
+// The stages outside the blocks: kEmbedding maps tokens -> h, kHead maps h -> logits (final
+// norm + output projection). FSDP wraps them as parameter groups of their own.
 enum class Stage { kEmbedding, kHead };
-// Wraps a non-block stage as BlockRunner wraps blocks (FSDP gathers those parameter groups).
-using StageRunner = std::function<at::Tensor(
-    Stage stage, const at::Tensor& x, const std::function<at::Tensor(const at::Tensor&)>& run)>;
 
 // Receives each parameter's full, initialized value (float32, CPU) in parameter order; the
 // default sink copies it into the slot. Sharded training keeps only its shard.
@@ -109,7 +113,7 @@ class Llama {
   // Only the non-parameter buffers (RoPE tables): for sharded training, whose parameters never
   // exist in full on one rank.
   void materialize_buffers(c10::Device device);
-  // torchtitan's init (REFERENCE.md section 3) from `seed`; deterministic on the CPU.
+  // torchtitan's init (the distributions are listed in init.cpp) from `seed`; deterministic on the CPU.
   void init_weights(uint64_t seed);
   // Same values, handed to `sink` one full parameter at a time (slots may stay on meta).
   void init_weights(uint64_t seed, const InitSink& sink);
@@ -119,12 +123,17 @@ class Llama {
 
   void visit_params(const ParamVisitor& visit);
   std::vector<Linear*> linears();  // every linear, in parameter order
-  void set_block_runner(BlockRunner runner) { block_runner_ = std::move(runner); }
-  const BlockRunner& block_runner() const { return block_runner_; }  // to wrap an installed one
-  void set_stage_runner(StageRunner runner) { stage_runner_ = std::move(runner); }
-  const StageRunner& stage_runner() const { return stage_runner_; }
-  void set_embedding_compute(EmbeddingCompute compute) { embedding_compute_ = std::move(compute); }
+  // Adds `wrapper` around block `layer_id`'s forward (outermost so far).
+  void wrap_block(int64_t layer_id, ForwardWrapper wrapper);
+  void wrap_stage(Stage stage, ForwardWrapper wrapper);
+  // `name` for describe(), e.g. "vocab_parallel".
+  void set_embedding_compute(std::string name, EmbeddingCompute compute);
   std::vector<TransformerBlock*> blocks();
+  // How the model runs, one line per module that something was applied to, for the start-up
+  // log: each linear's compute chain ("layers.3.attention.wq: colwise(float8[rowwise])") and each
+  // block's and stage's wrappers, outermost first ("layers.3: fsdp(group 4) > ac(full)"). Lines
+  // that differ only in the layer number are merged ("layers.0-5.attention.wq: ...").
+  std::vector<std::string> describe() const;
   RMSNorm& norm() { return norm_; }
   Linear& output() { return output_; }
 
@@ -137,8 +146,9 @@ class Llama {
   RMSNorm norm_;
   Linear output_;  // [vocab, D]
   RotaryTable rope_;
-  BlockRunner block_runner_;
-  StageRunner stage_runner_;
+  std::vector<std::vector<ForwardWrapper>> block_wrappers_;  // per layer, innermost first
+  std::vector<ForwardWrapper> embedding_wrappers_, head_wrappers_;
+  std::string embedding_compute_name_ = "lookup";
   EmbeddingCompute embedding_compute_;
 };
 

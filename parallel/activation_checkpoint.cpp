@@ -11,6 +11,30 @@
 #include "model/scope.h"
 
 namespace titan::parallel {
+
+// Note [Op save list]:
+// The ONLY ops whose outputs per-op selective AC keeps (torchtitan's _save_list for Llama:
+// mm, sdpa and the collectives). Everything else a block computes (pointwise, norms, RoPE, casts,
+// abs, float8 scaling) is recomputed. `abs` in particular must never be here: with float8
+// rowwise it is abs(W) of an unsharded weight, ~11 GiB on Llama3-8B, a memory regression
+// torchtitan once shipped. tests/test_activation_checkpoint checks that a block keeps exactly
+// the 1st/3rd/5th/7th mm and sdpa, and no abs.
+const model::SaveList& selective_ac_save_list() {
+  static const model::SaveList list = {
+      {"mm", /*every_second=*/true, "matrix products: the FLOPs; every second one is recomputed"},
+      {"sdpa", false, "attention: quadratic in seq_len, the costliest op to recompute"},
+      {"reduce_scatter", false, "TP reduce-scatter: recomputing it would repeat communication"},
+      {"amax", false, "float8 amax reductions: tiny outputs, and a cross-rank max in FSDP"},
+  };
+  return list;
+}
+
+bool op_on_save_list(const std::string& op) {
+  for (const auto& e : selective_ac_save_list())
+    if (op == e.op) return true;
+  return false;
+}
+
 namespace {
 
 using torch::autograd::AutogradContext;
@@ -19,10 +43,10 @@ using torch::autograd::variable_list;
 // What the backward needs besides the input: the block's forward and, for per-op AC, the
 // outputs kept in the first forward. Travels in the autograd context as a capsule.
 struct BlockCheckpointState : public torch::CustomClassHolder {
-  std::function<at::Tensor(const at::Tensor&)> run;
+  model::ForwardFn run;
   bool per_op = false;
   int64_t layer_id = 0;
-  model::OpCheckpointStore store;
+  model::OpCheckpointStore store{selective_ac_save_list()};
 };
 
 struct CheckpointBlockFunction : public torch::autograd::Function<CheckpointBlockFunction> {
@@ -121,8 +145,7 @@ bool block_is_checkpointed(const AcOptions& o, int64_t layer_id) {
   return false;
 }
 
-at::Tensor checkpoint_block(const at::Tensor& x, const std::function<at::Tensor(const at::Tensor&)>& run,
-                            bool per_op, int64_t layer_id) {
+at::Tensor checkpoint_block(const at::Tensor& x, const model::ForwardFn& run, bool per_op, int64_t layer_id) {
   // Without grad there is no backward to recompute for: run plainly.
   if (!at::GradMode::is_enabled()) return run(x);
   auto state = c10::make_intrusive<BlockCheckpointState>();
@@ -132,31 +155,17 @@ at::Tensor checkpoint_block(const at::Tensor& x, const std::function<at::Tensor(
   return CheckpointBlockFunction::apply(x, std::move(state));
 }
 
-model::BlockRunner make_ac_block_runner(const AcOptions& options) {
-  if (options.mode == AcMode::kNone) return {};
-  return [options](int64_t layer_id, const at::Tensor& h,
-                   const std::function<at::Tensor(const at::Tensor&)>& run) {
-    if (!block_is_checkpointed(options, layer_id)) return run(h);
-    return checkpoint_block(h, run, options.mode == AcMode::kSelectiveOp, layer_id);
-  };
-}
-
-model::BlockRunner compose_block_runners(model::BlockRunner outer, model::BlockRunner inner) {
-  if (!outer) return inner;
-  if (!inner) return outer;
-  return [outer = std::move(outer), inner = std::move(inner)](
-             int64_t layer_id, const at::Tensor& h,
-             const std::function<at::Tensor(const at::Tensor&)>& run) {
-    // The wrapped run is copied into the closure: AC keeps it for the recompute in backward.
-    std::function<at::Tensor(const at::Tensor&)> wrapped = [inner, layer_id, run](const at::Tensor& x) {
-      return inner(layer_id, x, run);
-    };
-    return outer(layer_id, h, wrapped);
-  };
-}
-
-void apply_activation_checkpointing(model::Llama& model, const AcOptions& options) {
-  model.set_block_runner(compose_block_runners(make_ac_block_runner(options), model.block_runner()));
+void apply_ac(model::Llama& model, const AcOptions& options) {
+  const bool per_op = options.mode == AcMode::kSelectiveOp;
+  for (model::TransformerBlock* block : model.blocks()) {
+    if (!block_is_checkpointed(options, block->layer_id)) continue;
+    const int64_t layer_id = block->layer_id;
+    // The inner forward is copied into the checkpoint state: the recompute in backward calls it.
+    model.wrap_block(layer_id, {per_op ? "ac(op)" : "ac(full)",
+                                [per_op, layer_id](const at::Tensor& x, const model::ForwardFn& inner) {
+                                  return checkpoint_block(x, inner, per_op, layer_id);
+                                }});
+  }
 }
 
 }  // namespace titan::parallel

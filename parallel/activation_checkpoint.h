@@ -15,17 +15,17 @@
 // same inputs, and every value in a block is consumed at most twice (so the order in which the
 // engine sums contributions cannot differ).
 //
-// Note [AC composes outermost]:
-// AC is installed as the OUTER BlockRunner around whatever parallel/ installed before (FSDP):
-// compose_block_runners(ac, fsdp). The recompute then calls the inner runner again, so FSDP
-// re-gathers the block's parameters inside the recompute, as torchtitan's order (TP, AC, FSDP
-// wrapping AC'd blocks) does. An inner runner sees its first call with grad disabled: it must
-// not register backward hooks then (there is no graph), only in the recompute.
+// Note [FSDP wraps AC]:
+// parallelize_llama applies AC before FSDP, so FSDP's wrapper is the outer one (torchtitan's
+// order: fully_shard wraps the checkpointed block). FSDP's gather brackets the block's first
+// forward, its backward hook re-gathers the parameters before this backward recomputes the
+// block, and the recompute runs on the gathered parameters without FSDP seeing it.
 #pragma once
 
 #include <cstdint>
 #include <string>
 
+#include "model/checkpoint_ops.h"
 #include "model/llama.h"
 
 namespace titan::parallel {
@@ -45,18 +45,16 @@ std::string describe_ac(const AcOptions& options);  // "none", "full", "every 2n
 // Whether block `layer_id` is checkpointed (recomputed in backward) under `options`.
 bool block_is_checkpointed(const AcOptions& options, int64_t layer_id);
 
+// The ops whose outputs per-op selective AC keeps (See Note [Op save list] in the .cpp).
+const model::SaveList& selective_ac_save_list();
+bool op_on_save_list(const std::string& op);
+
 // Runs `run(x)` checkpointed: forward without saving, backward recomputes (per_op: replaying
-// the kept outputs of listed ops). x [B, S, D] -> [B, S, D].
-at::Tensor checkpoint_block(const at::Tensor& x, const std::function<at::Tensor(const at::Tensor&)>& run,
-                            bool per_op, int64_t layer_id);
+// the kept outputs of the save list's ops). x [B, S, D] -> [B, S, D].
+at::Tensor checkpoint_block(const at::Tensor& x, const model::ForwardFn& run, bool per_op, int64_t layer_id);
 
-// The BlockRunner applying `options` (empty function for kNone).
-model::BlockRunner make_ac_block_runner(const AcOptions& options);
-
-// outer(layer, h, x -> inner(layer, x, run)). Either may be empty (then the other is returned).
-model::BlockRunner compose_block_runners(model::BlockRunner outer, model::BlockRunner inner);
-
-// Installs AC on `model` as the outermost runner (See Note [AC composes outermost]).
-void apply_activation_checkpointing(model::Llama& model, const AcOptions& options);
+// Wraps every checkpointed block of `model` (block_is_checkpointed) in AC, named "ac(full)" /
+// "ac(op)" in the model's describe(). No-op for AcMode::kNone.
+void apply_ac(model::Llama& model, const AcOptions& options);
 
 }  // namespace titan::parallel

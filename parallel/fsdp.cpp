@@ -3,6 +3,7 @@
 
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/ones.h>
 #include <ATen/ops/stack.h>
 #include <ATen/ops/zeros.h>
 #include <c10/core/StorageImpl.h>
@@ -57,6 +58,8 @@ struct Fsdp::ParamState {
   at::Tensor leaf;             // [d0, rest...] compute dtype (hp: view of unsharded_flat)
   std::optional<FsdpFloat8Weight> float8;  // See Note [FSDP float8 all-gather]
   at::Tensor precomputed_scale;          // [] float32, from precompute_float8_scales()
+  at::Tensor f8_view;                    // [d0, rest...] float8: view of the group's f8_unsharded
+  at::Tensor f8_scale;                   // [] float32: the gathered weight's scale, updated in place
 };
 
 struct Fsdp::Group {
@@ -73,7 +76,7 @@ struct Fsdp::Group {
   // before backward does not look like an in-place change of a saved tensor.
   at::Tensor unsharded_flat;  // [N * H] compute dtype; storage freed while resharded
   at::Tensor fill_alias;      // [N * H] same storage, own version counter
-  at::Tensor f8_unsharded;    // [N * F] uint8 while unsharded, else undefined
+  at::Tensor f8_unsharded;    // [N * F] uint8; storage freed while resharded (float8 weights' views)
   bool unsharded = false;
   size_t grads_ready = 0;
 };
@@ -84,13 +87,12 @@ struct FsdpGradReadyHook : torch::autograd::PostAccumulateGradHook {
   std::function<void()> fn_;
 };
 
-Fsdp::Fsdp(Comm& comm, at::ScalarType compute_dtype, c10::Device device, double grad_divide_factor)
-    : comm_(comm), compute_dtype_(compute_dtype), device_(device), grad_divide_factor_(grad_divide_factor) {}
+Fsdp::Fsdp(Comm& comm, at::ScalarType compute_dtype, c10::Device device, Comm* float8_amax_tp)
+    : comm_(comm), compute_dtype_(compute_dtype), device_(device), float8_amax_tp_(float8_amax_tp) {}
 
 Fsdp::~Fsdp() = default;
 
 int Fsdp::num_groups() const { return static_cast<int>(groups_.size()); }
-const std::string& Fsdp::group_name(int g) const { return groups_[static_cast<size_t>(g)]->name; }
 
 int64_t Fsdp::unsharded_bytes_max() const {
   int64_t m = 0;
@@ -136,11 +138,21 @@ int Fsdp::add_group(const std::string& name, const std::vector<FsdpParamSpec>& s
   group->fill_alias = at::empty({0}, opts);
   group->fill_alias.set_(group->unsharded_flat.storage(), 0, {total}, {1});
   const int g = static_cast<int>(groups_.size());
+  const auto bytes = at::TensorOptions().dtype(at::kByte).device(device_);
+  group->f8_unsharded = at::empty({n * group->f8_shard_numel}, bytes);
   for (auto& p : group->params) {
     if (p.float8) {
+      TORCH_CHECK(p.float8->slot, "FSDP group '", name, "': float8 weight ", p.fqn, " has no slot");
       // Never holds values (See Note [FSDP float8 all-gather]): a shape for autograd only.
       p.leaf = at::empty(p.shape, opts);
       free_storage(p.leaf);
+      std::vector<int64_t> padded = p.shape;
+      padded[0] = p.layout.padded_rows;
+      p.f8_view = group->f8_unsharded.narrow(0, n * p.gather_offset, n * p.shard_numel)
+                      .view(p.float8->float8_dtype)
+                      .view(padded)
+                      .narrow(0, 0, p.layout.rows);
+      p.f8_scale = at::ones({}, at::TensorOptions().dtype(at::kFloat).device(device_));
     } else {
       std::vector<int64_t> padded = p.shape;
       padded[0] = p.layout.padded_rows;
@@ -153,6 +165,7 @@ int Fsdp::add_group(const std::string& name, const std::vector<FsdpParamSpec>& s
         p.leaf, std::make_unique<FsdpGradReadyHook>([this, g] { on_grad_ready(g); }));
   }
   free_storage(group->unsharded_flat);
+  free_storage(group->f8_unsharded);
   groups_.push_back(std::move(group));
   return g;
 }
@@ -236,17 +249,18 @@ void Fsdp::unshard_float8(Group& group) {
   }
   at::Tensor staging = at::empty({n * group.f8_shard_numel}, bytes);  // [N, F] rank-major
   comm_.all_gather_into_tensor(staging, shard);
-  group.f8_unsharded = at::empty({n * group.f8_shard_numel}, bytes);
+  allocate_storage(group.f8_unsharded, static_cast<size_t>(n * group.f8_shard_numel));
   at::Tensor by_rank = staging.view({n, group.f8_shard_numel});
-  // 4. Per weight: rank-major rows into [padded_rows, rest...], published without the padding.
+  // 4. Per weight: rank-major rows into [padded_rows, rest...]; the slot gets the view without
+  //    the padding. The buffer and the scales are written in place: a forward may have saved
+  //    them for its backward (the same bytes come back when the group is re-gathered).
   for (size_t i = 0; i < weights.size(); ++i) {
-    const Group::Param& p = *weights[i];
-    at::Tensor unsharded = group.f8_unsharded.narrow(0, n * p.gather_offset, n * p.shard_numel);
-    unsharded.view({n, p.shard_numel}).copy_(by_rank.narrow(1, p.gather_offset, p.shard_numel));
-    std::vector<int64_t> padded = p.shape;
-    padded[0] = p.layout.padded_rows;
-    p.float8->publish(unsharded.view(p.float8->float8_dtype).view(padded).narrow(0, 0, p.layout.rows),
-                      scales[i]);
+    Group::Param& p = *weights[i];
+    group.f8_unsharded.narrow(0, n * p.gather_offset, n * p.shard_numel)
+        .view({n, p.shard_numel})
+        .copy_(by_rank.narrow(1, p.gather_offset, p.shard_numel));
+    p.f8_scale.copy_(scales[i]);
+    *p.float8->slot = model::QuantizedOperand{p.f8_view, p.f8_scale};
   }
 }
 
@@ -290,8 +304,8 @@ void Fsdp::reshard(int g) {
   if (!group.unsharded) return;
   if (group.hp_shard_numel > 0) free_storage(group.unsharded_flat);
   for (auto& p : group.params)
-    if (p.float8) p.float8->publish(at::Tensor(), at::Tensor());
-  group.f8_unsharded = at::Tensor();
+    if (p.float8) *p.float8->slot = model::QuantizedOperand{};
+  if (group.f8_shard_numel > 0) free_storage(group.f8_unsharded);
   group.unsharded = false;
 }
 
@@ -336,8 +350,7 @@ void Fsdp::reduce_scatter_grads(int g) {
     p.leaf.mutable_grad() = at::Tensor();  // the unsharded gradient is done with
   }
   at::Tensor output = at::empty({group.shard_numel}, f32);
-  comm_.reduce_scatter_tensor(output, input.view({-1}));
-  if (grad_divide_factor_ != 1.0) output.div_(grad_divide_factor_);  // See Note [FSDP gradient scale]
+  comm_.reduce_scatter_tensor(output, input.view({-1}));  // a sum: See Note [FSDP gradient scale]
   for (auto& p : group.params) {
     at::Tensor shard_grad = output.narrow(0, p.shard_offset, p.shard_numel).view(p.master.sizes());
     if (p.master.grad().defined())

@@ -30,17 +30,21 @@
 //      collective here at all);
 //   2. each float32 master shard is cast to float8 with that scale (1 byte per element);
 //   3. ONE all_gather_into_tensor of those bytes (uint8: no backend knows float8 types);
-//   4. publish(data [d0, rest...] float8, scale []) hands the gathered weight to the linear,
-//      which uses it for the output and grad_input GEMMs instead of casting (FLOAT8.md);
-// reshard publishes undefined tensors and drops the bytes. The autograd leaf of such a weight
-// never holds values (the float8 compute does not read it); its gradient arrives as usual and
-// is reduce-scattered in float32. Casting the float32 shard (not a compute-dtype copy) is what
-// torchao does; with float32 compute it is bit-identical to casting the full weight.
+//   4. the gathered bytes land in the group's float8 buffer, and the linear's `weight_cast`
+//      slot (model/linear.h) holds the weight's view of it and its scale: the linear's compute
+//      receives them as its weight operand (See Note [Linear operands as data]), as torchao's
+//      FSDP makes the float8 weight the gathered parameter.
+// Reshard empties the slot and frees the buffer's memory (its storage object, which a forward
+// may have saved for backward, stays and is refilled with the same bytes by the re-gather
+// before backward). The autograd leaf of such a weight never holds values; its gradient
+// arrives as usual and is reduce-scattered in float32. Casting the float32 shard (not a
+// compute-dtype copy) is what torchao does; with float32 compute it is bit-identical to
+// casting the full weight.
 //
 // Note [FSDP gradient scale]: the trainer scales every micro-batch loss by 1 / (global batch
 // tokens), so the gradient of the global mean loss is the SUM over data-parallel ranks: the
-// reduce-scatter divides by grad_divide_factor = 1. (torchtitan divides by the dp degree
-// because its loss is a per-rank mean; Gloo has no AVG, so any divide is done locally.)
+// reduce-scatter sums and nothing divides. (torchtitan divides by the dp degree because its
+// loss is a per-rank mean.)
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -51,6 +55,7 @@
 #include <string>
 #include <vector>
 
+#include "model/linear.h"
 #include "parallel/process_group.h"
 
 namespace titan::parallel {
@@ -68,9 +73,7 @@ ShardLayout shard_layout(int64_t rows, int rank, int n);
 struct FsdpFloat8Weight {
   at::ScalarType float8_dtype = at::ScalarType::Float8_e4m3fn;
   bool round_scales_to_power_of_2 = false;
-  // Receives the gathered weight after each unshard (data [d0, rest...] float8, scale [] float32)
-  // and undefined tensors at reshard.
-  std::function<void(const at::Tensor& data, const at::Tensor& scale)> publish;
+  model::QuantizedOperand* slot = nullptr;  // the linear's weight_cast: filled while unsharded
 };
 
 struct FsdpParamSpec {
@@ -83,7 +86,9 @@ struct FsdpParamSpec {
 class Fsdp {
  public:
   // `comm`: the dp_shard group. Unsharded parameters are `compute_dtype` on `device`.
-  Fsdp(Comm& comm, at::ScalarType compute_dtype, c10::Device device, double grad_divide_factor = 1.0);
+  // `float8_amax_tp`: under TP the weights are TP shards too, so their float8 amaxes are also
+  // reduced (MAX) over that group, making the scale the full weight's (Note [Scales under TP]).
+  Fsdp(Comm& comm, at::ScalarType compute_dtype, c10::Device device, Comm* float8_amax_tp = nullptr);
   ~Fsdp();
 
   // Declares the next group in forward order: allocates this rank's zero float32 master shards
@@ -110,15 +115,11 @@ class Fsdp {
   // amaxes, so the unshards skip their own. See Note [FSDP float8 all-gather].
   void precompute_float8_scales();
   int num_float8_params() const;
-  // Under TP the weights are TP shards too: their float8 amaxes are also reduced (MAX) over
-  // `tp` so the scale is the full weight's (Note [Scales under TP]).
-  void reduce_float8_amax_over(Comm* tp) { float8_amax_tp_ = tp; }
 
   // The float32 master shards, in declaration order, with their fqns.
   const std::vector<at::Tensor>& masters() const { return masters_; }
   const std::vector<std::string>& master_fqns() const { return master_fqns_; }
   int num_groups() const;
-  const std::string& group_name(int g) const;
   int64_t unsharded_bytes_max() const;  // the largest group's unsharded buffers
 
  private:
@@ -134,12 +135,11 @@ class Fsdp {
   Comm& comm_;
   at::ScalarType compute_dtype_;
   c10::Device device_;
-  double grad_divide_factor_;
+  Comm* float8_amax_tp_;
   std::vector<std::unique_ptr<Group>> groups_;
   std::vector<at::Tensor> masters_;
   std::vector<std::string> master_fqns_;
   bool in_backward_ = false;  // between the first pre-backward hook and finish_backward
-  Comm* float8_amax_tp_ = nullptr;
 };
 
 }  // namespace titan::parallel

@@ -108,6 +108,12 @@ std::vector<std::vector<int>> mesh_groups(const ParallelDims& d, MeshDim dim) {
 
 DeviceMesh::DeviceMesh(std::unique_ptr<Comm> world, ParallelDims dims)
     : world_(std::move(world)), dims_(dims) {
+  if (!world_) {  // one process: every dimension has size 1 and no communicator
+    if (dims_.world_size != 1)
+      throw CommError("device mesh " + dims_.describe() + " needs a process group of " +
+                      std::to_string(dims_.world_size) + " ranks");
+    return;
+  }
   if (world_->size() != dims_.world_size) {
     std::ostringstream os;
     os << "[rank " << world_->rank() << "] device mesh " << dims_.describe()
@@ -164,17 +170,10 @@ int DeviceMesh::local_rank(MeshDim dim) const {
 }
 
 double DeviceMesh::comm_seconds() const {
-  double s = world_->total_seconds();
-  for (const auto* c : {&dp_replicate_, &dp_shard_, &tp_, &dp_})
+  double s = 0;
+  for (const auto* c : {&world_, &dp_replicate_, &dp_shard_, &tp_, &dp_})
     if (*c) s += (*c)->total_seconds();
   return s;
-}
-
-uint64_t DeviceMesh::comm_calls() const {
-  uint64_t n = world_->sequence_number();
-  for (const auto* c : {&dp_replicate_, &dp_shard_, &tp_, &dp_})
-    if (*c) n += (*c)->sequence_number();
-  return n;
 }
 
 }  // namespace titan::parallel

@@ -56,23 +56,24 @@ std::vector<std::vector<int>> mesh_groups(const ParallelDims& dims, MeshDim dim)
 
 class DeviceMesh {
  public:
-  // Builds the per-dimension Comms from `world` (every rank of the job must call this).
+  // Builds the per-dimension Comms from `world` (every rank of the job must call this). A
+  // single process passes a null `world` (dims of world size 1): then no dimension has a Comm
+  // and every stage of the parallel plan is a no-op.
   DeviceMesh(std::unique_ptr<Comm> world, ParallelDims dims);
   ~DeviceMesh();
 
   const ParallelDims& dims() const { return dims_; }
   const MeshCoord& coord() const { return coord_; }
-  int rank() const { return world_->rank(); }
+  int rank() const { return world_ ? world_->rank() : 0; }
 
-  Comm& world() { return *world_; }
+  Comm* world() { return world_.get(); }  // nullptr for a single process
   // nullptr when the dimension has size 1 (no communication needed along it).
   Comm* comm(MeshDim dim);
   int size(MeshDim dim) const;
   int local_rank(MeshDim dim) const;  // this rank's coordinate along `dim`
 
-  // Wall time spent inside collectives of all this mesh's Comms, and their count.
+  // Wall time spent inside collectives of all this mesh's Comms.
   double comm_seconds() const;
-  uint64_t comm_calls() const;
 
  private:
   std::unique_ptr<Comm> world_;

@@ -1,5 +1,6 @@
-// parallel/parallelize.cpp — see parallelize.h. parallelize_llama is the plan; the rest of the
-// file is the ParallelModel mechanics it relies on.
+// parallel/parallelize.cpp — see parallelize.h. parallelize_llama is the plan and its three
+// stages (apply_tp, apply_fsdp here; apply_ac in activation_checkpoint.cpp); the rest of the
+// file is the ParallelModel mechanics they rely on.
 #include "parallel/parallelize.h"
 
 #include <ATen/core/Reduction.h>
@@ -55,11 +56,36 @@ const std::vector<std::pair<std::string, TpStyle>> kModelTpPlan = {
     {"output", TpStyle::kVocabParallelOutput},
 };
 
-void check_tp_shapes(const model::ModelArgs& args, int tp, int64_t seq_len, int rank) {
+// The float8 compute at the bottom of `linear`'s chain, or nullptr.
+float8::Float8LinearCompute* float8_compute(const model::Linear& linear) {
+  return dynamic_cast<float8::Float8LinearCompute*>(model::innermost(linear.compute()));
+}
+
+// The float8 input cast that module `name`'s readers (wq/wk/wv or w1/w3) share when every one
+// of them accepts a float8 tensorwise input of the same cast (See Note [Float8 operands from the
+// producer]); nullopt: the input is gathered in high precision.
+std::optional<std::pair<float8::CastConfig, bool>> shared_float8_input_cast(
+    const std::map<std::string, model::Linear*>& linears, const std::string& name,
+    const std::vector<std::string>& readers) {
+  std::optional<std::pair<float8::CastConfig, bool>> shared;
+  for (const auto& r : readers) {
+    const float8::Float8LinearCompute* c = float8_compute(*linears.at(name + "." + r));
+    if (!c || !c->accepts_float8_input(c->recipe().input.dtype)) return std::nullopt;
+    const float8::CastConfig& cast = c->recipe().input;
+    const bool pow2 = c->recipe().round_scales_to_power_of_2;
+    if (shared && (shared->first.dtype != cast.dtype || shared->second != pow2)) return std::nullopt;
+    shared = {cast, pow2};
+  }
+  return shared;
+}
+
+}  // namespace
+
+void check_tp_degree(const model::ModelArgs& args, int tp, int64_t seq_len) {
   auto fail = [&](const std::string& what, int64_t value) {
     std::ostringstream os;
-    os << "[rank " << rank << "] tensor parallel degree " << tp << " does not divide " << what
-       << " (" << value << "); choose parallelism.tensor_parallel_degree among its divisors";
+    os << "tensor parallel degree " << tp << " does not divide " << what << " (" << value
+       << "); choose parallelism.tensor_parallel_degree among its divisors";
     throw std::invalid_argument(os.str());
   };
   if (args.n_heads % tp) fail("the number of attention heads n_heads", args.n_heads);
@@ -68,159 +94,155 @@ void check_tp_shapes(const model::ModelArgs& args, int tp, int64_t seq_len, int 
   if (seq_len > 0 && seq_len % tp) fail("training.seq_len (sequence parallel)", seq_len);
 }
 
-// See Note [Float8 input from a TP all-gather] in float8/float8_linear.h: when every linear
-// reading module `name`'s gathered input is float8 with a tensorwise dynamic input cast, they
-// share one handoff (returned); otherwise nullptr (the input is gathered in high precision).
-std::shared_ptr<float8::Float8InputHandoff> float8_input_handoff(
-    const std::map<std::string, model::Linear*>& linears, const std::string& name,
-    const std::vector<std::string>& readers) {
-  std::vector<float8::Float8LinearCompute*> computes;
-  for (const auto& r : readers) {
-    auto* c = dynamic_cast<float8::Float8LinearCompute*>(linears.at(name + "." + r)->compute().get());
-    if (!c) return nullptr;
-    const float8::Float8Recipe& recipe = c->recipe();
-    if (recipe.delayed || recipe.input.granularity != float8::ScalingGranularity::Tensorwise ||
-        recipe.grad_weight_high_precision)
-      return nullptr;
-    computes.push_back(c);
-  }
-  auto handoff = std::make_shared<float8::Float8InputHandoff>();
-  for (auto* c : computes) c->use_input_from(handoff);
-  return handoff;
+// 1. Tensor + sequence parallel: torchtitan's Llama plan as a table. Each float8 linear is
+// rebuilt with its TP sharding (See Note [Scales under TP]); a module whose readers all take a
+// float8 tensorwise input gathers it in float8.
+void apply_tp(ParallelModel& pm, Comm& tp) {
+  model::Llama& model = pm.model_;
+  std::map<std::string, model::Linear*> linears;
+  for (model::Linear* l : model.linears()) linears[l->fqn()] = l;
+  // Float8 (tensorwise or the axiswise dims that reduce along the shard) amaxes over the group:
+  // along which dim (0 rows, 1 columns, -1 none) this rank holds a shard of each operand.
+  auto sharded = [&](model::Linear& linear, int input, int weight, int grad_output) {
+    std::shared_ptr<model::LinearCompute> compute = linear.compute();
+    if (const float8::Float8LinearCompute* c = float8_compute(linear))
+      compute = std::make_shared<float8::Float8LinearCompute>(
+          c->recipe(), c->emulate(), c->backend(),
+          float8::TpSharding{[&tp](at::Tensor& amax) { tp.all_reduce(amax, ReduceOp::kMax); },
+                             input, weight, grad_output});
+    return compute;
+  };
+  auto shard_weight = [&](const std::string& module, int dim) {
+    ParallelModel::Param& p = pm.param(module + ".weight");
+    p.tp_dim = dim;
+    p.tp_shape[static_cast<size_t>(dim)] = padded_size(p.full_shape[static_cast<size_t>(dim)], tp.size()) / tp.size();
+  };
+  int float8_gathers = 0;  // modules whose input is gathered in float8
+  auto apply = [&](const std::string& name, TpStyle style, model::TransformerBlock* block) {
+    switch (style) {
+      case TpStyle::kColwise: {
+        model::Linear& l = *linears.at(name);
+        l.set_compute(std::make_shared<ColwiseLinear>(sharded(l, -1, /*rows*/ 0, /*columns*/ 1)));
+        shard_weight(name, 0);
+        break;
+      }
+      case TpStyle::kRowwise: {
+        model::Linear& l = *linears.at(name);
+        l.set_compute(std::make_shared<RowwiseLinear>(sharded(l, /*columns*/ 1, /*columns*/ 1, -1), tp));
+        shard_weight(name, 1);
+        break;
+      }
+      case TpStyle::kSequenceParallel:
+        break;  // replicated weight on sequence shards: reduce_grads sums its grads over TP
+      case TpStyle::kGatherInput: {
+        const bool attention = name.size() >= 9 && name.compare(name.size() - 9, 9, "attention") == 0;
+        model::ModuleInputHook& hook =
+            attention ? block->attention.prepare_input : block->feed_forward.prepare_input;
+        const auto cast = pm.options_.float8_tp_input_all_gather
+                              ? shared_float8_input_cast(linears, name,
+                                                         attention ? std::vector<std::string>{"wq", "wk", "wv"}
+                                                                   : std::vector<std::string>{"w1", "w3"})
+                              : std::nullopt;
+        hook = cast ? make_float8_sequence_gather(tp, cast->first, cast->second) : make_sequence_gather(tp);
+        float8_gathers += cast ? 1 : 0;
+        break;
+      }
+      case TpStyle::kVocabParallelEmbedding:
+        model.set_embedding_compute("vocab_parallel", make_vocab_parallel_embedding(tp, model.args().vocab_size));
+        shard_weight(name, 0);
+        break;
+      case TpStyle::kVocabParallelOutput: {
+        model::Linear& l = *linears.at(name);
+        l.set_compute(std::make_shared<VocabParallelOutput>(sharded(l, -1, /*rows*/ 0, /*columns*/ 1), tp,
+                                                            model.args().vocab_size, pm.options_.loss_parallel));
+        shard_weight(name, 0);
+        break;
+      }
+    }
+  };
+  for (model::TransformerBlock* block : model.blocks())
+    for (const auto& [name, style] : kBlockTpPlan)
+      apply("layers." + std::to_string(block->layer_id) + "." + name, style, block);
+  for (const auto& [name, style] : kModelTpPlan) apply(name, style, nullptr);
+  pm.log_.push_back("tensor parallel " + std::to_string(tp.size()) + ": sequence parallel, loss " +
+                    (pm.options_.loss_parallel ? "on vocab shards" : "on all-gathered logits") +
+                    (float8_gathers ? ", " + std::to_string(float8_gathers) + " module inputs all-gathered in float8"
+                                    : std::string()));
 }
 
-}  // namespace
+// 3. FSDP (HSDP when dp_replicate > 1): one parameter group per block, plus the embedding and
+// norm+output, in forward order; each group's wrapper is the outermost of its block (See Note
+// [FSDP wraps AC] in activation_checkpoint.h). reshard_after_forward "default" frees every group
+// after its forward except the last block and norm+output, which backward needs first anyway
+// (torchtitan's choice). Float8 tensorwise linears' weights travel in float8 when asked.
+void apply_fsdp(ParallelModel& pm, Comm& dp_shard) {
+  model::Llama& model = pm.model_;
+  const ParallelOptions& o = pm.options_;
+  pm.fsdp_ = std::make_unique<Fsdp>(dp_shard, o.compute_dtype, o.device, pm.mesh_.comm(MeshDim::kTp));
+  Fsdp& fsdp = *pm.fsdp_;
+  std::map<std::string, model::Linear*> by_weight;
+  for (model::Linear* l : model.linears()) by_weight[l->fqn() + ".weight"] = l;
+  auto add_group = [&](const std::string& name, const std::vector<std::string>& fqns, bool last) {
+    std::vector<FsdpParamSpec> specs;
+    for (const std::string& fqn : fqns) {
+      ParallelModel::Param& p = pm.param(fqn);
+      FsdpParamSpec spec{p.fqn, p.slot, p.tp_shape};
+      auto l = by_weight.find(p.fqn);
+      const float8::Float8LinearCompute* c = l == by_weight.end() ? nullptr : float8_compute(*l->second);
+      if (o.float8_fsdp_all_gather && c && c->accepts_float8_weight(c->recipe().weight.dtype))
+        spec.float8 = FsdpFloat8Weight{c->recipe().weight.dtype, c->recipe().round_scales_to_power_of_2,
+                                       &l->second->weight_cast};
+      specs.push_back(std::move(spec));
+    }
+    const bool reshard = o.reshard_after_forward == "always" || (o.reshard_after_forward == "default" && !last);
+    const int g = fsdp.add_group(name, specs, reshard);
+    // The wrapper of group g: "fsdp" frees its gathered parameters after forward, "fsdp(kept)"
+    // keeps them for backward.
+    return model::ForwardWrapper{reshard ? "fsdp" : "fsdp(kept)",
+                                 [&fsdp, g](const at::Tensor& x, const model::ForwardFn& inner) {
+                                   return fsdp.run_group(g, x, inner);
+                                 }};
+  };
+  model.wrap_stage(model::Stage::kEmbedding, add_group("tok_embeddings", {"tok_embeddings.weight"}, false));
+  const int64_t n_layers = model.args().n_layers;
+  for (model::TransformerBlock* block : model.blocks()) {
+    const std::string name = "layers." + std::to_string(block->layer_id);
+    std::vector<std::string> fqns;
+    for (const auto& p : pm.params_)
+      if (p.fqn.compare(0, name.size() + 1, name + ".") == 0) fqns.push_back(p.fqn);
+    model.wrap_block(block->layer_id, add_group(name, fqns, block->layer_id == n_layers - 1));
+  }
+  model.wrap_stage(model::Stage::kHead, add_group("norm+output", {"norm.weight", "output.weight"}, true));
+  std::ostringstream os;
+  os << (pm.mesh_.size(MeshDim::kDpReplicate) > 1 ? "HSDP " : "FSDP ") << dp_shard.size() << ": "
+     << fsdp.num_groups() << " groups (tok_embeddings, one per block, norm+output), reshard_after_forward " << o.reshard_after_forward
+     << ", largest gathered group " << fsdp.unsharded_bytes_max() << " bytes";
+  if (fsdp.num_float8_params() > 0)
+    os << ", " << fsdp.num_float8_params() << " float8 linear weights gathered in float8";
+  pm.log_.push_back(os.str());
+}
 
-// The plan. Stages in torchtitan's order; each reads as a table.
+// The plan. Stages in torchtitan's order, each a no-op at degree 1.
 std::unique_ptr<ParallelModel> parallelize_llama(model::Llama& model, DeviceMesh& mesh,
                                                  const ParallelOptions& options) {
   auto pm = std::make_unique<ParallelModel>(model, mesh, options);
-  std::map<std::string, size_t> param_index;
-  for (size_t i = 0; i < pm->params_.size(); ++i) param_index[pm->params_[i].fqn] = i;
-  auto set_tp_dim = [&](const std::string& module, int dim) {
-    pm->params_.at(param_index.at(module + ".weight")).tp_dim = dim;
-  };
-  std::map<std::string, model::Linear*> linears;
-  for (model::Linear* l : model.linears()) linears[l->fqn()] = l;
-
-  // 1. Tensor + sequence parallel.
-  int float8_gathers = 0;  // modules whose input is gathered in float8
+  // 1. Tensor + sequence parallel first: it decides the local shapes FSDP shards and rebuilds
+  //    the float8 computes with their TP sharding.
   if (Comm* tp = mesh.comm(MeshDim::kTp)) {
-    check_tp_shapes(model.args(), tp->size(), options.seq_len, mesh.rank());
-    // See Note [Scales under TP] in float8/float8_linear.h: along which dim (0 rows, 1 columns,
-    // -1 none) this rank holds a shard of each operand of linear `name`.
-    auto shard_float8_scales = [&](const std::string& name, int input, int weight, int grad_output) {
-      if (auto* c = dynamic_cast<float8::Float8LinearCompute*>(linears.at(name)->compute().get()))
-        c->set_tp_sharding([tp](at::Tensor& amax) { tp->all_reduce(amax, ReduceOp::kMax); }, input,
-                           weight, grad_output);
-    };
-    auto apply = [&](const std::string& name, TpStyle style, model::TransformerBlock* block) {
-      switch (style) {
-        case TpStyle::kColwise:
-          shard_float8_scales(name, /*input=*/-1, /*weight: rows=*/0, /*grad_output: columns=*/1);
-          linears.at(name)->set_compute(std::make_shared<ColwiseLinear>(linears.at(name)->compute()));
-          set_tp_dim(name, 0);
-          break;
-        case TpStyle::kRowwise:
-          shard_float8_scales(name, /*input: columns=*/1, /*weight: columns=*/1, /*grad_output=*/-1);
-          linears.at(name)->set_compute(std::make_shared<RowwiseLinear>(linears.at(name)->compute(), *tp));
-          set_tp_dim(name, 1);
-          break;
-        case TpStyle::kSequenceParallel:
-          break;  // replicated weight on sequence shards: reduce_grads sums its grads over TP
-        case TpStyle::kGatherInput: {
-          const bool attention = name.size() >= 9 && name.compare(name.size() - 9, 9, "attention") == 0;
-          model::ModuleInputHook& hook =
-              attention ? block->attention.prepare_input : block->feed_forward.prepare_input;
-          const std::vector<std::string> readers =
-              attention ? std::vector<std::string>{"wq", "wk", "wv"} : std::vector<std::string>{"w1", "w3"};
-          auto handoff = options.float8_tp_input_all_gather ? float8_input_handoff(linears, name, readers)
-                                                            : nullptr;
-          if (handoff) {
-            hook = make_float8_sequence_gather(*tp, handoff);
-            ++float8_gathers;
-          } else {
-            hook = make_sequence_gather(*tp);
-          }
-          break;
-        }
-        case TpStyle::kVocabParallelEmbedding:
-          model.set_embedding_compute(make_vocab_parallel_embedding(*tp, model.args().vocab_size));
-          set_tp_dim(name, 0);
-          break;
-        case TpStyle::kVocabParallelOutput:
-          shard_float8_scales(name, /*input=*/-1, /*weight: rows=*/0, /*grad_output: columns=*/1);
-          linears.at(name)->set_compute(std::make_shared<VocabParallelOutput>(
-              linears.at(name)->compute(), *tp, model.args().vocab_size, options.loss_parallel));
-          set_tp_dim(name, 0);
-          break;
-      }
-    };
-    for (model::TransformerBlock* block : model.blocks())
-      for (const auto& [name, style] : kBlockTpPlan)
-        apply("layers." + std::to_string(block->layer_id) + "." + name, style, block);
-    for (const auto& [name, style] : kModelTpPlan) apply(name, style, nullptr);
-    pm->log_.push_back("tensor parallel " + std::to_string(tp->size()) +
-                       ": sequence parallel, loss " +
-                       (options.loss_parallel ? "on vocab shards" : "on all-gathered logits") +
-                       (float8_gathers ? ", " + std::to_string(float8_gathers) +
-                                             " module inputs all-gathered in float8"
-                                       : std::string()));
+    check_tp_degree(model.args(), tp->size(), options.seq_len);
+    apply_tp(*pm, *tp);
   }
-
-  // 2. Activation checkpointing: applied by the trainer right after this function, as the
-  //    OUTER BlockRunner around FSDP's (See Note [AC composes outermost] in
-  //    parallel/activation_checkpoint.h). FSDP handles the recompute inside backward (See Note
-  //    [FSDP under activation checkpointing] in fsdp.cpp); a runner installed before this
-  //    function would instead be wrapped by FSDP (`inner` below).
-
-  // 3. FSDP (HSDP when dp_replicate > 1): groups in forward order. reshard_after_forward
-  //    "default" frees every group after its forward except the last block and norm+output,
-  //    which backward needs first anyway (torchtitan's choice).
-  if (mesh.size(MeshDim::kDpShard) > 1) {
-    const std::string& policy = options.reshard_after_forward;
-    const int64_t n_layers = model.args().n_layers;
-    auto reshard = [&](bool last) { return policy == "always" || (policy == "default" && !last); };
-    pm->fsdp_groups_.push_back({"tok_embeddings", {"tok_embeddings.weight"}});
-    pm->fsdp_reshard_.push_back(reshard(false));
-    for (model::TransformerBlock* block : model.blocks()) {
-      const std::string prefix = "layers." + std::to_string(block->layer_id) + ".";
-      std::vector<std::string> fqns;
-      for (const auto& p : pm->params_)
-        if (p.fqn.compare(0, prefix.size(), prefix) == 0) fqns.push_back(p.fqn);
-      pm->fsdp_groups_.push_back({"layers." + std::to_string(block->layer_id), fqns});
-      pm->fsdp_reshard_.push_back(reshard(block->layer_id == n_layers - 1));
-    }
-    pm->fsdp_groups_.push_back({"norm+output", {"norm.weight", "output.weight"}});
-    pm->fsdp_reshard_.push_back(reshard(true));
-  }
-  pm->finalize();
-  if (pm->fsdp_) {
-    Fsdp* fsdp = pm->fsdp_.get();
-    const int head = fsdp->num_groups() - 1;
-    model.set_stage_runner([fsdp, head](model::Stage stage, const at::Tensor& x,
-                                        const std::function<at::Tensor(const at::Tensor&)>& run) {
-      return fsdp->run_group(stage == model::Stage::kEmbedding ? 0 : head, x, run);
-    });
-    model::BlockRunner inner = model.block_runner();  // activation checkpointing, if installed
-    model.set_block_runner([fsdp, inner](int64_t layer_id, const at::Tensor& h,
-                                         const std::function<at::Tensor(const at::Tensor&)>& run) {
-      return fsdp->run_group(static_cast<int>(layer_id) + 1, h, [&](const at::Tensor& x) {
-        return inner ? inner(layer_id, x, run) : run(x);
-      });
-    });
-    std::ostringstream os;
-    os << (mesh.size(MeshDim::kDpReplicate) > 1 ? "HSDP " : "FSDP ")
-       << mesh.size(MeshDim::kDpShard) << ": " << fsdp->num_groups()
-       << " groups, reshard_after_forward " << options.reshard_after_forward
-       << ", largest gathered group " << fsdp->unsharded_bytes_max() << " bytes";
-    if (fsdp->num_float8_params() > 0)
-      os << ", " << fsdp->num_float8_params() << " float8 linear weights gathered in float8";
-    pm->log_.push_back(os.str());
-  }
+  // 2. Activation checkpointing wraps each checkpointed block's forward...
+  apply_ac(model, options.ac);
+  pm->log_.push_back("activation checkpointing: " + describe_ac(options.ac));
+  // 3. ...and FSDP wraps that, so its gathers bracket the block and its backward hook
+  //    re-gathers before AC recomputes (See Note [FSDP wraps AC]).
+  if (Comm* shard = mesh.comm(MeshDim::kDpShard)) apply_fsdp(*pm, *shard);
   if (mesh.size(MeshDim::kDpReplicate) > 1)
     pm->log_.push_back("data-parallel replicas " + std::to_string(mesh.size(MeshDim::kDpReplicate)) +
                        ": gradients all-reduced across them once per step");
+  // 4. This rank's master parameters (the ones FSDP does not own) and the model's buffers.
+  pm->finalize();
   return pm;
 }
 
@@ -235,36 +257,24 @@ ParallelModel::ParallelModel(model::Llama& model, DeviceMesh& mesh, ParallelOpti
     p.fqn = fqn;
     p.slot = &slot;
     p.full_shape = slot.sizes().vec();
+    p.tp_shape = p.full_shape;
     params_.push_back(std::move(p));
   });
 }
 
 ParallelModel::~ParallelModel() = default;
 
+ParallelModel::Param& ParallelModel::param(const std::string& fqn) {
+  for (auto& p : params_)
+    if (p.fqn == fqn) return p;
+  throw std::runtime_error("the model has no parameter '" + fqn + "'");
+}
+
 void ParallelModel::finalize() {
   const int tp = mesh_.size(MeshDim::kTp);
-  for (auto& p : params_) {
-    p.tp_shape = p.full_shape;
-    if (p.tp_dim >= 0)
-      p.tp_shape[static_cast<size_t>(p.tp_dim)] = padded_size(p.full_shape[static_cast<size_t>(p.tp_dim)], tp) / tp;
-  }
   std::map<std::string, const Param*> by_fqn;
   for (const auto& p : params_) by_fqn[p.fqn] = &p;
-  if (!fsdp_groups_.empty()) {
-    fsdp_ = std::make_unique<Fsdp>(*mesh_.comm(MeshDim::kDpShard), options_.compute_dtype, options_.device);
-    if (tp > 1) fsdp_->reduce_float8_amax_over(mesh_.comm(MeshDim::kTp));
-    for (size_t g = 0; g < fsdp_groups_.size(); ++g) {
-      std::vector<FsdpParamSpec> specs;
-      for (const auto& fqn : fsdp_groups_[g].second) {
-        const Param* p = by_fqn.at(fqn);
-        auto f8 = options_.float8_all_gather_weights.find(fqn);
-        specs.push_back({p->fqn, p->slot, p->tp_shape,
-                         f8 == options_.float8_all_gather_weights.end()
-                             ? std::nullopt
-                             : std::optional<FsdpFloat8Weight>(f8->second)});
-      }
-      fsdp_->add_group(fsdp_groups_[g].first, specs, fsdp_reshard_[g]);
-    }
+  if (fsdp_) {
     names_ = fsdp_->master_fqns();
     masters_ = fsdp_->masters();
     TORCH_CHECK(names_.size() == params_.size(), "FSDP groups cover ", names_.size(), " of ",
@@ -288,18 +298,18 @@ at::Tensor ParallelModel::tp_local(const Param& p, const at::Tensor& full) const
 
 void ParallelModel::load_full(const std::string& fqn, const at::Tensor& full) {
   at::NoGradGuard no_grad;
-  for (auto& p : params_) {
-    if (p.fqn != fqn) continue;
-    TORCH_CHECK(full.sizes().vec() == p.full_shape, "parameter ", fqn, ": got shape ",
-                full.sizes(), ", the model expects ", c10::IntArrayRef(p.full_shape));
-    at::Tensor local = tp_local(p, full.to(at::kFloat));
-    if (fsdp_)
-      fsdp_->load_full(fqn, local);
-    else
-      p.master.copy_(local);
-    return;
+  Param& p = param(fqn);
+  if (full.sizes().vec() != p.full_shape) {
+    std::ostringstream os;
+    os << "parameter '" << fqn << "' has shape " << full.sizes() << " but the model expects "
+       << c10::IntArrayRef(p.full_shape);
+    throw std::runtime_error(os.str());
   }
-  TORCH_CHECK(false, "the model has no parameter '", fqn, "'");
+  at::Tensor local = tp_local(p, full.to(at::kFloat));
+  if (fsdp_)
+    fsdp_->load_full(fqn, local);
+  else
+    p.master.copy_(local);
 }
 
 at::Tensor ParallelModel::full_param(const std::string& fqn) {
@@ -307,9 +317,7 @@ at::Tensor ParallelModel::full_param(const std::string& fqn) {
   size_t i = 0;
   while (i < names_.size() && names_[i] != fqn) ++i;
   TORCH_CHECK(i < names_.size(), "the model has no parameter '", fqn, "'");
-  const Param* p = nullptr;
-  for (const auto& q : params_)
-    if (q.fqn == fqn) p = &q;
+  const Param* p = &param(fqn);
   at::Tensor local = masters_[i].detach().contiguous();
   if (Comm* shard = fsdp_ ? mesh_.comm(MeshDim::kDpShard) : nullptr) {  // [d0p/N, ...] -> [d0, ...]
     at::Tensor out = at::empty({shard->size() * local.numel()}, local.options());
@@ -353,8 +361,13 @@ at::Tensor ParallelModel::loss_sum(const at::Tensor& logits, const at::Tensor& l
                                 /*weight=*/std::nullopt, at::Reduction::Sum);
 }
 
-void ParallelModel::precompute_float8_scales() {
-  if (fsdp_) fsdp_->precompute_float8_scales();
+void ParallelModel::after_optimizer_step() {
+  if (fsdp_ && options_.float8_precompute_fsdp_scales) fsdp_->precompute_float8_scales();
+  // tensorwise_delayed: every linear's amax history advances once per step, with ONE
+  // all-reduce(max) over all ranks so every replica scales identically.
+  std::function<void(at::Tensor&)> all_reduce_max;
+  if (Comm* world = mesh_.world()) all_reduce_max = [world](at::Tensor& t) { world->all_reduce(t, ReduceOp::kMax); };
+  float8::sync_amax_history(float8::float8_computes(model_.linears()), all_reduce_max);
 }
 
 void ParallelModel::after_backward() {
@@ -397,25 +410,33 @@ void ParallelModel::reduce_grads() {
 }
 
 double ParallelModel::clip_grad_norm(double max_norm) {
-  at::NoGradGuard no_grad;
   // Each gradient element must be counted once over the mesh: FSDP shards and TP shards are
   // disjoint; HSDP replicas count only on replica 0, TP-replicated weights only on TP rank 0.
   const bool replica0 = mesh_.local_rank(MeshDim::kDpReplicate) == 0;
   const bool tp0 = mesh_.local_rank(MeshDim::kTp) == 0;
   std::vector<at::Tensor> grads;
-  std::vector<double> weights;
+  std::vector<bool> counted;
   for (size_t i = 0; i < masters_.size(); ++i) {
     if (!masters_[i].grad().defined()) continue;
     grads.push_back(masters_[i].grad());
-    weights.push_back(replica0 && (!tp_replicated_[i] || tp0) ? 1.0 : 0.0);
+    counted.push_back(replica0 && (!tp_replicated_[i] || tp0));
   }
-  // Per-tensor norms in float32 (as torch), squares summed in float64: see clip_grad_norm.
-  at::Tensor sum_sq = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(options_.device));
+  return parallel::clip_grad_norm(grads, counted, max_norm, mesh_.world());
+}
+
+double clip_grad_norm(const std::vector<at::Tensor>& grads, const std::vector<bool>& counted,
+                      double max_norm, Comm* world) {
+  TORCH_CHECK(grads.size() == counted.size(), "clip_grad_norm: ", grads.size(), " gradients but ",
+              counted.size(), " flags");
+  at::NoGradGuard no_grad;
+  const auto f64 = at::TensorOptions().dtype(at::kDouble);
+  at::Tensor sum_sq = at::zeros({1}, f64.device(grads.empty() ? c10::Device(c10::kCPU) : grads[0].device()));
   if (!grads.empty()) {
-    at::Tensor w = at::tensor(weights, at::TensorOptions().dtype(at::kDouble)).to(options_.device);
+    std::vector<double> weights(counted.begin(), counted.end());  // 1 or 0: exact products
+    at::Tensor w = at::tensor(weights, f64).to(grads[0].device());
     sum_sq = (at::stack(at::_foreach_norm(grads, 2)).to(at::kDouble).pow(2) * w).sum().reshape({1});
   }
-  mesh_.world().all_reduce(sum_sq, ReduceOp::kSum);
+  if (world) world->all_reduce(sum_sq, ReduceOp::kSum);
   const double total = std::sqrt(sum_sq.item<double>());
   const double coef = max_norm / (total + 1e-6);
   if (coef < 1.0 && !grads.empty()) at::_foreach_mul_(grads, coef);
@@ -430,11 +451,11 @@ double ParallelModel::sum_over_dp(double local) {
   return t.item<double>();
 }
 
-std::string ParallelModel::describe() const {
-  std::ostringstream os;
-  os << mesh_.dims().describe();
-  for (const auto& line : log_) os << "; " << line;
-  return os.str();
+std::vector<std::string> ParallelModel::describe() const {
+  std::vector<std::string> lines = {"mesh " + mesh_.dims().describe()};
+  lines.insert(lines.end(), log_.begin(), log_.end());
+  for (const std::string& line : model_.describe()) lines.push_back("  " + line);
+  return lines;
 }
 
 }  // namespace titan::parallel

@@ -1,21 +1,23 @@
-// parallel/parallelize.h — parallelize_llama: the whole Llama parallel plan in one function
+// parallel/parallelize.h — parallelize_llama: the one place that shapes a model for training
 // (torchtitan's parallelize.py), and ParallelModel, the handle the trainer drives.
 //
-// The trainer's view of a parallel model: float32 master parameters (this rank's shards) for
-// the optimizer; a per-micro-batch bind; a loss that may be vocab-parallel; per-step gradient
-// reductions that are not part of FSDP (TP-replicated weights, HSDP replicas); a global grad
-// norm; the global loss. With no parallelism the trainer does not use this at all.
+// Every run goes through it, a single process too: with a degree of 1 a stage is a no-op
+// (DeviceMesh has no Comm for a dimension of size 1), so the trainer has one path. The
+// trainer's view of the result: float32 master parameters (this rank's shards, all of them for
+// one process) for the optimizer; a per-micro-batch bind; a loss that may be vocab-parallel;
+// per-step gradient reductions that are not part of FSDP (TP-replicated weights, HSDP
+// replicas); a global grad norm; the global loss; the float8 work after the optimizer step.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
-#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "model/llama.h"
+#include "parallel/activation_checkpoint.h"
 #include "parallel/fsdp.h"
 #include "parallel/mesh.h"
 
@@ -26,15 +28,22 @@ struct ParallelOptions {
   bool loss_parallel = true;                       // = !parallelism.disable_loss_parallel
   at::ScalarType compute_dtype = at::kFloat;       // training.mixed_precision_param
   c10::Device device = c10::kCPU;
-  int64_t seq_len = 0;  // training.seq_len, checked against the TP degree
-  // float8.enable_fsdp_float8_all_gather: weight fqn -> its float8 linear's receiver. FSDP
-  // gathers these in float8 (See Note [FSDP float8 all-gather] in parallel/fsdp.h); without
-  // FSDP they are ignored.
-  std::map<std::string, FsdpFloat8Weight> float8_all_gather_weights;
+  int64_t seq_len = 0;                             // training.seq_len (sequence parallel)
+  AcOptions ac;                                    // [activation_checkpoint]
+  // float8.enable_fsdp_float8_all_gather: FSDP gathers the weights of float8 tensorwise linears
+  // as float8 bytes (Note [FSDP float8 all-gather] in fsdp.h). No effect without FSDP.
+  bool float8_fsdp_all_gather = false;
+  // float8.precompute_float8_dynamic_scale_for_fsdp: those weights' next scales in one
+  // all-reduce after each optimizer step.
+  bool float8_precompute_fsdp_scales = false;
   // float8.tp_input_all_gather: under TP, modules whose input linears are all float8 tensorwise
-  // gather that input in float8 (Note [Float8 input from a TP all-gather]).
+  // gather that input in float8 (Note [Float8 operands from the producer] in float8_linear.h).
   bool float8_tp_input_all_gather = true;
 };
+
+// Whether the TP degree divides the heads, kv heads, feed-forward hidden dim and seq_len: throws
+// std::invalid_argument with the numbers and what to choose (a config error).
+void check_tp_degree(const model::ModelArgs& args, int tp, int64_t seq_len);
 
 class ParallelModel {
  public:
@@ -42,14 +51,14 @@ class ParallelModel {
   ~ParallelModel();
 
   // Fills the masters from the model's deterministic init: one full parameter at a time on the
-  // CPU, of which this rank keeps its (TP, then FSDP) shard. Same values as one process.
+  // CPU, of which this rank keeps its (TP, then FSDP) shard. Same values in every layout.
   void init_weights(uint64_t seed);
-  // Overwrites parameter `fqn` from its full value (checkpoint.initial_load_path).
+  // Overwrites parameter `fqn` from its full value (checkpoint.initial_load_path); throws
+  // std::runtime_error naming the parameter when it does not exist or has another shape.
   void load_full(const std::string& fqn, const at::Tensor& full);
 
   const std::vector<std::string>& param_names() const { return names_; }
   const std::vector<at::Tensor>& master_params() const { return masters_; }
-  std::vector<int64_t> full_shape(size_t i) const { return params_[i].full_shape; }
 
   // The full value of parameter `fqn` (float32, on the device): all-gathers the FSDP shards,
   // then the TP shards, and drops the padding. Collective: every rank calls it, same order.
@@ -67,18 +76,22 @@ class ParallelModel {
   // Clips by the global L2 norm of all gradients (each element counted once over the mesh;
   // one all-reduce); returns the norm before clipping.
   double clip_grad_norm(double max_norm);
-  // After the optimizer step (float8.precompute_float8_dynamic_scale_for_fsdp): every
-  // float8-gathered weight's next scale in one all-reduce. No-op without such weights.
-  void precompute_float8_scales();
   // Sum over data-parallel ranks (TP ranks hold the same value).
   double sum_over_dp(double local);
+  // After the optimizer step: the FSDP float8 weights' next scales (one all-reduce, with
+  // float8_precompute_fsdp_scales) and the delayed-scaling amax histories (one all-reduce over
+  // all ranks, See Note [Delayed scaling]). No-op without float8.
+  void after_optimizer_step();
 
-  std::string describe() const;  // one line per applied stage, for the start-up log
-  DeviceMesh& mesh() { return mesh_; }
+  // The start-up picture: the mesh, one line per applied stage, then the model's wrapper and
+  // compute chains (model::Llama::describe).
+  std::vector<std::string> describe() const;
 
  private:
   friend std::unique_ptr<ParallelModel> parallelize_llama(model::Llama&, DeviceMesh&,
                                                           const ParallelOptions&);
+  friend void apply_tp(ParallelModel& pm, Comm& tp);
+  friend void apply_fsdp(ParallelModel& pm, Comm& dp_shard);
   struct Param {
     std::string fqn;
     at::Tensor* slot;                 // the model's tensor
@@ -87,8 +100,9 @@ class ParallelModel {
     int tp_dim = -1;                  // dim sharded over TP; -1 = replicated over TP
     at::Tensor master;                // without FSDP: float32 [tp_shape], requires_grad
   };
+  Param& param(const std::string& fqn);
   at::Tensor tp_local(const Param& p, const at::Tensor& full) const;
-  void finalize();  // allocates masters / FSDP groups after the plan is applied
+  void finalize();  // allocates the masters FSDP does not own, and the buffers
 
   model::Llama& model_;
   DeviceMesh& mesh_;
@@ -98,14 +112,22 @@ class ParallelModel {
   std::vector<at::Tensor> masters_;   // what the optimizer steps, in names_ order
   std::vector<bool> tp_replicated_;   // per master
   std::unique_ptr<Fsdp> fsdp_;
-  std::vector<std::pair<std::string, std::vector<std::string>>> fsdp_groups_;  // name -> fqns
-  std::vector<bool> fsdp_reshard_;
   std::vector<std::string> log_;
 };
 
-// Applies, in this order: tensor/sequence parallel, (activation checkpointing: hook), FSDP/HSDP.
-// The model must still be on the meta device; call init_weights on the result next.
+// Applies, in this order: tensor/sequence parallel, activation checkpointing, FSDP/HSDP; then
+// allocates this rank's master parameters. The model must still be on the meta device; call
+// init_weights on the result next.
 std::unique_ptr<ParallelModel> parallelize_llama(model::Llama& model, DeviceMesh& mesh,
                                                  const ParallelOptions& options);
+
+// Scales `grads` so that their global L2 norm is at most `max_norm`; returns the norm before
+// clipping (float64 on the host). `counted[i]`: whether grads[i] counts toward the norm on this
+// rank (a gradient replicated over ranks counts on one of them only); `world`, when set, sums
+// the squares over all ranks (one all-reduce). Per-tensor norms in float32, as
+// torch.nn.utils.clip_grad_norm_; squares summed in float64 so the norm does not depend on how
+// many shards a tensor was split into.
+double clip_grad_norm(const std::vector<at::Tensor>& grads, const std::vector<bool>& counted,
+                      double max_norm, Comm* world);
 
 }  // namespace titan::parallel

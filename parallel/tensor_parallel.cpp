@@ -127,17 +127,6 @@ struct AllGatherLastDim : torch::autograd::Function<AllGatherLastDim> {
   }
 };
 
-struct AllReduceSum : torch::autograd::Function<AllReduceSum> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t comm) {
-    at::Tensor out = x.contiguous().clone();
-    reinterpret_cast<Comm*>(comm)->all_reduce(out, ReduceOp::kSum);
-    return out;
-  }
-  static variable_list backward(AutogradContext*, variable_list grads) {
-    return {grads[0], at::Tensor()};
-  }
-};
-
 // Note [Vocab-parallel cross entropy]: with m = max over the full vocab (all-reduce MAX),
 // Z = sum exp(l - m) (all-reduce SUM) and t = l[label] - m (all-reduce SUM of the one rank
 // that owns the label), loss = log Z - t. The gradient w.r.t. the local logits is
@@ -204,36 +193,32 @@ at::Tensor reduce_scatter_seq(const at::Tensor& x, Comm& comm) {
 at::Tensor all_gather_last_dim(const at::Tensor& x, Comm& comm) {
   return AllGatherLastDim::apply(x, pack(comm));
 }
-at::Tensor all_reduce_sum(const at::Tensor& x, Comm& comm) { return AllReduceSum::apply(x, pack(comm)); }
 
 model::ModuleInputHook make_sequence_gather(Comm& comm) {
-  return [&comm](const at::Tensor& x) { return all_gather_seq(x, comm); };
+  return [&comm](const at::Tensor& x) { return model::LinearOperand(all_gather_seq(x, comm)); };
 }
 
-model::ModuleInputHook make_float8_sequence_gather(Comm& comm, std::shared_ptr<float8::Float8InputHandoff> handoff) {
-  return [&comm, handoff](const at::Tensor& x) {
-    float8::Float8Tensor gathered;
+model::ModuleInputHook make_float8_sequence_gather(Comm& comm, float8::CastConfig cast, bool pow2) {
+  return [&comm, cast, pow2](const at::Tensor& x) {
+    model::QuantizedOperand gathered;
     {
       at::NoGradGuard no_grad;
       // One scale for every rank: the global amax of the sequence shards.
       const float8::Float8Tensor local = float8::to_float8_with_global_amax(
-          x.detach(), handoff->cast, /*axis_dim=*/-1, handoff->round_scales_to_power_of_2,
+          x.detach(), cast, /*axis_dim=*/-1, pow2,
           [&comm](at::Tensor& amax) { comm.all_reduce(amax, ReduceOp::kMax); });
       gathered = {gather_seq_raw(local.data.view(at::kByte), comm).view(local.data.scalar_type()),
-                  local.scale, x.scalar_type()};
+                  local.scale};
     }
-    handoff->proxy = Float8GatherProxy::apply(x, pack(comm));
-    handoff->input = gathered;
-    handoff->remaining = handoff->consumers;
-    return handoff->proxy;
+    return model::LinearOperand(Float8GatherProxy::apply(x, pack(comm)), std::move(gathered));
   };
 }
 
-at::Tensor ColwiseLinear::forward(const at::Tensor& input, const at::Tensor& weight) {
+at::Tensor ColwiseLinear::forward(const model::LinearOperand& input, const model::LinearOperand& weight) {
   return inner_->forward(input, weight);
 }
 
-at::Tensor RowwiseLinear::forward(const at::Tensor& input, const at::Tensor& weight) {
+at::Tensor RowwiseLinear::forward(const model::LinearOperand& input, const model::LinearOperand& weight) {
   return reduce_scatter_seq(inner_->forward(input, weight), *comm_);
 }
 
@@ -241,8 +226,8 @@ VocabParallelOutput::VocabParallelOutput(std::shared_ptr<model::LinearCompute> i
                                          int64_t vocab_size, bool loss_parallel)
     : inner_(std::move(inner)), comm_(&comm), vocab_size_(vocab_size), loss_parallel_(loss_parallel) {}
 
-at::Tensor VocabParallelOutput::forward(const at::Tensor& input, const at::Tensor& weight) {
-  at::Tensor x = all_gather_seq(input, *comm_);         // [B, S, D]
+at::Tensor VocabParallelOutput::forward(const model::LinearOperand& input, const model::LinearOperand& weight) {
+  at::Tensor x = all_gather_seq(input.hp, *comm_);      // [B, S, D]
   at::Tensor local = inner_->forward(x, weight);         // [B, S, ceil(V/n)]
   if (loss_parallel_) {
     return local.narrow(-1, 0, valid_in_chunk(vocab_size_, comm_->rank(), comm_->size()));

@@ -37,23 +37,25 @@ int64_t valid_in_chunk(int64_t size, int rank, int n);
 at::Tensor all_gather_seq(const at::Tensor& x, Comm& comm);       // [B, s, ...] -> [B, n*s, ...]
 at::Tensor reduce_scatter_seq(const at::Tensor& x, Comm& comm);   // [B, S, ...] -> [B, S/n, ...]
 at::Tensor all_gather_last_dim(const at::Tensor& x, Comm& comm);  // [..., v] -> [..., n*v]
-at::Tensor all_reduce_sum(const at::Tensor& x, Comm& comm);       // backward: identity
 
 // PrepareModuleInput for attention / feed_forward: all-gathers the sequence shards once.
 model::ModuleInputHook make_sequence_gather(Comm& comm);
-// The same for a module whose input linears are all float8 tensorwise (See Note [Float8 input
-// from a TP all-gather] in float8/float8_linear.h): ONE all_reduce(MAX) of the shard's amax,
-// the shard cast with the readers' input cast, ONE all-gather of the bytes into `handoff`;
-// returns the gathered input's storage-less proxy, whose gradient is reduce-scattered as usual.
-model::ModuleInputHook make_float8_sequence_gather(Comm& comm, std::shared_ptr<float8::Float8InputHandoff> handoff);
+// The same for a module whose input linears all accept a float8 tensorwise input (See Note
+// [Float8 operands from the producer] in float8/float8_linear.h): ONE all_reduce(MAX) of the
+// shard's amax, the shard cast with `cast` (the readers' input cast), ONE all-gather of the
+// bytes. Returns the gathered float8 input with a storage-less high-precision stand-in, whose
+// gradient is reduce-scattered as the high-precision gather's is.
+model::ModuleInputHook make_float8_sequence_gather(Comm& comm, float8::CastConfig cast,
+                                                   bool round_scales_to_power_of_2);
 
 // Column-parallel: y_local = inner(x, W_local) on a replicated input (gathered by the
 // module's prepare_input hook). No communication of its own.
 class ColwiseLinear final : public model::LinearCompute {
  public:
   explicit ColwiseLinear(std::shared_ptr<model::LinearCompute> inner) : inner_(std::move(inner)) {}
-  at::Tensor forward(const at::Tensor& input, const at::Tensor& weight) override;
+  at::Tensor forward(const model::LinearOperand& input, const model::LinearOperand& weight) override;
   std::string describe() const override { return "colwise(" + inner_->describe() + ")"; }
+  const std::shared_ptr<model::LinearCompute>* inner() const override { return &inner_; }
 
  private:
   std::shared_ptr<model::LinearCompute> inner_;
@@ -65,8 +67,9 @@ class RowwiseLinear final : public model::LinearCompute {
  public:
   RowwiseLinear(std::shared_ptr<model::LinearCompute> inner, Comm& comm)
       : inner_(std::move(inner)), comm_(&comm) {}
-  at::Tensor forward(const at::Tensor& input, const at::Tensor& weight) override;
+  at::Tensor forward(const model::LinearOperand& input, const model::LinearOperand& weight) override;
   std::string describe() const override { return "rowwise(" + inner_->describe() + ")"; }
+  const std::shared_ptr<model::LinearCompute>* inner() const override { return &inner_; }
 
  private:
   std::shared_ptr<model::LinearCompute> inner_;
@@ -80,8 +83,9 @@ class VocabParallelOutput final : public model::LinearCompute {
  public:
   VocabParallelOutput(std::shared_ptr<model::LinearCompute> inner, Comm& comm, int64_t vocab_size,
                       bool loss_parallel);
-  at::Tensor forward(const at::Tensor& input, const at::Tensor& weight) override;
+  at::Tensor forward(const model::LinearOperand& input, const model::LinearOperand& weight) override;
   std::string describe() const override;
+  const std::shared_ptr<model::LinearCompute>* inner() const override { return &inner_; }
 
  private:
   std::shared_ptr<model::LinearCompute> inner_;

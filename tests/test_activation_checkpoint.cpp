@@ -59,7 +59,7 @@ Grads run_once(const model::ModelArgs& args, const AcOptions& ac,
     out.names.push_back(n);
   });
   if (convert) convert(m);
-  parallel::apply_activation_checkpointing(m, ac);
+  parallel::apply_ac(m, ac);
   at::manual_seed(3);
   at::Tensor tokens = at::randint(args.vocab_size, {2, 16});
   at::Tensor labels = at::randint(args.vocab_size, {2, 16});
@@ -133,7 +133,7 @@ TEST_CASE("per-op AC on float8 rowwise linears keeps products and amaxes, never 
     auto rope = model::make_rotary_table(16, 16, 500000.0, c10::kCPU);
     at::Tensor x = at::randn({2, 16, 64});
     at::NoGradGuard no_grad;
-    model::OpCheckpointStore store;
+    model::OpCheckpointStore store(parallel::selective_ac_save_list());
     {
       model::OpCheckpointScope record(&store, model::OpCheckpointPhase::kRecord);
       m.blocks()[0]->forward(x, rope);
@@ -158,7 +158,8 @@ namespace {
 // the product: the policy must keep the amax and never the abs.
 class AbsAmaxLinear final : public model::LinearCompute {
  public:
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& w) override {
+  at::Tensor forward(const model::LinearOperand& x, const model::LinearOperand& w_op) override {
+    const at::Tensor& w = w_op.hp;
     at::Tensor a = model::checkpointable_op("abs", [&] { return at::abs(w); });  // [N, K]
     model::checkpointable_op("amax", [&] { return at::amax(a); });               // []
     return model::HighPrecisionLinearCompute().forward(x, w);
@@ -177,7 +178,7 @@ TEST_CASE("per-op AC keeps every other mm and sdpa, never abs", "[ac]") {
   at::NoGradGuard no_grad;
 
   SECTION("high-precision block: the 1st/3rd/5th/7th mm (wq, wv, w1, w2) and attention") {
-    model::OpCheckpointStore store;
+    model::OpCheckpointStore store(parallel::selective_ac_save_list());
     {
       model::OpCheckpointScope record(&store, model::OpCheckpointPhase::kRecord);
       block->forward(x, rope);
@@ -192,7 +193,7 @@ TEST_CASE("per-op AC keeps every other mm and sdpa, never abs", "[ac]") {
   }
   SECTION("abs offered by a cast is recomputed, amax is kept") {
     for (model::Linear* l : m.linears()) l->set_compute(std::make_shared<AbsAmaxLinear>());
-    model::OpCheckpointStore store;
+    model::OpCheckpointStore store(parallel::selective_ac_save_list());
     {
       model::OpCheckpointScope record(&store, model::OpCheckpointPhase::kRecord);
       block->forward(x, rope);
@@ -208,34 +209,43 @@ TEST_CASE("per-op AC keeps every other mm and sdpa, never abs", "[ac]") {
     }
     CHECK(abs_seen == 7);
     CHECK(amax_kept == 7);
-    for (const auto& op : store.kept_ops()) CHECK(model::op_on_save_list(op));
+    for (const auto& op : store.kept_ops()) CHECK(parallel::op_on_save_list(op));
   }
   SECTION("the save list is the one table, without abs") {
     std::vector<std::string> ops;
-    for (const auto& e : model::selective_ac_save_list()) ops.push_back(e.op);
+    for (const auto& e : parallel::selective_ac_save_list()) ops.push_back(e.op);
     CHECK(ops == std::vector<std::string>{"mm", "sdpa", "reduce_scatter", "amax"});
-    CHECK_FALSE(model::op_on_save_list("abs"));
+    CHECK_FALSE(parallel::op_on_save_list("abs"));
   }
 }
 
-TEST_CASE("AC composes as the outer runner and re-runs the inner one in the recompute", "[ac]") {
+TEST_CASE("AC re-runs the wrappers inside it in the recompute, not those outside", "[ac]") {
   model::Llama m(tiny_args());
   m.materialize(c10::kCPU, at::kFloat);
   m.init_weights(2);
   m.visit_params([](const std::string&, at::Tensor& p) { p.requires_grad_(true); });
-  int inner_calls = 0, inner_calls_with_grad = 0;
-  m.set_block_runner([&](int64_t, const at::Tensor& h, const std::function<at::Tensor(const at::Tensor&)>& run) {
-    ++inner_calls;
-    inner_calls_with_grad += at::GradMode::is_enabled();
-    return run(h);
-  });
-  parallel::apply_activation_checkpointing(m, parallel::parse_ac_options("full", ""));
+  int inner_calls = 0, inner_calls_with_grad = 0, outer_calls = 0;
+  for (model::TransformerBlock* b : m.blocks())
+    m.wrap_block(b->layer_id, {"count", [&](const at::Tensor& h, const model::ForwardFn& run) {
+                                 ++inner_calls;
+                                 inner_calls_with_grad += at::GradMode::is_enabled();
+                                 return run(h);
+                               }});
+  parallel::apply_ac(m, parallel::parse_ac_options("full", ""));
+  // Added after AC: outside it, as FSDP's wrapper (See Note [FSDP wraps AC]).
+  for (model::TransformerBlock* b : m.blocks())
+    m.wrap_block(b->layer_id, {"outer", [&](const at::Tensor& h, const model::ForwardFn& run) {
+                                 ++outer_calls;
+                                 return run(h);
+                               }});
+  CHECK(m.describe()[1] == "layers.0-3: outer > ac(full) > count");
   at::Tensor logits = m.forward(at::randint(64, {1, 8}));
   CHECK(inner_calls == 4);
   CHECK(inner_calls_with_grad == 0);  // the first forward runs without grad
   logits.sum().backward();
-  CHECK(inner_calls == 8);            // the recompute re-runs the inner runner (FSDP re-gathers)
+  CHECK(inner_calls == 8);            // the recompute re-runs the wrappers inside AC
   CHECK(inner_calls_with_grad == 4);
+  CHECK(outer_calls == 4);            // the ones outside run once
 }
 
 TEST_CASE("AC options are validated", "[ac]") {

@@ -293,12 +293,9 @@ TEST_CASE("FSDP float8 all-gather: global-amax scale, gathered bytes, precompute
   auto as_bytes = [](const at::Tensor& f8) { return f8.contiguous().view(at::kByte); };
   const auto errors = run_ranks_as_threads(2, [&](int, tp::DeviceMesh& mesh) {
     tp::Fsdp fsdp(*mesh.comm(tp::MeshDim::kDpShard), at::kFloat, c10::kCPU);
-    at::Tensor w_slot, norm_slot, got_data, got_scale;
-    tp::FsdpFloat8Weight f8;
-    f8.publish = [&](const at::Tensor& data, const at::Tensor& scale) {
-      got_data = data.defined() ? data.clone() : at::Tensor();
-      got_scale = scale.defined() ? scale.clone() : at::Tensor();
-    };
+    at::Tensor w_slot, norm_slot;
+    titan::model::QuantizedOperand w_cast;  // the linear's weight_cast slot
+    tp::FsdpFloat8Weight f8{e4m3, false, &w_cast};
     fsdp.add_group("block", {{"w", &w_slot, {5, 16}, f8}, {"norm", &norm_slot, {16}}}, true);
     fsdp.load_full("w", full);
     fsdp.load_full("norm", norm);
@@ -307,11 +304,13 @@ TEST_CASE("FSDP float8 all-gather: global-amax scale, gathered bytes, precompute
       at::Tensor seen_data, seen_scale;
       fsdp.run_group(0, at::zeros({1}), [&](const at::Tensor& x) {
         if (!at::equal(norm_slot, norm)) throw std::runtime_error("norm not gathered in float32");
-        seen_data = got_data;
-        seen_scale = got_scale;
+        if (w_cast.defined()) {
+          seen_data = w_cast.data.clone();
+          seen_scale = w_cast.scale.clone();
+        }
         return x;
       });
-      if (got_data.defined()) throw std::runtime_error("reshard did not clear the float8 weight");
+      if (w_cast.defined()) throw std::runtime_error("reshard did not clear the float8 weight");
       if (!seen_data.defined() || seen_data.scalar_type() != e4m3 || seen_data.sizes() != full.sizes())
         throw std::runtime_error("no [5, 16] e4m3 weight was published");
       return std::make_pair(seen_data, seen_scale);
@@ -357,7 +356,7 @@ TEST_CASE("per-op AC under TP keeps the reduce-scatter outputs (threads)", "[par
     pm->init_weights(5);
     auto rope = titan::model::make_rotary_table(args.dim / args.n_heads, 16, args.rope_theta, c10::kCPU);
     at::NoGradGuard no_grad;
-    titan::model::OpCheckpointStore store;
+    titan::model::OpCheckpointStore store(tp::selective_ac_save_list());
     {
       titan::model::OpCheckpointScope record(&store, titan::model::OpCheckpointPhase::kRecord);
       model.blocks()[0]->forward(at::randn({2, 8, args.dim}), rope);  // [B, S/tp, D] sequence shard

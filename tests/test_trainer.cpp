@@ -16,6 +16,7 @@
 
 #include "trainer/config.h"
 #include "trainer/memory.h"
+#include "parallel/parallelize.h"
 #include "trainer/optimizer.h"
 #include "trainer/safetensors.h"
 #include "tests/temp_dir.h"
@@ -67,7 +68,7 @@ TEST_CASE("clip_grad_norm returns the global norm and scales", "[trainer]") {
   at::Tensor a = at::zeros({2}).requires_grad_(true), b = at::zeros({1}).requires_grad_(true);
   a.mutable_grad() = at::full({2}, 3.0);
   b.mutable_grad() = at::full({1}, 4.0);
-  const double norm = clip_grad_norm({a, b}, 1.0);
+  const double norm = titan::parallel::clip_grad_norm({a.grad(), b.grad()}, {true, true}, 1.0, /*world=*/nullptr);
   CHECK(norm == Approx(std::sqrt(34.0)));
   CHECK(a.grad()[0].item<double>() == Approx(3.0 / std::sqrt(34.0)).epsilon(1e-5));
 }

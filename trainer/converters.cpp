@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <stdexcept>
+#include <vector>
 
 #include "float8/convert.h"
 #include "float8/float8_linear.h"
@@ -57,7 +58,7 @@ ConvertedModel apply_model_converters(model::Llama& model, const JobConfig& cfg,
     options.recipe_name = cfg.float8.recipe_name;
     options.filter_fqns = cfg.float8.filter_fqns;
     options.auto_filter_small_kn = cfg.float8.auto_filter_small_kn;
-    // The CPU has no float8 GEMM: emulation is the only way there (FLOAT8.md).
+    // The CPU has no float8 GEMM: emulation is the only way there (docs/float8.md).
     options.emulate = cfg.float8.emulate || device.is_cpu();
     options.amax_history_len = cfg.float8.amax_history_len;
     options.enable_fsdp_float8_all_gather = cfg.float8.enable_fsdp_float8_all_gather;
@@ -71,11 +72,7 @@ ConvertedModel apply_model_converters(model::Llama& model, const JobConfig& cfg,
     }
     log_report("float8", report);
     result.float8 = true;
-    result.delayed_scaling = float8::recipe_from_name(options.recipe_name).delayed;
-    result.float8_computes = float8::float8_computes(model.linears());
     if (options.emulate) log_info("float8: GEMMs are emulated in float32 (same numerics up to the final GEMM)");
-    result.fsdp_float8_all_gather = options.enable_fsdp_float8_all_gather;
-    result.precompute_fsdp_float8_scales = options.precompute_float8_dynamic_scale_for_fsdp;
   }
   if (cfg.int8.enable_int8_linear) {
     float8::Int8Options options;
@@ -93,25 +90,6 @@ ConvertedModel apply_model_converters(model::Llama& model, const JobConfig& cfg,
     result.int8 = true;
   }
   return result;
-}
-
-std::map<std::string, parallel::FsdpFloat8Weight> use_fsdp_float8_all_gather(model::Llama& model) {
-  std::map<std::string, parallel::FsdpFloat8Weight> weights;
-  for (model::Linear* linear : model.linears()) {
-    std::shared_ptr<model::LinearCompute> owner = linear->compute();
-    auto* compute = dynamic_cast<float8::Float8LinearCompute*>(owner.get());
-    if (!compute) continue;  // filtered linears keep the high-precision gather
-    compute->use_weight_from_fsdp();
-    parallel::FsdpFloat8Weight w;
-    w.float8_dtype = compute->recipe().weight.dtype;
-    w.round_scales_to_power_of_2 = compute->recipe().round_scales_to_power_of_2;
-    // `owner` keeps the compute alive for as long as FSDP may publish to it.
-    w.publish = [owner, compute](const at::Tensor& data, const at::Tensor& scale) {
-      compute->set_fsdp_weight(data, scale);
-    };
-    weights.emplace(linear->fqn() + ".weight", std::move(w));
-  }
-  return weights;
 }
 
 }  // namespace titan::trainer

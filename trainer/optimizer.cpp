@@ -67,24 +67,6 @@ int64_t AdamW::state_bytes() const {
   return bytes;
 }
 
-double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm,
-                      const std::function<void(at::Tensor&)>& reduce_sum_of_squares) {
-  at::NoGradGuard no_grad;
-  std::vector<at::Tensor> grads;
-  for (const auto& p : params)
-    if (p.grad().defined()) grads.push_back(p.grad());
-  if (grads.empty()) return 0.0;
-  // Per-tensor norms in float32 (as torch.nn.utils.clip_grad_norm_), then the squares summed
-  // in float64 so the global norm does not depend on how many shards it was split into.
-  std::vector<at::Tensor> norms = at::_foreach_norm(grads, 2);
-  at::Tensor sum_sq = at::stack(norms).to(at::kDouble).pow(2).sum();
-  if (reduce_sum_of_squares) reduce_sum_of_squares(sum_sq);
-  const double total_norm = std::sqrt(sum_sq.item<double>());
-  const double clip_coef = max_norm / (total_norm + 1e-6);
-  if (clip_coef < 1.0) at::_foreach_mul_(grads, clip_coef);
-  return total_norm;
-}
-
 // torchtitan's linear_warmup_stable_decay, with LambdaLR's 0-based step (= training step - 1):
 //   warmup:  (s + 1) / (warmup + 1)
 //   stable:  1

@@ -38,12 +38,6 @@ class AdamW {
   AdamWOptions options_;
 };
 
-// Scales all gradients so that their global L2 norm is at most `max_norm`; returns the norm
-// before clipping (float64 on the host). `extra_sum_of_squares_reduce`, if set, turns the local
-// sum of squares into the global one (an all-reduce across shards; see parallel/).
-double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm,
-                      const std::function<void(at::Tensor&)>& reduce_sum_of_squares = {});
-
 // LR multiplier of torchtitan's warmup-stable-decay schedule for optimizer step `step`
 // (1-based training step). See lr_schedule.cpp for the exact formula.
 struct LrSchedule {
