@@ -311,17 +311,15 @@ void Fsdp::reshard(int g) {
 
 at::Tensor Fsdp::run_group(int g, const at::Tensor& x,
                            const std::function<at::Tensor(const at::Tensor&)>& run) {
-  // Note [FSDP under activation checkpointing]: a checkpointed block re-runs its forward
-  // inside backward. Then the group is needed right after (its backward follows), and the
-  // next group is already done: no prefetch, no reshard after that forward.
+  // FSDP's wrapper is outside activation checkpointing (Note [FSDP wraps AC] in
+  // activation_checkpoint.h): this runs once per forward, never inside backward's recompute.
   unshard(g);
-  if (!in_backward_ && g + 1 < num_groups()) unshard(g + 1);  // See Note [FSDP blocking prefetch]
+  if (g + 1 < num_groups()) unshard(g + 1);  // See Note [FSDP blocking prefetch]
   at::Tensor out = run(x);
   const bool training = at::GradMode::is_enabled() && out.requires_grad();
-  if (!in_backward_ && (groups_[static_cast<size_t>(g)]->reshard_after_forward || !training)) reshard(g);
+  if (groups_[static_cast<size_t>(g)]->reshard_after_forward || !training) reshard(g);
   if (training) {
     out.register_hook([this, g](const at::Tensor&) {
-      in_backward_ = true;
       unshard(g);
       if (g > 0) unshard(g - 1);  // backward prefetch, same Note
     });
@@ -363,7 +361,6 @@ void Fsdp::reduce_scatter_grads(int g) {
 }
 
 void Fsdp::finish_backward() {
-  in_backward_ = false;
   for (int g = num_groups() - 1; g >= 0; --g) {
     Group& group = *groups_[static_cast<size_t>(g)];
     if (group.grads_ready > 0) reduce_scatter_grads(g);

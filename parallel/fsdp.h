@@ -139,7 +139,6 @@ class Fsdp {
   std::vector<std::unique_ptr<Group>> groups_;
   std::vector<at::Tensor> masters_;
   std::vector<std::string> master_fqns_;
-  bool in_backward_ = false;  // between the first pre-backward hook and finish_backward
 };
 
 }  // namespace titan::parallel

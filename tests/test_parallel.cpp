@@ -439,6 +439,13 @@ TEST_CASE("FSDP float8 all-gather (and precomputed scales) reproduces the float8
       {"fsdp2_float8_all_gather_precompute_full_ac",
        " --float8.enable_fsdp_float8_all_gather --float8.precompute_float8_dynamic_scale_for_fsdp"
        " --activation_checkpoint.mode full --parallelism.fsdp_reshard_after_forward always"},
+      // Per-op AC: FSDP's gather (and its amax all-reduce) runs outside the checkpointed block
+      // (Note [FSDP wraps AC]). When AC wrapped FSDP, the first forward recorded FSDP's amax
+      // and the recompute, finding the group already gathered, failed ("op #3 was 'amax' in the
+      // first forward but 'mm' in the recompute").
+      {"fsdp2_float8_all_gather_op_ac",
+       " --float8.enable_fsdp_float8_all_gather --activation_checkpoint.mode selective"
+       " --activation_checkpoint.selective_ac_option op"},
   };
   const auto hp_gather = read_metrics(root() / "fsdp2_float8_hp_gather" / "metrics_rank0.jsonl");
   for (const auto& [name, args] : variants) {
@@ -453,7 +460,7 @@ TEST_CASE("FSDP float8 all-gather (and precomputed scales) reproduces the float8
 }
 
 TEST_CASE("TP float8 input all-gather reproduces the high-precision-gather TP run", "[parallel][dist][float8]") {
-  // Note [Float8 input from a TP all-gather]: attention / feed_forward inputs are cast with the
+  // Note [Float8 operands from the producer]: attention / feed_forward inputs are cast with the
   // scale of their global amax (one MAX all-reduce) and gathered as e4m3 bytes; casting the
   // gathered float32 input gives the same bytes, so with float32 compute the run must equal the
   // high-precision-gather TP run bit for bit. Full AC re-gathers inside the recompute.

@@ -43,7 +43,7 @@ BlockTerms block_terms(const EstimateInputs& in) {
   const bool gqa = a.kv_heads() != a.n_heads;
   const bool low_precision = in.compute_bytes != 4;
   // The gathered input of wq/wk/wv and of w1/w3: kept in float8 (1 byte) when TP gathers it so
-  // (Note [Float8 input from a TP all-gather]), else in the compute dtype.
+  // (Note [Float8 operands from the producer] in float8/float8_linear.h), else in the compute dtype.
   const double gathered = in.float8_tp_input_all_gather && in.tp > 1 ? 1.0 : e;
 
   BlockTerms t;
