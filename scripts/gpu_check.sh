@@ -8,7 +8,8 @@
 #                  on the CPU, the python baseline, the snapshot viewer, the result files) and
 #                  lists the GPU steps as skipped; scripts/gpu_bundle.sh --rehearse runs it
 # Environment: GPU_CHECK_OUT (results folder, default outputs/gpu_check), TITAN_PYTHON (the
-# python whose torch is used; default python3).
+# python whose torch is used; default python3), GPU_CHECK_DEADLINE_S (default 540: later steps
+# are reported NOT RUN instead of overrunning a 10-minute command).
 # What it measures (docs/development.md, "GPU check"): every [cuda] test (fused casts vs the CPU
 # reference bit for bit, _scaled_mm and cuBLASLt vs emulation, int8 _int_mm), one-rank NCCL
 # collectives through Comm, titan-bench-matmul (8192^3 float8 vs bf16) and titan-bench-linear
@@ -55,6 +56,9 @@ MODE=gpu; ((QUICK)) && MODE=quick; ((REHEARSE)) && MODE=rehearse
 DEVICE="cpu (no GPU)"
 ((NG > 0)) && DEVICE="$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -1) x$NG"
 T0=$(date +%s)
+# Steps are skipped once this many seconds have passed, so that a run inside a 10-minute device
+# command always ends with its result files written.
+DEADLINE="${GPU_CHECK_DEADLINE_S:-540}"
 { echo "mode $MODE, device: $DEVICE, torch $TITAN_TORCH_VERSION ($TITAN_TORCH_DIR), python $TITAN_PY"
   echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"; nvidia-smi 2>/dev/null; } >"$WORK/logs/environment.log"
 echo "[gpu_check] mode $MODE on $DEVICE; torch $TITAN_TORCH_VERSION; results -> $RESULTS"
@@ -67,10 +71,14 @@ assemble() {
 # step NAME LIMIT_S SKIP_OK CMD...: runs CMD with its log in logs/NAME.log. Exit 77 means
 # "skipped" (a test that found no GPU); SKIP_OK=1 accepts that (rehearsal), else it fails.
 step() {
-  local name="$1" limit="$2" skip_ok="$3" start rc status
+  local name="$1" limit="$2" skip_ok="$3" start rc status left
   shift 3
+  left=$((DEADLINE - ($(date +%s) - T0)))
+  if ((left < 30)); then not_run "$name" "GPU_CHECK_DEADLINE_S=$DEADLINE spent"; assemble; return; fi
+  ((limit > left)) && limit=$left
   start=$(date +%s%N)
-  timeout --kill-after=15 "$limit" "$@" >"$WORK/logs/$name.log" 2>&1
+  # bash -c: the helpers below are exported functions, which timeout cannot start by itself.
+  timeout --kill-after=15 "$limit" bash -c '"$@"' "$name" "$@" >"$WORK/logs/$name.log" 2>&1
   rc=$?
   case $rc in
     0) status=PASS ;;
@@ -98,7 +106,15 @@ preflight() {
   fi
   [[ -z "$missing" ]] || { echo "unresolved libraries:"; echo "$missing"; return 1; }
   for f in "$B"/*; do echo "== $(basename "$f")"; ldd "$f"; done
+  # On a GPU, the [cuda] test cases return early without a device: make sure there is one.
+  if ((!REHEARSE)); then
+    "$TITAN_PY" -c "import torch; assert torch.cuda.is_available(), 'torch sees no GPU'; \
+print('torch', torch.__version__, 'sees', torch.cuda.get_device_name(), torch.cuda.get_device_capability(), \
+'nccl', torch.cuda.nccl.version())" || return 1
+  fi
 }
+export B REHEARSE
+export -f preflight
 preflight >"$WORK/logs/preflight_probe.log" 2>&1
 if [[ $? == 3 ]]; then
   export TITAN_GPU_ENV_COMPAT=1
@@ -106,16 +122,18 @@ if [[ $? == 3 ]]; then
 fi
 step preflight 60 0 preflight
 if grep -q "^preflight	FAIL" "$WORK/steps.tsv"; then
-  echo "[gpu_check] the bundle does not load here: see $RESULTS/logs.tar.gz (preflight.log)" >&2
+  echo "[gpu_check] preflight failed (a library unresolved, or no GPU torch can use): see preflight.log in $RESULTS/logs.tar.gz" >&2
   exit 1
 fi
 
 DATA=(--training.dataset fortunes --training.dataset_path "$BUNDLE/data/fortunes")
 VOCAB="$BUNDLE/data/bench_vocab_128k.tiktoken"
+export B BUNDLE WORK ROOT
 train() {  # NAME CONFIG ARGS...: titan-train with its outputs under runs/NAME
   local name="$1" config="$2"
   shift 2
-  "$B/titan-train" --job.config_file "$BUNDLE/configs/$config" "${DATA[@]}" --metrics.log_freq 1 \
+  "$B/titan-train" --job.config_file "$BUNDLE/configs/$config" --training.dataset fortunes \
+    --training.dataset_path "$BUNDLE/data/fortunes" --metrics.log_freq 1 \
     --job.dump_folder "$WORK/runs/$name" "$@"
 }
 snapshot() {  # DEVICE: 2 steps with a memory snapshot, opened with PyTorch's own viewer
@@ -131,9 +149,13 @@ snapshot() {  # DEVICE: 2 steps with a memory snapshot, opened with PyTorch's ow
 eager() {  # NAME ARGS...: the eager PyTorch baseline; its JSON line goes to runs/NAME.json
   local name="$1"
   shift
-  PYTHONUNBUFFERED=1 "$TITAN_PY" "$ROOT/scripts/bench/eager_llama.py" "$@" | tee "$WORK/runs/$name.json"
+  PYTHONUNBUFFERED=1 "$TITAN_PY" "$ROOT/scripts/bench/eager_llama.py" "$@" >"$WORK/runs/$name.json"
+  local rc=$?
+  cat "$WORK/runs/$name.json"
+  return $rc
 }
 
+export -f train snapshot eager
 if ((REHEARSE)); then
   # ----------------------------------------------------------------- rehearsal (CPU twins)
   step test_nccl 120 1 "$B/test_nccl"

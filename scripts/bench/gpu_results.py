@@ -154,6 +154,8 @@ def main():
         r = cube[0]
         speedups = {k[:-8]: v for k, v in r.items() if k.endswith("_speedup")}
         for recipe, x in speedups.items():
+            if recipe == "int8":
+                continue  # the 1.3x target is float8's; int8 is reported beside it
             results.setdefault("targets", {})["linear_8192_" + recipe] = {
                 "speedup": x, "target": TARGETS["linear_8192_float8_vs_bf16"],
                 "met": x is not None and x >= TARGETS["linear_8192_float8_vs_bf16"]}
