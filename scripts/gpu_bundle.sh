@@ -15,9 +15,10 @@
 #          128,256-token vocabulary for the 8B-shaped benchmarks (scripts/bench/bench_vocab.py)
 #   configs/, env.sh (= scripts/gpu_env.sh), bundle.json (versions, files, sizes)
 # --rehearse then proves the bundle without a GPU: no bundled file has a library search path
-# (RPATH/RUNPATH) or needs a library by path, LibTorch is unreachable without gpu_env.sh, and scripts/gpu_check.sh --rehearse
-# passes in a copy of exactly what travels to a GPU machine (tracked + untracked-not-ignored
-# files + the bundle; no .deps, no build folders), against the torch a python reports.
+# (RPATH/RUNPATH) or needs a library by path, LibTorch is unreachable without gpu_env.sh, and
+# scripts/gpu_check.sh --rehearse passes in a copy of exactly what travels to a GPU machine
+# (tracked + untracked-not-ignored files + the bundle; no .deps, no build folders), against the
+# torch a python reports.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -27,7 +28,7 @@ while (($#)); do
   case "$1" in
     --out) OUT_DIR="$(realpath -m "$2")"; shift 2 ;;
     --rehearse) REHEARSE=1; shift ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^set /p' "$0" | sed '$d'; exit 0 ;;
     *) echo "gpu_bundle: unknown argument '$1' (valid: --out DIR, --rehearse)" >&2; exit 2 ;;
   esac
 done
@@ -168,7 +169,12 @@ python3 -c "import torch" 2>/dev/null || PY="$VENV_PY"
 COPY="$(mktemp -d /tmp/titan-gpu-rehearsal.XXXXXX)"
 trap 'rm -rf "$COPY"' EXIT
 mkdir -p "$COPY/checkout"
-git ls-files -co --exclude-standard -z | xargs -0 cp --parents -t "$COPY/checkout" 2>/dev/null || true
+if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+  git ls-files -co --exclude-standard -z | xargs -0 cp --parents -t "$COPY/checkout"
+else  # not a git checkout: everything but what .gitignore keeps out
+  tar -C "$ROOT" --exclude=./.deps --exclude='./build*' --exclude=./outputs --exclude=./.git \
+    --exclude='./.gpu_bundle*' -cf - . | tar -C "$COPY/checkout" -xf -
+fi
 cp -r "$OUT_DIR" "$COPY/checkout/.gpu_bundle"
 log "rehearsal copy: $(du -sm "$COPY/checkout" | cut -f1) MiB travel (checkout + bundle), no .deps: $([[ -e "$COPY/checkout/.deps" ]] && echo PRESENT || echo absent)"
 set +e

@@ -27,7 +27,7 @@ while (($#)); do
     --bundle) BUNDLE="${2:-}"; shift 2 || { echo "gpu_check: --bundle needs a folder" >&2; exit 2; } ;;
     --quick) QUICK=1; shift ;;
     --rehearse) REHEARSE=1; shift ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^set /p' "$0" | sed '$d'; exit 0 ;;
     *) echo "gpu_check: unknown argument '$1' (valid: --bundle DIR, --quick, --rehearse)" >&2; exit 2 ;;
   esac
 done
