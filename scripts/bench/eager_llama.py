@@ -166,7 +166,8 @@ def main():
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     device = torch.device(a.device)
-    model = Llama(a.flavor, a.vocab, a.seq_len).to(device)
+    with device:  # parameters are created (and initialized) where they train
+        model = Llama(a.flavor, a.vocab, a.seq_len)
     for i, block in enumerate(model.layers):
         if a.ac != "none":
             block = Checkpointed(block, a.ac)
