@@ -41,6 +41,10 @@ const std::vector<Flavor>& flavors() {
       // Not a torchtitan flavor: a ~100M-parameter model (99M without embeddings) for CPU
       // benchmarks and memory-estimate checks at a size a 2-core machine can step through.
       {"100M", make_args(768, 14, 12, 0, 128256, 256, 0.0)},
+      // Not a torchtitan flavor: 8B's layer shapes (and vocabulary) with 4 of its 32 layers, so
+      // that single-GPU training (float32 master weights + AdamW: 16 bytes per parameter) of
+      // 8B-shaped GEMMs fits one 80 GB GPU; scripts/gpu_check.sh measures tokens/s and MFU on it.
+      {"8B_4layers", make_args(4096, 4, 32, 8, 128256, 1024, 1.3)},
   };
   return table;
 }

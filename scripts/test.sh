@@ -19,4 +19,14 @@ elif [[ "${TITAN_TEST_CUDA_BUILD:-1}" == 1 ]]; then
 fi
 cd "$ROOT/build"
 ctest --output-on-failure --timeout 900 "$@"
+# --- GPU bundle + rehearsal (scripts/gpu_bundle.sh; docs/development.md "GPU check") ---------
+# The bundle a bare GPU machine runs must build, and its executables must run here against the
+# torch a python reports, from a copy of the checkout without .deps. Reuses build-cuda/ above.
+if [[ "${TITAN_TEST_CUDA_BUILD:-1}" == 1 && "${TITAN_TEST_GPU_REHEARSAL:-1}" == 1 ]] &&
+   command -v nvcc >/dev/null 2>&1; then
+  rehearsal_start=$(date +%s)
+  "$ROOT/scripts/gpu_bundle.sh" --rehearse
+  echo "[test] GPU bundle + rehearsal took $(( $(date +%s) - rehearsal_start )) s"
+fi
+# --- end GPU bundle + rehearsal ---------------------------------------------------------------
 echo "[test] total $(( $(date +%s) - start )) s"

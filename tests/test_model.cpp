@@ -28,6 +28,10 @@ TEST_CASE("parameter counts without allocating", "[model]") {
   CHECK(count_params(llama3_flavor("8B")).total == 8030261248LL);
   CHECK(count_params(llama3_flavor("70B")).total == 70553706496LL);
   CHECK(count_params(llama3_flavor("405B")).total == 405853388800LL);
+  // 8B_4layers (the single-GPU benchmark model) is 8B with 28 of its 32 layers removed.
+  const auto full = count_params(llama3_flavor("8B")), four = count_params(llama3_flavor("8B_4layers"));
+  CHECK(four.per_layer == full.per_layer);
+  CHECK(four.total == full.total - 28 * full.per_layer);
   const auto debug = count_params(llama3_flavor("debugmodel"));
   CHECK(debug.embedding == 2048 * 256);
   CHECK(debug.total == 2 * 2048 * 256 + 256 + 6 * (4 * 256 * 256 + 3 * 256 * 768 + 2 * 256));

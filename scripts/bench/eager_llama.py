@@ -2,9 +2,17 @@
 
 Same model as titan (RMSNorm, RoPE, GQA causal SDPA, SwiGLU, no bias, untied output), same
 optimizer (AdamW, fused kernel), same loss (token-mean cross entropy), same batch shape and
-thread count. Prints one JSON line: tokens/s over the timed steps and peak RSS.
+thread count. Prints one JSON line: tokens/s over the timed steps, MFU, peak memory.
+
+CPU (scripts/bench_train.sh): float32, eager. GPU (scripts/gpu_check.sh):
+  --device cuda --dtype bfloat16   float32 master weights, matrix products in bfloat16 under
+                                   autocast (titan: training.mixed_precision_param bfloat16)
+  --ac op                          torchtitan's per-op selective activation checkpointing
+  --compile                        torch.compile of every block (torchtitan's training.compile)
+  --flavor 8B_4layers --vocab 128256   8B's layer shapes, 4 layers (titan's flavor of that name)
 """
 import argparse
+import collections
 import json
 import math
 import resource
@@ -14,15 +22,66 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-FLAVORS = {  # dim, n_layers, n_heads, n_kv_heads, multiple_of
-    "debugmodel": (256, 6, 16, 16, 256),
-    "100M": (768, 14, 12, 12, 256),
+FLAVORS = {  # dim, n_layers, n_heads, n_kv_heads, multiple_of, ffn_dim_multiplier (model/args.cpp)
+    "debugmodel": (256, 6, 16, 16, 256, None),
+    "100M": (768, 14, 12, 12, 256, None),
+    "8B_4layers": (4096, 4, 32, 8, 1024, 1.3),
 }
 
+# Dense bf16 peak FLOP/s by device name, as titan's trainer/metrics.cpp (first match wins).
+GPU_PEAK_FLOPS = [("H100 NVL", 835e12), ("H100 PCIe", 756e12), ("H100", 989e12), ("H200", 989e12),
+                  ("A100", 312e12)]
 
-def ffn_hidden(dim, multiple_of):
+
+def ffn_hidden(dim, multiple_of, ffn_dim_multiplier=None):
     hidden = int(2 * (4 * dim) / 3)
+    if ffn_dim_multiplier is not None:
+        hidden = int(ffn_dim_multiplier * hidden)
     return multiple_of * ((hidden + multiple_of - 1) // multiple_of)
+
+
+def flops_per_token(model, n_layers, n_heads, head_dim, seq_len):
+    """torchtitan's (and titan's) formula: 6 x non-embedding params + attention's 12 L H Q T."""
+    params = sum(p.numel() for p in model.parameters()) - model.tok_embeddings.weight.numel()
+    return 6 * params + 12 * n_layers * n_heads * head_dim * seq_len
+
+
+# torchtitan's per-op selective AC: keep these ops' outputs, except every second matrix product.
+def _sac_save_list():
+    ops = [torch.ops.aten.mm.default, torch.ops.aten.max.default]
+    for name in ("_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention",
+                 "_scaled_dot_product_cudnn_attention"):
+        if hasattr(torch.ops.aten, name):
+            ops.append(getattr(torch.ops.aten, name).default)
+    return set(ops)
+
+
+def per_op_sac_context():
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+    save, counts = _sac_save_list(), collections.defaultdict(int)
+
+    def policy(ctx, func, *args, **kwargs):
+        key = "recompute" if ctx.is_recompute else "forward"
+        if func == torch.ops.aten.mm.default:
+            counts[key] += 1
+        keep = func in save and not (func == torch.ops.aten.mm.default and counts[key] % 2 == 0)
+        return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
+
+
+class Checkpointed(nn.Module):
+    """A block recomputed in backward: mode "op" (per-op selective) or "full"."""
+
+    def __init__(self, block, mode):
+        super().__init__()
+        self.block, self.mode = block, mode
+
+    def forward(self, x, cos, sin):
+        from torch.utils.checkpoint import checkpoint, noop_context_fn
+        ctx = per_op_sac_context if self.mode == "op" else noop_context_fn
+        return checkpoint(self.block, x, cos, sin, use_reentrant=False, context_fn=ctx,
+                          preserve_rng_state=False)
 
 
 def rope_tables(head_dim, seq_len, theta=500000.0):
@@ -68,10 +127,10 @@ class Block(nn.Module):
 class Llama(nn.Module):
     def __init__(self, flavor, vocab, seq_len):
         super().__init__()
-        dim, n_layers, n_heads, n_kv, multiple_of = FLAVORS[flavor]
+        dim, n_layers, n_heads, n_kv, multiple_of, ffn_mult = FLAVORS[flavor]
         self.tok_embeddings = nn.Embedding(vocab, dim)
         self.layers = nn.ModuleList(
-            Block(dim, n_heads, n_kv, ffn_hidden(dim, multiple_of)) for _ in range(n_layers))
+            Block(dim, n_heads, n_kv, ffn_hidden(dim, multiple_of, ffn_mult)) for _ in range(n_layers))
         self.norm = nn.RMSNorm(dim, eps=1e-5)
         self.output = nn.Linear(dim, vocab, bias=False)
         cos, sin = rope_tables(dim // n_heads, seq_len)
@@ -94,31 +153,71 @@ def main():
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--vocab", type=int, default=258)
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="dtype of the matrix products (bfloat16: autocast over float32 weights)")
+    p.add_argument("--ac", default="none", choices=["none", "op", "full"])
+    p.add_argument("--compile", action="store_true", help="torch.compile every block")
+    p.add_argument("--peak-flops", type=float, default=0,
+                   help="for MFU; 0 = the GPU's known bf16 peak (no MFU on the CPU)")
     a = p.parse_args()
+    if a.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda, but torch.cuda.is_available() is False")
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
-    model = Llama(a.flavor, a.vocab, a.seq_len)
+    device = torch.device(a.device)
+    with device:  # parameters are created (and initialized) where they train
+        model = Llama(a.flavor, a.vocab, a.seq_len)
+    for i, block in enumerate(model.layers):
+        if a.ac != "none":
+            block = Checkpointed(block, a.ac)
+        if a.compile:
+            block = torch.compile(block)
+        model.layers[i] = block
     opt = torch.optim.AdamW(model.parameters(), lr=8e-4, betas=(0.9, 0.95), eps=1e-8,
                             weight_decay=0.1, fused=True)
-    data = torch.randint(0, a.vocab, (a.steps + a.warmup, a.batch, a.seq_len + 1))
+    data = torch.randint(0, a.vocab, (a.steps + a.warmup, a.batch, a.seq_len + 1), device=device)
+    autocast = torch.autocast(a.device, dtype=torch.bfloat16, enabled=a.dtype == "bfloat16")
+    sync = torch.cuda.synchronize if a.device == "cuda" else (lambda: None)
     start = None
     for step in range(a.steps + a.warmup):
         if step == a.warmup:
+            sync()
+            if a.device == "cuda":
+                torch.cuda.reset_peak_memory_stats()
             start = time.perf_counter()
         tokens, labels = data[step, :, :-1], data[step, :, 1:]
-        loss = F.cross_entropy(model(tokens).flatten(0, 1).float(), labels.flatten())
+        with autocast:
+            logits = model(tokens)
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
+    sync()
     elapsed = time.perf_counter() - start
-    print(json.dumps({
-        "tps": a.steps * a.batch * a.seq_len / elapsed,
+    dim, n_layers, n_heads = FLAVORS[a.flavor][:3]
+    tps = a.steps * a.batch * a.seq_len / elapsed
+    fpt = flops_per_token(model, n_layers, n_heads, dim // n_heads, a.seq_len)
+    peak = a.peak_flops
+    if peak <= 0 and a.device == "cuda":
+        name = torch.cuda.get_device_name()
+        peak = next((f for key, f in GPU_PEAK_FLOPS if key in name), 0)
+    result = {
+        "tps": tps,
         "step_s": elapsed / a.steps,
+        "tflops": fpt * tps / 1e12,
+        "mfu_pct": 100 * fpt * tps / peak if peak > 0 else None,
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "params": sum(p.numel() for p in model.parameters()),
         "final_loss": loss.item(),
-    }))
+        "device": torch.cuda.get_device_name() if a.device == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "config": {k: v for k, v in vars(a).items()},
+    }
+    if a.device == "cuda":
+        result["memory_peak_bytes"] = torch.cuda.max_memory_allocated()
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":
