@@ -11,6 +11,7 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <algorithm>
 #include <map>
 #include <sstream>
 
@@ -62,6 +63,23 @@ struct Fsdp::ParamState {
   at::Tensor f8_scale;                   // [] float32: the gathered weight's scale, updated in place
 };
 
+// An all-gather in flight (See Note [FSDP overlap]): issued by begin_unshard, landed in the
+// unsharded buffers by finish_unshard.
+struct Fsdp::Gather {
+  CommWork hp_work, f8_work;
+  at::Tensor hp_staging;  // [N * H] compute dtype, rank-major
+  at::Tensor f8_staging;  // [N * F] uint8, rank-major
+  std::vector<at::Tensor> f8_scales;  // per float8 weight, [] float32
+};
+
+// A gradient reduce-scatter in flight: output [S] float32, summed into the masters' .grad when
+// it completes.
+struct Fsdp::ReduceScatter {
+  CommWork work;
+  at::Tensor input;   // [N * S] float32, rank-major
+  at::Tensor output;  // [S] float32
+};
+
 struct Fsdp::Group {
   using Param = ParamState;
   std::string name;
@@ -78,6 +96,8 @@ struct Fsdp::Group {
   at::Tensor fill_alias;      // [N * H] same storage, own version counter
   at::Tensor f8_unsharded;    // [N * F] uint8; storage freed while resharded (float8 weights' views)
   bool unsharded = false;
+  std::optional<Gather> gather;                 // in flight: See Note [FSDP overlap]
+  std::optional<ReduceScatter> reduce_scatter;  // in flight
   size_t grads_ready = 0;
 };
 
@@ -87,8 +107,8 @@ struct FsdpGradReadyHook : torch::autograd::PostAccumulateGradHook {
   std::function<void()> fn_;
 };
 
-Fsdp::Fsdp(Comm& comm, at::ScalarType compute_dtype, c10::Device device, Comm* float8_amax_tp)
-    : comm_(comm), compute_dtype_(compute_dtype), device_(device), float8_amax_tp_(float8_amax_tp) {}
+Fsdp::Fsdp(Comm& comm, at::ScalarType compute_dtype, c10::Device device, Comm* float8_amax_tp, bool overlap)
+    : comm_(comm), compute_dtype_(compute_dtype), device_(device), float8_amax_tp_(float8_amax_tp), overlap_(overlap) {}
 
 Fsdp::~Fsdp() = default;
 
@@ -195,23 +215,46 @@ bool Fsdp::load_full(const std::string& fqn, const at::Tensor& unsharded) {
 }
 
 void Fsdp::unshard(int g) {
+  begin_unshard(g);
+  finish_unshard(g);
+}
+
+void Fsdp::begin_unshard(int g) {
   Group& group = *groups_[static_cast<size_t>(g)];
-  if (group.unsharded) return;
+  if (group.unsharded || group.gather) return;
   at::NoGradGuard no_grad;
   // Memory snapshots file the gathered parameters as communication buffers.
   model::NamedScope scope("fsdp all-gather", model::MemoryCategory::kCommunication);
   const int n = comm_.size();
+  Gather gather;
   if (group.hp_shard_numel > 0) {
     const auto opts = at::TensorOptions().dtype(compute_dtype_).device(device_);
     at::Tensor shard = at::empty({group.hp_shard_numel}, opts);  // this rank's shards, cast
     for (const auto& p : group.params)
       if (!p.float8)
         shard.narrow(0, p.gather_offset, p.shard_numel).copy_(p.master.detach().reshape({-1}));
-    at::Tensor staging = at::empty({n * group.hp_shard_numel}, opts);  // [N, H] rank-major
-    comm_.all_gather_into_tensor(staging, shard);
+    gather.hp_staging = at::empty({n * group.hp_shard_numel}, opts);  // [N, H] rank-major
+    gather.hp_work = comm_.all_gather_into_tensor_async(gather.hp_staging, shard);
+  }
+  if (group.f8_shard_numel > 0) begin_unshard_float8(group, gather);
+  group.gather = std::move(gather);
+  max_groups_gathered_ = std::max(max_groups_gathered_, groups_holding_gathered());
+}
+
+void Fsdp::finish_unshard(int g) {
+  Group& group = *groups_[static_cast<size_t>(g)];
+  if (group.unsharded) return;
+  begin_unshard(g);  // no-op when prefetched
+  at::NoGradGuard no_grad;
+  model::NamedScope scope("fsdp all-gather", model::MemoryCategory::kCommunication);
+  const int n = comm_.size();
+  Gather gather = std::move(*group.gather);
+  group.gather.reset();
+  if (group.hp_shard_numel > 0) {
+    gather.hp_work.wait();
     allocate_storage(group.unsharded_flat, static_cast<size_t>(n * group.hp_shard_numel) *
                                                c10::elementSize(compute_dtype_));
-    at::Tensor by_rank = staging.view({n, group.hp_shard_numel});
+    at::Tensor by_rank = gather.hp_staging.view({n, group.hp_shard_numel});
     // One strided copy per parameter: rank r's rows land at [r * shard_rows, ...) of its view.
     for (const auto& p : group.params)
       if (!p.float8)
@@ -219,12 +262,19 @@ void Fsdp::unshard(int g) {
             .view({n, p.shard_numel})
             .copy_(by_rank.narrow(1, p.gather_offset, p.shard_numel));
   }
-  if (group.f8_shard_numel > 0) unshard_float8(group);
+  if (group.f8_shard_numel > 0) finish_unshard_float8(group, gather);
   group.unsharded = true;
+  max_groups_gathered_ = std::max(max_groups_gathered_, groups_holding_gathered());
 }
 
-// See Note [FSDP float8 all-gather].
-void Fsdp::unshard_float8(Group& group) {
+int Fsdp::groups_holding_gathered() const {
+  int count = 0;
+  for (const auto& group : groups_) count += (group->unsharded || group->gather) ? 1 : 0;
+  return count;
+}
+
+// See Note [FSDP float8 all-gather], steps 1-3.
+void Fsdp::begin_unshard_float8(Group& group, Gather& gather) {
   const int n = comm_.size();
   std::vector<Group::Param*> weights;
   for (auto& p : group.params)
@@ -234,32 +284,40 @@ void Fsdp::unshard_float8(Group& group) {
   for (Group::Param* p : weights)
     if (!p->precomputed_scale.defined()) measured.push_back(p);
   std::vector<at::Tensor> measured_scales = global_float8_scales(measured);
-  std::vector<at::Tensor> scales(weights.size());
+  gather.f8_scales.resize(weights.size());
   for (size_t i = 0, next = 0; i < weights.size(); ++i)
-    scales[i] = weights[i]->precomputed_scale.defined() ? weights[i]->precomputed_scale : measured_scales[next++];
+    gather.f8_scales[i] = weights[i]->precomputed_scale.defined() ? weights[i]->precomputed_scale
+                                                                  : measured_scales[next++];
   // 2. Cast this rank's shards into one byte buffer; 3. gather it.
   const auto bytes = at::TensorOptions().dtype(at::kByte).device(device_);
   at::Tensor shard = at::empty({group.f8_shard_numel}, bytes);
   for (size_t i = 0; i < weights.size(); ++i) {
     const Group::Param& p = *weights[i];
     shard.narrow(0, p.gather_offset, p.shard_numel)
-        .copy_(float8::cast_to_float8(p.master.detach(), scales[i], p.float8->float8_dtype)
+        .copy_(float8::cast_to_float8(p.master.detach(), gather.f8_scales[i], p.float8->float8_dtype)
                    .reshape({-1})
                    .view(at::kByte));
   }
-  at::Tensor staging = at::empty({n * group.f8_shard_numel}, bytes);  // [N, F] rank-major
-  comm_.all_gather_into_tensor(staging, shard);
+  gather.f8_staging = at::empty({n * group.f8_shard_numel}, bytes);  // [N, F] rank-major
+  gather.f8_work = comm_.all_gather_into_tensor_async(gather.f8_staging, shard);
+}
+
+// Step 4.
+void Fsdp::finish_unshard_float8(Group& group, Gather& gather) {
+  const int n = comm_.size();
+  gather.f8_work.wait();
   allocate_storage(group.f8_unsharded, static_cast<size_t>(n * group.f8_shard_numel));
-  at::Tensor by_rank = staging.view({n, group.f8_shard_numel});
-  // 4. Per weight: rank-major rows into [padded_rows, rest...]; the slot gets the view without
-  //    the padding. The buffer and the scales are written in place: a forward may have saved
-  //    them for its backward (the same bytes come back when the group is re-gathered).
-  for (size_t i = 0; i < weights.size(); ++i) {
-    Group::Param& p = *weights[i];
+  at::Tensor by_rank = gather.f8_staging.view({n, group.f8_shard_numel});
+  // Per weight: rank-major rows into [padded_rows, rest...]; the slot gets the view without the
+  // padding. The buffer and the scales are written in place: a forward may have saved them for
+  // its backward (the same bytes come back when the group is re-gathered).
+  size_t i = 0;
+  for (auto& p : group.params) {
+    if (!p.float8) continue;
     group.f8_unsharded.narrow(0, n * p.gather_offset, n * p.shard_numel)
         .view({n, p.shard_numel})
         .copy_(by_rank.narrow(1, p.gather_offset, p.shard_numel));
-    p.f8_scale.copy_(scales[i]);
+    p.f8_scale.copy_(gather.f8_scales[i++]);
     *p.float8->slot = model::QuantizedOperand{p.f8_view, p.f8_scale};
   }
 }
@@ -313,18 +371,26 @@ at::Tensor Fsdp::run_group(int g, const at::Tensor& x,
                            const std::function<at::Tensor(const at::Tensor&)>& run) {
   // FSDP's wrapper is outside activation checkpointing (Note [FSDP wraps AC] in
   // activation_checkpoint.h): this runs once per forward, never inside backward's recompute.
-  unshard(g);
-  if (g + 1 < num_groups()) unshard(g + 1);  // See Note [FSDP blocking prefetch]
+  finish_unshard(g);
+  prefetch(g + 1);  // See Note [FSDP overlap]
   at::Tensor out = run(x);
   const bool training = at::GradMode::is_enabled() && out.requires_grad();
   if (groups_[static_cast<size_t>(g)]->reshard_after_forward || !training) reshard(g);
   if (training) {
     out.register_hook([this, g](const at::Tensor&) {
-      unshard(g);
-      if (g > 0) unshard(g - 1);  // backward prefetch, same Note
+      finish_unshard(g);
+      prefetch(g - 1);  // backward runs the groups in reverse
     });
   }
   return out;
+}
+
+void Fsdp::prefetch(int g) {
+  if (g < 0 || g >= num_groups()) return;
+  if (overlap_)
+    begin_unshard(g);
+  else
+    unshard(g);  // blocking: the order of the overlapped schedule, nothing in flight
 }
 
 void Fsdp::on_grad_ready(int g) {
@@ -336,28 +402,44 @@ void Fsdp::on_grad_ready(int g) {
 void Fsdp::reduce_scatter_grads(int g) {
   Group& group = *groups_[static_cast<size_t>(g)];
   at::NoGradGuard no_grad;
+  // At most one reduce-scatter in flight (See Note [FSDP overlap]): the previous group's lands
+  // before this one's buffer is built.
+  for (auto& other : groups_)
+    if (other->reduce_scatter) finish_reduce_scatter(*other);
   const int n = comm_.size();
   const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device_);
-  at::Tensor input = at::zeros({n, group.shard_numel}, f32);  // rank-major, padding rows zero
+  ReduceScatter rs;
+  rs.input = at::zeros({n, group.shard_numel}, f32);  // rank-major, padding rows zero
   for (auto& p : group.params) {
     const at::Tensor& grad = p.leaf.grad();
     if (!grad.defined()) continue;  // counts as zero (finish_backward only)
     at::Tensor padded = at::zeros({p.layout.padded_rows * p.row_numel}, f32);
     padded.narrow(0, 0, p.layout.rows * p.row_numel).copy_(grad.reshape({-1}));
-    input.narrow(1, p.shard_offset, p.shard_numel).copy_(padded.view({n, p.shard_numel}));
+    rs.input.narrow(1, p.shard_offset, p.shard_numel).copy_(padded.view({n, p.shard_numel}));
     p.leaf.mutable_grad() = at::Tensor();  // the unsharded gradient is done with
   }
-  at::Tensor output = at::empty({group.shard_numel}, f32);
-  comm_.reduce_scatter_tensor(output, input.view({-1}));  // a sum: See Note [FSDP gradient scale]
+  rs.output = at::empty({group.shard_numel}, f32);
+  // A sum: See Note [FSDP gradient scale].
+  rs.work = comm_.reduce_scatter_tensor_async(rs.output, rs.input.view({-1}));
+  group.reduce_scatter = std::move(rs);
+  group.grads_ready = 0;
+  reshard(g);  // FSDP2 always reshards after backward
+  if (!overlap_) finish_reduce_scatter(group);
+}
+
+void Fsdp::finish_reduce_scatter(Group& group) {
+  if (!group.reduce_scatter) return;
+  at::NoGradGuard no_grad;
+  ReduceScatter rs = std::move(*group.reduce_scatter);
+  group.reduce_scatter.reset();
+  rs.work.wait();
   for (auto& p : group.params) {
-    at::Tensor shard_grad = output.narrow(0, p.shard_offset, p.shard_numel).view(p.master.sizes());
+    at::Tensor shard_grad = rs.output.narrow(0, p.shard_offset, p.shard_numel).view(p.master.sizes());
     if (p.master.grad().defined())
       p.master.mutable_grad().add_(shard_grad);
     else
       p.master.mutable_grad() = shard_grad.clone();
   }
-  group.grads_ready = 0;
-  reshard(g);  // FSDP2 always reshards after backward
 }
 
 void Fsdp::finish_backward() {
@@ -365,7 +447,9 @@ void Fsdp::finish_backward() {
     Group& group = *groups_[static_cast<size_t>(g)];
     if (group.grads_ready > 0) reduce_scatter_grads(g);
     reshard(g);
+    group.gather.reset();  // a prefetch nobody used: its handle waits as it goes
   }
+  for (auto& group : groups_) finish_reduce_scatter(*group);
 }
 
 }  // namespace titan::parallel

@@ -17,9 +17,19 @@
 //             (ONE reduce_scatter_tensor, SUM) into the master shards' .grad (accumulating
 //             over micro-batches), and the group is resharded.
 //
-// Note [FSDP blocking prefetch]: Comm's collectives are blocking, so "prefetch" only fixes the
-// order (group i+1 is gathered before group i runs, holding two groups at once); there is no
-// overlap on CPU/Gloo. With asynchronous work handles the same order would overlap.
+// Note [FSDP overlap] (parallelism.fsdp_overlap, default true): communication runs while the
+// model computes (Note [Asynchronous collectives] in process_group.h):
+//   forward:  before group g runs, group g+1's all-gather is issued (torchtitan / FSDP2's
+//             implicit prefetch); g waits for its own only when it starts.
+//   backward: group g's pre-backward hook waits for g's re-gather and issues g-1's; g's
+//             gradient reduce-scatter is issued as soon as its gradients are all there and
+//             waited for when the next one is issued (its buffer is then needed) or at the end
+//             of backward, so it runs under the next group's backward.
+// Memory stays bounded: at most two groups hold gathered parameters at once (the running one
+// and the prefetched one; max_groups_gathered() counts it, tests check it), plus the groups
+// reshard_after_forward keeps, and at most one gradient reduce-scatter buffer is in flight.
+// With fsdp_overlap false every collective is waited for when issued, in the same order: the
+// same numbers, bit for bit, with all communication exposed.
 //
 // Note [FSDP float8 all-gather] (float8.enable_fsdp_float8_all_gather, tensorwise recipes):
 // a float8 linear's weight is not gathered in the compute dtype at all. Per group, unshard:
@@ -88,7 +98,9 @@ class Fsdp {
   // `comm`: the dp_shard group. Unsharded parameters are `compute_dtype` on `device`.
   // `float8_amax_tp`: under TP the weights are TP shards too, so their float8 amaxes are also
   // reduced (MAX) over that group, making the scale the full weight's (Note [Scales under TP]).
-  Fsdp(Comm& comm, at::ScalarType compute_dtype, c10::Device device, Comm* float8_amax_tp = nullptr);
+  // `overlap`: See Note [FSDP overlap].
+  Fsdp(Comm& comm, at::ScalarType compute_dtype, c10::Device device, Comm* float8_amax_tp = nullptr,
+       bool overlap = true);
   ~Fsdp();
 
   // Declares the next group in forward order: allocates this rank's zero float32 master shards
@@ -120,13 +132,23 @@ class Fsdp {
   const std::vector<at::Tensor>& masters() const { return masters_; }
   const std::vector<std::string>& master_fqns() const { return master_fqns_; }
   int num_groups() const;
+  // The most groups that held gathered parameters (or had a gather in flight) at one time.
+  int max_groups_gathered() const { return max_groups_gathered_; }
   int64_t unsharded_bytes_max() const;  // the largest group's unsharded buffers
 
  private:
   struct ParamState;  // one parameter of a group
+  struct Gather;
+  struct ReduceScatter;
   struct Group;
-  void unshard(int g);
-  void unshard_float8(Group& group);
+  void unshard(int g);         // begin_unshard + finish_unshard
+  void begin_unshard(int g);   // issue the gather (no-op if gathered or in flight)
+  void finish_unshard(int g);  // wait for it and land it in the unsharded buffers
+  void prefetch(int g);
+  void begin_unshard_float8(Group& group, Gather& gather);
+  void finish_unshard_float8(Group& group, Gather& gather);
+  void finish_reduce_scatter(Group& group);
+  int groups_holding_gathered() const;
   std::vector<at::Tensor> global_float8_scales(const std::vector<ParamState*>& weights);
   void reshard(int g);
   void reduce_scatter_grads(int g);
@@ -136,6 +158,8 @@ class Fsdp {
   at::ScalarType compute_dtype_;
   c10::Device device_;
   Comm* float8_amax_tp_;
+  bool overlap_;
+  int max_groups_gathered_ = 0;
   std::vector<std::unique_ptr<Group>> groups_;
   std::vector<at::Tensor> masters_;
   std::vector<std::string> master_fqns_;

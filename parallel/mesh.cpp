@@ -176,4 +176,11 @@ double DeviceMesh::comm_seconds() const {
   return s;
 }
 
+double DeviceMesh::comm_exposed_seconds() const {
+  double s = 0;
+  for (const auto* c : {&world_, &dp_replicate_, &dp_shard_, &tp_, &dp_})
+    if (*c) s += (*c)->exposed_seconds();
+  return s;
+}
+
 }  // namespace titan::parallel

@@ -72,8 +72,10 @@ class DeviceMesh {
   int size(MeshDim dim) const;
   int local_rank(MeshDim dim) const;  // this rank's coordinate along `dim`
 
-  // Wall time spent inside collectives of all this mesh's Comms.
+  // Seconds of all this mesh's Comms' collectives, issue to completion, and of those the time
+  // spent blocked in wait() (See Note [Asynchronous collectives] in process_group.h).
   double comm_seconds() const;
+  double comm_exposed_seconds() const;
 
  private:
   std::unique_ptr<Comm> world_;

@@ -178,7 +178,8 @@ void apply_tp(ParallelModel& pm, Comm& tp) {
 void apply_fsdp(ParallelModel& pm, Comm& dp_shard) {
   model::Llama& model = pm.model_;
   const ParallelOptions& o = pm.options_;
-  pm.fsdp_ = std::make_unique<Fsdp>(dp_shard, o.compute_dtype, o.device, pm.mesh_.comm(MeshDim::kTp));
+  pm.fsdp_ = std::make_unique<Fsdp>(dp_shard, o.compute_dtype, o.device, pm.mesh_.comm(MeshDim::kTp),
+                                    o.fsdp_overlap);
   Fsdp& fsdp = *pm.fsdp_;
   std::map<std::string, model::Linear*> by_weight;
   for (model::Linear* l : model.linears()) by_weight[l->fqn() + ".weight"] = l;
@@ -216,7 +217,8 @@ void apply_fsdp(ParallelModel& pm, Comm& dp_shard) {
   std::ostringstream os;
   os << (pm.mesh_.size(MeshDim::kDpReplicate) > 1 ? "HSDP " : "FSDP ") << dp_shard.size() << ": "
      << fsdp.num_groups() << " groups (tok_embeddings, one per block, norm+output), reshard_after_forward " << o.reshard_after_forward
-     << ", largest gathered group " << fsdp.unsharded_bytes_max() << " bytes";
+     << ", largest gathered group " << fsdp.unsharded_bytes_max() << " bytes"
+     << (o.fsdp_overlap ? ", overlapped (prefetch + deferred reduce-scatter)" : ", blocking");
   if (fsdp.num_float8_params() > 0)
     os << ", " << fsdp.num_float8_params() << " float8 linear weights gathered in float8";
   pm.log_.push_back(os.str());

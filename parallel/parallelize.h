@@ -29,6 +29,9 @@ struct ParallelOptions {
   at::ScalarType compute_dtype = at::kFloat;       // training.mixed_precision_param
   c10::Device device = c10::kCPU;
   int64_t seq_len = 0;                             // training.seq_len (sequence parallel)
+  bool fsdp_overlap = true;                        // See Note [FSDP overlap] in fsdp.h
+  bool async_tp = false;                           // See Note [Async TP] in tensor_parallel.h
+  int64_t async_tp_chunks = 2;
   AcOptions ac;                                    // [activation_checkpoint]
   // float8.enable_fsdp_float8_all_gather: FSDP gathers the weights of float8 tensorwise linears
   // as float8 bytes (Note [FSDP float8 all-gather] in fsdp.h). No effect without FSDP.

@@ -27,6 +27,7 @@
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <cstdio>
 #include <cstdlib>
 #include <sstream>
 
@@ -207,37 +208,89 @@ void Comm::fail(const std::string& what, const std::string& reason) const {
   throw CommError(where() + ": " + what + " failed: " + reason);
 }
 
-// Owns the sequence numbering, the record and the error capture of every collective; each
-// public collective is a check plus one c10d call.
+// Owns the sequence numbering and the record of every collective; each public collective is a
+// check plus one c10d call. The handle's wait() owns the timing and the error capture.
 template <typename Launch>
-void Comm::run_collective(std::string op, const at::Tensor& tensor, Launch&& launch) {
+CommWork Comm::issue(std::string op, const at::Tensor& tensor, Launch&& launch) {
+  CommWork w;
+  w.comm_ = this;
   last_.seq += 1;
   last_.op = std::move(op);
   last_.bytes = tensor.defined() ? static_cast<int64_t>(tensor.numel() * tensor.element_size()) : 0;
   total_bytes_ += last_.bytes;
+  w.record_ = last_;
+  w.tensor_desc_ = describe_tensor(tensor);
   // A named range in profiler traces; memory allocated inside counts as communication buffers.
   model::NamedScope scope("collective " + last_.op, model::MemoryCategory::kCommunication);
-  auto start = Clock::now();
+  w.start_ = Clock::now();
   try {
-    c10::intrusive_ptr<c10d::Work> work = launch();
-    work->wait();
-    total_seconds_ += std::chrono::duration<double>(Clock::now() - start).count();
+    w.work_ = launch();
   } catch (const std::exception& e) {
-    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
-    std::ostringstream os;
-    os << "collective " << last_.op << " #" << last_.seq << " (" << last_.bytes << " bytes, "
-       << describe_tensor(tensor) << ") failed after " << ms.count() << " ms (timeout "
-       << options_.timeout.count() << " ms): " << error_text(e);
-    throw CommError(where() + ": " + os.str());
+    w.work_.reset();
+    throw CommError(where() + ": collective " + w.record_.op + " #" + std::to_string(w.record_.seq) + " (" +
+                    std::to_string(w.record_.bytes) + " bytes, " + w.tensor_desc_ +
+                    ") could not be issued: " + error_text(e));
+  }
+  return w;
+}
+
+CommWork::CommWork(CommWork&& other) noexcept { *this = std::move(other); }
+
+CommWork& CommWork::operator=(CommWork&& other) noexcept {
+  if (this != &other) {
+    if (work_.defined()) {
+      try {
+        wait();
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "%s\n", e.what());
+      }
+    }
+    comm_ = other.comm_;
+    work_ = std::move(other.work_);
+    other.work_.reset();
+    record_ = std::move(other.record_);
+    tensor_desc_ = std::move(other.tensor_desc_);
+    start_ = other.start_;
+  }
+  return *this;
+}
+
+CommWork::~CommWork() {
+  if (!work_.defined()) return;
+  try {
+    wait();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
   }
 }
 
-void Comm::all_reduce(const at::Tensor& tensor, ReduceOp op) {
+void CommWork::wait() {
+  if (!work_.defined()) return;
+  c10::intrusive_ptr<c10d::Work> work = std::move(work_);
+  work_.reset();
+  model::NamedScope scope("wait " + record_.op, model::MemoryCategory::kCommunication);
+  const auto waited_from = Clock::now();
+  try {
+    work->wait();
+  } catch (const std::exception& e) {
+    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start_);
+    std::ostringstream os;
+    os << "collective " << record_.op << " #" << record_.seq << " (" << record_.bytes << " bytes, "
+       << tensor_desc_ << ") failed after " << ms.count() << " ms (timeout "
+       << comm_->options_.timeout.count() << " ms): " << error_text(e);
+    throw CommError(comm_->where() + ": " + os.str());
+  }
+  const auto done = Clock::now();
+  comm_->total_seconds_ += std::chrono::duration<double>(done - start_).count();
+  comm_->exposed_seconds_ += std::chrono::duration<double>(done - waited_from).count();
+}
+
+CommWork Comm::all_reduce_async(const at::Tensor& tensor, ReduceOp op) {
   std::string name = std::string("all_reduce(") + reduce_op_name(op) + ")";
   if (!tensor.defined() || !tensor.is_contiguous()) {
     fail(name, "tensor must be defined and contiguous, got " + describe_tensor(tensor));
   }
-  run_collective(name, tensor, [&] {
+  return issue(name, tensor, [&] {
     std::vector<at::Tensor> tensors = {tensor};
     c10d::AllreduceOptions opts;
     opts.reduceOp = op == ReduceOp::kSum ? c10d::ReduceOp::SUM : c10d::ReduceOp::MAX;
@@ -245,7 +298,7 @@ void Comm::all_reduce(const at::Tensor& tensor, ReduceOp op) {
   });
 }
 
-void Comm::all_gather_into_tensor(const at::Tensor& output, const at::Tensor& input) {
+CommWork Comm::all_gather_into_tensor_async(const at::Tensor& output, const at::Tensor& input) {
   const char* name = "all_gather_into_tensor";
   if (!input.defined() || !output.defined() || !input.is_contiguous() ||
       !output.is_contiguous() || output.scalar_type() != input.scalar_type() ||
@@ -254,14 +307,14 @@ void Comm::all_gather_into_tensor(const at::Tensor& output, const at::Tensor& in
                    std::to_string(size_) + " * input.numel(); got input " +
                    describe_tensor(input) + ", output " + describe_tensor(output));
   }
-  run_collective(name, input, [&] {
+  return issue(name, input, [&] {
     at::Tensor out = output;
     at::Tensor in = input;
     return backend_->_allgather_base(out, in);
   });
 }
 
-void Comm::reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& input) {
+CommWork Comm::reduce_scatter_tensor_async(const at::Tensor& output, const at::Tensor& input) {
   const char* name = "reduce_scatter_tensor(sum)";
   if (!input.defined() || !output.defined() || !input.is_contiguous() ||
       !output.is_contiguous() || output.scalar_type() != input.scalar_type() ||
@@ -270,7 +323,7 @@ void Comm::reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& inp
                    std::to_string(size_) + " * output.numel(); got input " +
                    describe_tensor(input) + ", output " + describe_tensor(output));
   }
-  run_collective(name, input, [&] {
+  return issue(name, input, [&] {
     at::Tensor out = output;
     at::Tensor in = input;
     c10d::ReduceScatterOptions opts;
@@ -279,7 +332,7 @@ void Comm::reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& inp
   });
 }
 
-void Comm::broadcast(const at::Tensor& tensor, int root) {
+CommWork Comm::broadcast_async(const at::Tensor& tensor, int root) {
   std::string name = "broadcast(root " + std::to_string(root) + ")";
   if (root < 0 || root >= size_) {
     fail(name, "root must be a group rank in [0, " + std::to_string(size_) + ")");
@@ -287,7 +340,7 @@ void Comm::broadcast(const at::Tensor& tensor, int root) {
   if (!tensor.defined() || !tensor.is_contiguous()) {
     fail(name, "tensor must be defined and contiguous, got " + describe_tensor(tensor));
   }
-  run_collective(name, tensor, [&] {
+  return issue(name, tensor, [&] {
     std::vector<at::Tensor> tensors = {tensor};
     c10d::BroadcastOptions opts;
     opts.rootRank = root;
@@ -295,8 +348,8 @@ void Comm::broadcast(const at::Tensor& tensor, int root) {
   });
 }
 
-void Comm::barrier() {
-  run_collective("barrier", at::Tensor(), [&] { return backend_->barrier(); });
+CommWork Comm::barrier_async() {
+  return issue("barrier", at::Tensor(), [&] { return backend_->barrier(); });
 }
 
 std::unique_ptr<Comm> init_process_group(const WorldInfo& world, CommOptions options) {

@@ -3,6 +3,15 @@
 //
 // Each Comm call records a sequence number, op, bytes and group name; a failure or timeout is
 // rethrown as CommError naming the rank, the group, the collective and its sequence number.
+//
+// Note [Asynchronous collectives]: every collective is issued by an `*_async` call that returns
+// a CommWork handle; the blocking calls are `*_async(...).wait()`. Between the two the tensors
+// belong to the collective: the caller neither reads the output nor writes the input. On Gloo
+// (CPU) the collective runs on the process group's worker threads; on NCCL (CUDA) on NCCL's own
+// streams, and wait() makes the current stream wait on its event, never the device. wait() does
+// the timing and the error capture. Time is counted twice: `total_seconds` from issue to the end
+// of wait() (communication in flight, overlapped or not) and `exposed_seconds` inside wait()
+// only (the compute thread blocked on communication), which is what overlap reduces.
 // Sub-groups (TP, FSDP, ...) are Comms of their own over a PrefixStore of the job's store.
 //
 // Gloo's headers do not ship with the torch wheel; Debian's libgloo-dev stands in for them.
@@ -12,6 +21,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/intrusive_ptr.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>  // callers hold the store (intrusive_ptr)
+#include <torch/csrc/distributed/c10d/Work.hpp>   // CommWork holds a Work
 
 #include <chrono>
 #include <cstdint>
@@ -45,6 +55,36 @@ struct CollectiveRecord {
   std::string op;      // "all_reduce(sum)", "all_gather_into_tensor", ...
   int64_t bytes = 0;   // bytes of this rank's input tensor
   std::string group;   // Comm name
+};
+
+class Comm;
+
+// A collective in flight (See Note [Asynchronous collectives]). Move-only; an empty handle (or
+// one already waited for) waits for nothing. A handle dropped without wait() waits in its
+// destructor (errors then are logged to stderr, not thrown), so no collective outlives its
+// buffers.
+class CommWork {
+ public:
+  CommWork() = default;
+  CommWork(CommWork&& other) noexcept;
+  CommWork& operator=(CommWork&& other) noexcept;
+  CommWork(const CommWork&) = delete;
+  CommWork& operator=(const CommWork&) = delete;
+  ~CommWork();
+
+  // Blocks until the collective completed; throws CommError naming rank, group, op, sequence
+  // number and bytes when it failed or timed out.
+  void wait();
+  bool pending() const { return work_.defined(); }
+  const CollectiveRecord& record() const { return record_; }
+
+ private:
+  friend class Comm;
+  Comm* comm_ = nullptr;
+  c10::intrusive_ptr<c10d::Work> work_;
+  CollectiveRecord record_;
+  std::string tensor_desc_;
+  std::chrono::steady_clock::time_point start_;
 };
 
 struct CommOptions {
@@ -92,15 +132,26 @@ class Comm {
   std::unique_ptr<Comm> new_group(const std::vector<int>& ranks, const std::string& name) const;
 
   // In place on every rank: tensor = op over ranks of tensor.
-  void all_reduce(const at::Tensor& tensor, ReduceOp op = ReduceOp::kSum);
+  CommWork all_reduce_async(const at::Tensor& tensor, ReduceOp op = ReduceOp::kSum);
   // output [size * N] = concatenation of every rank's input [N] in rank order (flat view).
-  void all_gather_into_tensor(const at::Tensor& output, const at::Tensor& input);
+  CommWork all_gather_into_tensor_async(const at::Tensor& output, const at::Tensor& input);
   // output [N] = sum over ranks of input[rank * N : (rank + 1) * N]. SUM only: Gloo rejects
   // AVG, so averaging callers divide afterwards. (Gloo emulates this with a full all-reduce.)
-  void reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& input);
+  CommWork reduce_scatter_tensor_async(const at::Tensor& output, const at::Tensor& input);
   // In place: every rank's tensor = root's tensor (root is a group rank).
-  void broadcast(const at::Tensor& tensor, int root);
-  void barrier();
+  CommWork broadcast_async(const at::Tensor& tensor, int root);
+  CommWork barrier_async();
+
+  // The blocking forms: issue, then wait.
+  void all_reduce(const at::Tensor& tensor, ReduceOp op = ReduceOp::kSum) { all_reduce_async(tensor, op).wait(); }
+  void all_gather_into_tensor(const at::Tensor& output, const at::Tensor& input) {
+    all_gather_into_tensor_async(output, input).wait();
+  }
+  void reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& input) {
+    reduce_scatter_tensor_async(output, input).wait();
+  }
+  void broadcast(const at::Tensor& tensor, int root) { broadcast_async(tensor, root).wait(); }
+  void barrier() { barrier_async().wait(); }
 
   int rank() const { return rank_; }  // rank in this group
   int size() const { return size_; }
@@ -111,13 +162,16 @@ class Comm {
   uint64_t sequence_number() const { return last_.seq; }  // collectives issued so far
   const CollectiveRecord& last_collective() const { return last_; }
   int64_t total_bytes() const { return total_bytes_; }
-  // Wall time spent inside this Comm's collectives (issue to completion), for the share of a
-  // step spent waiting on communication.
+  // Seconds of this Comm's collectives from issue to the end of their wait(), summed; and of
+  // those, the seconds the caller spent blocked inside wait() (See Note [Asynchronous
+  // collectives]).
   double total_seconds() const { return total_seconds_; }
+  double exposed_seconds() const { return exposed_seconds_; }
 
  private:
+  friend class CommWork;
   template <typename Launch>
-  void run_collective(std::string op, const at::Tensor& tensor, Launch&& launch);
+  CommWork issue(std::string op, const at::Tensor& tensor, Launch&& launch);
   [[noreturn]] void fail(const std::string& what, const std::string& reason) const;
   std::string where() const;
   std::string describe_tensor(const at::Tensor& t) const;
@@ -132,6 +186,7 @@ class Comm {
   CollectiveRecord last_;
   int64_t total_bytes_ = 0;
   double total_seconds_ = 0;
+  double exposed_seconds_ = 0;
 };
 
 // The job-wide Comm "world" from torchrun/Slurm-style info: rank 0 serves the TCPStore on

@@ -105,6 +105,9 @@ struct ParallelismSection {
   int64_t tensor_parallel_degree = 1;
   std::string fsdp_reshard_after_forward = "default";  // default|always|never
   bool disable_loss_parallel = false;
+  bool fsdp_overlap = true;                 // prefetch gathers, defer reduce-scatter waits
+  bool enable_async_tensor_parallel = false;  // chunked all-gather/GEMM and GEMM/reduce-scatter
+  int64_t async_tp_chunks = 2;              // chunks per sequence shard under async TP
   int64_t pipeline_parallel_degree = 1;  // > 1 not supported
   int64_t context_parallel_degree = 1;   // > 1 not supported
 };

@@ -142,6 +142,17 @@ std::vector<SectionSpec> build_table() {
           key("disable_loss_parallel", &ParallelismSection::disable_loss_parallel,
               "With tensor parallel: all-gather the logits and compute the loss on the full "
               "vocabulary instead of on vocab shards."),
+          key("fsdp_overlap", &ParallelismSection::fsdp_overlap,
+              "FSDP issues the next group's all-gather before this group computes and waits for "
+              "gradient reduce-scatters while the next group's backward runs; false = wait for "
+              "every collective when it is issued (same numbers, all communication exposed)."),
+          key("enable_async_tensor_parallel", &ParallelismSection::enable_async_tensor_parallel,
+              "Async tensor parallel: the sequence all-gather before column-parallel linears and "
+              "the reduce-scatter after row-parallel ones travel in chunks overlapped with the "
+              "chunks' GEMMs (torchtitan needs torch.compile for this; titan does it natively)."),
+          key("async_tp_chunks", &ParallelismSection::async_tp_chunks,
+              "Chunks each sequence shard is split into under async tensor parallel (must divide "
+              "seq_len / tensor_parallel_degree).").at_least(1),
           key("pipeline_parallel_degree", &ParallelismSection::pipeline_parallel_degree,
               "Pipeline parallel degree; only 1 is supported.").at_least(1),
           key("context_parallel_degree", &ParallelismSection::context_parallel_degree,

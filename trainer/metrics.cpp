@@ -103,6 +103,7 @@ void MetricsLogger::log(const StepMetrics& m) {
                              {"tflops", tflops},        {"mfu_pct", mfu},
                              {"elapsed_s", elapsed}};
     if (m.comm_seconds >= 0) record["comm_s"] = m.comm_seconds;
+    if (m.comm_exposed_seconds >= 0) record["comm_exposed_s"] = m.comm_exposed_seconds;
     jsonl_ << record.dump() << '\n';
     jsonl_.flush();
   }

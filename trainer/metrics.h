@@ -29,6 +29,9 @@ struct StepMetrics {
   double grad_norm = 0;
   double lr = 0;
   double comm_seconds = -1;  // time inside collectives since the last line; < 0 = not distributed
+  // Of comm_seconds, the time the training thread was blocked waiting on a collective (what
+  // overlap does not hide); < 0 = not distributed.
+  double comm_exposed_seconds = -1;
 };
 
 class MetricsLogger {

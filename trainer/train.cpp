@@ -164,6 +164,9 @@ void Trainer::build_model() {
   popt.compute_dtype = compute_dtype_;
   popt.device = device_;
   popt.seq_len = cfg_.training.seq_len;
+  popt.fsdp_overlap = cfg_.parallelism.fsdp_overlap;
+  popt.async_tp = cfg_.parallelism.enable_async_tensor_parallel;
+  popt.async_tp_chunks = cfg_.parallelism.async_tp_chunks;
   popt.float8_fsdp_all_gather = converted.float8 && cfg_.float8.enable_fsdp_float8_all_gather;
   popt.float8_precompute_fsdp_scales = converted.float8 && cfg_.float8.precompute_float8_dynamic_scale_for_fsdp;
   popt.float8_tp_input_all_gather = cfg_.float8.tp_input_all_gather;
@@ -289,8 +292,12 @@ TrainResult Trainer::train() {
     if (step == 1 || step % cfg_.metrics.log_freq == 0 || step == cfg_.training.steps)
     {
       StepMetrics m{step, loss, grad_norm, cfg_.optimizer.lr * lr_schedule_.factor(step)};
-      m.comm_seconds = mesh_->comm_seconds() - comm_seconds_logged_;
+      if (world_.world_size > 1) {
+        m.comm_seconds = mesh_->comm_seconds() - comm_seconds_logged_;
+        m.comm_exposed_seconds = mesh_->comm_exposed_seconds() - comm_exposed_logged_;
+      }
       comm_seconds_logged_ = mesh_->comm_seconds();
+      comm_exposed_logged_ = mesh_->comm_exposed_seconds();
       metrics_->log(m);
     }
   }

@@ -74,7 +74,8 @@ class Trainer {
   parallel::WorldInfo world_;                          // from the environment (torchrun-style)
   std::unique_ptr<parallel::DeviceMesh> mesh_;         // every run; size-1 dims have no Comm
   std::unique_ptr<parallel::ParallelModel> parallel_;  // masters, loss, grad reduction, clipping
-  double comm_seconds_logged_ = 0;                     // mesh comm time at the last metrics line
+  double comm_seconds_logged_ = 0;   // mesh comm time at the last metrics line
+  double comm_exposed_logged_ = 0;   // of which exposed (waited for), at the last metrics line
 };
 
 }  // namespace titan::trainer
