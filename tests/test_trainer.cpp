@@ -1,6 +1,8 @@
 // Trainer pieces (LR schedule, AdamW, clipping, safetensors, memory accounting) and whole runs:
 // bitwise determinism, gradient accumulation, loss falling on the default corpus.
+#include <ATen/Context.h>
 #include <ATen/ops/allclose.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/equal.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/ones.h>
@@ -11,10 +13,13 @@
 
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <string>
 
 #include "trainer/config.h"
+#include "trainer/determinism.h"
 #include "trainer/memory.h"
 #include "trainer/optimizer.h"
 #include "trainer/safetensors.h"
@@ -94,6 +99,29 @@ TEST_CASE("LR schedule is torchtitan 0.2.x's warmup-stable-decay, step by step",
     // 4 steps, warmup 0: decay 4, stable 1; step 1 has progress 0.
     check_every_step({4, 0, -1, "linear", 0.0}, {1.0, 0.75, 0.5, 0.25});
   }
+}
+
+TEST_CASE("training.deterministic sets torchtitan's switches, and false undoes them", "[trainer]") {
+  ::setenv("CUBLAS_WORKSPACE_CONFIG", ":0:0", 1);  // a user value is replaced, as torchtitan does
+  apply_determinism(true);
+  const at::Context& context = at::globalContext();
+  CHECK(context.deterministicAlgorithms());
+  CHECK_FALSE(context.deterministicAlgorithmsWarnOnly());
+  CHECK(context.deterministicCuDNN());
+  CHECK_FALSE(context.benchmarkCuDNN());
+  CHECK(context.deterministicMkldnn());
+  REQUIRE(std::getenv("CUBLAS_WORKSPACE_CONFIG") != nullptr);
+  CHECK(std::string(std::getenv("CUBLAS_WORKSPACE_CONFIG")) == ":4096:8");
+  // What it changes on the CPU, observably: new memory is NaN-filled, so reading memory that
+  // was never written gives NaN rather than whatever was there (a rerun difference).
+  CHECK(at::empty({7}).isnan().all().item<bool>());
+
+  apply_determinism(false);
+  CHECK_FALSE(context.deterministicAlgorithms());
+  CHECK_FALSE(context.deterministicCuDNN());
+  CHECK_FALSE(context.deterministicMkldnn());
+  CHECK_FALSE(context.benchmarkCuDNN());
+  ::unsetenv("CUBLAS_WORKSPACE_CONFIG");
 }
 
 TEST_CASE("AdamW matches the closed-form first steps", "[trainer]") {
