@@ -21,6 +21,7 @@
 #include "trainer/config.h"
 #include "trainer/determinism.h"
 #include "trainer/memory.h"
+#include "trainer/metrics.h"
 #include "trainer/optimizer.h"
 #include "trainer/safetensors.h"
 #include "tests/temp_dir.h"
@@ -122,6 +123,29 @@ TEST_CASE("training.deterministic sets torchtitan's switches, and false undoes t
   CHECK_FALSE(context.deterministicMkldnn());
   CHECK_FALSE(context.benchmarkCuDNN());
   ::unsetenv("CUBLAS_WORKSPACE_CONFIG");
+}
+
+TEST_CASE("mfu's peak: config, else the GPU by name, else the CPU probe", "[trainer]") {
+  // Names as the CUDA runtime reports them.
+  CHECK(known_gpu_peak_flops("NVIDIA H100 80GB HBM3") == 989e12);
+  CHECK(known_gpu_peak_flops("NVIDIA H100 PCIe") == 756e12);
+  CHECK(known_gpu_peak_flops("NVIDIA H100 NVL") == 835e12);
+  CHECK(known_gpu_peak_flops("NVIDIA H200") == 989e12);
+  CHECK(known_gpu_peak_flops("NVIDIA H20") == 148e12);
+  CHECK(known_gpu_peak_flops("NVIDIA A100-SXM4-80GB") == 312e12);
+  CHECK(known_gpu_peak_flops("Tesla V100-SXM2-16GB") == 0);  // unknown: no guess
+
+  const PeakFlops configured = peak_flops_for_mfu(123e12, c10::Device(c10::kCPU));
+  CHECK(configured.flops_per_second == 123e12);
+  CHECK(configured.source == "metrics.peak_flops");
+  const PeakFlops cpu = peak_flops_for_mfu(0, c10::Device(c10::kCPU));
+  CHECK(cpu.flops_per_second > 0);
+  CHECK_THAT(cpu.source, Catch::Contains("GEMM probe on this CPU"));
+#ifndef TITAN_WITH_CUDA
+  const PeakFlops cuda = peak_flops_for_mfu(0, c10::Device(c10::kCUDA, 0));
+  CHECK(cuda.flops_per_second == 0);
+  CHECK_THAT(cuda.source, Catch::Contains("without CUDA"));
+#endif
 }
 
 TEST_CASE("AdamW matches the closed-form first steps", "[trainer]") {
