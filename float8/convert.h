@@ -3,7 +3,7 @@
 // The C++ counterpart of torchao's convert_to_float8_training with torchtitan's filters: every
 // Linear is converted unless its fully-qualified name contains a filter_fqns entry, a dimension
 // is not divisible by 16 (float8 GEMM hardware rule), or the optional auto filter predicts
-// float8 to be slower for its (K, N) (FLOAT8.md "Which linears are converted"). The weight
+// float8 to be slower for its (K, N) (docs/float8.md "Which linears are converted"). The weight
 // tensor never changes hands (see model/linear.h); the report says what happened to each
 // linear and why, for the trainer to log.
 #pragma once
@@ -46,7 +46,8 @@ struct ConversionReport {
 void validate_float8_options(const Float8Options& options);
 
 // Why the auto filter skips a linear with in_features K and out_features N under the recipe
-// (FLOAT8.md thresholds; delayed recipes use tensorwise's, rowwise_with_gw_hp rowwise's), or
+// (torchao's thresholds, listed in docs/float8.md; delayed recipes use tensorwise's,
+// rowwise_with_gw_hp rowwise's), or
 // "" when float8 is expected to pay off.
 std::string auto_filter_skip_reason(const std::string& recipe_name, int64_t K, int64_t N);
 

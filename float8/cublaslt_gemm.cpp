@@ -10,22 +10,11 @@
 #include <stdexcept>
 #include <string>
 
+#include "util/cuda_check.h"  // TITAN_CUDA_CHECK: every cuBLASLt call goes through it
+
 namespace titan::float8 {
 
 namespace {
-
-// Every cuBLASLt call goes through this: file:line, the call, cuBLASLt's message, and a hint.
-#define TITAN_CUBLASLT_CHECK(call, hint)                                                       \
-  do {                                                                                         \
-    cublasStatus_t status_ = (call);                                                           \
-    if (status_ != CUBLAS_STATUS_SUCCESS) {                                                    \
-      std::ostringstream os_;                                                                  \
-      os_ << __FILE__ << ":" << __LINE__ << ": " << #call << " failed: "                      \
-          << cublasLtGetStatusString(status_) << " (" << static_cast<int>(status_)            \
-          << "). HINT: " << hint;                                                              \
-      throw std::runtime_error(os_.str());                                                     \
-    }                                                                                          \
-  } while (0)
 
 cudaDataType_t cuda_type(at::ScalarType t) {
   switch (t) {
@@ -82,38 +71,38 @@ at::Tensor cublaslt_scaled_mm_tensorwise(const at::Tensor& a, const at::Tensor& 
   // stored [K x M] column-major, not transposed. So cuBLASLt's A scale is ours for b.
   LtDescriptors d;
   const char* hint = "check dtypes (e5m2 x e5m2 is unsupported), 16-alignment and the GPU (sm_89+)";
-  TITAN_CUBLASLT_CHECK(cublasLtMatmulDescCreate(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), hint);
+  TITAN_CUDA_CHECK(cublasLtMatmulDescCreate(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), hint);
   cublasOperation_t transa = CUBLAS_OP_T, transb = CUBLAS_OP_N;
-  TITAN_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &transa,
-                                                      sizeof(transa)), hint);
-  TITAN_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &transb,
-                                                      sizeof(transb)), hint);
+  TITAN_CUDA_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &transa,
+                                                  sizeof(transa)), hint);
+  TITAN_CUDA_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &transb,
+                                                  sizeof(transb)), hint);
   const void* a_scale_ptr = sb.data_ptr();
   const void* b_scale_ptr = sa.data_ptr();
-  TITAN_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
-                                                      &a_scale_ptr, sizeof(a_scale_ptr)), hint);
-  TITAN_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
-                                                      &b_scale_ptr, sizeof(b_scale_ptr)), hint);
+  TITAN_CUDA_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                                                  &a_scale_ptr, sizeof(a_scale_ptr)), hint);
+  TITAN_CUDA_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                                                  &b_scale_ptr, sizeof(b_scale_ptr)), hint);
   const int8_t fast_accum = use_fast_accum ? 1 : 0;
-  TITAN_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM,
-                                                      &fast_accum, sizeof(fast_accum)), hint);
-  TITAN_CUBLASLT_CHECK(
+  TITAN_CUDA_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM,
+                                                  &fast_accum, sizeof(fast_accum)), hint);
+  TITAN_CUDA_CHECK(
       cublasLtMatrixLayoutCreate(&d.a, cuda_type(b.scalar_type()), K, N, K), hint);
-  TITAN_CUBLASLT_CHECK(
+  TITAN_CUDA_CHECK(
       cublasLtMatrixLayoutCreate(&d.b, cuda_type(a.scalar_type()), K, M, K), hint);
-  TITAN_CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&d.c, cuda_type(out_dtype), N, M, N), hint);
+  TITAN_CUDA_CHECK(cublasLtMatrixLayoutCreate(&d.c, cuda_type(out_dtype), N, M, N), hint);
 
   const size_t workspace_size = at::cuda::getCUDABlasLtWorkspaceSize();
   void* workspace = at::cuda::getCUDABlasLtWorkspace();
-  TITAN_CUBLASLT_CHECK(cublasLtMatmulPreferenceCreate(&d.pref), hint);
-  TITAN_CUBLASLT_CHECK(
+  TITAN_CUDA_CHECK(cublasLtMatmulPreferenceCreate(&d.pref), hint);
+  TITAN_CUDA_CHECK(
       cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                            &workspace_size, sizeof(workspace_size)), hint);
   cublasLtHandle_t handle = at::cuda::getCurrentCUDABlasLtHandle();
   cublasLtMatmulHeuristicResult_t heuristic{};
   int found = 0;
-  TITAN_CUBLASLT_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, d.op, d.a, d.b, d.c, d.c, d.pref, 1,
-                                                      &heuristic, &found), hint);
+  TITAN_CUDA_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, d.op, d.a, d.b, d.c, d.c, d.pref, 1,
+                                                  &heuristic, &found), hint);
   if (found == 0) {
     std::ostringstream os;
     os << "cublaslt_scaled_mm_tensorwise: no cuBLASLt algorithm for M=" << M << " K=" << K
@@ -123,9 +112,9 @@ at::Tensor cublaslt_scaled_mm_tensorwise(const at::Tensor& a, const at::Tensor& 
   }
   const float alpha = 1.0f, beta = 0.0f;
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(a.device().index()).stream();
-  TITAN_CUBLASLT_CHECK(cublasLtMatmul(handle, d.op, &alpha, b.data_ptr(), d.a, a.data_ptr(), d.b,
-                                      &beta, out.data_ptr(), d.c, out.data_ptr(), d.c,
-                                      &heuristic.algo, workspace, workspace_size, stream), hint);
+  TITAN_CUDA_CHECK(cublasLtMatmul(handle, d.op, &alpha, b.data_ptr(), d.a, a.data_ptr(), d.b,
+                                  &beta, out.data_ptr(), d.c, out.data_ptr(), d.c,
+                                  &heuristic.algo, workspace, workspace_size, stream), hint);
   return out;
 }
 

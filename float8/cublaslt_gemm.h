@@ -1,6 +1,6 @@
 // float8/cublaslt_gemm.h — tensorwise float8 GEMM through cuBLASLt directly (CUDA build only).
 //
-// The path beyond at::_scaled_mm (FLOAT8.md "GEMM back ends"): device-side scale pointers, so
+// The path beyond at::_scaled_mm (docs/float8.md "GEMM back ends"): device-side scale pointers, so
 // delayed or precomputed scales never round-trip through the host.
 #pragma once
 

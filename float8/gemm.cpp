@@ -45,7 +45,7 @@ int64_t round_up_16(int64_t v) { return (v + 15) / 16 * 16; }
 
 // at::_scaled_mm with its layout rules met: A row-major, B column-major, K and N padded to
 // multiples of 16 with zeros (exact: zeros add nothing to the sums), mixed tensorwise/axiswise
-// scales expanded to axiswise (like the reference), float32 contiguous inverse scales.
+// scales expanded to axiswise (as torchao does), float32 contiguous inverse scales.
 at::Tensor scaled_mm_cuda(const Float8Tensor& a, const Float8Tensor& b, at::ScalarType out_dtype,
                           bool use_fast_accum, bool use_cublaslt) {
   if (a.data.scalar_type() == at::kFloat8_e5m2 && b.data.scalar_type() == at::kFloat8_e5m2) {
@@ -76,13 +76,14 @@ at::Tensor scaled_mm_cuda(const Float8Tensor& a, const Float8Tensor& b, at::Scal
   at::Tensor B = Bt.t();  // [Kp, Np] column-major
   at::Tensor out;
   if (rowwise && !use_fast_accum) {
-    // The reference's choice: the rowwise kernel is slow without fast accumulation, so run the
+    // torchao's choice: the rowwise kernel is slow without fast accumulation, so run the
     // tensorwise kernel with unit scales in float32 and apply outer(1/sA, 1/sB) afterwards.
     at::Tensor one = at::ones({}, inv_a.options());
     out = at::_scaled_mm(A, B, one, one, {}, {}, at::kFloat, false);
     out = (out * inv_a * inv_b).to(out_dtype);
   } else if (rowwise) {
-    // Rowwise kernels only produce bf16 on most stacks (seed 000): produce bf16, then cast.
+    // Rowwise kernels only produce bf16 on most stacks, yet a float32 output must work (a
+    // single-GPU run with float32 parameters): produce bf16, then cast.
     out = at::_scaled_mm(A, B, inv_a, inv_b, {}, {}, at::kBFloat16, true).to(out_dtype);
   } else if (use_cublaslt) {
     out = cublaslt_scaled_mm_tensorwise(A, B, inv_a, inv_b, out_dtype, use_fast_accum);
@@ -132,13 +133,14 @@ GemmBackend resolve_gemm_backend(GemmBackend requested, bool emulate, const c10:
   return requested;
 }
 
-// Note [Emulated GEMM in tiles]: FLOAT8.md's emulation, mm(A.float() / sA, B.float() / sB),
-// computed tile by tile of the output so that the float32 copies of the operands exist one
-// tile at a time (at most kEmulatedTileBytes each). Whole-operand copies were a cost the CPU
-// had and the GPU has not: a [tokens, hidden] float32 transient in backward, +2.5% of the debug
-// model's per-op-AC peak (docs/performance.md). Every output element is still one float32 dot
-// product over all of K from the same dequantized values; only BLAS's blocking of that sum may
-// differ from the untiled product (the same float32 reduction error bound; tested).
+// Note [Emulated GEMM in tiles]: the emulation of docs/float8.md,
+// mm(A.float() / sA, B.float() / sB), computed tile by tile of the output so that the float32
+// copies of the operands exist one tile at a time (at most kEmulatedTileBytes each).
+// Whole-operand copies were a cost the CPU had and the GPU has not: a [tokens, hidden] float32
+// transient in backward, +2.5% of the debug model's per-op-AC peak (docs/performance.md). Every
+// output element is still one float32 dot product over all of K from the same dequantized
+// values; only BLAS's blocking of that sum may differ from the untiled product (the same float32
+// reduction error bound; tested).
 namespace {
 constexpr int64_t kEmulatedTileBytes = int64_t{512} << 10;
 

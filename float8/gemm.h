@@ -1,11 +1,11 @@
 // float8/gemm.h — the scaled float8 GEMM behind every float8 linear, with its back ends.
 //
-//   out[M, N] = (a.data / a.scale) @ (b.data / b.scale)          (FLOAT8.md "The three GEMMs")
+//   out[M, N] = (a.data / a.scale) @ (b.data / b.scale)          (docs/float8.md "Recipes")
 // a: [M, K] scale 0-dim or (M, 1); b: [K, N] scale 0-dim or (1, N). Every scale is constant
 // along the contraction dimension K, so out[i,j] = (1/sA[i]) (1/sB[j]) sum_k A8[i,k] B8[k,j].
 // The back ends differ only in how that product is evaluated:
 //   Emulated  any device: mm of the dequantized float32 operands, then out_dtype (exactly the
-//             reference's emulation, so CPU results are bit-comparable).
+//             torchao's emulation, so CPU results are bit-comparable).
 //   ScaledMm  CUDA at::_scaled_mm (CUDA build only).
 //   CublasLt  cuBLASLt directly with tensorwise scale pointers (CUDA build only; axiswise
 //             operands fall back to ScaledMm).

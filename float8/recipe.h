@@ -3,7 +3,8 @@
 // A recipe is plain data (TransformerEngine style): the casting functions in scaling.h and the
 // autograd function in float8_linear.h read it; nothing here computes. The three named recipes
 // and their aliases are the ones torchtitan's `--float8.recipe_name` accepts (see
-// docs FLOAT8.md "Recipes"), plus the historical delayed-scaling recipe of seed 001.
+// docs/float8.md "Recipes"), plus the historical delayed-scaling recipe (torchao's former
+// Float8Linear delayed scaling: the scale from an amax history).
 #pragma once
 
 #include <c10/core/ScalarType.h>

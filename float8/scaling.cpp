@@ -68,7 +68,7 @@ at::Tensor amax(const at::Tensor& x, ScalingGranularity granularity, int64_t dim
   }
   // Through the op layer (model/checkpoint_ops.h): per-op selective AC keeps the amax and
   // recomputes abs, which is never on the save list (abs(W) of an unsharded weight cost
-  // ~11 GiB on Llama3-8B in the reference, seed 000).
+  // ~11 GiB on Llama3-8B when torchtitan + torchao kept it).
   return titan::model::checkpointable_op("amax", [&] {
     // abs and max are exact in any float dtype, so reducing in x's dtype then widening is exact.
     const int64_t d = granularity == ScalingGranularity::Tensorwise ? -1 : c10::maybe_wrap_dim(dim, x.dim());
@@ -89,7 +89,7 @@ at::Tensor amax(const at::Tensor& x, ScalingGranularity granularity, int64_t dim
 
 at::Tensor scale_from_amax(const at::Tensor& amax, at::ScalarType float8_dtype,
                            bool round_to_power_of_2) {
-  // float64 division: float32 would round fp8_max / amax differently from the reference.
+  // float64 division: float32 would round fp8_max / amax differently from torchao.
   at::Tensor scale =
       (float8_max(float8_dtype) / at::clamp(amax.to(at::kDouble), kEps)).to(at::kFloat);
   return round_to_power_of_2 ? round_scale_to_power_of_2(scale) : scale;

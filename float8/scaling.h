@@ -1,8 +1,8 @@
 // float8/scaling.h — amax, scale and cast: the float8 recipes as plain functions.
 //
 // TransformerEngine style: a quantized tensor is (data, scale, amax-derived) plain tensors, and
-// each step of a recipe is a free function over them. The formulas are FLOAT8.md "Scale and
-// cast" exactly, so CPU results match the reference bit for bit:
+// each step of a recipe is a free function over them. The formulas are torchao.float8's exactly
+// (docs/float8.md "Recipes"), so CPU results match torchao's bit for bit:
 //   amax  = max|x|                      (tensorwise: 0-dim; axiswise: keepdim along `dim`)
 //   scale = float32(fp8_max / max(float64(amax), kEps)), optionally exp2(floor(log2(scale)))
 //   data  = to_fp8(clamp(float32(x) * scale, -fp8_max, fp8_max))   (round to nearest even)
@@ -29,7 +29,7 @@ double float8_max(at::ScalarType float8_dtype);
 // that shares one scale (keepdim). A (B, S, K) activation scaled per row therefore has a
 // (B, S, 1) scale, and its 2-D view (B*S, K) a (B*S, 1) scale. Data and scale are only ever
 // reshaped together through reshape()/reshape_to_2d()/transpose_2d() below, which makes the
-// seed-004 bug (3-D data next to a flattened 2-D scale) unrepresentable; check_float8_tensor()
+// failure of 3-D data next to a flattened 2-D scale unrepresentable; check_float8_tensor()
 // enforces the invariant at every GEMM entry.
 struct Float8Tensor {
   at::Tensor data;           // float8, any rank
@@ -47,7 +47,7 @@ at::Tensor scale_from_amax(const at::Tensor& amax, at::ScalarType float8_dtype,
                            bool round_to_power_of_2);
 
 // exp2(floor(log2(scale))) in float32. Exact powers of two are kept; the largest finite float
-// becomes inf because float32 log2 rounds up to 128 (the reference does the same).
+// becomes inf because float32 log2 rounds up to 128 (torchao does the same).
 at::Tensor round_scale_to_power_of_2(const at::Tensor& scale);
 
 // float8 data = saturating cast of float32(x) * scale. The explicit clamp is required: c10's

@@ -31,7 +31,7 @@ ModelArgs make_args(int64_t dim, int64_t n_layers, int64_t n_heads, int64_t n_kv
   return a;
 }
 
-// torchtitan's llama3 flavors (REFERENCE.md section 3).
+// torchtitan's llama3 flavors (torchtitan/models/llama3/__init__.py), with their sizes.
 const std::vector<Flavor>& flavors() {
   static const std::vector<Flavor> table = {
       {"debugmodel", make_args(256, 6, 16, 0, 2048, 256, 0.0)},

@@ -1,4 +1,4 @@
-// Weight initialization of Llama (torchtitan's scheme, REFERENCE.md section 3).
+// Weight initialization of Llama: torchtitan's llama3 scheme (truncated normal, depth-scaled std).
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/empty.h>

@@ -1,12 +1,13 @@
 // tests/test_float8.cpp — float8 and int8 training numerics against high precision.
 //
-// Thresholds are FLOAT8.md's (the reference's own tests) or tighter. Why they hold: e4m3 keeps
-// 3 mantissa bits, so round-to-nearest has a relative error of at most 2^-4 (uniform, rms about
-// 2^-4 / sqrt(3)); over normally distributed values that is a cast SQNR near 30 dB, ~27 dB for
-// e5m2's 2 bits (its wider exponent covers the tails). A GEMM adds the errors of two operands
-// (-3 dB), and errors that compound through two GEMMs (FFN) or use e5m2 gradients cost a few
-// dB more, hence 25 dB for single casts and GEMMs, 18 / 17 dB for the tiny Linear(16, 32) whose
-// 16-term dot products average little, and 20 dB for the FFN. All seeds are fixed.
+// Thresholds are those of torchao's own tests (docs/float8.md "Tests and benchmarks") or tighter.
+// Why they hold: e4m3 keeps 3 mantissa bits, so round-to-nearest has a relative error of at most
+// 2^-4 (uniform, rms about 2^-4 / sqrt(3)); over normally distributed values that is a cast SQNR
+// near 30 dB, ~27 dB for e5m2's 2 bits (its wider exponent covers the tails). A GEMM adds the
+// errors of two operands (-3 dB), and errors that compound through two GEMMs (FFN) or use e5m2
+// gradients cost a few dB more, hence 25 dB for single casts and GEMMs, 18 / 17 dB for the tiny
+// Linear(16, 32) whose 16-term dot products average little, and 20 dB for the FFN. All seeds are
+// fixed.
 #include <catch2/catch.hpp>
 
 #include <ATen/Context.h>
@@ -210,12 +211,12 @@ TEST_CASE("power-of-2 scale rounding edge cases", "[float8][cast]") {
   // amax 0 -> 448 / 1e-12 -> 2^48 (finite).
   at::Tensor s0 = scale_from_amax(at::zeros({}), at::kFloat8_e4m3fn, true);
   CHECK(s0.item<float>() == std::ldexp(1.f, 48));
-  // float32 log2(FLT_MAX) rounds to 128, so the reference's formula yields inf; so does ours.
+  // float32 log2(FLT_MAX) rounds to 128, so torchao's formula yields inf; so does ours.
   at::Tensor big = at::full({}, std::numeric_limits<float>::max());
   CHECK(std::isinf(round_scale_to_power_of_2(big).item<float>()));
 }
 
-TEST_CASE("3-D activations: the scale follows the data (seed 004)", "[float8][cast]") {
+TEST_CASE("3-D activations: the scale follows the data", "[float8][cast]") {
   at::manual_seed(3);
   at::Tensor x = at::randn({2, 3, 16});
   Float8Tensor t = to_float8(x, CastConfig{ScalingGranularity::Axiswise, at::kFloat8_e4m3fn}, -1);
@@ -226,7 +227,7 @@ TEST_CASE("3-D activations: the scale follows the data (seed 004)", "[float8][ca
   CHECK(at::equal(dequantize(t2), dequantize(t).reshape({6, 16})));
   Float8Tensor back = reshape(t2, {2, 3, 16});
   CHECK(back.scale.sizes() == at::IntArrayRef({2, 3, 1}));
-  // The seed-004 state (3-D data, flattened 2-D scale) is rejected with both shapes named.
+  // The broken state (3-D data, flattened 2-D scale) is rejected with both shapes named.
   Float8Tensor broken{t.data, t.scale.reshape({6, 1}), at::kFloat};
   const std::string msg = thrown_message([&] { check_float8_tensor(broken, "test"); });
   CHECK(msg.find("[6, 1]") != std::string::npos);
@@ -265,7 +266,7 @@ TEST_CASE("scaled GEMM vs high precision >= 25 dB, fp32 and bf16 outputs", "[flo
       for (bool pow2 : {false, true}) {
         Float8Tensor a8 = to_float8(A, c.a, -1, pow2), b8 = to_float8(B, c.b, 0, pow2);
         at::Tensor y = scaled_mm(a8, b8, out, /*use_fast_accum=*/true, GemmBackend::Auto);
-        CHECK(y.scalar_type() == out);  // seed 000: rowwise with fp32 output must work
+        CHECK(y.scalar_type() == out);  // rowwise with fp32 output must work (fp32 params)
         CHECK(logged(std::string("gemm ") + c.name + " " + c10::toString(out) +
                          (pow2 ? " pow2" : ""),
                      sqnr(ref, y)) >= 25.0);
@@ -274,7 +275,7 @@ TEST_CASE("scaled GEMM vs high precision >= 25 dB, fp32 and bf16 outputs", "[flo
   }
 }
 
-TEST_CASE("emulated GEMM in tiles equals FLOAT8.md's formula up to float32 summation order",
+TEST_CASE("emulated GEMM in tiles equals the whole-operand formula up to float32 summation order",
           "[float8][gemm]") {
   // Note [Emulated GEMM in tiles]: K = 1024 gives 128-row / 128-column tiles, so these shapes
   // take 3 x 2 tiles (with ragged edges), including transposed operands (the grad_weight GEMM's
@@ -471,7 +472,7 @@ TEST_CASE("convert_to_float8_training: filters and their reasons", "[float8][con
   REQUIRE(again.skipped.size() == 1);
   CHECK(again.skipped[0].second.find("already") != std::string::npos);
 
-  // auto_filter_small_kn thresholds of FLOAT8.md (K = in_features, N = out_features).
+  // torchao's auto_filter_small_kn thresholds (K = in_features, N = out_features).
   CHECK(auto_filter_skip_reason("tensorwise", 4096, 1024) != "");
   CHECK(auto_filter_skip_reason("tensorwise", 4096, 14336) == "");
   CHECK(auto_filter_skip_reason("tensorwise", 8192, 1024) == "");

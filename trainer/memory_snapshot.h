@@ -2,7 +2,7 @@
 //
 // CUDA: PyTorch's own recorder (torch::cuda::_record_memory_history) and its pickled snapshot.
 // CPU: the counting allocator's record (memory.h) written in the SAME layout as the CUDA
-// snapshot (LIBTORCH.md "Pickle"): a plain protocol-2 pickle of a dict with
+// snapshot (torch.cuda.memory._dump_snapshot's file): a plain protocol-2 pickle of a dict with
 //   segments        one per live allocation (the CPU allocator does not cache: every
 //                   allocation is its own segment, holding one "active_allocated" block),
 //   device_traces   [[entry, ...]]: action alloc | free_requested | free_completed | oom,

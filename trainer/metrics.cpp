@@ -1,11 +1,16 @@
 #include "trainer/metrics.h"
 
+#include <ATen/Parallel.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/randn.h>
 
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+
+#ifdef TITAN_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 #include "trainer/logging.h"
 #include "trainer/memory.h"
@@ -42,13 +47,38 @@ double probe_cpu_matmul_flops() {
 }
 
 double known_gpu_peak_flops(const std::string& name) {
-  // Dense bf16 peaks (REFERENCE.md section 2); order matters ("H100 NVL" before "H100").
+  // Dense (no sparsity) bf16 peaks from the vendors' data sheets, the table of torchtitan's
+  // get_peak_flops (torchtitan/tools/utils.py, v0.2.2) without its A100 fallback for unknown
+  // names. The first key found in the name wins, so "H100 NVL" precedes "H100" and "H200"
+  // precedes "H20".
   const std::pair<const char*, double> table[] = {
-      {"H100 NVL", 835e12}, {"H100 PCIe", 756e12}, {"H100", 989e12}, {"H200", 989e12},
-      {"A100", 312e12},     {"B200", 2.25e15},     {"MI300X", 1300e12}};
+      {"H100 NVL", 835e12}, {"H100 PCIe", 756e12}, {"H100", 989e12},   {"H200", 989e12},
+      {"H20", 148e12},      {"A100", 312e12},      {"B200", 2.25e15},  {"MI355X", 2500e12},
+      {"MI300X", 1300e12},  {"MI325X", 1300e12},   {"MI250X", 191.5e12}, {"L40S", 362e12}};
   for (const auto& [key, peak] : table)
     if (name.find(key) != std::string::npos) return peak;
   return 0;
+}
+
+PeakFlops peak_flops_for_mfu(double configured_peak_flops, c10::Device device) {
+  if (configured_peak_flops > 0) return {configured_peak_flops, "metrics.peak_flops"};
+  if (device.is_cuda()) {
+#ifdef TITAN_WITH_CUDA
+    cudaDeviceProp properties{};
+    const int index = device.has_index() ? device.index() : 0;
+    if (cudaGetDeviceProperties(&properties, index) != cudaSuccess) {
+      cudaGetLastError();  // consume the error so that the next CUDA call does not report it
+      return {0, "CUDA device " + std::to_string(index) + " (its properties could not be read)"};
+    }
+    const std::string name = properties.name;
+    const double peak = known_gpu_peak_flops(name);
+    return {peak, "dense bf16 peak of " + name + (peak > 0 ? "" : " (not in titan's table)")};
+#else
+    return {0, "a CUDA device in a build without CUDA"};
+#endif
+  }
+  return {probe_cpu_matmul_flops(),
+          "float32 GEMM probe on this CPU (" + std::to_string(at::get_num_threads()) + " threads)"};
 }
 
 MetricsLogger::MetricsLogger(c10::Device device, double flops_per_token, double peak_flops,

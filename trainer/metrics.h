@@ -1,4 +1,4 @@
-// trainer/metrics.h — the per-step line and its JSONL twin (REFERENCE.md section 2).
+// trainer/metrics.h — the per-step line and its JSONL twin (the same fields as torchtitan's).
 //
 //   step: 20  loss:  8.4931  grad_norm:  1.2345  memory: 0.41GiB(1.71%)  tps: 5,760  tflops: 0.01  mfu: 6.73%
 //
@@ -22,6 +22,18 @@ namespace titan::trainer {
 double probe_cpu_matmul_flops();
 // Dense bf16 peak of a known GPU from its name, 0 if unknown (never guessed).
 double known_gpu_peak_flops(const std::string& device_name);
+
+// The FLOP/s that mfu divides by, and a few words saying where it came from (for the log).
+struct PeakFlops {
+  double flops_per_second = 0;  // 0 = unknown: the metrics line prints "mfu: n/a"
+  std::string source;
+};
+// In order: `configured_peak_flops` (metrics.peak_flops) if > 0; on a CUDA device, the dense
+// bf16 tensor-core peak of the device found by its name (torchtitan's mfu basis, used whatever
+// the compute dtype, so float32 / float8 / int8 runs compare with torchtitan's numbers); on the
+// CPU, probe_cpu_matmul_flops() with the current threads. A CUDA device in a build without
+// TITAN_WITH_CUDA, or a GPU missing from the table, gives 0.
+PeakFlops peak_flops_for_mfu(double configured_peak_flops, c10::Device device);
 
 struct StepMetrics {
   int64_t step = 0;

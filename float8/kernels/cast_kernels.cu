@@ -7,26 +7,13 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
-#include <sstream>
-#include <stdexcept>
-#include <string>
 #include <type_traits>
+
+#include "util/cuda_check.h"  // TITAN_CUDA_CHECK: every CUDA call and launch goes through it
 
 namespace titan::float8::kernels {
 
 namespace {
-
-// Every CUDA call and launch goes through this: file:line, call, CUDA's message, a hint.
-#define TITAN_CUDA_CHECK(call, hint)                                                        \
-  do {                                                                                      \
-    cudaError_t err_ = (call);                                                              \
-    if (err_ != cudaSuccess) {                                                              \
-      std::ostringstream os_;                                                               \
-      os_ << __FILE__ << ":" << __LINE__ << ": " << #call << " failed: "                   \
-          << cudaGetErrorString(err_) << ". HINT: " << hint;                                \
-      throw std::runtime_error(os_.str());                                                  \
-    }                                                                                       \
-  } while (0)
 
 constexpr int kBlock = 256;
 constexpr int kTile = 32;

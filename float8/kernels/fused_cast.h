@@ -1,7 +1,7 @@
 // float8/kernels/fused_cast.h — at::Tensor entry points of the CUDA cast kernels, each next to
 // its CPU reference (the scaling.h functions the kernels must reproduce bit for bit).
 //
-// The fused kernels replace what torch.compile fuses for the reference: amax + scale + cast in
+// The fused kernels replace what torch.compile fuses for torchao: amax + scale + cast in
 // one launch per row (rowwise) or two launches (tensorwise: a global reduction must finish
 // before any element can be scaled), and cast + transpose for the column-major operands of the
 // backward GEMMs. The CUDA entry points exist in every build and throw std::runtime_error when
