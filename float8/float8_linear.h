@@ -5,7 +5,7 @@
 //           grad_weight = G^T @ x   (G^T per row = G per column, x per column)
 // (docs/float8.md, "Recipes"; the granularity of each operand comes from the recipe.) One
 // autograd function does all three, saving the HIGH-precision x and W and re-casting them in
-// backward, as the reference does: float8 copies cast for the forward would be laid out and
+// backward, as torchao does: float8 copies cast for the forward would be laid out and
 // scaled for the wrong contraction dimension in backward anyway.
 #pragma once
 

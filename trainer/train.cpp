@@ -18,6 +18,7 @@
 #include "parallel/parallelize.h"
 #include "parallel/process_group.h"
 #include "trainer/converters.h"
+#include "trainer/determinism.h"
 #include "trainer/logging.h"
 #include "trainer/memory.h"
 #include "trainer/safetensors.h"
@@ -59,6 +60,8 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
 #endif
   }
   if (t.num_threads > 0) at::set_num_threads(static_cast<int>(t.num_threads));
+  // Before any cuBLAS handle exists: cuBLAS reads CUBLAS_WORKSPACE_CONFIG when it creates one.
+  apply_determinism(t.deterministic);
   compute_dtype_ = dtype_from_name(t.mixed_precision_param);
   for (const auto& w : cfg_.warnings) log_warn(w);
   set_cpu_memory_limit(static_cast<int64_t>(t.cpu_memory_limit_gib * double(1ll << 30)));
@@ -112,16 +115,13 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
                             cfg_.lr_scheduler.decay_type, cfg_.lr_scheduler.min_lr_factor};
 
   // Peak FLOP/s for mfu: the config, else a known GPU, else a GEMM probe on this CPU.
-  double peak = cfg_.metrics.peak_flops;
-  std::string peak_source = "metrics.peak_flops";
-  if (peak <= 0 && device_.is_cpu()) {
-    peak = probe_cpu_matmul_flops();
-    peak_source = "float32 GEMM probe on this CPU (" + std::to_string(at::get_num_threads()) + " threads)";
-  }
-  if (peak > 0)
-    log_info("mfu peak: " + std::to_string(peak / 1e12).substr(0, 6) + " TFLOP/s from " + peak_source);
+  // Peak FLOP/s for mfu: the config, else the CUDA device's dense bf16 peak, else a GEMM probe
+  // on this CPU.
+  const PeakFlops peak = peak_flops_for_mfu(cfg_.metrics.peak_flops, device_);
+  if (peak.flops_per_second > 0)
+    log_info("mfu peak: " + std::to_string(peak.flops_per_second / 1e12).substr(0, 6) + " TFLOP/s from " + peak.source);
   else
-    log_warn("mfu: peak FLOP/s of this device is unknown; set metrics.peak_flops to see mfu");
+    log_warn("mfu: peak FLOP/s unknown (" + peak.source + "); set metrics.peak_flops to see mfu");
 
   const double fpt = model::flops_per_token(model_->args(), t.seq_len);
   // Distributed: every rank writes metrics_rank<R>.jsonl; metrics.jsonl links to rank 0's.
@@ -129,7 +129,7 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
   const auto dump = std::filesystem::path(cfg_.job.dump_folder);
   const std::string jsonl =
       (dump / (distributed ? "metrics_rank" + std::to_string(world_.rank) + ".jsonl" : "metrics.jsonl")).string();
-  metrics_ = std::make_unique<MetricsLogger>(device_, fpt, peak, mesh_->dims().non_data_parallel_size(), jsonl);
+  metrics_ = std::make_unique<MetricsLogger>(device_, fpt, peak.flops_per_second, mesh_->dims().non_data_parallel_size(), jsonl);
   if (distributed && world_.rank == 0) {
     std::error_code ec;
     std::filesystem::remove(dump / "metrics.jsonl", ec);
