@@ -231,6 +231,8 @@ at::Tensor Float8LinearCompute::forward(const titan::model::LinearOperand& input
     throw std::invalid_argument(os.str());
   }
   const Float8Recipe& r = state_->recipe;
+  if (input.chunks)
+    throw std::invalid_argument("an input arriving in sequence chunks needs a column-parallel compute");
   if (input.cast.defined() && (!accepts_float8_input(input.cast.data.scalar_type()) ||
                                input.cast.data.sizes() != x.sizes()))
     throw std::invalid_argument("recipe '" + r.name + "' cannot use an input already cast to float8 "

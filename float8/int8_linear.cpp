@@ -138,6 +138,8 @@ Int8LinearCompute::Int8LinearCompute(Int8GemmSwitches gemms, Int8MmBackend backe
 
 at::Tensor Int8LinearCompute::forward(const titan::model::LinearOperand& input_op,
                                       const titan::model::LinearOperand& weight_op) {
+  if (input_op.chunks)
+    throw std::invalid_argument(describe() + ": an input arriving in sequence chunks needs a column-parallel compute");
   if (input_op.cast.defined() || weight_op.cast.defined())
     throw std::invalid_argument(describe() + " was handed a float8 operand; int8 quantizes its own");
   const at::Tensor& input = input_op.hp;

@@ -53,6 +53,8 @@ at::Tensor HighPrecisionLinearCompute::forward(const LinearOperand& input, const
   if (input.cast.defined() || weight.cast.defined())
     throw std::invalid_argument("the high-precision linear was handed a float8 operand; only a "
                                 "float8 tensorwise compute can use one");
+  if (input.chunks)
+    throw std::invalid_argument("an input arriving in sequence chunks needs a column-parallel compute");
   return LinearFunction::apply(input.hp, weight.hp);
 }
 

@@ -33,11 +33,33 @@ struct QuantizedOperand {
   bool defined() const { return data.defined(); }
 };
 
+class SequenceChunks;
+
 struct LinearOperand {
   LinearOperand(at::Tensor hp_) : hp(std::move(hp_)) {}  // NOLINT: a plain tensor is an operand
   LinearOperand(at::Tensor hp_, QuantizedOperand cast_) : hp(std::move(hp_)), cast(std::move(cast_)) {}
   at::Tensor hp;          // input [..., K] or weight [N, K], in the compute dtype
   QuantizedOperand cast;  // undefined unless the producer cast it (see the Note)
+  // Set for an input still arriving in sequence chunks (See Note [Sequence chunks]); `hp` is
+  // then a storage-less stand-in of the whole input's shape.
+  std::shared_ptr<SequenceChunks> chunks;
+};
+
+// Note [Sequence chunks]: under async tensor parallel a module's sequence-sharded input is not
+// gathered whole before its column-parallel linears run: it is all-gathered in chunks, and the
+// first reader multiplies chunk k while chunks k+1.. are still in flight (the later readers find
+// them arrived). Only a column-parallel compute (parallel/tensor_parallel.h) takes such an
+// operand; it runs its inner compute once per chunk and assembles the rows.
+class SequenceChunks {
+ public:
+  virtual ~SequenceChunks() = default;
+  virtual int count() const = 0;
+  // Chunk k of the gathered input, [B, S/count, K] (a slice of every rank's rows), possibly
+  // already cast (`cast`); waits for its collective the first time and is then the same value
+  // for every reader.
+  virtual const LinearOperand& chunk(int k) = 0;
+  // The per-chunk outputs [B, S/count, N] -> [B, S, N] in sequence order (differentiable).
+  virtual at::Tensor assemble(const std::vector<at::Tensor>& outputs) const = 0;
 };
 
 // y = x W^T for x [..., in_features] and W [out_features, in_features]; no bias (Llama has none).

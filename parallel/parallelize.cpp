@@ -21,6 +21,7 @@
 #include <stdexcept>
 
 #include "float8/float8_linear.h"
+#include "parallel/async_tp.h"
 #include "parallel/tensor_parallel.h"
 
 namespace titan::parallel {
@@ -118,6 +119,8 @@ void apply_tp(ParallelModel& pm, Comm& tp) {
     p.tp_shape[static_cast<size_t>(dim)] = padded_size(p.full_shape[static_cast<size_t>(dim)], tp.size()) / tp.size();
   };
   int float8_gathers = 0;  // modules whose input is gathered in float8
+  // See Note [Async TP]: chunked gathers / reduce-scatters around the block's linears.
+  const int async_chunks = pm.options_.async_tp ? static_cast<int>(pm.options_.async_tp_chunks) : 0;
   auto apply = [&](const std::string& name, TpStyle style, model::TransformerBlock* block) {
     switch (style) {
       case TpStyle::kColwise: {
@@ -128,7 +131,7 @@ void apply_tp(ParallelModel& pm, Comm& tp) {
       }
       case TpStyle::kRowwise: {
         model::Linear& l = *linears.at(name);
-        l.set_compute(std::make_shared<RowwiseLinear>(sharded(l, /*columns*/ 1, /*columns*/ 1, -1), tp));
+        l.set_compute(std::make_shared<RowwiseLinear>(sharded(l, /*columns*/ 1, /*columns*/ 1, -1), tp, async_chunks));
         shard_weight(name, 1);
         break;
       }
@@ -143,7 +146,12 @@ void apply_tp(ParallelModel& pm, Comm& tp) {
                                                          attention ? std::vector<std::string>{"wq", "wk", "wv"}
                                                                    : std::vector<std::string>{"w1", "w3"})
                               : std::nullopt;
-        hook = cast ? make_float8_sequence_gather(tp, cast->first, cast->second) : make_sequence_gather(tp);
+        if (async_chunks > 0)
+          hook = make_async_sequence_gather(tp, async_chunks,
+                                            cast ? std::optional<Float8ChunkCast>({cast->first, cast->second})
+                                                 : std::nullopt);
+        else
+          hook = cast ? make_float8_sequence_gather(tp, cast->first, cast->second) : make_sequence_gather(tp);
         float8_gathers += cast ? 1 : 0;
         break;
       }
@@ -167,7 +175,9 @@ void apply_tp(ParallelModel& pm, Comm& tp) {
   pm.log_.push_back("tensor parallel " + std::to_string(tp.size()) + ": sequence parallel, loss " +
                     (pm.options_.loss_parallel ? "on vocab shards" : "on all-gathered logits") +
                     (float8_gathers ? ", " + std::to_string(float8_gathers) + " module inputs all-gathered in float8"
-                                    : std::string()));
+                                    : std::string()) +
+                    (async_chunks ? ", async (" + std::to_string(async_chunks) + " chunks per sequence shard)"
+                                  : std::string()));
 }
 
 // 3. FSDP (HSDP when dp_replicate > 1): one parameter group per block, plus the embedding and

@@ -28,6 +28,7 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <cstdio>
+#include <thread>
 #include <cstdlib>
 #include <sstream>
 
@@ -211,7 +212,7 @@ void Comm::fail(const std::string& what, const std::string& reason) const {
 // Owns the sequence numbering and the record of every collective; each public collective is a
 // check plus one c10d call. The handle's wait() owns the timing and the error capture.
 template <typename Launch>
-CommWork Comm::issue(std::string op, const at::Tensor& tensor, Launch&& launch) {
+CommWork Comm::issue(std::string op, const at::Tensor& tensor, Launch&& launch, int64_t link_bytes) {
   CommWork w;
   w.comm_ = this;
   last_.seq += 1;
@@ -223,6 +224,14 @@ CommWork Comm::issue(std::string op, const at::Tensor& tensor, Launch&& launch) 
   // A named range in profiler traces; memory allocated inside counts as communication buffers.
   model::NamedScope scope("collective " + last_.op, model::MemoryCategory::kCommunication);
   w.start_ = Clock::now();
+  if (options_.debug_link_latency_ms > 0 || options_.debug_link_bytes_per_second > 0) {
+    const double bytes = static_cast<double>(link_bytes >= 0 ? link_bytes : last_.bytes);
+    const double seconds = options_.debug_link_latency_ms / 1e3 +
+                           (options_.debug_link_bytes_per_second > 0 ? bytes / options_.debug_link_bytes_per_second : 0);
+    const auto begin = std::max(w.start_, link_free_);
+    link_free_ = begin + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+    w.simulated_done_ = link_free_;
+  }
   try {
     w.work_ = launch();
   } catch (const std::exception& e) {
@@ -246,6 +255,7 @@ CommWork& CommWork::operator=(CommWork&& other) noexcept {
       }
     }
     comm_ = other.comm_;
+    simulated_done_ = other.simulated_done_;
     work_ = std::move(other.work_);
     other.work_.reset();
     record_ = std::move(other.record_);
@@ -280,6 +290,7 @@ void CommWork::wait() {
        << comm_->options_.timeout.count() << " ms): " << error_text(e);
     throw CommError(comm_->where() + ": " + os.str());
   }
+  std::this_thread::sleep_until(simulated_done_);  // See Note [Simulated link]; a no-op when off
   const auto done = Clock::now();
   comm_->total_seconds_ += std::chrono::duration<double>(done - start_).count();
   comm_->exposed_seconds_ += std::chrono::duration<double>(done - waited_from).count();
@@ -311,7 +322,7 @@ CommWork Comm::all_gather_into_tensor_async(const at::Tensor& output, const at::
     at::Tensor out = output;
     at::Tensor in = input;
     return backend_->_allgather_base(out, in);
-  });
+  }, static_cast<int64_t>(output.numel() * output.element_size()));
 }
 
 CommWork Comm::reduce_scatter_tensor_async(const at::Tensor& output, const at::Tensor& input) {

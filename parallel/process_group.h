@@ -85,6 +85,7 @@ class CommWork {
   CollectiveRecord record_;
   std::string tensor_desc_;
   std::chrono::steady_clock::time_point start_;
+  std::chrono::steady_clock::time_point simulated_done_;  // See Note [Simulated link]
 };
 
 struct CommOptions {
@@ -100,6 +101,14 @@ struct CommOptions {
   std::chrono::milliseconds init_timeout{0};
   // "gloo" (CPU tensors) or, in CUDA builds, "nccl" (CUDA tensors).
   std::string backend = "gloo";
+  // Note [Simulated link]: a slower network for overlap tests and benchmarks (comm.debug_link_*).
+  // Each Comm has one link that carries one collective at a time: a collective issued at t
+  // occupies it from max(t, link free) for latency + bytes / bytes_per_second (bytes: the
+  // larger of its input and output), and its wait() returns no sooner than that. The real
+  // collective runs as usual underneath. Compute done between issue and wait hides this time;
+  // a blocking call shows all of it. 0 and 0 = off.
+  double debug_link_latency_ms = 0;
+  double debug_link_bytes_per_second = 0;
 };
 
 // The job's key-value store: rank 0 serves it on `port` (0: a free port, read it back with
@@ -171,7 +180,7 @@ class Comm {
  private:
   friend class CommWork;
   template <typename Launch>
-  CommWork issue(std::string op, const at::Tensor& tensor, Launch&& launch);
+  CommWork issue(std::string op, const at::Tensor& tensor, Launch&& launch, int64_t link_bytes = -1);
   [[noreturn]] void fail(const std::string& what, const std::string& reason) const;
   std::string where() const;
   std::string describe_tensor(const at::Tensor& t) const;
@@ -187,6 +196,7 @@ class Comm {
   int64_t total_bytes_ = 0;
   double total_seconds_ = 0;
   double exposed_seconds_ = 0;
+  std::chrono::steady_clock::time_point link_free_;  // See Note [Simulated link]
 };
 
 // The job-wide Comm "world" from torchrun/Slurm-style info: rank 0 serves the TCPStore on

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "float8/scaling.h"
+#include "parallel/async_tp.h"
 #include "model/checkpoint_ops.h"
 
 namespace titan::parallel {
@@ -215,10 +216,14 @@ model::ModuleInputHook make_float8_sequence_gather(Comm& comm, float8::CastConfi
 }
 
 at::Tensor ColwiseLinear::forward(const model::LinearOperand& input, const model::LinearOperand& weight) {
-  return inner_->forward(input, weight);
+  if (!input.chunks) return inner_->forward(input, weight);
+  std::vector<at::Tensor> outputs;  // [B, S/c, N_local] per chunk, in arrival order
+  for (int k = 0; k < input.chunks->count(); ++k) outputs.push_back(inner_->forward(input.chunks->chunk(k), weight));
+  return input.chunks->assemble(outputs);
 }
 
 at::Tensor RowwiseLinear::forward(const model::LinearOperand& input, const model::LinearOperand& weight) {
+  if (async_chunks_ > 0) return chunked_matmul_reduce_scatter(input.hp, weight, *inner_, *comm_, async_chunks_);
   return reduce_scatter_seq(inner_->forward(input, weight), *comm_);
 }
 

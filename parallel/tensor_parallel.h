@@ -49,7 +49,8 @@ model::ModuleInputHook make_float8_sequence_gather(Comm& comm, float8::CastConfi
                                                    bool round_scales_to_power_of_2);
 
 // Column-parallel: y_local = inner(x, W_local) on a replicated input (gathered by the
-// module's prepare_input hook). No communication of its own.
+// module's prepare_input hook). No communication of its own. An input arriving in sequence
+// chunks (async TP, Note [Sequence chunks]) is multiplied chunk by chunk as they arrive.
 class ColwiseLinear final : public model::LinearCompute {
  public:
   explicit ColwiseLinear(std::shared_ptr<model::LinearCompute> inner) : inner_(std::move(inner)) {}
@@ -62,18 +63,22 @@ class ColwiseLinear final : public model::LinearCompute {
 };
 
 // Row-parallel + sequence parallel: partial y = inner(x_local, W_local), reduce-scattered to
-// sequence shards [B, S/n, O].
+// sequence shards [B, S/n, O]. `async_chunks` > 0: chunked and overlapped (Note [Async TP] in
+// async_tp.h).
 class RowwiseLinear final : public model::LinearCompute {
  public:
-  RowwiseLinear(std::shared_ptr<model::LinearCompute> inner, Comm& comm)
-      : inner_(std::move(inner)), comm_(&comm) {}
+  RowwiseLinear(std::shared_ptr<model::LinearCompute> inner, Comm& comm, int async_chunks = 0)
+      : inner_(std::move(inner)), comm_(&comm), async_chunks_(async_chunks) {}
   at::Tensor forward(const model::LinearOperand& input, const model::LinearOperand& weight) override;
-  std::string describe() const override { return "rowwise(" + inner_->describe() + ")"; }
+  std::string describe() const override {
+    return (async_chunks_ > 0 ? "rowwise_async(" : "rowwise(") + inner_->describe() + ")";
+  }
   const std::shared_ptr<model::LinearCompute>* inner() const override { return &inner_; }
 
  private:
   std::shared_ptr<model::LinearCompute> inner_;
   Comm* comm_;
+  int async_chunks_;
 };
 
 // The output projection, column-parallel over the (padded) vocabulary: all-gathers the

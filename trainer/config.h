@@ -143,6 +143,9 @@ struct CommSection {
   // debug_fail_at_step (0 = never).
   int64_t debug_fail_at_step = 0;
   int64_t debug_fail_rank = 0;
+  // A simulated slower network (overlap tests and benchmarks): see CommOptions::debug_link_*.
+  double debug_link_latency_ms = 0;
+  double debug_link_bytes_per_second = 0;
 };
 
 struct JobConfig {

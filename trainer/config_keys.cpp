@@ -223,6 +223,12 @@ std::vector<SectionSpec> build_table() {
               "step; 0 = never.").at_least(0),
           key("debug_fail_rank", &CommSection::debug_fail_rank,
               "The rank that comm.debug_fail_at_step makes fail.").at_least(0),
+          key("debug_link_latency_ms", &CommSection::debug_link_latency_ms,
+              "Simulated network (overlap tests, benchmarks): every collective completes no "
+              "sooner than this latency after the group's link is free; 0 = off.").at_least(0),
+          key("debug_link_bytes_per_second", &CommSection::debug_link_bytes_per_second,
+              "Simulated network: each group's link carries this many bytes per second, one "
+              "collective at a time (bytes = the gathered or scattered size); 0 = off.").at_least(0),
       }),
   };
 }

@@ -331,6 +331,8 @@ void Trainer::init_mesh() {
     opts.init_timeout = std::chrono::seconds(cfg_.comm.init_timeout_seconds);
     opts.timeout = std::chrono::seconds(cfg_.comm.train_timeout_seconds);
     opts.backend = device_.is_cuda() ? "nccl" : "gloo";
+    opts.debug_link_latency_ms = cfg_.comm.debug_link_latency_ms;
+    opts.debug_link_bytes_per_second = cfg_.comm.debug_link_bytes_per_second;
     log_info("distributed: " + parallel::describe(world_) + ", " + opts.backend + ", mesh " + dims.describe());
     world = parallel::init_process_group(world_, opts);
   }
