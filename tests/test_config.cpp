@@ -283,6 +283,24 @@ TEST_CASE("training.compile is accepted with a warning", "[config]") {
   CHECK(parse_file("[training]\ncompile = true\n").warnings.size() == 1);
 }
 
+TEST_CASE("warmup longer than the run is clamped with a warning, as torchtitan does", "[config]") {
+  const JobConfig long_warmup = parse_job_config(
+      std::vector<std::string>{"--training.steps", "3", "--lr_scheduler.warmup_steps", "5"});
+  CHECK(long_warmup.lr_scheduler.warmup_steps == 5);  // the schedule clamps; the config keeps it
+  REQUIRE(long_warmup.warnings.size() == 1);
+  CHECK_THAT(long_warmup.warnings[0], Contains("lr_scheduler.warmup_steps (5)") &&
+                                          Contains("training.steps (3)") &&
+                                          Contains("clamped to 3 steps"));
+  CHECK(parse_job_config(std::vector<std::string>{"--training.steps", "5",
+                                                  "--lr_scheduler.warmup_steps", "5"})
+            .warnings.empty());
+  // warmup 8 + round(10 x 0.5) = 5 decay steps > 10: the decay keeps the 2 steps left.
+  const JobConfig long_decay = parse_job_config(std::vector<std::string>{
+      "--training.steps", "10", "--lr_scheduler.warmup_steps", "8", "--lr_scheduler.decay_ratio", "0.5"});
+  REQUIRE(long_decay.warnings.size() == 1);
+  CHECK_THAT(long_decay.warnings[0], Contains("decay steps (5") && Contains("decay clamped to 2 steps"));
+}
+
 TEST_CASE("--help sets help_requested and the help lists every key", "[config]") {
   CHECK(parse_job_config(std::vector<std::string>{"--help"}).help_requested);
   CHECK(parse_job_config(std::vector<std::string>{"--training.stepz", "-h"}).help_requested);

@@ -37,19 +37,63 @@ JobConfig small_job(const std::vector<std::string>& extra = {}) {
 }
 }  // namespace
 
-TEST_CASE("LR schedule is torchtitan's warmup-stable-decay", "[trainer]") {
-  LrSchedule s{10, 2, -1, "linear", 0.0};
-  // warmup: (s+1)/(w+1) for 0-based s; decay over the 8 remaining steps with a virtual extra step.
-  CHECK(s.factor(1) == Approx(1.0 / 3));
-  CHECK(s.factor(2) == Approx(2.0 / 3));
-  CHECK(s.factor(3) == Approx(1.0));
-  CHECK(s.factor(4) == Approx(1.0 - 1.0 / 8));
-  CHECK(s.factor(10) == Approx(1.0 - 7.0 / 8));
-  LrSchedule cosine{10, 0, 0.5, "cosine", 0.1};
-  CHECK(cosine.factor(1) == Approx(1.0));  // stable phase: 10 + 1 - 0 - 5 = 6 steps
-  CHECK(cosine.factor(10) == Approx(0.1 + 0.9 * 0.5 * (1 + std::cos(M_PI * 4.0 / 5))));
-  LrSchedule sqrt_s{4, 0, -1, "sqrt", 0.0};
-  CHECK(sqrt_s.factor(2) == Approx(1.0 - std::sqrt(0.25)));
+namespace {
+// The factor of every training step 1..steps. Expected values below are worked out by hand from
+// torchtitan 0.2.x's formula (0-based s = step - 1): warmup (s + 1) / warmup; then 1 for
+// `stable` = steps + 1 - warmup - decay steps; then progress = (s + 1 - warmup - stable) / decay.
+// The factor is a handful of double operations and the hand values are written to 16 digits, so
+// they agree to ~1e-15; 1e-12 leaves room for libm's cos/sqrt rounding and nothing more.
+void check_every_step(const LrSchedule& schedule, const std::vector<double>& expected) {
+  for (size_t i = 0; i < expected.size(); ++i) {
+    INFO("training step " << i + 1);
+    CHECK(schedule.factor(static_cast<int64_t>(i) + 1) == Approx(expected[i]).margin(1e-12).epsilon(0));
+  }
+}
+}  // namespace
+
+TEST_CASE("LR schedule is torchtitan 0.2.x's warmup-stable-decay, step by step", "[trainer]") {
+  SECTION("warmup only: the peak is reached on the last warmup step") {
+    // 4 steps, warmup 4: decay = 0, stable = 1 (the virtual step); (s+1)/4.
+    check_every_step({4, 4, -1, "linear", 0.0}, {0.25, 0.5, 0.75, 1.0});
+  }
+  SECTION("warmup, then linear decay over every remaining step") {
+    // 10 steps, warmup 2: decay = 8, stable = 1; step 3 has progress (3 - 3)/8 = 0.
+    check_every_step({10, 2, -1, "linear", 0.0},
+                     {0.5, 1.0, 1.0, 0.875, 0.75, 0.625, 0.5, 0.375, 0.25, 0.125});
+  }
+  SECTION("warmup + decay_ratio with min_lr_factor (warmup-stable-decay)") {
+    // 10 steps, warmup 2, decay round(10 x 0.5) = 5, stable 10 + 1 - 2 - 5 = 4 (s = 2..5);
+    // s = 6..9: progress 0.2, 0.4, 0.6, 0.8 -> 0.1 + 0.9 x (1 - progress).
+    check_every_step({10, 2, 0.5, "linear", 0.1},
+                     {0.5, 1.0, 1.0, 1.0, 1.0, 1.0, 0.82, 0.64, 0.46, 0.28});
+  }
+  SECTION("decay steps round half to even, as Python's round()") {
+    // 10 x 0.25 = 2.5 -> 2 decay steps (not 3), stable = 10 + 1 - 2 - 2 = 7 (s = 2..8);
+    // s = 9: progress (10 - 9) / 2 = 0.5.
+    check_every_step({10, 2, 0.25, "linear", 0.0},
+                     {0.5, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.5});
+  }
+  SECTION("sqrt decay") {
+    // 6 steps, warmup 2: decay 4, stable 1; s = 3, 4, 5: progress 1/4, 2/4, 3/4 -> 1 - sqrt(p).
+    check_every_step({6, 2, -1, "sqrt", 0.0},
+                     {0.5, 1.0, 1.0, 0.5, 0.2928932188134524, 0.1339745962155614});
+  }
+  SECTION("cosine decay with min_lr_factor") {
+    // 5 steps, warmup 1: decay 4, stable 1; s = 2, 3, 4: progress 1/4, 1/2, 3/4 ->
+    // 0.2 + 0.8 x 0.5 x (1 + cos(pi p)) = 0.2 + 0.8 x {0.8535533905932737, 0.5, 0.1464466094067262}.
+    check_every_step({5, 1, -1, "cosine", 0.2},
+                     {1.0, 1.0, 0.8828427124746190, 0.6, 0.3171572875253810});
+  }
+  SECTION("warmup > steps is clamped to steps") {
+    // 3 steps, warmup 5 -> 3: decay 0, stable 1; (s+1)/3, the peak on the last step.
+    check_every_step({3, 5, -1, "linear", 0.0}, {1.0 / 3, 2.0 / 3, 1.0});
+    // A decay_ratio cannot take steps from a warmup that fills the run: round(1.5) = 2 -> 0.
+    check_every_step({3, 5, 0.5, "cosine", 0.0}, {1.0 / 3, 2.0 / 3, 1.0});
+  }
+  SECTION("no warmup") {
+    // 4 steps, warmup 0: decay 4, stable 1; step 1 has progress 0.
+    check_every_step({4, 0, -1, "linear", 0.0}, {1.0, 0.75, 0.5, 0.25});
+  }
 }
 
 TEST_CASE("AdamW matches the closed-form first steps", "[trainer]") {

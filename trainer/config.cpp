@@ -20,6 +20,7 @@
 #include <toml++/toml.h>
 
 #include "trainer/config_table.h"
+#include "trainer/lr_schedule.h"
 #include "util/edit_distance.h"
 
 namespace titan::trainer {
@@ -409,6 +410,27 @@ void validate_key(JobConfig& cfg, const KeySpec& spec, const std::string& where)
   }
 }
 
+// Relations between keys that torchtitan resolves by clamping, with a warning (its
+// build_lr_schedulers): the run goes on with the clamped schedule, and the log says so.
+void warn_about_clamped_lr_phases(JobConfig& cfg) {
+  const int64_t steps = cfg.training.steps;
+  const auto& lr = cfg.lr_scheduler;
+  const LrPhases phases = lr_phases(steps, lr.warmup_steps, lr.decay_ratio);
+  if (phases.warmup_clamped) {
+    cfg.warnings.push_back("lr_scheduler.warmup_steps (" + std::to_string(lr.warmup_steps) +
+                           ") exceeds training.steps (" + std::to_string(steps) +
+                           "): warmup clamped to " + std::to_string(phases.warmup) +
+                           " steps, so the LR reaches optimizer.lr only on the last step");
+  }
+  if (phases.decay_clamped) {
+    cfg.warnings.push_back("lr_scheduler.warmup_steps (" + std::to_string(phases.warmup) +
+                           ") + decay steps (" + std::to_string(phases.requested_decay) +
+                           " = training.steps x lr_scheduler.decay_ratio) exceed training.steps (" +
+                           std::to_string(steps) + "): decay clamped to " +
+                           std::to_string(phases.decay) + " steps");
+  }
+}
+
 }  // namespace
 
 JobConfig parse_job_config(const std::vector<std::string>& args) {
@@ -464,6 +486,7 @@ JobConfig parse_job_config(const std::vector<std::string>& args) {
       validate_key(cfg, spec, it == origins.end() ? "default" : it->second);
     }
   }
+  warn_about_clamped_lr_phases(cfg);
   return cfg;
 }
 

@@ -85,22 +85,19 @@ double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm,
   return total_norm;
 }
 
-// torchtitan's linear_warmup_stable_decay, with LambdaLR's 0-based step (= training step - 1):
-//   warmup:  (s + 1) / (warmup + 1)
-//   stable:  1
-//   decay:   progress = (s + 1 - warmup - stable) / decay_steps, curve(progress) in [0, 1],
+// torchtitan 0.2.x's linear_warmup_stable_decay (torchtitan/components/lr_scheduler.py, as in
+// release v0.2.2), with LambdaLR's 0-based step s = training step - 1:
+//   warmup:  (s + 1) / warmup          -> the peak LR on the last warmup step
+//   stable:  1                         (stable includes one virtual extra step, see lr_phases)
+//   decay:   progress = (s + 1 - warmup - stable) / decay, curve(progress) in [0, 1],
 //            then min_lr_factor + (1 - min_lr_factor) * curve
-// with one virtual extra stable step so the last step's LR is not exactly zero.
+// torchtitan's early releases warmed up with (s + 1) / (warmup + 1), one step slower; the loss
+// curves of the two differ from step 2 on, so only the current formula is offered.
 double LrSchedule::factor(int64_t step) const {
-  const int64_t warmup = std::min(warmup_steps, training_steps);
-  int64_t decay_steps = training_steps - warmup;
-  if (decay_ratio >= 0) {
-    decay_steps = static_cast<int64_t>(std::llround(training_steps * decay_ratio));
-    decay_steps = std::min(decay_steps, training_steps - warmup);
-  }
-  const int64_t stable = training_steps + 1 - warmup - decay_steps;
+  const LrPhases phases = lr_phases(training_steps, warmup_steps, decay_ratio);
+  const int64_t warmup = phases.warmup, stable = phases.stable, decay_steps = phases.decay;
   const int64_t s = step - 1;
-  if (s < warmup) return static_cast<double>(s + 1) / static_cast<double>(warmup + 1);
+  if (s < warmup) return static_cast<double>(s + 1) / static_cast<double>(warmup);
   if (s < warmup + stable) return 1.0;
   const double progress =
       static_cast<double>(s + 1 - warmup - stable) / static_cast<double>(std::max<int64_t>(decay_steps, 1));

@@ -7,6 +7,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "trainer/lr_schedule.h"
+
 #include <string>
 #include <vector>
 
@@ -45,7 +47,8 @@ double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm,
                       const std::function<void(at::Tensor&)>& reduce_sum_of_squares = {});
 
 // LR multiplier of torchtitan's warmup-stable-decay schedule for optimizer step `step`
-// (1-based training step). See lr_schedule.cpp for the exact formula.
+// (1-based training step). See LrSchedule::factor in optimizer.cpp for the exact formula and
+// lr_schedule.h for the phase lengths (warmup clamped to training_steps, as torchtitan does).
 struct LrSchedule {
   int64_t training_steps;
   int64_t warmup_steps;
