@@ -5,15 +5,20 @@
 #   dist  [dist]   starts several processes; PROCESSORS 2, so `ctest -j2` runs it alone
 #   slow  [slow]   single-process but long (whole training runs)
 #   unit  anything else
-# The list is cached next to the include file and redone when the executable is newer.
+# COST orders a fresh build's first `ctest -j2` (later runs use ctest's measured times): slow
+# single-process cases first, so the longest one overlaps the many short ones instead of
+# leaving a slot idle while the [dist] cases wait for both.
+# The list is cached next to the include file and redone when the executable or this script is
+# newer.
 #
-# In: TEST_TARGET, TEST_EXECUTABLE, TEST_LIST_FILE, TEST_ENVIRONMENT (a ;-list, escaped as \;).
+# In: TEST_TARGET, TEST_EXECUTABLE, TEST_LIST_FILE, TEST_ENVIRONMENT (a ;-list of NAME=VALUE).
 if(NOT EXISTS "${TEST_EXECUTABLE}")
   add_test("${TEST_TARGET}_NOT_BUILT" "${TEST_TARGET}_NOT_BUILT")
   return()
 endif()
 
-if(NOT EXISTS "${TEST_LIST_FILE}" OR "${TEST_EXECUTABLE}" IS_NEWER_THAN "${TEST_LIST_FILE}")
+if(NOT EXISTS "${TEST_LIST_FILE}" OR "${TEST_EXECUTABLE}" IS_NEWER_THAN "${TEST_LIST_FILE}" OR
+   "${CMAKE_CURRENT_LIST_FILE}" IS_NEWER_THAN "${TEST_LIST_FILE}")
   execute_process(COMMAND "${TEST_EXECUTABLE}" --list-tests-for-ctest
                   OUTPUT_VARIABLE listing ERROR_VARIABLE errors RESULT_VARIABLE rc)
   if(NOT rc EQUAL 0)
@@ -37,11 +42,13 @@ if(NOT EXISTS "${TEST_LIST_FILE}" OR "${TEST_EXECUTABLE}" IS_NEWER_THAN "${TEST_
       set(label cuda)
     elseif(tags MATCHES "\\[dist\\]")
       set(label dist)
-      string(APPEND properties " PROCESSORS 2")
+      string(APPEND properties " PROCESSORS 2 COST 2")
     elseif(tags MATCHES "\\[slow\\]")
       set(label slow)
+      string(APPEND properties " COST 3")
     else()
       set(label unit)
+      string(APPEND properties " COST 1")
     endif()
     # Catch2 reads ',', '[', ']' and '\' in a test spec as syntax: escape them. A name with ';'
     # (which a ctest command or property cannot hold) is selected by its part before the ';'
