@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Sets everything up (scripts/setup.sh) and runs every test (ctest). Extra args go to ctest,
-# e.g. scripts/test.sh -R float8
+# e.g. scripts/test.sh -R float8, or scripts/test.sh -L unit (the fast cases, about a minute).
+# Every Catch2 test case is its own ctest entry, labelled unit, dist (several processes), slow
+# (whole training runs) or cuda (needs a GPU; reported Skipped without one): see tests/CMakeLists.txt.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 start=$(date +%s)
@@ -18,7 +20,15 @@ elif [[ "${TITAN_TEST_CUDA_BUILD:-1}" == 1 ]]; then
   echo "[test] CUDA-enabled build done after $(( $(date +%s) - start )) s"
 fi
 cd "$ROOT/build"
-ctest --output-on-failure --timeout 900 "$@"
+# Two at a time (TITAN_TEST_JOBS); a [dist] case takes both slots (PROCESSORS 2), so multi-process
+# runs never share the two cores with another test.
+ctest --output-on-failure --timeout 900 -j"${TITAN_TEST_JOBS:-2}" "$@"
+if [[ -d "$ROOT/build-cuda" && "${TITAN_TEST_CUDA_BUILD:-1}" == 1 ]] && command -v nvcc >/dev/null 2>&1; then
+  # The CUDA-enabled build's [cuda] cases: they run where there is a GPU and are reported as
+  # Skipped (never Passed) where there is none.
+  echo "[test] CUDA-enabled build: [cuda] test cases"
+  (cd "$ROOT/build-cuda" && ctest --output-on-failure --timeout 900 -L cuda "$@")
+fi
 # --- GPU bundle + rehearsal (scripts/gpu_bundle.sh; docs/development.md "GPU check") ---------
 # The bundle a bare GPU machine runs must build, and its executables must run here against the
 # torch a python reports, from a copy of the checkout without .deps. Reuses build-cuda/ above.

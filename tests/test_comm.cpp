@@ -266,7 +266,7 @@ TEST_CASE("Gloo's inline-emitted symbols resolve to libtorch_cpu, not to Debian-
 
 // Real processes: titan-run starts this executable twice with torchrun's environment, and the
 // hidden test case below forms the world group from it (world_from_env + init_process_group).
-TEST_CASE("init_process_group in processes started by titan-run", "[comm]") {
+TEST_CASE("init_process_group in processes started by titan-run", "[comm][dist]") {
   std::array<char, 4096> self{};
   ssize_t n = readlink("/proc/self/exe", self.data(), self.size() - 1);
   REQUIRE(n > 0);

@@ -53,7 +53,7 @@ int64_t last_logged_peak(const fs::path& dump) {
 
 }  // namespace
 
-TEST_CASE("a CPU snapshot is PyTorch's pickle layout and Python reads it", "[memory]") {
+TEST_CASE("a CPU snapshot is PyTorch's pickle layout and Python reads it", "[memory][slow]") {
   install_cpu_memory_tracker();
   set_cpu_memory_recording(true);
   at::Tensor kept;
@@ -119,7 +119,7 @@ TEST_CASE("training with snapshots writes per-step files; an OOM writes the exit
   }
 }
 
-TEST_CASE("the estimate is within 15% of the measured CPU peak for every AC mode", "[memory][estimate]") {
+TEST_CASE("the estimate is within 15% of the measured CPU peak for every AC mode", "[memory][estimate][slow]") {
   install_cpu_memory_tracker();
   const std::vector<std::vector<std::string>> modes = {
       {"--activation_checkpoint.mode", "none"},
