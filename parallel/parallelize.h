@@ -89,6 +89,7 @@ class ParallelModel {
   // The start-up picture: the mesh, one line per applied stage, then the model's wrapper and
   // compute chains (model::Llama::describe).
   std::vector<std::string> describe() const;
+  const Fsdp* fsdp() const { return fsdp_.get(); }  // nullptr without FSDP
 
  private:
   friend std::unique_ptr<ParallelModel> parallelize_llama(model::Llama&, DeviceMesh&,
