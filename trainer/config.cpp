@@ -525,6 +525,13 @@ void apply_machine_defaults(ParseState& st, const MachineFacts& machine) {
     t.mixed_precision_param = "bfloat16";
     st.origins["training.mixed_precision_param"] = "default (device cuda)";
   }
+  // torchtitan v0.2 reads the tokenizer from hf_assets_path unless (deprecated) tokenizer_path
+  // names one.
+  ModelSection& m = st.cfg.model;
+  if (!m.hf_assets_path.empty() && st.origins.count("model.tokenizer_path") == 0) {
+    m.tokenizer_path = m.hf_assets_path;
+    st.origins["model.tokenizer_path"] = "default (model.hf_assets_path)";
+  }
 }
 
 [[noreturn]] void throw_problems(const Problems& problems) {

@@ -78,8 +78,9 @@ std::vector<SectionSpec> build_table() {
           key("flavor", &ModelSection::flavor, "Model size (debugmodel is CPU-sized).")
               .one_of(model::llama3_flavor_names()),
           key("tokenizer_path", &ModelSection::tokenizer_path,
-              "\"\" = byte-level tokenizer; else a tiktoken-format BPE file (Llama 3's "
-              "tokenizer.model)."),
+              "\"\" = byte-level tokenizer; a tiktoken-format BPE file (Llama 3's "
+              "original/tokenizer.model), a tokenizer.json or a folder holding one; when not "
+              "given, model.hf_assets_path."),
           key("hf_assets_path", &ModelSection::hf_assets_path,
               "Folder of Hugging Face assets with tokenizer.json (+ tokenizer_config.json for "
               "BOS/EOS); used when tokenizer_path is \"\"."),
