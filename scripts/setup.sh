@@ -11,7 +11,7 @@ cd "$ROOT"
 # and the GPU machines' image).
 TORCH_VERSION="2.11.0"
 APT_PACKAGES=(build-essential cmake ninja-build ccache pkg-config libtomlplusplus-dev libspdlog-dev
-              libfmt-dev libcli11-dev catch2 nlohmann-json3-dev libpcre2-dev libgloo-dev fortunes)
+              libfmt-dev libcli11-dev catch2 nlohmann-json3-dev libpcre2-dev zlib1g-dev libgloo-dev fortunes)
 VENV="$ROOT/.deps/venv"
 
 log() { echo "[setup] $*"; }

@@ -82,7 +82,7 @@ struct LrSchedulerSection {
 };
 
 struct TrainingSection {
-  std::string dataset = "fortunes";  // choices: fortunes, text, jsonl, c4, c4_test, parquet, tokens
+  std::string dataset = "fortunes";  // choices: fortunes, text, jsonl, c4, c4_test, tokens
   std::string dataset_path;          // "" = the dataset's default location
   int64_t local_batch_size = 8;
   int64_t global_batch_size = -1;  // -1 = local_batch_size x data-parallel degree
