@@ -33,6 +33,12 @@ if ! "$VENV/bin/python" -c "import torch,sys; sys.exit(0 if torch.__version__.st
   python3 -m venv "$VENV"
   "$VENV/bin/pip" install -q --disable-pip-version-check "torch==$TORCH_VERSION" numpy
 fi
+# TensorBoard's own reader checks titan's event files in tests (tests/test_tensorboard.cpp).
+TENSORBOARD_VERSION="2.21.0"
+if ! "$VENV/bin/python" -c "import tensorboard,sys; sys.exit(0 if tensorboard.__version__ == '$TENSORBOARD_VERSION' else 1)" 2>/dev/null; then
+  log "installing tensorboard==$TENSORBOARD_VERSION into $VENV"
+  "$VENV/bin/pip" install -q --disable-pip-version-check "tensorboard==$TENSORBOARD_VERSION"
+fi
 TORCH_DIR="$("$VENV/bin/python" -c 'import torch,os; print(os.path.dirname(torch.__file__))' 2>/dev/null)"
 
 [[ "${TITAN_SETUP_NO_BUILD:-0}" == 1 ]] && exit 0
