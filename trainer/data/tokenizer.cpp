@@ -50,6 +50,12 @@ std::unique_ptr<Tokenizer> make_tokenizer(const std::string& path) {
                              "Face assets, the tiktoken file itself (e.g. " + path +
                              "/original/tokenizer.model), or \"\" for the byte-level tokenizer");
   }
+  if (!std::filesystem::exists(p, ec)) {
+    throw std::runtime_error("tokenizer path '" + path + "' does not exist (model.tokenizer_path, "
+                             "or model.hf_assets_path: a tiktoken file, a tokenizer.json, or a "
+                             "folder of Hugging Face assets holding tokenizer.json; titan ships "
+                             "none; \"\" = the byte-level tokenizer)");
+  }
   if (p.extension() == ".json") return load_hf_tokenizer(path);
   return BpeTokenizer::load(path);
 }
