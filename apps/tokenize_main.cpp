@@ -79,7 +79,7 @@ int main(int argc, char** argv) {
   app.add_option("--input", options.input,
                  "dataset file or folder (fortunes: default /usr/share/games/fortunes)");
   app.add_option("--format", options.format, "input format")
-      ->check(CLI::IsMember({"fortunes", "text", "jsonl"}))
+      ->check(CLI::IsMember({"fortunes", "text", "jsonl", "c4"}))
       ->capture_default_str();
   app.add_option("--output", options.output,
                  "output path: a .bin shard, or with --train-bpe a tiktoken file")

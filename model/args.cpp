@@ -1,8 +1,21 @@
 #include "model/args.h"
 
+#include <cmath>
 #include <stdexcept>
 
 namespace titan::model {
+
+double RopeScaling::scale(double freq) const {
+  if (!enabled) return freq;
+  const double wavelen = 2 * M_PI / freq;
+  const double high_freq_wavelen = original_max_position_embeddings / high_freq_factor;
+  const double low_freq_wavelen = original_max_position_embeddings / low_freq_factor;
+  if (wavelen < high_freq_wavelen) return freq;
+  if (wavelen > low_freq_wavelen) return freq / factor;
+  const double smooth = (original_max_position_embeddings / wavelen - low_freq_factor) /
+                        (high_freq_factor - low_freq_factor);
+  return (1 - smooth) * freq / factor + smooth * freq;
+}
 
 int64_t ModelArgs::ffn_hidden_dim() const {
   int64_t hidden = 4 * dim;
@@ -19,8 +32,10 @@ struct Flavor {
 };
 
 ModelArgs make_args(int64_t dim, int64_t n_layers, int64_t n_heads, int64_t n_kv_heads,
-                    int64_t vocab_size, int64_t multiple_of, double ffn_dim_multiplier) {
+                    int64_t vocab_size, int64_t multiple_of, double ffn_dim_multiplier,
+                    bool rope_scaling = true) {
   ModelArgs a;
+  a.rope_scaling.enabled = rope_scaling;
   a.dim = dim;
   a.n_layers = n_layers;
   a.n_heads = n_heads;
@@ -40,7 +55,7 @@ const std::vector<Flavor>& flavors() {
       {"405B", make_args(16384, 126, 128, 8, 128256, 4096, 1.2)},
       // Not a torchtitan flavor: a ~100M-parameter model (99M without embeddings) for CPU
       // benchmarks and memory-estimate checks at a size a 2-core machine can step through.
-      {"100M", make_args(768, 14, 12, 0, 128256, 256, 0.0)},
+      {"100M", make_args(768, 14, 12, 0, 128256, 256, 0.0, /*rope_scaling=*/false)},
       // Not a torchtitan flavor: 8B's layer shapes (and vocabulary) with 4 of its 32 layers, so
       // that single-GPU training (float32 master weights + AdamW: 16 bytes per parameter) of
       // 8B-shaped GEMMs fits one 80 GB GPU; scripts/gpu_check.sh measures tokens/s and MFU on it.

@@ -8,6 +8,24 @@
 
 namespace titan::model {
 
+// Llama 3.1's RoPE frequency scaling (Meta's `apply_scaling`, torchtitan's RoPEScalingArgs):
+// with wavelength w_i = 2 pi / f_i of each rotary frequency f_i = theta^(-2i / head_dim),
+//   w_i < L / high_freq_factor            f_i unchanged            (high frequencies)
+//   w_i > L / low_freq_factor             f_i / factor             (low frequencies)
+//   otherwise, s = (L / w_i - low) / (high - low):  (1 - s) f_i / factor + s f_i
+// where L = original_max_position_embeddings. torchtitan (v0.2.0 on) applies it to every
+// Llama 3 flavor with these defaults.
+struct RopeScaling {
+  bool enabled = false;
+  double factor = 8.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int64_t original_max_position_embeddings = 8192;
+
+  // The scaled frequency of one unscaled frequency `freq` (identity when not enabled).
+  double scale(double freq) const;
+};
+
 struct ModelArgs {
   int64_t dim = 4096;
   int64_t n_layers = 32;
@@ -18,6 +36,7 @@ struct ModelArgs {
   double ffn_dim_multiplier = 0.0;   // 0 = none
   double norm_eps = 1e-5;
   double rope_theta = 500000.0;
+  RopeScaling rope_scaling;          // on for torchtitan's flavors (Llama 3.1 scaling)
   int64_t max_seq_len = 2048;        // RoPE table length; set to training.seq_len
   bool depth_init = true;            // wo/w2/w3 std 0.02/sqrt(2(layer_id+1)) instead of /sqrt(2 n_layers)
 

@@ -10,6 +10,9 @@
 #include <ATen/ops/stack.h>
 #include <c10/util/Exception.h>
 
+#include <cmath>
+#include <vector>
+
 #include "model/checkpoint_ops.h"
 #include "model/scope.h"
 
@@ -43,12 +46,16 @@ void RMSNorm::visit_params(const ParamVisitor& visit) { visit(fqn + ".weight", w
 // ---------------------------------------------------------------- RoPE
 
 RotaryTable make_rotary_table(int64_t head_dim, int64_t max_seq_len, double theta,
-                              c10::Device device) {
+                              c10::Device device, const RopeScaling& scaling) {
   TORCH_CHECK(head_dim % 2 == 0, "RoPE needs an even head_dim, got ", head_dim);
   auto f64 = at::TensorOptions().dtype(at::kDouble);
-  // freqs[i] = theta^(-2i / head_dim); angles computed in float64 then stored as float32.
-  at::Tensor exponents = at::arange(0, head_dim, 2, f64) / static_cast<double>(head_dim);
-  at::Tensor freqs = 1.0 / at::pow(theta, exponents);
+  // freqs[i] = theta^(-2i / head_dim), then Llama 3.1's scaling (head_dim / 2 scalars, so a
+  // plain loop); angles computed in float64 then stored as float32.
+  std::vector<double> scaled(head_dim / 2);
+  for (int64_t i = 0; i < head_dim / 2; ++i) {
+    scaled[i] = scaling.scale(1.0 / std::pow(theta, 2.0 * i / static_cast<double>(head_dim)));
+  }
+  at::Tensor freqs = at::tensor(scaled, f64);
   at::Tensor angles = at::outer(at::arange(max_seq_len, f64), freqs);
   return {angles.cos().to(at::kFloat).to(device), angles.sin().to(at::kFloat).to(device)};
 }
@@ -199,7 +206,8 @@ void Llama::materialize(c10::Device device, c10::ScalarType dtype) {
 }
 
 void Llama::materialize_buffers(c10::Device device) {
-  rope_ = make_rotary_table(args_.head_dim(), args_.max_seq_len, args_.rope_theta, device);
+  rope_ = make_rotary_table(args_.head_dim(), args_.max_seq_len, args_.rope_theta, device,
+                            args_.rope_scaling);
 }
 
 namespace {

@@ -40,8 +40,9 @@ struct RotaryTable {
   at::Tensor cos;  // [max_seq_len, head_dim / 2] float32
   at::Tensor sin;  // [max_seq_len, head_dim / 2] float32
 };
+// `scaling` (Llama 3.1's, see model/args.h) rescales the frequencies; the default is none.
 RotaryTable make_rotary_table(int64_t head_dim, int64_t max_seq_len, double theta,
-                              c10::Device device);
+                              c10::Device device, const RopeScaling& scaling = {});
 // x: [B, S, H, head_dim]; rotates the pairs (x[2i], x[2i+1]) by position, as Meta's complex form.
 at::Tensor apply_rotary(const at::Tensor& x, const RotaryTable& table);
 

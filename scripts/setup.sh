@@ -11,7 +11,7 @@ cd "$ROOT"
 # and the GPU machines' image).
 TORCH_VERSION="2.11.0"
 APT_PACKAGES=(build-essential cmake ninja-build ccache pkg-config libtomlplusplus-dev libspdlog-dev
-              libfmt-dev libcli11-dev catch2 nlohmann-json3-dev libpcre2-dev libgloo-dev fortunes)
+              libfmt-dev libcli11-dev catch2 nlohmann-json3-dev libpcre2-dev zlib1g-dev libgloo-dev fortunes)
 VENV="$ROOT/.deps/venv"
 
 log() { echo "[setup] $*"; }
@@ -32,6 +32,12 @@ if ! "$VENV/bin/python" -c "import torch,sys; sys.exit(0 if torch.__version__.st
   rm -rf "$VENV"
   python3 -m venv "$VENV"
   "$VENV/bin/pip" install -q --disable-pip-version-check "torch==$TORCH_VERSION" numpy
+fi
+# TensorBoard's own reader checks titan's event files in tests (tests/test_tensorboard.cpp).
+TENSORBOARD_VERSION="2.21.0"
+if ! "$VENV/bin/python" -c "import tensorboard,sys; sys.exit(0 if tensorboard.__version__ == '$TENSORBOARD_VERSION' else 1)" 2>/dev/null; then
+  log "installing tensorboard==$TENSORBOARD_VERSION into $VENV"
+  "$VENV/bin/pip" install -q --disable-pip-version-check "tensorboard==$TENSORBOARD_VERSION"
 fi
 TORCH_DIR="$("$VENV/bin/python" -c 'import torch,os; print(os.path.dirname(torch.__file__))' 2>/dev/null)"
 

@@ -205,8 +205,11 @@ TEST_CASE("wrong types name the key and the expected type", "[config]") {
              Contains("training.compile expects a boolean"));
   CHECK_THAT(file_error_of("[optimizer]\nlr = \"1e-3\"\n"),
              Contains("optimizer.lr expects a number"));
-  CHECK_THAT(file_error_of("[model]\nconverters = \"float8\"\n"),
+  CHECK_THAT(file_error_of("[model]\nconverters = 8\n"),
              Contains("model.converters expects a list of strings"));
+  // A string for a list key is a comma-separated list, as torchtitan reads it.
+  CHECK(parse_file("[model]\nconverters = \"float8\"\n").model.converters ==
+        std::vector<std::string>{"float8"});
   CHECK_THAT(file_error_of("[model]\nconverters = [\"float8\", 8]\n"),
              Contains("item 1 is an integer"));
 }

@@ -14,16 +14,30 @@
 
 #include <cstdint>
 #include <stdexcept>
+#include <map>
 #include <string>
+#include <variant>
 #include <vector>
 
 namespace titan::trainer {
 
 // Any bad input: unknown key, wrong type, value out of range, unreadable or invalid TOML.
-// The message is one line, names the key (and file:line where there is one), the offending
-// value, and what would have been accepted. The app prints it and exits with status 2.
+// Each problem is one line that names the key (and file:line where there is one), the
+// offending value, and what would have been accepted; parse_job_config reports every problem
+// of a config at once, one line each. The app prints them and exits with status 2.
 struct ConfigError : std::runtime_error {
   using std::runtime_error::runtime_error;
+};
+
+// The value of a key that titan accepts from torchtitan's schema without a struct member of its
+// own (config_keys.cpp: accepted(...) rows); the alternative matches the key's type.
+using ConfigValue = std::variant<bool, int64_t, double, std::string, std::vector<std::string>>;
+
+// What the machine offers, for the defaults that depend on it (training.device and
+// training.mixed_precision_param follow torchtitan on a GPU machine).
+struct MachineFacts {
+  bool cuda_available = false;
+  static MachineFacts detect();  // asks LibTorch whether a CUDA device is visible
 };
 
 struct JobSection {
@@ -36,6 +50,9 @@ struct JobSection {
 struct MetricsSection {
   int64_t log_freq = 10;
   bool disable_color_printing = false;
+  bool enable_tensorboard = false;
+  std::string save_tb_folder = "tb";  // under job.dump_folder
+  bool save_for_all_ranks = false;    // TensorBoard: every rank writes, else rank 0 only
   double peak_flops = 0;  // 0 = measure with a GEMM probe at start-up (CPU) or use the known
                           // device peak
 };
@@ -44,6 +61,7 @@ struct ModelSection {
   std::string name = "llama3";        // choices: llama3
   std::string flavor = "debugmodel";  // choices: debugmodel, 8B, 70B, 405B
   std::string tokenizer_path;         // "" = byte-level tokenizer; else a tiktoken-format BPE file
+  std::string hf_assets_path;         // folder with tokenizer.json (+ tokenizer_config.json)
   std::vector<std::string> converters;  // model rewrites applied after build; choices: float8
 };
 
@@ -64,19 +82,20 @@ struct LrSchedulerSection {
 };
 
 struct TrainingSection {
-  std::string dataset = "fortunes";  // choices: fortunes, text, jsonl, tokens
+  std::string dataset = "fortunes";  // choices: fortunes, text, jsonl, c4, c4_test, tokens
   std::string dataset_path;          // "" = the dataset's default location
   int64_t local_batch_size = 8;
   int64_t global_batch_size = -1;  // -1 = local_batch_size x data-parallel degree
   int64_t seq_len = 2048;
   double max_norm = 1.0;  // > 0; gradient clipping cannot be switched off
   int64_t steps = 10000;
-  std::string mixed_precision_param = "float32";   // bfloat16|float32
+  std::string mixed_precision_param = "float32";   // bfloat16|float32; parsing makes it
+                                                   // bfloat16 when the device is CUDA
   std::string mixed_precision_reduce = "float32";  // float32
   bool compile = false;  // accepted for torchtitan command lines, ignored with a warning
   int64_t seed = 0;
   bool deterministic = false;
-  std::string device = "cpu";  // cpu|cuda
+  std::string device = "cpu";  // cpu|cuda; parsing makes it cuda when a GPU is visible
   int64_t num_threads = 0;     // intra-op threads, 0 = all cores
   double cpu_memory_limit_gib = 0;  // CPU tensor memory limit (out-of-memory error above); 0 = none
 };
@@ -84,7 +103,7 @@ struct TrainingSection {
 struct CheckpointSection {
   std::string initial_load_path;        // safetensors file to start from
   std::string export_path;              // write final weights as safetensors here ("" = none)
-  std::string export_dtype = "float32";  // float32|bfloat16
+  std::string export_dtype = "float32";  // float32|bfloat16|float16
 };
 
 // Keys of these sections are declared by later work; the sections exist now so that files
@@ -93,6 +112,8 @@ struct ProfilingSection {
   bool enable_profiling = false;
   std::string save_traces_folder = "profile_traces";  // under job.dump_folder
   int64_t profile_freq = 10;  // traces AND memory snapshots every this many steps
+  int64_t profiler_warmup = 3;  // steps before the traced ones in each cycle (torch.profiler)
+  int64_t profiler_active = 1;  // steps traced in each cycle
   bool enable_memory_snapshot = false;
   std::string save_memory_snapshot_folder = "memory_snapshot";  // under job.dump_folder
 };
@@ -162,14 +183,21 @@ struct JobConfig {
   Float8Section float8;
   Int8Section int8;
   CommSection comm;
+  // torchtitan keys accepted without an effect (their value asks for nothing titan lacks),
+  // by dotted name; filled with the key's default on first use.
+  std::map<std::string, ConfigValue> torchtitan_values;
   std::vector<std::string> warnings;  // one line each, for the app to log (e.g. ignored keys)
+  std::vector<std::string> notes;     // one line each: torchtitan names read as titan keys
   bool help_requested = false;        // -h / --help: print config_help() and exit 0
 };
 
 // Parses defaults < TOML file < command line and validates every key. `args` excludes
 // argv[0]. Throws ConfigError on any bad input; writes nothing. With -h/--help anywhere,
 // returns the defaults with help_requested set and reads no file.
+// The defaults of training.device and training.mixed_precision_param depend on `machine`
+// (cuda + bfloat16 with a GPU, as torchtitan; cpu + float32 without).
 JobConfig parse_job_config(const std::vector<std::string>& args);
+JobConfig parse_job_config(const std::vector<std::string>& args, const MachineFacts& machine);
 JobConfig parse_job_config(int argc, const char* const* argv);
 
 // The effective config as TOML, every key with its help as a comment. Parsing the output as

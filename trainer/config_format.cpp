@@ -72,23 +72,32 @@ std::string quote_toml(const std::string& s) {
   return out + "\"";
 }
 
+namespace {
+struct Visitor {
+  std::string operator()(bool* v) const { return *v ? "true" : "false"; }
+  std::string operator()(int64_t* v) const { return std::to_string(*v); }
+  std::string operator()(double* v) const { return format_float(*v); }
+  std::string operator()(std::string* v) const { return quote_toml(*v); }
+  std::string operator()(std::vector<std::string>* v) const {
+    std::string out = "[";
+    for (size_t i = 0; i < v->size(); ++i) out += (i ? ", " : "") + quote_toml((*v)[i]);
+    return out + "]";
+  }
+};
+}  // namespace
+
 std::string format_value(const KeySpec& spec, const JobConfig& cfg) {
-  struct Visitor {
-    std::string operator()(bool* v) const { return *v ? "true" : "false"; }
-    std::string operator()(int64_t* v) const { return std::to_string(*v); }
-    std::string operator()(double* v) const { return format_float(*v); }
-    std::string operator()(std::string* v) const { return quote_toml(*v); }
-    std::string operator()(std::vector<std::string>* v) const {
-      std::string out = "[";
-      for (size_t i = 0; i < v->size(); ++i) out += (i ? ", " : "") + quote_toml((*v)[i]);
-      return out + "]";
-    }
-  };
   return std::visit(Visitor{}, spec.get(cfg));
 }
 
+std::string format_config_value(const ConfigValue& value) {
+  ConfigValue copy = value;
+  return std::visit([](auto& v) { return Visitor{}(&v); }, copy);
+}
+
 bool equals_default(const KeySpec& spec, const JobConfig& cfg) {
-  static const JobConfig defaults{};
+  // Not const: an accepted key's slot is created on first use (JobConfig::torchtitan_values).
+  static JobConfig defaults{};
   return std::visit(
       [&](auto* value) {
         using Ptr = decltype(value);
@@ -101,17 +110,27 @@ bool equals_default(const KeySpec& spec, const JobConfig& cfg) {
 
 using namespace config_detail;
 
+// Titan's keys are printed with their values; an alias is printed as its target; a torchtitan
+// key titan accepts without an effect only when it differs from torchtitan's default (with the
+// reason), so that the printed file re-parses to the same config and stays readable.
 std::string config_to_toml(const JobConfig& cfg) {
   std::ostringstream os;
   os << "# titan effective job config; run it again with --job.config_file <this file>.\n";
   for (const auto& section : config_table()) {
-    os << "\n[" << section.name << "]  # " << section.help << "\n";
+    std::ostringstream body;
     for (const auto& spec : section.keys) {
-      os << "# " << spec.help << "\n";
+      if (spec.kind == KeyKind::kAlias) continue;
+      if (spec.kind == KeyKind::kAccepted) {
+        auto it = cfg.torchtitan_values.find(spec.dotted());
+        if (it == cfg.torchtitan_values.end() || it->second == *spec.default_value) continue;
+      }
+      body << "# " << spec.help << "\n";
       // A config file may not name another config file, so this one stays a comment.
-      if (spec.cli_only) os << "# (command line only) ";
-      os << spec.name << " = " << format_value(spec, cfg) << "\n";
+      if (spec.cli_only) body << "# (command line only) ";
+      body << spec.name << " = " << format_value(spec, cfg) << "\n";
     }
+    if (body.str().empty()) continue;
+    os << "\n[" << section.name << "]  # " << section.help << "\n" << body.str();
   }
   return os.str();
 }
@@ -142,7 +161,7 @@ std::string join(const std::vector<std::string>& items, const char* sep) {
 }  // namespace
 
 std::string config_help() {
-  static const JobConfig defaults{};
+  static JobConfig defaults{};  // not const: see equals_default
   std::ostringstream os;
   os << "Usage: titan [--job.config_file FILE.toml] [--section.key VALUE ...]\n\n"
         "Each value comes from, later winning: the defaults below < the TOML file named by\n"
@@ -153,9 +172,21 @@ std::string config_help() {
         "  lists:    --section.key a,b,c\n"
         "  -h, --help prints this; --job.print_args prints the effective config as TOML.\n";
   for (const auto& section : config_table()) {
-    os << "\n[" << section.name << "]  " << section.help
-       << (section.keys.empty() ? " (no keys yet)" : "") << "\n";
+    os << "\n[" << section.name << "]  " << section.help << "\n";
     for (const auto& spec : section.keys) {
+      if (spec.kind == KeyKind::kAlias) {
+        os << "  --" << spec.dotted() << "  = --" << spec.alias_of
+           << (spec.alias_negates ? " negated" : "") << " (torchtitan " << spec.versions
+           << ")\n";
+        continue;
+      }
+      if (spec.kind == KeyKind::kAccepted) {
+        os << "  --" << spec.dotted() << "  (torchtitan"
+           << (spec.versions.empty() ? "" : " " + spec.versions) << ", default "
+           << format_config_value(*spec.default_value) << ")\n"
+           << wrap(spec.help, "      ", 96);
+        continue;
+      }
       std::string flag = "--" + spec.dotted();
       if (spec.type == ValueType::kBool) {
         flag += ", --" + spec.section + ".no_" + spec.name;

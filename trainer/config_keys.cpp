@@ -4,7 +4,9 @@
 // config.h, then one row here. Parsing, type checks, range/choice checks, --help and
 // --job.print_args all follow from the row. Key names follow torchtitan where it has them.
 #include <cmath>
+#include <set>
 #include <sstream>
+#include <stdexcept>
 
 #include "float8/recipe.h"
 #include "model/args.h"
@@ -41,6 +43,12 @@ std::vector<SectionSpec> build_table() {
               "Folder under job.dump_folder for traces: iteration_N/rank{R}_trace.json."),
           key("profile_freq", &ProfilingSection::profile_freq,
               "Profile (and snapshot memory at) every this many steps.").at_least(1),
+          key("profiler_warmup", &ProfilingSection::profiler_warmup,
+              "Steps of each profile_freq cycle run before the traced ones (torch.profiler "
+              "schedule: wait = profile_freq - warmup - active).").at_least(0),
+          key("profiler_active", &ProfilingSection::profiler_active,
+              "Steps traced at the end of each profile_freq cycle; the trace holds one "
+              "ProfilerStep#N range per step.").at_least(1),
           key("enable_memory_snapshot", &ProfilingSection::enable_memory_snapshot,
               "Record every allocation and write a memory snapshot (PyTorch's pickle layout) "
               "plus an HTML picture every profile_freq steps and on out-of-memory."),
@@ -53,6 +61,14 @@ std::vector<SectionSpec> build_table() {
               "Log metrics at step 1 and every this many steps.").at_least(1),
           key("disable_color_printing", &MetricsSection::disable_color_printing,
               "No ANSI colors in the log (they are only used on a terminal anyway)."),
+          key("enable_tensorboard", &MetricsSection::enable_tensorboard,
+              "Write TensorBoard event files (loss, grad_norm, lr, memory, tps, tflops, mfu per "
+              "logged step) under job.dump_folder/save_tb_folder."),
+          key("save_tb_folder", &MetricsSection::save_tb_folder,
+              "Folder under job.dump_folder for TensorBoard events (a timestamped subfolder per "
+              "run, rank_R inside it when every rank writes)."),
+          key("save_for_all_ranks", &MetricsSection::save_for_all_ranks,
+              "TensorBoard: every rank writes its own events; false = rank 0 only."),
           key("peak_flops", &MetricsSection::peak_flops,
               "Peak FLOP/s that MFU divides by; 0 = measure it with a GEMM probe at start-up "
               "(CPU) or use the known peak of the GPU.").at_least(0),
@@ -62,10 +78,19 @@ std::vector<SectionSpec> build_table() {
           key("flavor", &ModelSection::flavor, "Model size (debugmodel is CPU-sized).")
               .one_of(model::llama3_flavor_names()),
           key("tokenizer_path", &ModelSection::tokenizer_path,
-              "\"\" = byte-level tokenizer; else a tiktoken-format BPE file (Llama 3's "
-              "tokenizer.model)."),
+              "\"\" = byte-level tokenizer; a tiktoken-format BPE file (Llama 3's "
+              "original/tokenizer.model), a tokenizer.json or a folder holding one; when not "
+              "given, model.hf_assets_path."),
+          key("hf_assets_path", &ModelSection::hf_assets_path,
+              "Folder of Hugging Face assets with tokenizer.json (+ tokenizer_config.json for "
+              "BOS/EOS); used when tokenizer_path is \"\"."),
           key("converters", &ModelSection::converters,
-              "Model rewrites applied after the model is built, in order.").one_of({"float8"}),
+              "Model rewrites applied after the model is built, in order.").one_of({"float8"})
+              .value_alias("quantize.linear.float8", "float8")
+              .unimplemented_value("mx", "MX (microscaling) training")
+              .unimplemented_value("quantize.linear.mx", "MX (microscaling) training")
+              .unimplemented_value("quantize.grouped_mm.float8", "float8 grouped GEMMs (MoE)")
+              .unimplemented_value("quantize.grouped_mm.mx", "MX grouped GEMMs (MoE)"),
       }),
       section("optimizer", &J::optimizer, "Optimizer and its hyper-parameters.", {
           key("name", &OptimizerSection::name,
@@ -91,8 +116,13 @@ std::vector<SectionSpec> build_table() {
               "Final learning rate as a fraction of optimizer.lr.").in_closed(0, 1),
       }),
       section("training", &J::training, "Data, batch shape, loop length and numerics.", {
-          key("dataset", &TrainingSection::dataset, "Dataset to train on.")
-              .one_of({"fortunes", "text", "jsonl", "tokens"}),
+          key("dataset", &TrainingSection::dataset,
+              "Dataset to train on: c4 / c4_test read a local copy (JSON lines, plain or "
+              ".json.gz) at dataset_path; titan ships no third-party data.")
+              .one_of({"fortunes", "text", "jsonl", "c4", "c4_test", "tokens"})
+              .unimplemented_value("parquet", "Parquet datasets")
+              .unimplemented_value("c4_mini", "the c4_mini dataset (use c4 with a local copy)")
+              .unimplemented_value("c4_validation", "the validation loop"),
           key("dataset_path", &TrainingSection::dataset_path,
               "Where the dataset lives; \"\" = the dataset's default location."),
           key("local_batch_size", &TrainingSection::local_batch_size,
@@ -107,7 +137,8 @@ std::vector<SectionSpec> build_table() {
               "a huge value makes it a no-op).").above(0),
           key("steps", &TrainingSection::steps, "Optimizer steps to run.").at_least(1),
           key("mixed_precision_param", &TrainingSection::mixed_precision_param,
-              "dtype parameters are computed in (master weights stay float32).")
+              "dtype parameters are computed in (master weights stay float32); when not given: "
+              "bfloat16 if the device is cuda (as torchtitan), float32 on the CPU.")
               .one_of({"bfloat16", "float32"}),
           key("mixed_precision_reduce", &TrainingSection::mixed_precision_reduce,
               "dtype of data-parallel gradient reduction.").one_of({"float32"}),
@@ -118,7 +149,9 @@ std::vector<SectionSpec> build_table() {
           key("seed", &TrainingSection::seed, "Random seed for weight init and data order."),
           key("deterministic", &TrainingSection::deterministic,
               "Use deterministic algorithms (slower; reruns are bit-identical)."),
-          key("device", &TrainingSection::device, "Where to train.").one_of({"cpu", "cuda"}),
+          key("device", &TrainingSection::device,
+              "Where to train; when not given: cuda if a GPU is visible, else cpu.")
+              .one_of({"cpu", "cuda"}),
           key("num_threads", &TrainingSection::num_threads,
               "Intra-op CPU threads; 0 = all cores.").at_least(0),
           key("cpu_memory_limit_gib", &TrainingSection::cpu_memory_limit_gib,
@@ -164,7 +197,7 @@ std::vector<SectionSpec> build_table() {
           key("export_path", &CheckpointSection::export_path,
               "Write the final weights as safetensors here; \"\" = don't export."),
           key("export_dtype", &CheckpointSection::export_dtype, "dtype of exported weights.")
-              .one_of({"float32", "bfloat16"}),
+              .one_of({"float32", "bfloat16", "float16"}),
       }),
       section("activation_checkpoint", &J::activation_checkpoint,
               "Recomputing activations in backward to save memory.", {
@@ -233,11 +266,103 @@ std::vector<SectionSpec> build_table() {
   };
 }
 
+// Binds alias and accepted rows (Note [torchtitan's schema in the key table]): an alias takes
+// its target's type, storage and choices; an accepted row stores its value by name.
+void bind_torchtitan_rows(std::vector<SectionSpec>& table) {
+  auto find_in = [&](const std::string& dotted) -> const KeySpec* {
+    for (const auto& s : table) {
+      for (const auto& k : s.keys) {
+        if (k.dotted() == dotted) return &k;
+      }
+    }
+    return nullptr;
+  };
+  for (auto& s : table) {
+    for (auto& k : s.keys) {
+      if (k.kind == KeyKind::kAccepted) {
+        k.type = static_cast<ValueType>(k.default_value->index());
+        k.ref = [dotted = k.dotted(), init = *k.default_value](JobConfig& c) -> ValueRef {
+          ConfigValue& v = c.torchtitan_values.try_emplace(dotted, init).first->second;
+          return std::visit([](auto& x) -> ValueRef { return &x; }, v);
+        };
+      }
+    }
+  }
+  for (auto& s : table) {
+    for (auto& k : s.keys) {
+      if (k.kind != KeyKind::kAlias) continue;
+      const KeySpec* target = find_in(k.alias_of);
+      if (target == nullptr || target->kind == KeyKind::kAlias) {
+        throw std::logic_error("config table: alias " + k.dotted() + " names " + k.alias_of +
+                               ", which is not a key");
+      }
+      k.type = target->type;
+      k.ref = target->ref;
+      k.choices = target->choices;
+      if (k.alias_negates && k.type != ValueType::kBool) {
+        throw std::logic_error("config table: negated alias " + k.dotted() + " is not a bool");
+      }
+      k.help = "torchtitan " + k.versions + " name of " + k.alias_of +
+               (k.alias_negates ? " with the opposite meaning" : "") + ".";
+    }
+  }
+}
+
+std::vector<SectionSpec> assemble_table() {
+  std::vector<SectionSpec> table = build_table();
+  for (auto& section : table) {
+    for (Row& row : torchtitan_rows(section.name)) {
+      // Note [checkpoint placeholders]: an implemented row of the same name wins.
+      bool implemented = false;
+      for (const auto& k : section.keys) implemented |= k.name == row.spec.name;
+      if (implemented) continue;
+      row.spec.section = section.name;
+      section.keys.push_back(std::move(row.spec));
+    }
+  }
+  for (auto& section : torchtitan_sections()) table.push_back(std::move(section));
+  std::set<std::string> seen;
+  for (const auto& s : table) {
+    for (const auto& k : s.keys) {
+      if (!seen.insert(k.dotted()).second) {
+        throw std::logic_error("config table: key " + k.dotted() + " is declared twice");
+      }
+    }
+  }
+  bind_torchtitan_rows(table);
+  return table;
+}
+
 }  // namespace
 
+SectionSpec torchtitan_section(const char* name, const char* help, std::vector<Row> rows) {
+  SectionSpec out{name, help, {}};
+  for (auto& row : rows) {
+    row.spec.section = name;
+    out.keys.push_back(std::move(row.spec));
+  }
+  return out;
+}
+
 const std::vector<SectionSpec>& config_table() {
-  static const std::vector<SectionSpec> table = build_table();
+  static const std::vector<SectionSpec> table = assemble_table();
   return table;
+}
+
+const KeySpec* find_key(const std::string& dotted) {
+  const size_t dot = dotted.rfind('.');
+  if (dot == std::string::npos) return nullptr;
+  return find_key(dotted.substr(0, dot), dotted.substr(dot + 1));
+}
+
+bool is_section_prefix(const std::string& prefix) {
+  for (const auto& s : config_table()) {
+    if (s.name.size() > prefix.size() && s.name.compare(0, prefix.size(), prefix) == 0 &&
+        s.name[prefix.size()] == '.') {
+      return true;
+    }
+  }
+  return false;
 }
 
 const SectionSpec* find_section(const std::string& name) {

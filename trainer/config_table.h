@@ -36,8 +36,20 @@ struct Range {
   std::string describe() const;  // ">= 1", "in [0, 1)", "-1 or in [0, 1]"
 };
 
+// Note [torchtitan's schema in the key table]: every key of torchtitan's TOML schema from the
+// seed era through v0.2.2 has a row, of one of three kinds:
+//   kImplemented  a titan key, bound to a JobConfig member (same meaning as torchtitan's);
+//   kAlias        another name of a titan key (an older torchtitan name, or a section that
+//                 moved); the value goes to the target, and a note says which key it became;
+//   kAccepted     a torchtitan key titan has no member for: accepted when its value asks for
+//                 nothing titan lacks (`enable = false`, degree 1, or any value of a setting that
+//                 only matters to a feature titan does not have), else refused with "titan does
+//                 not implement <feature> yet". The value is kept in JobConfig::torchtitan_values.
+// `versions` says which torchtitan releases have the key, for --help and the notes.
+enum class KeyKind { kImplemented, kAlias, kAccepted };
+
 struct KeySpec {
-  std::string section;  // filled in by section()
+  std::string section;  // filled in by section(); may contain dots ("quantize.linear.float8")
   std::string name;
   std::string help;
   ValueType type = ValueType::kString;
@@ -46,6 +58,20 @@ struct KeySpec {
   std::vector<std::string> choices;  // for strings, and for each item of a list
   std::string ignored_reason;        // non-empty: accepted but has no effect in titan
   bool cli_only = false;             // may not appear in a config file
+  KeyKind kind = KeyKind::kImplemented;
+  std::string versions;  // torchtitan releases with this key ("" = every one / titan's own)
+  // Values of torchtitan's that name a titan value ("quantize.linear.float8" -> "float8").
+  std::vector<std::pair<std::string, std::string>> value_aliases;
+  // Values accepted by name whose feature titan lacks: value -> the feature.
+  std::vector<std::pair<std::string, std::string>> unimplemented_values;
+  // kAlias:
+  std::string alias_of;        // dotted name of the titan key
+  bool alias_negates = false;  // a boolean that means the opposite (metrics.rank_0_only)
+  // kAccepted:
+  std::optional<ConfigValue> default_value;
+  std::vector<ConfigValue> inert_values;  // empty = any value is inert
+  std::string missing_feature;            // what a non-inert value asks for
+  std::string advice;                     // what to do instead, if anything
 
   std::string dotted() const { return section + "." + name; }
   ValueRef get(JobConfig& cfg) const { return ref(cfg); }
@@ -62,6 +88,10 @@ struct SectionSpec {
 const std::vector<SectionSpec>& config_table();
 const SectionSpec* find_section(const std::string& name);
 const KeySpec* find_key(const std::string& section, const std::string& name);
+const KeySpec* find_key(const std::string& dotted);  // split at the last '.'
+// True when some section's name starts with `prefix` + "." (a TOML table that holds sections,
+// like [quantize] or [quantize.linear]).
+bool is_section_prefix(const std::string& prefix);
 
 // ---- value helpers shared by parsing and printing ----
 const char* type_name(ValueType type);        // "bool", "int", "float", "string", "list of strings"
@@ -69,6 +99,7 @@ const char* type_phrase(ValueType type);      // "a boolean (true/false)", "an i
 std::string format_float(double v);           // shortest text that reads back as the same double
 std::string quote_toml(const std::string& s);  // a TOML basic string, escapes included
 std::string format_value(const KeySpec& spec, const JobConfig& cfg);  // as TOML
+std::string format_config_value(const ConfigValue& value);            // as TOML
 bool equals_default(const KeySpec& spec, const JobConfig& cfg);
 
 // ---- table builders (used by config_keys.cpp) ----
@@ -84,10 +115,15 @@ template <> constexpr ValueType value_type_of<std::vector<std::string>>() {
 
 // A key row bound to a member of section struct S; S is checked against the enclosing
 // section() at compile time, so a row cannot be filed under the wrong section.
+struct Row;
+
 template <class S>
 struct KeyRow {
   KeySpec spec;
-  std::function<ValueRef(S&)> member_ref;
+  std::function<ValueRef(S&)> member_ref;  // empty for alias and accepted rows
+
+  KeyRow() = default;
+  KeyRow(Row&& row);  // NOLINT: implicit, so alias/accepted rows mix with key() rows
 
   KeyRow&& at_least(double lo) && { return bounded(lo, false, std::nullopt, false); }
   KeyRow&& above(double lo) && { return bounded(lo, true, std::nullopt, false); }
@@ -112,6 +148,16 @@ struct KeyRow {
     spec.cli_only = true;
     return std::move(*this);
   }
+  // torchtitan writes `from`; titan calls it `to`.
+  KeyRow&& value_alias(std::string from, std::string to) && {
+    spec.value_aliases.emplace_back(std::move(from), std::move(to));
+    return std::move(*this);
+  }
+  // A value torchtitan has whose feature titan lacks: refused by name, not as "not allowed".
+  KeyRow&& unimplemented_value(std::string value, std::string feature) && {
+    spec.unimplemented_values.emplace_back(std::move(value), std::move(feature));
+    return std::move(*this);
+  }
 
  private:
   KeyRow&& bounded(std::optional<double> lo, bool lo_open, std::optional<double> hi,
@@ -120,6 +166,71 @@ struct KeyRow {
     return std::move(*this);
   }
 };
+
+// A row bound to no member: an alias or an accepted torchtitan key. Converts to KeyRow<S> so it
+// can sit in any section's row list.
+struct Row {
+  KeySpec spec;
+  Row&& in_versions(std::string versions) && {
+    spec.versions = std::move(versions);
+    return std::move(*this);
+  }
+  Row&& advising(std::string advice) && {
+    spec.advice = std::move(advice);
+    return std::move(*this);
+  }
+  Row&& negated() && {
+    spec.alias_negates = true;
+    return std::move(*this);
+  }
+};
+
+// `name` is torchtitan's name of titan's `target` key (dotted); its type is the target's.
+inline Row alias(const char* name, const char* target, const char* versions) {
+  Row row;
+  row.spec.name = name;
+  row.spec.kind = KeyKind::kAlias;
+  row.spec.alias_of = target;
+  row.spec.versions = versions;
+  return row;
+}
+
+inline ConfigValue as_config_value(bool v) { return v; }
+inline ConfigValue as_config_value(int v) { return int64_t{v}; }
+inline ConfigValue as_config_value(int64_t v) { return v; }
+inline ConfigValue as_config_value(double v) { return v; }
+inline ConfigValue as_config_value(const char* v) { return std::string(v); }
+inline ConfigValue as_config_value(std::vector<std::string> v) { return v; }
+
+// A torchtitan key accepted only with the value `inert` (its torchtitan default, which asks
+// for nothing); any other value is refused: "titan does not implement <feature> yet".
+template <class T>
+Row accepted_if(const char* name, T inert, const char* feature, const char* versions) {
+  Row row;
+  row.spec.name = name;
+  row.spec.kind = KeyKind::kAccepted;
+  row.spec.default_value = as_config_value(inert);
+  row.spec.inert_values = {*row.spec.default_value};
+  row.spec.missing_feature = feature;
+  row.spec.help = std::string("torchtitan's key; accepted only as ") +
+                  format_config_value(*row.spec.default_value) + " (titan does not implement " +
+                  feature + ").";
+  row.spec.versions = versions;
+  return row;
+}
+
+// A torchtitan key accepted with any value, because it only matters to something titan does
+// not have or does regardless (`why`); `default_value` is torchtitan's default.
+template <class T>
+Row accepted_any(const char* name, T default_value, const char* why, const char* versions) {
+  Row row;
+  row.spec.name = name;
+  row.spec.kind = KeyKind::kAccepted;
+  row.spec.default_value = as_config_value(default_value);
+  row.spec.help = std::string("torchtitan's key; any value is accepted: ") + why + ".";
+  row.spec.versions = versions;
+  return row;
+}
 
 template <class S, class T>
 KeyRow<S> key(const char* name, T S::*member, const char* help) {
@@ -132,16 +243,29 @@ KeyRow<S> key(const char* name, T S::*member, const char* help) {
 }
 
 template <class S>
+KeyRow<S>::KeyRow(Row&& row) : spec(std::move(row.spec)) {}
+
+template <class S>
 SectionSpec section(const char* name, S JobConfig::*member, const char* help,
                     std::vector<KeyRow<S>> rows) {
   SectionSpec out{name, help, {}};
   for (auto& row : rows) {
     KeySpec spec = std::move(row.spec);
     spec.section = name;
-    spec.ref = [member, f = std::move(row.member_ref)](JobConfig& c) { return f(c.*member); };
+    if (row.member_ref) {
+      spec.ref = [member, f = std::move(row.member_ref)](JobConfig& c) { return f(c.*member); };
+    }
     out.keys.push_back(std::move(spec));
   }
   return out;
 }
+
+// A torchtitan section titan has no struct for: only alias and accepted rows.
+SectionSpec torchtitan_section(const char* name, const char* help, std::vector<Row> rows);
+
+// config_keys_torchtitan.cpp: torchtitan's rows for titan's section `section`, and
+// torchtitan's sections titan has no struct for.
+std::vector<Row> torchtitan_rows(const std::string& section);
+std::vector<SectionSpec> torchtitan_sections();
 
 }  // namespace titan::trainer::config_detail

@@ -64,6 +64,10 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
   apply_determinism(t.deterministic);
   compute_dtype_ = dtype_from_name(t.mixed_precision_param);
   for (const auto& w : cfg_.warnings) log_warn(w);
+  for (const auto& n : cfg_.notes) log_info("config: " + n);
+  log_info("device: " + device_.str() + " (training.device = " + t.device + ")");
+  log_info("dtypes: compute " + t.mixed_precision_param + ", master weights and optimizer state "
+           "float32, gradient reduction " + t.mixed_precision_reduce);
   set_cpu_memory_limit(static_cast<int64_t>(t.cpu_memory_limit_gib * double(1ll << 30)));
   // Before the model exists, so that a memory snapshot's record includes the parameters.
   profiler_ = std::make_unique<StepProfiler>(cfg_.profiling, cfg_.job.dump_folder, env_rank(), device_);

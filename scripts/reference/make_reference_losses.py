@@ -84,9 +84,26 @@ def global_batch(tokens, step):
 
 # ------------------------------------------------------------------------------------ model
 
+def llama31_scaled(freqs, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original=8192):
+    """Llama 3.1's RoPE scaling (torchtitan applies it to its Llama 3 flavors since v0.2.0):
+    wavelengths above original/low_freq_factor are slowed by `factor`, those below
+    original/high_freq_factor kept, the band between interpolated."""
+    out = []
+    for f in freqs.tolist():
+        wavelen = 2 * math.pi / f
+        if wavelen < original / high_freq_factor:
+            out.append(f)
+        elif wavelen > original / low_freq_factor:
+            out.append(f / factor)
+        else:
+            smooth = (original / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+            out.append((1 - smooth) * f / factor + smooth * f)
+    return torch.tensor(out, dtype=torch.float64)
+
+
 def rope_tables(head_dim, seq_len):
     # Angles in float64, stored as float32 (as torchtitan's precompute_freqs_cis).
-    freqs = 1.0 / ROPE_THETA ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    freqs = llama31_scaled(1.0 / ROPE_THETA ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
     angles = torch.outer(torch.arange(seq_len, dtype=torch.float64), freqs)
     return angles.cos().float(), angles.sin().float()
 

@@ -26,15 +26,34 @@ std::vector<std::string> llama3_special_tokens() {
 }
 
 BpeTokenizer::BpeTokenizer(std::vector<std::string> ranks, std::string origin)
-    : origin_(std::move(origin)), num_base_tokens_(static_cast<int64_t>(ranks.size())) {
-  if (num_base_tokens_ + kNumSpecialTokens > std::numeric_limits<int32_t>::max()) {
+    : BpeTokenizer(BpeVocabulary{std::move(ranks), llama3_special_tokens()}, std::move(origin)) {}
+
+BpeTokenizer::BpeTokenizer(BpeVocabulary vocab, std::string origin)
+    : origin_(std::move(origin)),
+      num_base_tokens_(static_cast<int64_t>(vocab.tokens.size())),
+      merges_(std::move(vocab.merges)),
+      whole_piece_first_(vocab.whole_piece_first) {
+  if (num_base_tokens_ + static_cast<int64_t>(vocab.specials.size()) >
+      std::numeric_limits<int32_t>::max()) {
     throw std::runtime_error("BPE vocabulary " + origin_ + " has " +
                              std::to_string(num_base_tokens_) + " tokens; ids must fit int32");
   }
-  decoder_ = std::move(ranks);
+  if (!vocab.split_pattern.empty() && vocab.split_pattern != kLlama3SplitPattern) {
+    pattern_ = std::make_unique<SplitPattern>(vocab.split_pattern);
+  }
+  decoder_ = std::move(vocab.tokens);
   // Reserve first: encoder_'s keys view these strings, so the vector must never reallocate.
-  decoder_.reserve(decoder_.size() + kNumSpecialTokens);
-  for (std::string& special : llama3_special_tokens()) decoder_.push_back(std::move(special));
+  decoder_.reserve(decoder_.size() + vocab.specials.size());
+  for (std::string& special : vocab.specials) decoder_.push_back(std::move(special));
+  auto special_id = [&](const std::string& name, const char* role) {
+    for (size_t i = num_base_tokens_; i < decoder_.size(); ++i) {
+      if (decoder_[i] == name) return static_cast<int32_t>(i);
+    }
+    throw std::runtime_error("BPE vocabulary " + origin_ + ": its " + role + " token '" + name +
+                             "' is not among its special tokens");
+  };
+  bos_id_ = special_id(vocab.bos, "BOS");
+  eos_id_ = special_id(vocab.eos, "EOS");
 
   encoder_.reserve(static_cast<size_t>(num_base_tokens_));
   for (int64_t rank = 0; rank < num_base_tokens_; ++rank) {
@@ -67,7 +86,7 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::load(const std::string& path) {
 
 void BpeTokenizer::encode_piece(std::string_view piece, std::vector<int32_t>* out) const {
   if (piece.empty()) return;
-  if (auto whole = encoder_.find(piece); whole != encoder_.end()) {
+  if (auto whole = encoder_.find(piece); whole_piece_first_ && whole != encoder_.end()) {
     out->push_back(whole->second);
     return;
   }
@@ -83,9 +102,19 @@ void BpeTokenizer::encode_piece(std::string_view piece, std::vector<int32_t>* ou
     next[i] = i + 1;
     prev[i] = i == 0 ? n : i - 1;  // n = no previous part
   }
+  // The priority of merging the part at `start` with the next one (which ends at `end`).
   auto pair_rank = [&](size_t start, size_t end) -> int32_t {
-    auto it = encoder_.find(piece.substr(start, end - start));
-    return it == encoder_.end() ? kNone : it->second;
+    if (merges_.empty()) {  // tiktoken: the rank of the concatenation
+      auto it = encoder_.find(piece.substr(start, end - start));
+      return it == encoder_.end() ? kNone : it->second;
+    }
+    const size_t mid = next[start];
+    auto left = encoder_.find(piece.substr(start, mid - start));
+    auto right = encoder_.find(piece.substr(mid, end - mid));
+    if (left == encoder_.end() || right == encoder_.end()) return kNone;
+    auto it = merges_.find(static_cast<uint64_t>(left->second) << 32 |
+                           static_cast<uint32_t>(right->second));
+    return it == merges_.end() ? kNone : it->second;
   };
   using Candidate = std::tuple<int32_t, size_t, size_t>;  // rank, left start, pair end
   std::priority_queue<Candidate, std::vector<Candidate>, std::greater<Candidate>> heap;
@@ -122,7 +151,9 @@ std::vector<int32_t> BpeTokenizer::encode(std::string_view text, bool bos, bool 
   std::vector<int32_t> ids;
   ids.reserve(text.size() / 3 + 2);
   if (bos) ids.push_back(bos_id());
-  for (std::string_view piece : pretokenize_llama3(text)) encode_piece(piece, &ids);
+  for (std::string_view piece : pattern_ ? pattern_->split(text) : pretokenize_llama3(text)) {
+    encode_piece(piece, &ids);
+  }
   if (eos) ids.push_back(eos_id());
   return ids;
 }
@@ -141,9 +172,11 @@ std::string BpeTokenizer::decode(const std::vector<int32_t>& ids) const {
 }
 
 std::string BpeTokenizer::describe() const {
-  return "Llama-3 BPE tokenizer " + origin_ + " (" + std::to_string(num_base_tokens_) +
-         " base tokens + " + std::to_string(kNumSpecialTokens) + " specials = vocab " +
-         std::to_string(vocab_size()) + ")";
+  return std::string(merges_.empty() ? "Llama-3 BPE tokenizer " : "byte-level BPE tokenizer ") +
+         origin_ + " (" + std::to_string(num_base_tokens_) + " base tokens + " +
+         std::to_string(vocab_size() - num_base_tokens_) + " specials = vocab " +
+         std::to_string(vocab_size()) + "; BOS " + std::to_string(bos_id_) + " " +
+         decoder_[bos_id_] + ", EOS " + std::to_string(eos_id_) + " " + decoder_[eos_id_] + ")";
 }
 
 int32_t BpeTokenizer::special_token_id(std::string_view name) const {

@@ -19,9 +19,24 @@
 #include <unordered_map>
 #include <vector>
 
+#include "trainer/data/pretokenizer.h"
 #include "trainer/data/tokenizer.h"
 
 namespace titan::trainer {
+
+// A byte-level BPE vocabulary from any source: a tiktoken file or a Hugging Face tokenizer.json
+// (hf_tokenizer.h).
+struct BpeVocabulary {
+  std::vector<std::string> tokens;    // id -> bytes of the mergeable tokens, ids 0..n-1
+  std::vector<std::string> specials;  // spellings of ids n, n+1, ...
+  // (left id << 32 | right id) -> priority, lower merging first (tokenizer.json's merges).
+  // Empty: tiktoken's rule, a pair merges with the rank (= id) of its concatenation.
+  std::unordered_map<uint64_t, int32_t> merges;
+  bool whole_piece_first = true;  // a piece that is one token becomes it (tiktoken; HF's
+                                  // ignore_merges)
+  std::string split_pattern;      // "" = Llama 3's (kLlama3SplitPattern)
+  std::string bos = "<|begin_of_text|>", eos = "<|end_of_text|>";  // among `specials`
+};
 
 class BpeTokenizer final : public Tokenizer {
  public:
@@ -30,6 +45,7 @@ class BpeTokenizer final : public Tokenizer {
   // `ranks[r]` = the bytes of the mergeable token of rank r. All 256 single bytes must be among
   // them (so any input encodes). `origin` names the source in messages and describe().
   BpeTokenizer(std::vector<std::string> ranks, std::string origin);
+  BpeTokenizer(BpeVocabulary vocab, std::string origin);
   // Reads a tiktoken file (tiktoken_file.h); errors name the file and line.
   static std::unique_ptr<BpeTokenizer> load(const std::string& path);
 
@@ -40,8 +56,8 @@ class BpeTokenizer final : public Tokenizer {
   std::vector<int32_t> encode(std::string_view text, bool bos, bool eos) const override;
   std::string decode(const std::vector<int32_t>& ids) const override;
   int64_t vocab_size() const override { return static_cast<int64_t>(decoder_.size()); }
-  int32_t bos_id() const override { return static_cast<int32_t>(num_base_tokens_); }
-  int32_t eos_id() const override { return static_cast<int32_t>(num_base_tokens_ + 1); }
+  int32_t bos_id() const override { return bos_id_; }
+  int32_t eos_id() const override { return eos_id_; }
   std::string describe() const override;
 
   int64_t num_base_tokens() const { return num_base_tokens_; }
@@ -55,6 +71,10 @@ class BpeTokenizer final : public Tokenizer {
   std::vector<std::string> decoder_;  // id -> bytes: base ranks, then the specials' spellings
   std::unordered_map<std::string_view, int32_t> encoder_;  // base token bytes -> rank
   int64_t num_base_tokens_ = 0;
+  std::unordered_map<uint64_t, int32_t> merges_;  // see BpeVocabulary::merges
+  bool whole_piece_first_ = true;
+  std::unique_ptr<SplitPattern> pattern_;  // null = Llama 3's
+  int32_t bos_id_ = 0, eos_id_ = 0;
 };
 
 // The 256 Llama-3 special-token spellings in id order (offset from num_base_tokens).

@@ -1,4 +1,5 @@
 #include "trainer/data/documents.h"
+#include "trainer/data/c4_documents.h"
 #include "trainer/data/text_lines.h"
 
 #include <algorithm>
@@ -144,8 +145,9 @@ std::vector<std::string> read_documents(const std::string& format, const std::st
   if (format == "fortunes") return read_fortunes(path);
   if (format == "text") return read_text_documents(path);
   if (format == "jsonl") return read_jsonl_documents(path);
+  if (format == "c4" || format == "c4_test") return read_c4_documents(path);
   throw std::runtime_error("unknown text dataset format '" + format +
-                           "' (allowed: fortunes, text, jsonl)");
+                           "' (allowed: fortunes, text, jsonl, c4, c4_test)");
 }
 
 }  // namespace titan::trainer

@@ -148,13 +148,14 @@ std::unique_ptr<TokenSource> make_token_source(const std::string& dataset,
                                                const std::string& path,
                                                const Tokenizer& tokenizer, int64_t seed) {
   if (dataset == "tokens") return std::make_unique<ShardTokenSource>(path, tokenizer);
-  if (dataset == "fortunes" || dataset == "text" || dataset == "jsonl") {
+  if (dataset == "fortunes" || dataset == "text" || dataset == "jsonl" || dataset == "c4" ||
+      dataset == "c4_test") {
     const std::string where = path.empty() && dataset == "fortunes" ? kFortunesDir : path;
     return std::make_unique<DocumentTokenSource>(read_documents(dataset, path), tokenizer, seed,
                                                  /*shuffle=*/true, dataset + " " + where);
   }
   throw std::runtime_error("unknown dataset '" + dataset +
-                           "' (allowed: fortunes, text, jsonl, tokens)");
+                           "' (allowed: fortunes, text, jsonl, c4, c4_test, tokens)");
 }
 
 }  // namespace titan::trainer

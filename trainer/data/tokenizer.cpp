@@ -4,6 +4,7 @@
 #include <stdexcept>
 
 #include "trainer/data/bpe_tokenizer.h"
+#include "trainer/data/hf_tokenizer.h"
 
 namespace titan::trainer {
 
@@ -41,11 +42,21 @@ std::string ByteTokenizer::describe() const {
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& path) {
   if (path.empty()) return std::make_unique<ByteTokenizer>();
   std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) {
+  const std::filesystem::path p(path);
+  if (std::filesystem::is_directory(p, ec)) {
+    if (std::filesystem::exists(p / "tokenizer.json", ec)) return load_hf_tokenizer(path);
     throw std::runtime_error("tokenizer path '" + path +
-                             "' is a directory; pass the tiktoken file itself (e.g. " + path +
+                             "' is a directory without tokenizer.json; pass a folder of Hugging "
+                             "Face assets, the tiktoken file itself (e.g. " + path +
                              "/original/tokenizer.model), or \"\" for the byte-level tokenizer");
   }
+  if (!std::filesystem::exists(p, ec)) {
+    throw std::runtime_error("tokenizer path '" + path + "' does not exist (model.tokenizer_path, "
+                             "or model.hf_assets_path: a tiktoken file, a tokenizer.json, or a "
+                             "folder of Hugging Face assets holding tokenizer.json; titan ships "
+                             "none; \"\" = the byte-level tokenizer)");
+  }
+  if (p.extension() == ".json") return load_hf_tokenizer(path);
   return BpeTokenizer::load(path);
 }
 

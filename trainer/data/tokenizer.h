@@ -43,7 +43,8 @@ class ByteTokenizer final : public Tokenizer {
   std::string describe() const override;
 };
 
-// "" -> ByteTokenizer; otherwise a tiktoken file (Llama-3's tokenizer.model format).
+// "" -> ByteTokenizer; a folder with tokenizer.json or a .json file -> Hugging Face tokenizer
+// (hf_tokenizer.h); otherwise a tiktoken file (Llama-3's tokenizer.model format).
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& path);
 
 }  // namespace titan::trainer
