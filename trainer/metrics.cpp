@@ -137,6 +137,17 @@ void MetricsLogger::log(const StepMetrics& m) {
     jsonl_ << record.dump() << '\n';
     jsonl_.flush();
   }
+  if (tensorboard_) {
+    tensorboard_->add_scalar("loss_metrics/global_avg_loss", m.loss, m.step);
+    tensorboard_->add_scalar("grad_norm", m.grad_norm, m.step);
+    tensorboard_->add_scalar("lr", m.lr, m.step);
+    tensorboard_->add_scalar("memory/max_reserved(GiB)", gib, m.step);
+    tensorboard_->add_scalar("memory/max_reserved(%)", pct, m.step);
+    tensorboard_->add_scalar("throughput(tps)", tps, m.step);
+    tensorboard_->add_scalar("tflops", tflops, m.step);
+    tensorboard_->add_scalar("mfu(%)", mfu, m.step);
+    tensorboard_->flush();
+  }
   reset_window();
 }
 

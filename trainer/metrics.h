@@ -8,6 +8,10 @@
 // mfu = 100 * tflops / peak TFLOP/s.
 #pragma once
 
+#include <memory>
+
+#include "trainer/tensorboard.h"
+
 #include <c10/core/Device.h>
 
 #include <chrono>
@@ -55,6 +59,8 @@ class MetricsLogger {
   void add_tokens(int64_t tokens) { tokens_since_last_ += tokens; }
   // Prints the line (through the log) and appends the JSONL record; resets the window.
   void log(const StepMetrics& m);
+  // metrics.enable_tensorboard: every logged step also goes to this writer (torchtitan's tags).
+  void set_tensorboard(std::unique_ptr<TensorBoardWriter> writer) { tensorboard_ = std::move(writer); }
   // Resets the window without logging (e.g. after start-up work that should not count).
   void reset_window();
 
@@ -66,6 +72,7 @@ class MetricsLogger {
   int64_t tokens_since_last_ = 0;
   std::chrono::steady_clock::time_point window_start_;
   std::ofstream jsonl_;
+  std::unique_ptr<TensorBoardWriter> tensorboard_;
 };
 
 // 5760 -> "5,760"

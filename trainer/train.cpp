@@ -8,6 +8,7 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include <cstdlib>
+#include <ctime>
 #include <filesystem>
 #include <sstream>
 #include <tuple>
@@ -94,7 +95,8 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
   data_cfg.dp_rank = mesh_->local_rank(parallel::MeshDim::kDp);
   data_cfg.dp_degree = dp_degree;
   loader_ = std::make_unique<DataLoader>(data_cfg, *tokenizer_);
-  log_info("tokenizer: " + tokenizer_->describe() + "; dataset: " + loader_->describe());
+  log_info("tokenizer: " + tokenizer_->describe());
+  log_info("dataset: " + loader_->describe());
 
   build_model();
 
@@ -134,6 +136,16 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
   const std::string jsonl =
       (dump / (distributed ? "metrics_rank" + std::to_string(world_.rank) + ".jsonl" : "metrics.jsonl")).string();
   metrics_ = std::make_unique<MetricsLogger>(device_, fpt, peak.flops_per_second, mesh_->dims().non_data_parallel_size(), jsonl);
+  if (cfg_.metrics.enable_tensorboard && (cfg_.metrics.save_for_all_ranks || world_.rank == 0)) {
+    // torchtitan's layout: <dump_folder>/<save_tb_folder>/<start time>[/rank_<R>].
+    char stamp[32];
+    const std::time_t now = std::time(nullptr);
+    std::strftime(stamp, sizeof(stamp), "%Y%m%d-%H%M", std::localtime(&now));
+    auto tb = dump / cfg_.metrics.save_tb_folder / stamp;
+    if (cfg_.metrics.save_for_all_ranks) tb /= "rank_" + std::to_string(world_.rank);
+    metrics_->set_tensorboard(std::make_unique<TensorBoardWriter>(tb.string()));
+    log_info("tensorboard: event files in " + tb.string());
+  }
   if (distributed && world_.rank == 0) {
     std::error_code ec;
     std::filesystem::remove(dump / "metrics.jsonl", ec);
