@@ -221,10 +221,20 @@ else
     # (scripts/bench/gpu_results.py compares the loss curves).
     L=(--training.device cuda --training.steps 20 --training.local_batch_size 4 --training.seq_len 512)
     step multi_single 300 0 train multi_single llama3_debugmodel.toml "${L[@]}" --training.global_batch_size 8
-    for layout in fsdp2 tp2 fsdp2_float8_all_gather; do
+    # The overlap table of docs/performance.md on GPUs: blocking vs overlapped FSDP, sync vs
+    # async TP (float8 tensorwise too); comm_exposed_s in each run's metrics JSONL.
+    for layout in fsdp2 fsdp2_blocking tp2 tp2_async tp2_float8 tp2_float8_async fsdp2_float8_all_gather; do
       case $layout in
         fsdp2) p=(--parallelism.data_parallel_shard_degree 2) ;;
+        fsdp2_blocking) p=(--parallelism.data_parallel_shard_degree 2 --parallelism.fsdp_overlap false) ;;
         tp2) p=(--parallelism.tensor_parallel_degree 2 --training.local_batch_size 8) ;;
+        tp2_async) p=(--parallelism.tensor_parallel_degree 2 --training.local_batch_size 8
+             --parallelism.enable_async_tensor_parallel --parallelism.async_tp_chunks 4) ;;
+        tp2_float8) p=(--parallelism.tensor_parallel_degree 2 --training.local_batch_size 8
+             --float8.enable_float8_linear --float8.recipe_name tensorwise) ;;
+        tp2_float8_async) p=(--parallelism.tensor_parallel_degree 2 --training.local_batch_size 8
+             --float8.enable_float8_linear --float8.recipe_name tensorwise
+             --parallelism.enable_async_tensor_parallel --parallelism.async_tp_chunks 4) ;;
         fsdp2_float8_all_gather) p=(--parallelism.data_parallel_shard_degree 2 --float8.enable_float8_linear
              --float8.recipe_name tensorwise --float8.enable_fsdp_float8_all_gather
              --float8.precompute_float8_dynamic_scale_for_fsdp) ;;
