@@ -101,6 +101,11 @@ def parse_metrics(work, run):
             "tflops": flops / seconds if seconds > 0 else None,
             "mfu_pct": mfu / seconds if seconds > 0 else None,
             "memory_peak_gib": max(r["memory_peak_bytes"] for r in rows) / 2**30,
+            # Overlap (multi-GPU runs): communication in flight and exposed, per step.
+            "comm_s_per_step": (sum(r["comm_s"] for r in timed) / len(timed)) if "comm_s" in timed[0] else None,
+            "comm_exposed_s_per_step": (sum(r["comm_exposed_s"] for r in timed) / len(timed))
+                                       if "comm_exposed_s" in timed[0] else None,
+            "step_s": seconds / len(timed),
             "losses": [r["loss"] for r in rows], "final_loss": rows[-1]["loss"]}
 
 
