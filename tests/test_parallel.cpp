@@ -39,6 +39,7 @@
 #include "parallel/launcher.h"
 #include "parallel/mesh.h"
 #include "parallel/tensor_parallel.h"
+#include "tests/job_runs.h"
 #include "tests/rank_threads.h"
 
 #if !defined(TITAN_RUN_PATH) || !defined(TITAN_TRAIN_PATH) || !defined(TITAN_TORCHRUN_PATH)
@@ -78,33 +79,14 @@ std::string train_args(const fs::path& dump, int64_t global_batch = 8, int64_t s
   return os.str();
 }
 
-struct Run {
-  int exit_code = -1;
-  std::string log;
-  double seconds = 0;
-};
+using Run = titan::testing::JobRun;
 
-Run shell(const std::string& cmd, const fs::path& log) {
-  const auto start = std::chrono::steady_clock::now();
-  const std::string full = "OMP_NUM_THREADS=1 LOG_RANK= " + cmd + " > " + log.string() + " 2>&1";
-  const int status = std::system(full.c_str());
-  Run r;
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  std::ifstream in(log);
-  r.log.assign(std::istreambuf_iterator<char>(in), {});
-  return r;
-}
+Run shell(const std::string& cmd, const fs::path& log) { return titan::testing::run_job(cmd, log); }
 
 std::vector<Step> read_metrics(const fs::path& path) {
-  std::ifstream in(path);
-  if (!in) throw std::runtime_error("no metrics file " + path.string());
   std::vector<Step> steps;
-  std::string line;
-  while (std::getline(in, line)) {
-    auto j = nlohmann::json::parse(line);
+  for (const auto& j : titan::testing::read_metrics_lines(path))
     steps.push_back({j.at("loss").get<double>(), j.at("grad_norm").get<double>()});
-  }
   return steps;
 }
 

@@ -40,6 +40,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/job_runs.h"
 #include "tests/temp_dir.h"
 
 #if !defined(TITAN_RUN_PATH) || !defined(TITAN_TRAIN_PATH)
@@ -94,14 +95,9 @@ std::string shell_quote(const std::string& s) {
 }
 
 std::vector<Step> read_metrics(const fs::path& path) {
-  std::ifstream in(path);
-  if (!in) throw std::runtime_error("no metrics file " + path.string());
   std::vector<Step> steps;
-  std::string line;
-  while (std::getline(in, line)) {
-    const auto j = nlohmann::json::parse(line);
+  for (const auto& j : titan::testing::read_metrics_lines(path))
     steps.push_back({j.at("loss").get<double>(), j.at("grad_norm").get<double>(), j.at("lr").get<double>()});
-  }
   return steps;
 }
 
