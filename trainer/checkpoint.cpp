@@ -437,6 +437,10 @@ void CheckpointManager::write(const std::shared_ptr<Staged>& staged) {
   write_text_atomic((fs::path(staged->tmp_dir) / (rank_file(rank_) + ".part.json")).string(), part.dump());
   if (rank_ == 0) commit(*staged);
   staged->stats.write_seconds = seconds_since(start);
+  if (rank_ == 0)
+    log_info("checkpoint: step " + std::to_string(staged->step) + " written and committed in " +
+             std::to_string(staged->stats.write_seconds).substr(0, 6) + " s" +
+             (cfg_.async_mode == "disabled" ? "" : " (in the background)"));
 }
 
 void CheckpointManager::commit(const Staged& staged) {
