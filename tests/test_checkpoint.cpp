@@ -200,6 +200,7 @@ void resume_from(const Source& src, const std::string& name, int nproc, const st
 TEST_CASE("CRC-32 is zlib's", "[checkpoint]") {
   CHECK(crc32_update(0, "123456789", 9) == 0xCBF43926u);
   CHECK(crc32_update(crc32_update(0, "1234", 4), "56789", 5) == 0xCBF43926u);  // streaming
+  CHECK(crc32_combine(crc32_update(0, "1234", 4), crc32_update(0, "56789", 5), 5) == 0xCBF43926u);
 }
 
 TEST_CASE("shards of any split read back any region, strided too", "[checkpoint]") {
@@ -218,6 +219,12 @@ TEST_CASE("shards of any split read back any region, strided too", "[checkpoint]
   // A shard file is plain safetensors: its tensor is the real rows of that rank.
   const auto shard = load_safetensors((rows / "rank00002.safetensors").string());
   CHECK(at::equal(shard.at("slab.slab"), full.narrow(0, 6, 1)));
+  // The manifest's file CRC is the whole file's.
+  std::ifstream in(rows / "rank00002.safetensors", std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), {});
+  char crc[16];
+  std::snprintf(crc, sizeof(crc), "%08x", crc32_update(0, bytes.data(), bytes.size()));
+  CHECK(manifest.at("files").at("rank00002.safetensors").at("crc32") == crc);
 }
 
 TEST_CASE("bad checkpoints get one error naming the file and the tensor", "[checkpoint]") {

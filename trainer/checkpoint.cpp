@@ -378,9 +378,15 @@ SaveStats CheckpointManager::save(int64_t step, const Holders& holders, bool mod
       at::Tensor host = t.local;
       // Async: a private host copy, since training goes on changing the originals. Sync on the
       // CPU: the tensors themselves (the writer makes them contiguous).
+      // The host buffers are kept for the next save (allocating and faulting in a checkpoint's
+      // worth of fresh pages each time costs more than the copy); save() waited for the last
+      // write, so none is in use.
       if (async || !host.device().is_cpu()) {
-        host = at::empty(t.local.sizes(), t.local.options().device(c10::kCPU).pinned_memory(pinned));
-        host.copy_(t.local);
+        at::Tensor& buffer = staging_[holder + "." + t.name];
+        if (!buffer.defined() || buffer.sizes() != t.local.sizes() || buffer.scalar_type() != t.local.scalar_type())
+          buffer = at::empty(t.local.sizes(), t.local.options().device(c10::kCPU).pinned_memory(pinned));
+        buffer.copy_(t.local);
+        host = buffer;
       }
       staged->shards.push_back({{"name", holder + "." + t.name},
                                 {"dtype", safetensors_dtype_name(t.local.scalar_type())},

@@ -121,6 +121,7 @@ class CheckpointManager {
   nlohmann::json layout_, model_shape_;
   c10::Device device_;
   std::string folder_;
+  std::map<std::string, at::Tensor> staging_;  // async: host copies, reused save after save
   std::thread pending_;
   std::exception_ptr pending_error_;
   std::vector<SaveStats> history_;

@@ -116,6 +116,38 @@ uint32_t crc32_update(uint32_t crc, const void* data, size_t n) {
   return ~crc;
 }
 
+namespace {
+uint32_t gf2_times(const uint32_t* mat, uint32_t vec) {
+  uint32_t sum = 0;
+  for (; vec; vec >>= 1, ++mat)
+    if (vec & 1) sum ^= *mat;
+  return sum;
+}
+void gf2_square(uint32_t* square, const uint32_t* mat) {
+  for (int n = 0; n < 32; ++n) square[n] = gf2_times(mat, mat[n]);
+}
+}  // namespace
+
+// zlib's crc32_combine: appends len2 zero bytes to crc1 by squaring the CRC's shift operator
+// (a 32x32 matrix over GF(2)), then xors crc2.
+uint32_t crc32_combine(uint32_t crc1, uint32_t crc2, int64_t len2) {
+  if (len2 <= 0) return crc1;
+  uint32_t even[32], odd[32];
+  odd[0] = 0xEDB88320u;
+  for (int n = 1; n < 32; ++n) odd[n] = 1u << (n - 1);
+  gf2_square(even, odd);  // 2 zero bits
+  gf2_square(odd, even);  // 4 zero bits
+  while (true) {
+    gf2_square(even, odd);
+    if (len2 & 1) crc1 = gf2_times(even, crc1);
+    if ((len2 >>= 1) == 0) break;
+    gf2_square(odd, even);
+    if (len2 & 1) crc1 = gf2_times(odd, crc1);
+    if ((len2 >>= 1) == 0) break;
+  }
+  return crc1 ^ crc2;
+}
+
 SafetensorsFileInfo write_safetensors_file(const std::string& path,
                                            const std::vector<std::pair<std::string, at::Tensor>>& tensors,
                                            const std::map<std::string, std::string>& metadata) {
@@ -132,8 +164,10 @@ SafetensorsFileInfo write_safetensors_file(const std::string& path,
     for (size_t i = 0; i < h.data.size(); ++i) {
       const at::Tensor& t = h.data[i];
       write_all(fd, t.data_ptr(), t.nbytes(), path);
-      crc = crc32_update(crc, t.data_ptr(), t.nbytes());
-      info.tensor_crc32[tensors[i].first] = crc32_update(0, t.data_ptr(), t.nbytes());
+      // One pass over the data: the tensor's CRC, folded into the file's.
+      const uint32_t tensor_crc = crc32_update(0, t.data_ptr(), t.nbytes());
+      info.tensor_crc32[tensors[i].first] = tensor_crc;
+      crc = crc32_combine(crc, tensor_crc, static_cast<int64_t>(t.nbytes()));
       info.bytes += static_cast<int64_t>(t.nbytes());
     }
     if (::fsync(fd) != 0) throw std::runtime_error("fsync of '" + path + "' failed: " + errno_text());

@@ -53,5 +53,7 @@ at::ScalarType safetensors_dtype(const std::string& name, const std::string& whe
 
 // CRC-32 (IEEE, zlib's): crc32_update(0, data, n) of "123456789" is 0xCBF43926.
 uint32_t crc32_update(uint32_t crc, const void* data, size_t n);
+// The CRC-32 of A followed by B from crc(A), crc(B) and B's length (zlib's crc32_combine).
+uint32_t crc32_combine(uint32_t crc_a, uint32_t crc_b, int64_t length_b);
 
 }  // namespace titan::trainer
