@@ -347,6 +347,17 @@ TEST_CASE("Hugging Face export loads back bitwise and gives HF Llama's logits", 
     INFO(first.param_names()[i]);
     CHECK(at::equal(first.master_params()[i], second.master_params()[i]));
   }
+  {  // an HF config whose numerics differ from titan's model is refused by name
+    const fs::path other = dump / "hf_other";
+    fs::copy(hf, other, fs::copy_options::recursive);
+    std::ifstream in(other / "config.json");
+    auto cfg = nlohmann::json::parse(in);
+    cfg["rope_theta"] = 10000.0;
+    std::ofstream(other / "config.json") << cfg.dump();
+    std::vector<std::string> bad = args;
+    bad.back() = other.string();
+    CHECK_THROWS_WITH(Trainer(parse_job_config(bad)), Contains("rope_theta") && Contains("config.json"));
+  }
   // Logits: titan's forward on fixed tokens vs an HF-layout Llama (transformers when it is
   // installed, else scripts/hf_llama_check.py's own re-implementation of HF's modeling code).
   at::Tensor tokens = at::arange(32, at::kLong).remainder(200).view({1, 32}) * 7 % 251;

@@ -182,6 +182,33 @@ void read_hf_checkpoint(const std::string& path, const model::ModelArgs& args,
                         const std::function<void(const std::string&, const at::Tensor&)>& visit) {
   fs::path dir = fs::is_directory(path) ? fs::path(path) : fs::path(path).parent_path();
   fs::path index = fs::is_directory(path) ? dir / "model.safetensors.index.json" : fs::path(path);
+  // config.json, when present, must describe the model titan builds (shapes are checked per
+  // tensor on load; these change the numerics without changing a shape).
+  if (fs::exists(dir / "config.json")) {
+    std::ifstream in(dir / "config.json");
+    nlohmann::json cfg;
+    try {
+      cfg = nlohmann::json::parse(in);
+    } catch (const std::exception& e) {
+      throw std::runtime_error("Hugging Face config '" + (dir / "config.json").string() + "' is not valid JSON: " + e.what());
+    }
+    auto expect = [&](const char* key, double titan, const char* titan_key) {
+      if (cfg.contains(key) && cfg[key].is_number() && cfg[key].get<double>() != titan)
+        throw std::runtime_error("Hugging Face config '" + (dir / "config.json").string() + "' has " + key + " = " +
+                                 cfg[key].dump() + ", but titan's model has " + titan_key + " = " +
+                                 nlohmann::json(titan).dump() + ": choose the matching model.flavor");
+    };
+    expect("hidden_size", static_cast<double>(args.dim), "dim");
+    expect("num_hidden_layers", static_cast<double>(args.n_layers), "n_layers");
+    expect("num_attention_heads", static_cast<double>(args.n_heads), "n_heads");
+    expect("num_key_value_heads", static_cast<double>(args.kv_heads()), "n_kv_heads");
+    expect("rope_theta", args.rope_theta, "rope_theta");
+    expect("rms_norm_eps", args.norm_eps, "norm_eps");
+    if (cfg.contains("rope_scaling") && !cfg["rope_scaling"].is_null())
+      throw std::runtime_error("Hugging Face config '" + (dir / "config.json").string() + "' has rope_scaling " +
+                               cfg["rope_scaling"].dump() +
+                               ", which titan's RoPE does not implement (Llama 3.1+ frequency scaling)");
+  }
   std::map<std::string, std::vector<std::string>> by_file;  // file -> HF names, read file by file
   if (fs::exists(index)) {
     std::ifstream in(index);
