@@ -461,7 +461,9 @@ void Trainer::init_checkpointing() {
   }
   if (any_failed)
     throw std::runtime_error(error.empty() ? "another rank failed to load the checkpoint (see its error)" : error);
-  parallel_->after_load();  // FSDP float8 scales as the saved step's optimizer step left them
+  // After a resume: FSDP's precomputed float8 scales as the saved step's optimizer step left
+  // them (a fresh run's first step measures its scales, as the uninterrupted run did).
+  if (resume) parallel_->after_load();
   if (resume)
     log_info("checkpoint: resumed from " + *resume + " at step " + std::to_string(start_step_) + " (" +
              std::to_string(bytes_read) + " bytes read by this rank in " +
