@@ -262,6 +262,12 @@ TEST_CASE("bad checkpoints get one error naming the file and the tensor", "[chec
     m["tensors"]["slab.slab"]["shape"] = {32, 16};
     std::ofstream(d / "manifest.json") << m.dump();
   }, {"slab.slab", "[32, 16]", "another model"});
+  expect_error("dropped shard", [&](const fs::path& d) {
+    std::ifstream in(d / "manifest.json");
+    auto m = nlohmann::json::parse(in);
+    m["tensors"]["slab.slab"]["shards"].erase(1);
+    std::ofstream(d / "manifest.json") << m.dump();
+  }, {"slab.slab", "cover 512 of the 1024"});
   expect_error("no manifest", [&](const fs::path& d) { fs::remove(d / "manifest.json"); }, {"no manifest.json"});
 }
 
