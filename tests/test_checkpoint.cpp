@@ -46,9 +46,19 @@ using Catch::Matchers::Contains;
 
 namespace {
 
+// The scratch folder; at exit its shard files (about 1 GB over all cases) are deleted, the logs,
+// metrics and manifests stay for diagnosis.
+struct ScratchFolder {
+  fs::path dir = titan::testing::fresh_temp_dir("test_checkpoint");
+  ~ScratchFolder() {
+    std::error_code ec;
+    for (auto it = fs::recursive_directory_iterator(dir, ec); it != fs::recursive_directory_iterator(); it.increment(ec))
+      if (it->path().extension() == ".safetensors") fs::remove(it->path(), ec);
+  }
+};
 fs::path root() {
-  static const fs::path dir = titan::testing::fresh_temp_dir("test_checkpoint");
-  return dir;
+  static const ScratchFolder scratch;
+  return scratch.dir;
 }
 
 // ---------------------------------------------------------------- a synthetic sharded tensor
