@@ -350,6 +350,60 @@ at::Tensor ParallelModel::full_param(const std::string& fqn) {
   return local;
 }
 
+int64_t ShardRegion::numel() const {
+  int64_t n = 1;
+  for (int64_t l : lengths) n *= l;
+  return n;
+}
+
+at::Tensor region_view(const at::Tensor& local, const ShardRegion& region) {
+  TORCH_CHECK(local.dim() == static_cast<int64_t>(region.lengths.size()), "region_view: ", region.fqn,
+              " has ", region.lengths.size(), " dims, the tensor ", local.dim());
+  at::Tensor view = local;
+  for (size_t d = 0; d < region.lengths.size(); ++d)
+    view = view.narrow(static_cast<int64_t>(d), 0, region.lengths[d]);
+  return view;
+}
+
+std::vector<ShardRegion> ParallelModel::shard_regions() const {
+  const int tp = mesh_.size(MeshDim::kTp), tp_rank = mesh_.local_rank(MeshDim::kTp);
+  const int shards = fsdp_ ? mesh_.size(MeshDim::kDpShard) : 1;
+  const int shard_rank = fsdp_ ? mesh_.local_rank(MeshDim::kDpShard) : 0;
+  const bool replica0 = mesh_.local_rank(MeshDim::kDpReplicate) == 0;
+  std::vector<ShardRegion> regions;
+  for (const std::string& name : names_) {
+    const Param* p = nullptr;
+    for (const auto& q : params_)
+      if (q.fqn == name) p = &q;
+    ShardRegion r;
+    r.fqn = name;
+    r.global_shape = p->full_shape;
+    r.offsets.assign(p->full_shape.size(), 0);
+    r.lengths = p->full_shape;
+    // TP: chunk tp_rank of the padded dim; its real elements are a prefix.
+    int64_t dim0_real = p->tp_shape[0];  // real rows of the TP-local tensor
+    if (p->tp_dim >= 0) {
+      const auto d = static_cast<size_t>(p->tp_dim);
+      r.offsets[d] = tp_rank * p->tp_shape[d];
+      r.lengths[d] = valid_in_chunk(p->full_shape[d], tp_rank, tp);
+      if (d == 0) dim0_real = r.lengths[0];
+    }
+    // FSDP: dim-0 chunk shard_rank of the TP-local tensor (its padding included).
+    const ShardLayout layout = shard_layout(p->tp_shape[0], shard_rank, shards);
+    const int64_t first = shard_rank * layout.shard_rows;
+    r.offsets[0] += first;
+    r.lengths[0] = std::max<int64_t>(0, std::min(dim0_real, first + layout.shard_rows) - first);
+    r.owner = replica0 && (p->tp_dim >= 0 || tp_rank == 0) && r.numel() > 0;
+    regions.push_back(std::move(r));
+  }
+  return regions;
+}
+
+void ParallelModel::after_load() {
+  if (fsdp_ && options_.float8_precompute_fsdp_scales) fsdp_->precompute_float8_scales();
+  bind_compute_params();
+}
+
 void ParallelModel::init_weights(uint64_t seed) {
   model_.init_weights(seed, [&](const std::string& fqn, at::Tensor&, const at::Tensor& full) {
     load_full(fqn, full);  // the full value is dropped right after

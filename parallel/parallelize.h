@@ -48,6 +48,25 @@ struct ParallelOptions {
 // std::invalid_argument with the numbers and what to choose (a config error).
 void check_tp_degree(const model::ModelArgs& args, int tp, int64_t seq_len);
 
+// Note [Checkpoint shards]: where this rank's master of one parameter lies in the full
+// tensor, so a checkpoint stores only real elements and any layout can read them back. A master
+// is the TP chunk (along tp_dim, zero-padded at the end of the full dim), then FSDP's dim-0
+// chunk of that (zero-padded at the end of the TP-local dim): in every dim the real elements
+// are a PREFIX of the local tensor, of `lengths` elements, starting at `offsets` in the full
+// tensor. Exactly one rank of the mesh is the `owner` of each element (HSDP replica 0; TP rank
+// 0 for a TP-replicated weight), so a save writes every element once.
+struct ShardRegion {
+  std::string fqn;
+  std::vector<int64_t> global_shape;  // the full parameter's shape
+  std::vector<int64_t> offsets;       // start of this rank's real elements, per dim
+  std::vector<int64_t> lengths;       // their extent per dim (0 in dim 0: all padding)
+  bool owner = false;                 // this rank writes the region to a checkpoint
+  int64_t numel() const;
+};
+// The real part of a tensor laid out like the region's master (the master itself, an AdamW
+// moment): `local` narrowed to `lengths` from 0 in every dim. A view.
+at::Tensor region_view(const at::Tensor& local, const ShardRegion& region);
+
 class ParallelModel {
  public:
   ParallelModel(model::Llama& model, DeviceMesh& mesh, ParallelOptions options);
@@ -62,6 +81,15 @@ class ParallelModel {
 
   const std::vector<std::string>& param_names() const { return names_; }
   const std::vector<at::Tensor>& master_params() const { return masters_; }
+
+  // Where each master lies in its full parameter, in param_names() order (See Note [Checkpoint
+  // shards]). Pure arithmetic: no collective.
+  std::vector<ShardRegion> shard_regions() const;
+  // After the masters were overwritten in place (a checkpoint load): recomputes what is derived
+  // from them as the step that produced them did, i.e. the FSDP float8 weights' precomputed
+  // scales (one all-reduce, with float8_precompute_fsdp_scales), and rebinds compute copies.
+  // Collective when precompute is on: every rank calls it.
+  void after_load();
 
   // The full value of parameter `fqn` (float32, on the device): all-gathers the FSDP shards,
   // then the TP shards, and drops the padding. Collective: every rank calls it, same order.

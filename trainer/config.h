@@ -100,9 +100,21 @@ struct TrainingSection {
   double cpu_memory_limit_gib = 0;  // CPU tensor memory limit (out-of-memory error above); 0 = none
 };
 
+// Saving and resuming runs, initial weights, exported weights; see docs/checkpoint.md.
 struct CheckpointSection {
-  std::string initial_load_path;        // safetensors file to start from
-  std::string export_path;              // write final weights as safetensors here ("" = none)
+  bool enable_checkpoint = false;  // save every `interval` steps and at the last; resume at start
+  std::string folder = "checkpoint";  // under job.dump_folder (an absolute path stays as is)
+  int64_t interval = 500;             // steps between saves
+  int64_t keep_latest_k = 10;         // complete checkpoints kept; 0 = all
+  std::string async_mode = "disabled";  // disabled|async|async_with_pinned_mem
+  int64_t load_step = -1;               // -1 = the latest complete checkpoint
+  bool model_weights_only = false;      // the LAST save holds only the model, in export_dtype
+  std::vector<std::string> exclude_from_loading;  // model|optimizer|dataloader|float8
+  std::string initial_load_path;  // weights to start from when there is no checkpoint to resume
+  bool create_seed_checkpoint = false;  // write step-0 from the initial weights and exit
+  int64_t commit_timeout_seconds = 1800;  // rank 0 waits this long for every rank's shards
+  std::string export_path;              // write final weights here ("" = none)
+  std::string export_format = "torchtitan";  // torchtitan (one file, titan names) | hf (folder)
   std::string export_dtype = "float32";  // float32|bfloat16|float16
 };
 

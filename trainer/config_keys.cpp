@@ -191,12 +191,46 @@ std::vector<SectionSpec> build_table() {
           key("context_parallel_degree", &ParallelismSection::context_parallel_degree,
               "Context parallel degree; only 1 is supported.").at_least(1),
       }),
-      section("checkpoint", &J::checkpoint, "Initial weights and exported weights.", {
+      section("checkpoint", &J::checkpoint,
+              "Saving and resuming runs; initial and exported weights (docs/checkpoint.md).", {
+          key("enable_checkpoint", &CheckpointSection::enable_checkpoint,
+              "Save a checkpoint every `interval` steps and at the last step, and resume from "
+              "the latest complete one at start-up."),
+          key("folder", &CheckpointSection::folder,
+              "Checkpoint folder under job.dump_folder (one step-N/ folder per save)."),
+          key("interval", &CheckpointSection::interval, "Steps between checkpoints.").at_least(1),
+          key("keep_latest_k", &CheckpointSection::keep_latest_k,
+              "Keep this many complete checkpoints (older ones are deleted after a new one is "
+              "complete); 0 = keep all.").at_least(0),
+          key("async_mode", &CheckpointSection::async_mode,
+              "disabled = training waits for the save; async = shards are copied to host memory "
+              "and written by a background thread; async_with_pinned_mem = the same through "
+              "pinned host buffers (CUDA).")
+              .one_of({"disabled", "async", "async_with_pinned_mem"}),
+          key("load_step", &CheckpointSection::load_step,
+              "Resume from step-N; -1 = the latest complete checkpoint.").at_least(0).or_exactly(-1),
+          key("model_weights_only", &CheckpointSection::model_weights_only,
+              "The last checkpoint holds only the model weights, in export_dtype."),
+          key("exclude_from_loading", &CheckpointSection::exclude_from_loading,
+              "Parts of a checkpoint not restored on resume.")
+              .one_of({"model", "optimizer", "dataloader", "float8"}),
           key("initial_load_path", &CheckpointSection::initial_load_path,
-              "safetensors file to start from; \"\" = random init."),
+              "Weights to start from when there is no checkpoint to resume: a safetensors file "
+              "(torchtitan names), a Hugging Face folder or model.safetensors.index.json, or a "
+              "titan step-N folder; \"\" = random init. A path that does not exist is an error."),
+          key("create_seed_checkpoint", &CheckpointSection::create_seed_checkpoint,
+              "Write step-0 (the initial weights) to the checkpoint folder and exit."),
+          key("commit_timeout_seconds", &CheckpointSection::commit_timeout_seconds,
+              "How long rank 0 waits for every rank's shards before it gives up on a save.")
+              .at_least(1),
           key("export_path", &CheckpointSection::export_path,
-              "Write the final weights as safetensors here; \"\" = don't export."),
-          key("export_dtype", &CheckpointSection::export_dtype, "dtype of exported weights.")
+              "Write the final weights here; \"\" = don't export."),
+          key("export_format", &CheckpointSection::export_format,
+              "torchtitan = one safetensors file with titan/torchtitan names; hf = a Hugging "
+              "Face LlamaForCausalLM folder (config.json, model.safetensors.index.json, shards).")
+              .one_of({"torchtitan", "hf"}),
+          key("export_dtype", &CheckpointSection::export_dtype,
+              "dtype of exported weights (and of a model_weights_only checkpoint).")
               .one_of({"float32", "bfloat16", "float16"}),
       }),
       section("activation_checkpoint", &J::activation_checkpoint,

@@ -32,6 +32,14 @@ class AdamW {
   const std::vector<at::Tensor>& params() const { return params_; }
   int64_t state_bytes() const;  // exp_avg + exp_avg_sq (+ step counters)
 
+  // The state of parameter i, for checkpoints: the moments have the parameter's shape (and its
+  // shard layout); the step count is a float32 scalar (what the fused kernel reads). A load
+  // copies into these tensors in place.
+  const at::Tensor& exp_avg(size_t i) const { return exp_avg_.at(i); }
+  const at::Tensor& exp_avg_sq(size_t i) const { return exp_avg_sq_.at(i); }
+  const at::Tensor& step_count(size_t i) const { return steps_.at(i); }
+  const AdamWOptions& options() const { return options_; }
+
  private:
   std::vector<at::Tensor> params_;
   std::vector<at::Tensor> exp_avg_;     // per param, same shape, float32

@@ -2,8 +2,12 @@
 
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <array>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -23,61 +27,177 @@ const std::vector<std::pair<at::ScalarType, std::string>>& dtype_names() {
   return names;
 }
 
-std::string dtype_to_name(at::ScalarType t) {
+// Slice-by-8 tables of the reflected IEEE polynomial 0xEDB88320 (zlib's crc32).
+const std::array<std::array<uint32_t, 256>, 8>& crc_tables() {
+  static const auto tables = [] {
+    std::array<std::array<uint32_t, 256>, 8> t{};
+    for (uint32_t i = 0; i < 256; ++i) {
+      uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+      t[0][i] = c;
+    }
+    for (uint32_t i = 0; i < 256; ++i)
+      for (int s = 1; s < 8; ++s) t[s][i] = (t[s - 1][i] >> 8) ^ t[0][t[s - 1][i] & 0xFF];
+    return t;
+  }();
+  return tables;
+}
+
+std::string errno_text() { return std::strerror(errno); }
+
+void write_all(int fd, const void* data, size_t n, const std::string& path) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      throw std::runtime_error("writing '" + path + "' failed: " + errno_text() +
+                               (errno == ENOSPC ? " (disk full)" : ""));
+    }
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+struct Header {
+  std::string json;  // padded to a multiple of 8 bytes
+  std::vector<at::Tensor> data;
+};
+
+Header make_header(const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+                   const std::map<std::string, std::string>& metadata) {
+  nlohmann::ordered_json header;
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  Header h;
+  int64_t offset = 0;
+  for (const auto& [name, tensor] : tensors) {
+    at::Tensor t = tensor.detach().to(at::kCPU).contiguous();
+    const int64_t bytes = static_cast<int64_t>(t.nbytes());
+    header[name] = {{"dtype", safetensors_dtype_name(t.scalar_type())},
+                    {"shape", t.sizes().vec()},
+                    {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+    h.data.push_back(std::move(t));
+  }
+  h.json = header.dump();
+  h.json.append((8 - h.json.size() % 8) % 8, ' ');  // keep the data 8-byte aligned
+  return h;
+}
+
+}  // namespace
+
+std::string safetensors_dtype_name(at::ScalarType t) {
   for (const auto& [type, name] : dtype_names())
     if (type == t) return name;
   throw std::invalid_argument(std::string("safetensors: unsupported dtype ") + c10::toString(t));
 }
 
-at::ScalarType name_to_dtype(const std::string& n, const std::string& path) {
+at::ScalarType safetensors_dtype(const std::string& n, const std::string& where) {
   for (const auto& [type, name] : dtype_names())
     if (name == n) return type;
-  throw std::runtime_error("safetensors file " + path + ": unsupported dtype '" + n + "'");
+  throw std::runtime_error(where + ": unsupported dtype '" + n + "'");
 }
 
+uint32_t crc32_update(uint32_t crc, const void* data, size_t n) {
+  const auto& t = crc_tables();
+  const auto* p = static_cast<const uint8_t*>(data);
+  crc = ~crc;
+  while (n >= 8) {  // little-endian hosts (x86-64, AArch64)
+    uint32_t lo, hi;
+    std::memcpy(&lo, p, 4);
+    std::memcpy(&hi, p + 4, 4);
+    lo ^= crc;
+    crc = t[7][lo & 0xFF] ^ t[6][(lo >> 8) & 0xFF] ^ t[5][(lo >> 16) & 0xFF] ^ t[4][lo >> 24] ^
+          t[3][hi & 0xFF] ^ t[2][(hi >> 8) & 0xFF] ^ t[1][(hi >> 16) & 0xFF] ^ t[0][hi >> 24];
+    p += 8;
+    n -= 8;
+  }
+  while (n--) crc = t[0][(crc ^ *p++) & 0xFF] ^ (crc >> 8);
+  return ~crc;
+}
+
+namespace {
+uint32_t gf2_times(const uint32_t* mat, uint32_t vec) {
+  uint32_t sum = 0;
+  for (; vec; vec >>= 1, ++mat)
+    if (vec & 1) sum ^= *mat;
+  return sum;
+}
+void gf2_square(uint32_t* square, const uint32_t* mat) {
+  for (int n = 0; n < 32; ++n) square[n] = gf2_times(mat, mat[n]);
+}
 }  // namespace
+
+// zlib's crc32_combine: appends len2 zero bytes to crc1 by squaring the CRC's shift operator
+// (a 32x32 matrix over GF(2)), then xors crc2.
+uint32_t crc32_combine(uint32_t crc1, uint32_t crc2, int64_t len2) {
+  if (len2 <= 0) return crc1;
+  uint32_t even[32], odd[32];
+  odd[0] = 0xEDB88320u;
+  for (int n = 1; n < 32; ++n) odd[n] = 1u << (n - 1);
+  gf2_square(even, odd);  // 2 zero bits
+  gf2_square(odd, even);  // 4 zero bits
+  while (true) {
+    gf2_square(even, odd);
+    if (len2 & 1) crc1 = gf2_times(even, crc1);
+    if ((len2 >>= 1) == 0) break;
+    gf2_square(odd, even);
+    if (len2 & 1) crc1 = gf2_times(odd, crc1);
+    if ((len2 >>= 1) == 0) break;
+  }
+  return crc1 ^ crc2;
+}
+
+SafetensorsFileInfo write_safetensors_file(const std::string& path,
+                                           const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+                                           const std::map<std::string, std::string>& metadata) {
+  const Header h = make_header(tensors, metadata);
+  const uint64_t header_len = h.json.size();
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw std::runtime_error("cannot create '" + path + "': " + errno_text());
+  SafetensorsFileInfo info;
+  try {
+    write_all(fd, &header_len, 8, path);  // x86/ARM hosts are little-endian
+    write_all(fd, h.json.data(), h.json.size(), path);
+    uint32_t crc = crc32_update(0, &header_len, 8);
+    crc = crc32_update(crc, h.json.data(), h.json.size());
+    for (size_t i = 0; i < h.data.size(); ++i) {
+      const at::Tensor& t = h.data[i];
+      write_all(fd, t.data_ptr(), t.nbytes(), path);
+      // One pass over the data: the tensor's CRC, folded into the file's.
+      const uint32_t tensor_crc = crc32_update(0, t.data_ptr(), t.nbytes());
+      info.tensor_crc32[tensors[i].first] = tensor_crc;
+      crc = crc32_combine(crc, tensor_crc, static_cast<int64_t>(t.nbytes()));
+      info.bytes += static_cast<int64_t>(t.nbytes());
+    }
+    if (::fsync(fd) != 0) throw std::runtime_error("fsync of '" + path + "' failed: " + errno_text());
+    info.crc32 = crc;
+    info.bytes += 8 + static_cast<int64_t>(header_len);
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  if (::close(fd) != 0) throw std::runtime_error("closing '" + path + "' failed: " + errno_text());
+  return info;
+}
 
 void save_safetensors(const std::string& path,
                       const std::vector<std::pair<std::string, at::Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata) {
-  nlohmann::ordered_json header;
-  if (!metadata.empty()) header["__metadata__"] = metadata;
-  std::vector<at::Tensor> contiguous;
-  int64_t offset = 0;
-  for (const auto& [name, tensor] : tensors) {
-    at::Tensor t = tensor.detach().to(at::kCPU).contiguous();
-    const int64_t bytes = static_cast<int64_t>(t.nbytes());
-    header[name] = {{"dtype", dtype_to_name(t.scalar_type())},
-                    {"shape", t.sizes().vec()},
-                    {"data_offsets", {offset, offset + bytes}}};
-    offset += bytes;
-    contiguous.push_back(std::move(t));
-  }
-  std::string json = header.dump();
-  json.append((8 - json.size() % 8) % 8, ' ');  // keep the data 8-byte aligned
-  const uint64_t header_len = json.size();
-
   const std::string tmp = path + ".tmp." + std::to_string(getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw std::runtime_error("cannot write safetensors file " + tmp);
-    out.write(reinterpret_cast<const char*>(&header_len), 8);  // x86/ARM hosts are little-endian
-    out.write(json.data(), static_cast<std::streamsize>(json.size()));
-    for (const auto& t : contiguous)
-      out.write(static_cast<const char*>(t.data_ptr()), static_cast<std::streamsize>(t.nbytes()));
-    out.flush();
-    if (!out) {
-      std::remove(tmp.c_str());
-      throw std::runtime_error("writing safetensors file " + tmp + " failed (disk full?)");
-    }
+  try {
+    write_safetensors_file(tmp, tensors, metadata);
+  } catch (...) {
+    std::remove(tmp.c_str());
+    throw;
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     std::remove(tmp.c_str());
-    throw std::runtime_error("cannot rename " + tmp + " to " + path + ": " + std::strerror(errno));
+    throw std::runtime_error("cannot rename " + tmp + " to " + path + ": " + errno_text());
   }
 }
 
-std::map<std::string, at::Tensor> load_safetensors(const std::string& path) {
+std::map<std::string, SafetensorsEntry> read_safetensors_header(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw std::runtime_error("cannot open safetensors file '" + path + "'");
   in.seekg(0, std::ios::end);
@@ -86,7 +206,7 @@ std::map<std::string, at::Tensor> load_safetensors(const std::string& path) {
   uint64_t header_len = 0;
   if (file_size < 8 || !in.read(reinterpret_cast<char*>(&header_len), 8) ||
       static_cast<int64_t>(header_len) > file_size - 8)
-    throw std::runtime_error("'" + path + "' is not a safetensors file (bad header length)");
+    throw std::runtime_error("'" + path + "' is not a safetensors file (bad header length; truncated?)");
   std::string json(header_len, '\0');
   in.read(json.data(), static_cast<std::streamsize>(header_len));
   nlohmann::json header;
@@ -96,26 +216,41 @@ std::map<std::string, at::Tensor> load_safetensors(const std::string& path) {
     throw std::runtime_error("'" + path + "': safetensors header is not valid JSON: " + e.what());
   }
   const int64_t data_start = 8 + static_cast<int64_t>(header_len);
-  std::map<std::string, at::Tensor> tensors;
+  std::map<std::string, SafetensorsEntry> entries;
   for (const auto& [name, entry] : header.items()) {
     if (name == "__metadata__") continue;
     try {
-      const at::ScalarType dtype = name_to_dtype(entry.at("dtype").get<std::string>(), path);
-      const auto shape = entry.at("shape").get<std::vector<int64_t>>();
+      SafetensorsEntry e;
+      e.dtype = safetensors_dtype(entry.at("dtype").get<std::string>(), "'" + path + "'");
+      e.shape = entry.at("shape").get<std::vector<int64_t>>();
       const auto offsets = entry.at("data_offsets").get<std::vector<int64_t>>();
-      at::Tensor t = at::empty(shape, at::TensorOptions().dtype(dtype));
-      if (offsets.size() != 2 || offsets[1] - offsets[0] != static_cast<int64_t>(t.nbytes()) ||
-          data_start + offsets[1] > file_size)
-        throw std::runtime_error("data_offsets do not match its shape/dtype or the file size");
-      in.seekg(data_start + offsets[0]);
-      in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(t.nbytes()));
-      if (!in) throw std::runtime_error("file is truncated");
-      tensors.emplace(name, std::move(t));
+      int64_t numel = 1;
+      for (int64_t d : e.shape) numel *= d;
+      if (offsets.size() != 2 || offsets[1] - offsets[0] != numel * int64_t(c10::elementSize(e.dtype)))
+        throw std::runtime_error("data_offsets do not match its shape/dtype");
+      e.begin = data_start + offsets[0];
+      e.end = data_start + offsets[1];
+      if (e.end > file_size) throw std::runtime_error("file is truncated (the tensor ends past its end)");
+      entries.emplace(name, std::move(e));
     } catch (const nlohmann::json::exception& e) {
       throw std::runtime_error("'" + path + "': tensor '" + name + "' has a malformed entry: " + e.what());
     } catch (const std::runtime_error& e) {
       throw std::runtime_error("'" + path + "': tensor '" + name + "': " + e.what());
     }
+  }
+  return entries;
+}
+
+std::map<std::string, at::Tensor> load_safetensors(const std::string& path) {
+  const auto entries = read_safetensors_header(path);
+  std::ifstream in(path, std::ios::binary);
+  std::map<std::string, at::Tensor> tensors;
+  for (const auto& [name, e] : entries) {
+    at::Tensor t = at::empty(e.shape, at::TensorOptions().dtype(e.dtype));
+    in.seekg(e.begin);
+    in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(t.nbytes()));
+    if (!in) throw std::runtime_error("'" + path + "': tensor '" + name + "': file is truncated");
+    tensors.emplace(name, std::move(t));
   }
   return tensors;
 }

@@ -7,10 +7,14 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <ATen/ops/tensor.h>
+
+#include <chrono>
 #include <cstdlib>
 #include <ctime>
 #include <filesystem>
 #include <sstream>
+#include <set>
 #include <tuple>
 
 #include "model/scope.h"
@@ -20,6 +24,7 @@
 #include "parallel/process_group.h"
 #include "trainer/converters.h"
 #include "trainer/determinism.h"
+#include "trainer/hf_weights.h"
 #include "trainer/logging.h"
 #include "trainer/memory.h"
 #include "trainer/safetensors.h"
@@ -119,6 +124,7 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
   }
   lr_schedule_ = LrSchedule{t.steps, cfg_.lr_scheduler.warmup_steps, cfg_.lr_scheduler.decay_ratio,
                             cfg_.lr_scheduler.decay_type, cfg_.lr_scheduler.min_lr_factor};
+  init_checkpointing();
 
   // Peak FLOP/s for mfu: the config, else a known GPU, else a GEMM probe on this CPU.
   // Peak FLOP/s for mfu: the config, else the CUDA device's dense bf16 peak, else a GEMM probe
@@ -201,7 +207,6 @@ void Trainer::build_model() {
   parallel_ = parallel::parallelize_llama(*model_, *mesh_, popt);
   parallel_->init_weights(static_cast<uint64_t>(cfg_.training.seed));
   for (const std::string& line : parallel_->describe()) log_info("parallel: " + line);
-  if (!cfg_.checkpoint.initial_load_path.empty()) load_initial_weights(cfg_.checkpoint.initial_load_path);
 
   int64_t param_bytes = 0;
   for (const auto& p : master_params()) param_bytes += p.nbytes();
@@ -215,23 +220,38 @@ const std::vector<std::string>& Trainer::param_names() const { return parallel_-
 const std::vector<at::Tensor>& Trainer::master_params() const { return parallel_->master_params(); }
 
 void Trainer::load_initial_weights(const std::string& path) {
-  auto tensors = load_safetensors(path);  // every rank reads the file and keeps its shards
-  for (const auto& name : param_names()) {
-    auto it = tensors.find(name);
-    if (it == tensors.end())
-      throw std::runtime_error("checkpoint.initial_load_path '" + path + "' has no tensor '" + name + "'");
+  namespace fs = std::filesystem;
+  if (!fs::exists(path)) throw std::runtime_error("checkpoint.initial_load_path '" + path + "' does not exist");
+  if (fs::is_directory(path) && fs::exists(fs::path(path) / "manifest.json")) {  // a titan step-N folder
+    CheckpointReader reader(path);
+    ModelState weights(*parallel_);
+    CheckpointManager::load(reader, {{"model", &weights}}, model_shape(), {});
+    log_info("loaded initial weights from titan checkpoint " + path + " (" + std::to_string(reader.bytes_read()) +
+             " bytes read by this rank)");
+    return;
+  }
+  std::set<std::string> missing(param_names().begin(), param_names().end());
+  auto load = [&](const std::string& name, const at::Tensor& full) {
+    if (!missing.count(name))
+      throw std::runtime_error("checkpoint.initial_load_path '" + path + "' has tensor '" + name +
+                               "', which the model lacks (or has twice)");
     try {
-      parallel_->load_full(name, it->second);
+      parallel_->load_full(name, full);
     } catch (const std::runtime_error& e) {
       throw std::runtime_error("checkpoint.initial_load_path '" + path + "': " + e.what());
     }
-    tensors.erase(it);
+    missing.erase(name);
+  };
+  const bool hf = is_hf_checkpoint(path);
+  if (hf) {
+    read_hf_checkpoint(path, model_->args(), load);  // one tensor at a time
+  } else {
+    for (const auto& [name, tensor] : load_safetensors(path)) load(name, tensor);
   }
-  if (!tensors.empty())
-    throw std::runtime_error("checkpoint.initial_load_path '" + path + "' has " +
-                             std::to_string(tensors.size()) + " tensor(s) the model lacks, e.g. '" +
-                             tensors.begin()->first + "'");
-  log_info("loaded initial weights from " + path);
+  if (!missing.empty())
+    throw std::runtime_error("checkpoint.initial_load_path '" + path + "' has no tensor '" +
+                             (hf ? hf_name(*missing.begin()) : *missing.begin()) + "'");
+  log_info(std::string("loaded initial weights from ") + (hf ? "Hugging Face checkpoint " : "") + path);
 }
 
 // The phases of one optimizer step, in order; no phase depends on the layout (a stage of degree 1
@@ -282,8 +302,12 @@ std::pair<double, double> Trainer::train_step(int64_t step) {
 
 TrainResult Trainer::train() {
   TrainResult result;
+  if (cfg_.checkpoint.create_seed_checkpoint) return result;  // written at start-up
+  if (start_step_ >= cfg_.training.steps)
+    log_info("checkpoint step " + std::to_string(start_step_) + " >= training.steps " +
+             std::to_string(cfg_.training.steps) + ": nothing left to train");
   metrics_->reset_window();
-  for (int64_t step = 1; step <= cfg_.training.steps; ++step) {
+  for (int64_t step = start_step_ + 1; step <= cfg_.training.steps; ++step) {
     if (stop_requested()) {
       log_warn("received signal " + std::to_string(stop_signal()) + ": stopping after step " +
                std::to_string(step - 1));
@@ -316,7 +340,9 @@ TrainResult Trainer::train() {
       comm_exposed_logged_ = mesh_->comm_exposed_seconds();
       metrics_->log(m);
     }
+    if (checkpointer_->should_save(step, cfg_.training.steps)) save_checkpoint(step);
   }
+  checkpointer_->wait();  // the last (async) save is complete before the run ends
   if (!cfg_.checkpoint.export_path.empty()) export_weights(cfg_.checkpoint.export_path);
   return result;
 }
@@ -355,8 +381,25 @@ void Trainer::init_mesh() {
   mesh_ = std::make_unique<parallel::DeviceMesh>(std::move(world), dims);
 }
 
+// checkpoint.export_dtype (validated by the key table: float32 | bfloat16 | float16).
+static at::ScalarType export_scalar_type(const std::string& name) {
+  if (name == "bfloat16") return at::kBFloat16;
+  if (name == "float16") return at::kHalf;
+  return at::kFloat;
+}
+
 void Trainer::export_weights(const std::string& path) {
-  const at::ScalarType dtype = cfg_.checkpoint.export_dtype == "bfloat16" ? at::kBFloat16 : at::kFloat;
+  const at::ScalarType dtype = export_scalar_type(cfg_.checkpoint.export_dtype);
+  if (cfg_.checkpoint.export_format == "hf") {
+    std::vector<std::vector<int64_t>> shapes;
+    for (const auto& r : parallel_->shard_regions()) shapes.push_back(r.global_shape);
+    const int64_t bytes = write_hf_folder(
+        path, param_names(), shapes, model_->args(), dtype,
+        [&](const std::string& fqn) { return parallel_->full_param(fqn); }, world_.rank == 0);
+    if (world_.rank == 0)
+      log_info("exported weights in Hugging Face's layout to " + path + " (" + std::to_string(bytes) + " bytes)");
+    return;
+  }
   std::vector<std::pair<std::string, at::Tensor>> tensors;
   for (const std::string& name : param_names()) {
     // Every rank joins the gathers of each full parameter; rank 0 writes the file.
@@ -368,6 +411,103 @@ void Trainer::export_weights(const std::string& path) {
   if (!parent.empty()) std::filesystem::create_directories(parent);
   save_safetensors(path, tensors, {{"format", "pt"}, {"flavor", cfg_.model.flavor}});
   log_info("exported weights to " + path);
+}
+
+nlohmann::json Trainer::model_shape() const {
+  const model::ModelArgs& a = model_->args();
+  return {{"dim", a.dim},         {"n_layers", a.n_layers},     {"n_heads", a.n_heads},
+          {"n_kv_heads", a.kv_heads()}, {"vocab_size", a.vocab_size}, {"ffn_hidden_dim", a.ffn_hidden_dim()}};
+}
+
+Holders Trainer::state_holders() {
+  holders_.clear();
+  holders_.push_back(std::make_unique<ModelState>(*parallel_));
+  holders_.push_back(std::make_unique<OptimizerState>(*optimizer_, *parallel_));
+  holders_.push_back(std::make_unique<DataLoaderState>(*loader_));
+  holders_.push_back(std::make_unique<Float8State>(*model_, device_, world_.rank == 0));
+  return {{"model", holders_[0].get()},
+          {"optimizer", holders_[1].get()},
+          {"dataloader", holders_[2].get()},
+          {"float8", holders_[3].get()}};
+}
+
+void Trainer::save_checkpoint(int64_t step) {
+  const bool model_only = (step == cfg_.training.steps && cfg_.checkpoint.model_weights_only) || step == 0;
+  Holders holders;
+  std::unique_ptr<Stateful> weights;
+  if (model_only) {
+    const at::ScalarType dtype =
+        step > 0 ? export_scalar_type(cfg_.checkpoint.export_dtype) : at::kFloat;
+    weights = std::make_unique<ModelState>(*parallel_, dtype);
+    holders = {{"model", weights.get()}};
+  } else {
+    holders = state_holders();
+  }
+  const SaveStats stats = checkpointer_->save(step, holders, model_only);
+  log_info("checkpoint: step " + std::to_string(step) + (cfg_.checkpoint.async_mode == "disabled" ? " saved" : " staged") +
+           " in " + std::to_string(stats.stage_seconds).substr(0, 6) + " s of training time (" +
+           cfg_.checkpoint.async_mode + ")");
+}
+
+void Trainer::init_checkpointing() {
+  const auto& c = cfg_.checkpoint;
+  const parallel::ParallelDims& dims = mesh_->dims();
+  nlohmann::json layout = {{"world_size", world_.world_size}, {"dp_replicate", dims.dp_replicate},
+                           {"dp_shard", dims.dp_shard},       {"tp", dims.tp}};
+  checkpointer_ = std::make_unique<CheckpointManager>(cfg_, world_.rank, world_.world_size, layout, model_shape(), device_);
+  if (!c.initial_load_path.empty() && !std::filesystem::exists(c.initial_load_path))
+    throw ConfigError("checkpoint.initial_load_path '" + c.initial_load_path + "' does not exist");
+  if (c.create_seed_checkpoint && !c.enable_checkpoint)
+    throw ConfigError("checkpoint.create_seed_checkpoint needs checkpoint.enable_checkpoint");
+
+  // Every rank loads; then all agree (one all-reduce) so that no rank trains on while another
+  // failed: each reports its own error, the others say that a peer failed.
+  std::string error;
+  std::optional<std::string> resume;
+  const auto start = std::chrono::steady_clock::now();
+  int64_t bytes_read = 0;
+  try {
+    resume = c.create_seed_checkpoint ? std::nullopt : checkpointer_->find_resume();
+    if (resume) {
+      CheckpointReader reader(*resume);
+      CheckpointManager::load(reader, state_holders(), model_shape(), c.exclude_from_loading);
+      start_step_ = reader.step();
+      bytes_read = reader.bytes_read();
+      const auto& ex = c.exclude_from_loading;
+      if (std::find(ex.begin(), ex.end(), "dataloader") != ex.end() || !reader.has_holder("dataloader")) {
+        auto state = nlohmann::json::parse(loader_->state_dict());  // continue at batch `step`
+        state["batches_consumed"] = start_step_;
+        loader_->load_state_dict(state.dump());
+      }
+    } else if (!c.initial_load_path.empty()) {
+      load_initial_weights(c.initial_load_path);
+    }
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  int any_failed = error.empty() ? 0 : 1;
+  if (parallel::Comm* world = mesh_->world()) {
+    at::Tensor flag = at::tensor({static_cast<float>(any_failed)}, at::TensorOptions().dtype(at::kFloat)).to(device_);
+    world->all_reduce(flag, parallel::ReduceOp::kMax);
+    any_failed = flag.item<float>() > 0 ? 1 : 0;
+  }
+  if (any_failed)
+    throw std::runtime_error(error.empty() ? "another rank failed to load the checkpoint (see its error)" : error);
+  // After a resume: FSDP's precomputed float8 scales as the saved step's optimizer step left
+  // them (a fresh run's first step measures its scales, as the uninterrupted run did).
+  if (resume) parallel_->after_load();
+  if (resume)
+    log_info("checkpoint: resumed from " + *resume + " at step " + std::to_string(start_step_) + " (" +
+             std::to_string(bytes_read) + " bytes read by this rank in " +
+             std::to_string(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()).substr(0, 6) +
+             " s)");
+  checkpointer_->remove_incomplete();
+  if (parallel::Comm* world = mesh_->world()) world->barrier();
+  if (c.create_seed_checkpoint) {
+    save_checkpoint(0);
+    checkpointer_->wait();
+    log_info("checkpoint: wrote the seed checkpoint (step-0); exiting");
+  }
 }
 
 }  // namespace titan::trainer

@@ -16,6 +16,7 @@
 
 #include "model/llama.h"
 #include "parallel/world.h"
+#include "trainer/checkpoint.h"
 #include "trainer/config.h"
 #include "trainer/data/loader.h"
 #include "trainer/data/tokenizer.h"
@@ -47,13 +48,24 @@ class Trainer {
   const std::vector<std::string>& param_names() const;
   // This rank's float32 master parameters (all of them for a single process).
   const std::vector<at::Tensor>& master_params() const;
-  // Writes the full float32 master weights (in checkpoint.export_dtype) as safetensors; every
-  // rank joins the gathers, rank 0 writes.
+  // Writes the full float32 master weights (in checkpoint.export_dtype) as one safetensors file
+  // (export_format torchtitan) or a Hugging Face folder (hf); every rank joins the gathers (one
+  // parameter at a time), rank 0 writes.
   void export_weights(const std::string& path);
+  // The step the run resumed from (0 = a fresh start).
+  int64_t start_step() const { return start_step_; }
+  const CheckpointManager& checkpointer() const { return *checkpointer_; }
 
  private:
   void build_model();
   void load_initial_weights(const std::string& path);
+  // Resume (checkpoint.enable_checkpoint), else the initial weights, else the random init; the
+  // seed checkpoint when asked. Every rank agrees on success before training starts.
+  void init_checkpointing();
+  // The training state's holders, in save/load order (See trainer/checkpoint_state.h).
+  Holders state_holders();
+  nlohmann::json model_shape() const;  // what a checkpoint's model must match
+  void save_checkpoint(int64_t step);
   // One optimizer step over one global batch; returns (global loss, grad norm).
   std::pair<double, double> train_step(int64_t step);
   // The process group when WORLD_SIZE > 1, and always the device mesh (parallelism.* degrees).
@@ -76,6 +88,9 @@ class Trainer {
   std::unique_ptr<parallel::ParallelModel> parallel_;  // masters, loss, grad reduction, clipping
   double comm_seconds_logged_ = 0;   // mesh comm time at the last metrics line
   double comm_exposed_logged_ = 0;   // of which exposed (waited for), at the last metrics line
+  std::unique_ptr<CheckpointManager> checkpointer_;
+  std::vector<std::unique_ptr<Stateful>> holders_;     // the Stateful adapters state_holders() names
+  int64_t start_step_ = 0;                             // resumed from this step
 };
 
 }  // namespace titan::trainer

@@ -1,0 +1,144 @@
+#!/usr/bin/env python3
+"""Checks a titan Hugging Face export against Hugging Face's Llama: same logits as titan.
+
+    hf_llama_check.py HF_FOLDER TITAN_LOGITS.safetensors     # compare (exit 0 = match)
+    hf_llama_check.py --install-transformers                 # pinned transformers into .deps/hf-python
+
+TITAN_LOGITS holds "tokens" [B, S] int64 and "logits" [B, S, V] float32 that titan computed
+from the exported weights. The HF side is `transformers.LlamaForCausalLM.from_pretrained` when
+transformers can be imported (from .deps/hf-python, git-ignored, or the environment); otherwise
+a re-implementation of HF's Llama modeling code (rotate_half RoPE, RMSNorm in float32, GQA,
+SwiGLU) in plain PyTorch, reading the folder with this file's own safetensors reader, so the
+check needs only torch. Tolerance: both sides compute float32 with different op orders (and
+titan rotates interleaved pairs where HF rotates halves of a permuted head), so logits agree to
+float32 reduction error, ~1e-6 of their scale; 1e-4 absolute on O(1) logits is far below what
+a wrong permutation or name (errors of O(1)) gives.
+"""
+import json
+import math
+import os
+import struct
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HF_PYTHON = os.path.join(ROOT, ".deps", "hf-python")
+TRANSFORMERS = "transformers==4.57.1"
+
+import torch  # noqa: E402
+
+DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "I64": torch.int64}
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+        data = f.read()
+    out = {}
+    for name, e in header.items():
+        if name == "__metadata__":
+            continue
+        a, b = e["data_offsets"]
+        t = torch.frombuffer(bytearray(data[a:b]), dtype=DTYPES[e["dtype"]]) if b > a else torch.empty(0, dtype=DTYPES[e["dtype"]])
+        out[name] = t.reshape(e["shape"])
+    return out
+
+
+def read_hf_folder(folder):
+    index = os.path.join(folder, "model.safetensors.index.json")
+    files = sorted(set(json.load(open(index))["weight_map"].values())) if os.path.exists(index) else ["model.safetensors"]
+    weights = {}
+    for f in files:
+        weights.update(read_safetensors(os.path.join(folder, f)))
+    return weights
+
+
+def rms_norm(x, w, eps):  # HF LlamaRMSNorm
+    x32 = x.float()
+    return w * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def rotate_half(x):
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def llama3_inv_freq(inv_freq, rs):
+    """HF's _compute_llama3_parameters (rope_type "llama3", Llama 3.1's frequency scaling)."""
+    factor, low, high = rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"]
+    old = rs["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv_freq
+    inv_freq_llama = torch.where(wavelen > old / low, inv_freq / factor, inv_freq)
+    smooth = (old / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * inv_freq_llama / factor + smooth * inv_freq_llama
+    is_medium = ~(wavelen < old / high) * ~(wavelen > old / low)
+    return torch.where(is_medium, smoothed, inv_freq_llama)
+
+
+def hf_llama_logits(folder, tokens):
+    """HF's LlamaForCausalLM forward (modeling_llama.py), without caches or masks beyond causal."""
+    cfg = json.load(open(os.path.join(folder, "config.json")))
+    w = {k: v.float() for k, v in read_hf_folder(folder).items()}
+    H, KV, hd, eps = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"], cfg["rms_norm_eps"]
+    B, S = tokens.shape
+    inv_freq = 1.0 / (cfg["rope_theta"] ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
+    if cfg.get("rope_scaling"):
+        inv_freq = llama3_inv_freq(inv_freq, cfg["rope_scaling"])
+    freqs = torch.outer(torch.arange(S).float(), inv_freq)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = emb.cos()[None, None], emb.sin()[None, None]
+    h = w["model.embed_tokens.weight"][tokens]
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        x = rms_norm(h, w[p + "input_layernorm.weight"], eps)
+        q = (x @ w[p + "self_attn.q_proj.weight"].T).view(B, S, H, hd).transpose(1, 2)
+        k = (x @ w[p + "self_attn.k_proj.weight"].T).view(B, S, KV, hd).transpose(1, 2)
+        v = (x @ w[p + "self_attn.v_proj.weight"].T).view(B, S, KV, hd).transpose(1, 2)
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        k, v = k.repeat_interleave(H // KV, dim=1), v.repeat_interleave(H // KV, dim=1)
+        att = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        h = h + att.transpose(1, 2).reshape(B, S, H * hd) @ w[p + "self_attn.o_proj.weight"].T
+        x = rms_norm(h, w[p + "post_attention_layernorm.weight"], eps)
+        gate, up = x @ w[p + "mlp.gate_proj.weight"].T, x @ w[p + "mlp.up_proj.weight"].T
+        h = h + (torch.nn.functional.silu(gate) * up) @ w[p + "mlp.down_proj.weight"].T
+    return rms_norm(h, w["model.norm.weight"], eps) @ w["lm_head.weight"].T
+
+
+def transformers_logits(folder, tokens):
+    if os.path.isdir(HF_PYTHON):
+        sys.path.insert(0, HF_PYTHON)
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        return None, None
+    from transformers import LlamaForCausalLM
+    model = LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager")
+    model.eval()
+    with torch.no_grad():
+        return model(tokens).logits, "transformers " + transformers.__version__
+
+
+def main():
+    if sys.argv[1:] == ["--install-transformers"]:
+        return subprocess.call([sys.executable, "-m", "pip", "install", "-q", "--target", HF_PYTHON, TRANSFORMERS])
+    folder, probe = sys.argv[1], sys.argv[2]
+    titan = read_safetensors(probe)
+    tokens, want = titan["tokens"], titan["logits"].float()
+    with torch.no_grad():
+        got, via = transformers_logits(folder, tokens)
+        if got is None and os.environ.get("TITAN_HF_REQUIRE_TRANSFORMERS") == "1":
+            print(f"transformers is not importable (run {sys.argv[0]} --install-transformers)")
+            return 1
+        if got is None:
+            got, via = hf_llama_logits(folder, tokens), "HF-layout re-implementation (transformers not installed)"
+    diff = (got.float() - want).abs().max().item()
+    scale = want.abs().max().item()
+    ok = diff <= 1e-4
+    print(f"{'logits match' if ok else 'LOGITS DIFFER'} via {via}: max |diff| {diff:.3g} (max |logit| {scale:.3g}, "
+          f"tolerance 1e-4)")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

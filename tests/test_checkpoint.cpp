@@ -1,0 +1,479 @@
+// Checkpoints (docs/checkpoint.md): the shard format and its region reads, every kind of bad
+// checkpoint, bitwise resume in one process and in every parallel layout (real titan-train ranks
+// under titan-run, Gloo on 127.0.0.1), resharding between layouts, a run SIGKILLed at a random
+// moment, and Hugging Face export/import (logits checked against an HF-layout Llama in Python).
+//
+// Tolerances: a resume in the layout that saved is bitwise (every loss and grad_norm equal).
+// A resharded resume continues from bitwise the same state but steps in another layout, whose
+// reductions run in another order: over 10 steps the losses differ by ~1e-7 relative (measured,
+// as in test_parallel) and 1e-5 relative is the same bound test_parallel uses for layouts.
+#include <catch2/catch.hpp>
+
+#include <ATen/ops/arange.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/randn.h>
+#include <ATen/ops/zeros.h>
+#include <ATen/core/grad_mode.h>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "tests/temp_dir.h"
+#include "trainer/checkpoint.h"
+#include "trainer/hf_weights.h"
+#include "trainer/safetensors.h"
+#include "trainer/train.h"
+
+#if !defined(TITAN_RUN_PATH) || !defined(TITAN_TRAIN_PATH) || !defined(TITAN_PYTHON)
+#error "TITAN_RUN_PATH, TITAN_TRAIN_PATH and TITAN_PYTHON must be defined by the build"
+#endif
+
+namespace fs = std::filesystem;
+using namespace titan::trainer;
+using Catch::Matchers::Contains;
+
+namespace {
+
+// The scratch folder; at exit its shard files (about 1 GB over all cases) are deleted, the logs,
+// metrics and manifests stay for diagnosis.
+struct ScratchFolder {
+  fs::path dir = titan::testing::fresh_temp_dir("test_checkpoint");
+  ~ScratchFolder() {
+    std::error_code ec;
+    for (auto it = fs::recursive_directory_iterator(dir, ec); it != fs::recursive_directory_iterator(); it.increment(ec))
+      if (it->path().extension() == ".safetensors") fs::remove(it->path(), ec);
+  }
+};
+fs::path root() {
+  static const ScratchFolder scratch;
+  return scratch.dir;
+}
+
+// ---------------------------------------------------------------- a synthetic sharded tensor
+
+// A Stateful that holds one [rows, cols] float tensor split over `world` ranks along `dim`
+// (uneven: the last rank gets the remainder), as rank `rank` sees it.
+class SlabState final : public Stateful {
+ public:
+  SlabState(at::Tensor full, int dim, int rank, int world) : full_(std::move(full)), dim_(dim) {
+    const int64_t n = full_.size(dim), chunk = (n + world - 1) / world;
+    start_ = std::min<int64_t>(n, rank * chunk);
+    len_ = std::max<int64_t>(0, std::min<int64_t>(chunk, n - start_));
+  }
+  StateDict state_dict() override {
+    StateDict sd;
+    std::vector<int64_t> offsets(2, 0);
+    offsets[static_cast<size_t>(dim_)] = start_;
+    sd.tensors.push_back({"slab", full_.narrow(dim_, start_, len_), full_.sizes().vec(), offsets, len_ > 0});
+    sd.extras = {{"note", "slab"}};
+    return sd;
+  }
+  void load_state_dict(StateSource&) override {}
+
+ private:
+  at::Tensor full_;
+  int dim_;
+  int64_t start_ = 0, len_ = 0;
+};
+
+// Saves `full` split over `world` ranks along `dim` as step-1 of a fresh folder; returns it.
+fs::path save_slab(const std::string& name, const at::Tensor& full, int dim, int world) {
+  JobConfig cfg = parse_job_config({"--job.dump_folder", (root() / name).string(), "--checkpoint.enable_checkpoint"});
+  for (int rank = world - 1; rank >= 0; --rank) {  // rank 0 last: it commits once all parts exist
+    CheckpointManager m(cfg, rank, world, {{"world_size", world}}, {{"test", 1}}, c10::kCPU);
+    SlabState slab(full, dim, rank, world);
+    m.save(1, {{"slab", &slab}}, false);
+  }
+  return root() / name / "checkpoint" / "step-1";
+}
+
+at::Tensor read_region(const fs::path& dir, const at::Tensor& full, std::vector<int64_t> offsets,
+                       std::vector<int64_t> lengths) {
+  CheckpointReader reader(dir.string());
+  at::Tensor out = at::zeros(lengths);
+  reader.read("slab.slab", full.sizes().vec(), offsets, out);
+  return out;
+}
+
+// ---------------------------------------------------------------- training runs
+
+std::vector<std::string> job_args(const fs::path& dump, const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> args = {
+      "--training.seq_len", "32", "--training.local_batch_size", "2", "--training.global_batch_size", "8",
+      "--training.steps", "20", "--lr_scheduler.warmup_steps", "2", "--metrics.log_freq", "1",
+      "--training.num_threads", "1", "--metrics.peak_flops", "1e12", "--training.seed", "3",
+      "--checkpoint.enable_checkpoint", "--checkpoint.interval", "10", "--job.dump_folder", dump.string()};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
+
+std::string joined(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& a : v) s += " " + a;
+  return s;
+}
+
+struct Step {
+  int64_t step = 0;
+  double loss = 0, grad_norm = 0;
+};
+
+std::vector<Step> read_metrics(const fs::path& dump) {
+  std::ifstream in(dump / "metrics.jsonl");
+  std::vector<Step> steps;
+  std::string line;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line);
+    steps.push_back({j.at("step").get<int64_t>(), j.at("loss").get<double>(), j.at("grad_norm").get<double>()});
+  }
+  return steps;
+}
+
+// titan-train (nproc 1) or titan-run with nproc ranks; returns the log, requires exit 0.
+std::string run_ranks(int nproc, const std::vector<std::string>& args, const fs::path& log) {
+  const std::string train = TITAN_TRAIN_PATH + joined(args);
+  const std::string cmd = nproc == 1 ? train
+                                     : std::string(TITAN_RUN_PATH) + " --nproc-per-node " + std::to_string(nproc) +
+                                           " -- " + train;
+  const int status = std::system(("OMP_NUM_THREADS=1 LOG_RANK= " + cmd + " > " + log.string() + " 2>&1").c_str());
+  std::ifstream in(log);
+  std::string text((std::istreambuf_iterator<char>(in)), {});
+  INFO(text);
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 0);
+  return text;
+}
+
+// The steps of `got` (a resumed run) against the same steps of `want`: equal, or within `rel`.
+void check_steps(const std::vector<Step>& want, const std::vector<Step>& got, double rel) {
+  REQUIRE(!got.empty());
+  size_t first = 0;
+  while (first < want.size() && want[first].step != got[0].step) ++first;
+  REQUIRE(want.size() - first == got.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    INFO("step " << got[i].step);
+    if (rel == 0) {
+      CHECK(got[i].loss == want[first + i].loss);
+      CHECK(got[i].grad_norm == want[first + i].grad_norm);
+    } else {
+      CHECK(got[i].loss == Approx(want[first + i].loss).epsilon(rel));
+      CHECK(got[i].grad_norm == Approx(want[first + i].grad_norm).epsilon(rel));
+    }
+  }
+}
+
+// One layout's uninterrupted 20-step run (saving step-10 and step-20), run once per name.
+struct Source {
+  fs::path dump;
+  std::vector<Step> steps;
+  int nproc;
+  std::vector<std::string> layout;
+};
+const Source& source(const std::string& name, int nproc, const std::vector<std::string>& layout) {
+  static std::map<std::string, Source> cache;
+  auto it = cache.find(name);
+  if (it != cache.end()) return it->second;
+  Source s{root() / name, {}, nproc, layout};
+  run_ranks(nproc, job_args(s.dump, layout), root() / (name + ".log"));
+  s.steps = read_metrics(s.dump);
+  REQUIRE(s.steps.size() == 20);
+  return cache[name] = s;
+}
+
+// Resumes `src`'s step-10 in another run (layout `layout`, nproc ranks) and checks steps 11-20.
+void resume_from(const Source& src, const std::string& name, int nproc, const std::vector<std::string>& layout,
+                 double rel) {
+  const fs::path dump = root() / name;
+  fs::create_directories(dump / "checkpoint");
+  fs::copy(src.dump / "checkpoint" / "step-10", dump / "checkpoint" / "step-10", fs::copy_options::recursive);
+  const std::string log = run_ranks(nproc, job_args(dump, layout), root() / (name + ".log"));
+  CHECK_THAT(log, Contains("resumed from") && Contains("at step 10"));
+  check_steps(src.steps, read_metrics(dump), rel);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- format
+
+TEST_CASE("CRC-32 is zlib's", "[checkpoint]") {
+  CHECK(crc32_update(0, "123456789", 9) == 0xCBF43926u);
+  CHECK(crc32_update(crc32_update(0, "1234", 4), "56789", 5) == 0xCBF43926u);  // streaming
+  CHECK(crc32_combine(crc32_update(0, "1234", 4), crc32_update(0, "56789", 5), 5) == 0xCBF43926u);
+}
+
+TEST_CASE("shards of any split read back any region, strided too", "[checkpoint]") {
+  at::Tensor full = at::arange(7 * 5, at::kFloat).view({7, 5});
+  const fs::path rows = save_slab("rows", full, 0, 3);  // rows 3 + 3 + 1: uneven
+  const fs::path cols = save_slab("cols", full, 1, 2);  // columns 3 + 2: strided reads
+  for (const fs::path& dir : {rows, cols}) {
+    INFO(dir);
+    CHECK(at::equal(read_region(dir, full, {0, 0}, {7, 5}), full));
+    CHECK(at::equal(read_region(dir, full, {2, 1}, {4, 3}), full.narrow(0, 2, 4).narrow(1, 1, 3)));
+    CHECK(at::equal(read_region(dir, full, {6, 4}, {1, 1}), full.narrow(0, 6, 1).narrow(1, 4, 1)));
+  }
+  const auto manifest = CheckpointReader(rows.string()).manifest();
+  CHECK(manifest.at("tensors").at("slab.slab").at("shards").size() == 3);
+  CHECK(manifest.at("extras").at("slab").at("note") == "slab");
+  // A shard file is plain safetensors: its tensor is the real rows of that rank.
+  const auto shard = load_safetensors((rows / "rank00002.safetensors").string());
+  CHECK(at::equal(shard.at("slab.slab"), full.narrow(0, 6, 1)));
+  // The manifest's file CRC is the whole file's.
+  std::ifstream in(rows / "rank00002.safetensors", std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), {});
+  char crc[16];
+  std::snprintf(crc, sizeof(crc), "%08x", crc32_update(0, bytes.data(), bytes.size()));
+  CHECK(manifest.at("files").at("rank00002.safetensors").at("crc32") == crc);
+}
+
+TEST_CASE("bad checkpoints get one error naming the file and the tensor", "[checkpoint]") {
+  at::Tensor full = at::randn({64, 16});
+  auto expect_error = [&](const std::string& name, const std::function<void(const fs::path&)>& damage,
+                          const std::vector<std::string>& words) {
+    const fs::path dir = save_slab("bad_" + name, full, 0, 2);
+    damage(dir);
+    INFO(name);
+    try {
+      read_region(dir, full, {0, 0}, {64, 16});
+      FAIL("no error for " << name);
+    } catch (const std::runtime_error& e) {
+      for (const auto& w : words) CHECK_THAT(e.what(), Contains(w));
+    }
+  };
+  const std::string file1 = "rank00001.safetensors";
+  expect_error("truncated", [&](const fs::path& d) { fs::resize_file(d / file1, fs::file_size(d / file1) - 100); },
+               {file1, "slab.slab", "truncated"});
+  expect_error("flipped", [&](const fs::path& d) {
+    std::fstream f(d / file1, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(fs::file_size(d / file1) - 7));
+    f.put('\x5a');
+  }, {file1, "slab.slab", "CRC-32"});
+  expect_error("missing", [&](const fs::path& d) { fs::remove(d / file1); }, {file1, "slab.slab", "missing"});
+  expect_error("dtype", [&](const fs::path& d) {
+    std::ifstream in(d / "manifest.json");
+    auto m = nlohmann::json::parse(in);
+    m["tensors"]["slab.slab"]["dtype"] = "BF16";
+    std::ofstream(d / "manifest.json") << m.dump();
+  }, {"rank0000", "slab.slab", "F32", "BF16"});
+  expect_error("shape", [&](const fs::path& d) {
+    std::ifstream in(d / "manifest.json");
+    auto m = nlohmann::json::parse(in);
+    m["tensors"]["slab.slab"]["shape"] = {32, 16};
+    std::ofstream(d / "manifest.json") << m.dump();
+  }, {"slab.slab", "[32, 16]", "another model"});
+  expect_error("dropped shard", [&](const fs::path& d) {
+    std::ifstream in(d / "manifest.json");
+    auto m = nlohmann::json::parse(in);
+    m["tensors"]["slab.slab"]["shards"].erase(1);
+    std::ofstream(d / "manifest.json") << m.dump();
+  }, {"slab.slab", "cover 512 of the 1024"});
+  expect_error("no manifest", [&](const fs::path& d) { fs::remove(d / "manifest.json"); }, {"no manifest.json"});
+}
+
+// ---------------------------------------------------------------- one process, in process
+
+TEST_CASE("one process: resume is bitwise (tensorwise_delayed, gradient accumulation, async)", "[checkpoint][slow]") {
+  // 4 micro-batches per step; the delayed amax histories and AdamW state must all come back.
+  const std::vector<std::string> extra = {"--float8.enable_float8_linear", "--float8.recipe_name", "tensorwise_delayed",
+                                          "--checkpoint.async_mode", "async", "--checkpoint.keep_latest_k", "1"};
+  const fs::path a = root() / "single_a", b = root() / "single_b";
+  TrainResult whole;
+  {
+    Trainer t(parse_job_config(job_args(a, extra)));
+    whole = t.train();
+  }
+  REQUIRE(whole.losses.size() == 20);
+  // keep_latest_k 1: step-10 was deleted once step-20 was complete.
+  CHECK(complete_checkpoints((a / "checkpoint").string()).size() == 1);
+  // Resume from step-10, which the first run wrote: train it again to 10 in another folder.
+  {
+    std::vector<std::string> first = job_args(b, extra);
+    first.insert(first.end(), {"--comm.debug_fail_at_step", "11"});  // stops the run after step 10
+    Trainer t(parse_job_config(first));
+    CHECK_THROWS_WITH(t.train(), Contains("fails on purpose at step 11"));
+  }
+  fs::create_directories(b / "checkpoint" / "step-7.tmp");  // as a save killed mid-way leaves it
+  Trainer resumed(parse_job_config(job_args(b, extra)));
+  CHECK(resumed.start_step() == 10);
+  CHECK(!fs::exists(b / "checkpoint" / "step-7.tmp"));  // reported and removed
+  const TrainResult rest = resumed.train();
+  REQUIRE(rest.losses.size() == 10);
+  for (size_t i = 0; i < 10; ++i) {
+    INFO("step " << i + 11);
+    CHECK(rest.losses[i] == whole.losses[i + 10]);
+    CHECK(rest.grad_norms[i] == whole.grad_norms[i + 10]);
+  }
+}
+
+TEST_CASE("resume checks the config and the model; bad paths are errors", "[checkpoint][slow]") {
+  const fs::path a = root() / "checks";
+  {
+    std::vector<std::string> args = job_args(a, {"--training.steps", "2", "--checkpoint.interval", "1"});
+    Trainer(parse_job_config(args)).train();
+  }
+  CHECK_THROWS_WITH(Trainer(parse_job_config(job_args(a, {"--training.global_batch_size", "4"}))),
+                    Contains("global_batch_size") && Contains("exclude_from_loading dataloader"));
+  CHECK_THROWS_WITH(Trainer(parse_job_config(job_args(a, {"--training.seq_len", "16"}))), Contains("seq_len"));
+  Trainer shape_changed(parse_job_config(
+      job_args(a, {"--training.global_batch_size", "4", "--checkpoint.exclude_from_loading", "dataloader"})));
+  CHECK(shape_changed.start_step() == 2);
+  CHECK_THROWS_WITH(Trainer(parse_job_config(job_args(a, {"--checkpoint.load_step", "7"}))),
+                    Contains("load_step 7") && Contains("1, 2"));
+  {  // a manifest of another model
+    const fs::path manifest = a / "checkpoint" / "step-2" / "manifest.json";
+    std::ifstream in(manifest);
+    auto m = nlohmann::json::parse(in);
+    m["model"]["dim"] = 512;
+    std::ofstream(manifest) << m.dump();
+  }
+  CHECK_THROWS_WITH(Trainer(parse_job_config(job_args(a))), Contains("step-2") && Contains("\"dim\":512"));
+  CHECK_THROWS_WITH(Trainer(parse_job_config(job_args(root() / "nothing", {"--checkpoint.initial_load_path",
+                                                                           "/no/such/weights"}))),
+                    Contains("/no/such/weights") && Contains("does not exist"));
+}
+
+TEST_CASE("Hugging Face export loads back bitwise and gives HF Llama's logits", "[checkpoint][slow]") {
+  const fs::path dump = root() / "hf", hf = dump / "hf_export";
+  std::vector<std::string> args = {"--training.seq_len", "32", "--training.local_batch_size", "2",
+                                   "--training.steps", "3", "--training.num_threads", "1", "--metrics.peak_flops", "1e12",
+                                   "--job.dump_folder", dump.string(), "--checkpoint.export_path", hf.string(),
+                                   "--checkpoint.export_format", "hf"};
+  Trainer first(parse_job_config(args));
+  first.train();
+  for (const char* f : {"config.json", "model.safetensors.index.json", "model-00001-of-00001.safetensors"})
+    CHECK(fs::exists(hf / f));
+  const auto tensors = load_safetensors((hf / "model-00001-of-00001.safetensors").string());
+  CHECK(tensors.count("model.layers.0.self_attn.q_proj.weight") == 1);
+  CHECK(tensors.count("lm_head.weight") == 1);
+  // Import: --checkpoint.initial_load_path names the folder; every master comes back bitwise.
+  args.insert(args.end(), {"--checkpoint.initial_load_path", hf.string()});
+  Trainer second(parse_job_config(args));
+  for (size_t i = 0; i < first.master_params().size(); ++i) {
+    INFO(first.param_names()[i]);
+    CHECK(at::equal(first.master_params()[i], second.master_params()[i]));
+  }
+  {  // an HF config whose numerics differ from titan's model is refused by name
+    const fs::path other = dump / "hf_other";
+    fs::copy(hf, other, fs::copy_options::recursive);
+    std::ifstream in(other / "config.json");
+    auto cfg = nlohmann::json::parse(in);
+    cfg["rope_theta"] = 10000.0;
+    std::ofstream(other / "config.json") << cfg.dump();
+    std::vector<std::string> bad = args;
+    bad.back() = other.string();
+    CHECK_THROWS_WITH(Trainer(parse_job_config(bad)), Contains("rope_theta") && Contains("config.json"));
+  }
+  // Logits: titan's forward on fixed tokens vs an HF-layout Llama (transformers when it is
+  // installed, else scripts/hf_llama_check.py's own re-implementation of HF's modeling code).
+  at::Tensor tokens = at::arange(32, at::kLong).remainder(200).view({1, 32}) * 7 % 251;
+  at::Tensor logits;
+  {
+    at::NoGradGuard no_grad;
+    logits = second.model().forward(tokens).to(at::kFloat);
+  }
+  const fs::path probe = dump / "titan_logits.safetensors";
+  save_safetensors(probe.string(), {{"tokens", tokens}, {"logits", logits}});
+  const std::string source = std::getenv("TITAN_SOURCE_DIR") ? std::getenv("TITAN_SOURCE_DIR") : ".";
+  const std::string cmd = std::string(TITAN_PYTHON) + " " + source + "/scripts/hf_llama_check.py " + hf.string() +
+                          " " + probe.string() + " > " + (dump / "hf_check.log").string() + " 2>&1";
+  const int status = std::system(cmd.c_str());
+  std::ifstream in(dump / "hf_check.log");
+  const std::string log((std::istreambuf_iterator<char>(in)), {});
+  INFO(log);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  CHECK_THAT(log, Contains("logits match"));
+}
+
+// ---------------------------------------------------------------- every layout, real ranks
+
+// Each case: the layout's uninterrupted run (step-10 saved on the way) and a fresh run resumed
+// from that step-10, compared step by step.
+TEST_CASE("FSDP 2 + float8 rowwise + gradient accumulation: bitwise resume", "[checkpoint][dist][slow]") {
+  const std::vector<std::string> layout = {"--parallelism.data_parallel_shard_degree", "2",
+                                           "--float8.enable_float8_linear", "--float8.recipe_name", "rowwise"};
+  resume_from(source("fsdp2_rowwise", 2, layout), "fsdp2_rowwise_resumed", 2, layout, 0);
+}
+
+TEST_CASE("TP 2 + float8 tensorwise_delayed: bitwise resume", "[checkpoint][dist][slow]") {
+  const std::vector<std::string> layout = {"--parallelism.tensor_parallel_degree", "2", "--float8.enable_float8_linear",
+                                           "--float8.recipe_name", "tensorwise_delayed"};
+  resume_from(source("tp2_delayed", 2, layout), "tp2_delayed_resumed", 2, layout, 0);
+}
+
+TEST_CASE("HSDP 2x2 + float8 all-gather with precomputed scales: bitwise resume", "[checkpoint][dist][slow]") {
+  const std::vector<std::string> layout = {
+      "--parallelism.data_parallel_replicate_degree", "2", "--parallelism.data_parallel_shard_degree", "2",
+      "--float8.enable_float8_linear", "--float8.enable_fsdp_float8_all_gather",
+      "--float8.precompute_float8_dynamic_scale_for_fsdp"};
+  resume_from(source("hsdp", 4, layout), "hsdp_resumed", 4, layout, 0);
+}
+
+TEST_CASE("FSDP 2 x TP 2 resumes bitwise and reshards into 1, FSDP 4, TP 2", "[checkpoint][dist][slow]") {
+  const std::vector<std::string> layout = {"--parallelism.data_parallel_shard_degree", "2",
+                                           "--parallelism.tensor_parallel_degree", "2"};
+  const Source& src = source("fsdp2_tp2", 4, layout);
+  resume_from(src, "fsdp2_tp2_resumed", 4, layout, 0);
+  resume_from(src, "fsdp2_tp2_to_1", 1, {}, 1e-5);
+  resume_from(src, "fsdp2_tp2_to_fsdp4", 4, {"--parallelism.data_parallel_shard_degree", "4"}, 1e-5);
+  resume_from(src, "fsdp2_tp2_to_tp2", 2, {"--parallelism.tensor_parallel_degree", "2"}, 1e-5);
+}
+
+TEST_CASE("FSDP 3 (uneven shards) resumes bitwise and reshards into TP 2; 1 reshards into FSDP 2 x TP 2",
+          "[checkpoint][dist][slow]") {
+  // torchtitan #1136: uneven FSDP shards. Global batch 6 = 3 ranks x 2 rows.
+  const std::vector<std::string> fsdp3 = {"--training.global_batch_size", "6"};
+  const Source& src = source("fsdp3", 3, fsdp3);
+  resume_from(src, "fsdp3_resumed", 3, fsdp3, 0);
+  resume_from(src, "fsdp3_to_tp2", 2, {"--training.global_batch_size", "6", "--parallelism.tensor_parallel_degree", "2"},
+              1e-5);
+  resume_from(source("single", 1, {}), "single_to_fsdp2_tp2", 4,
+              {"--parallelism.data_parallel_shard_degree", "2", "--parallelism.tensor_parallel_degree", "2"}, 1e-5);
+}
+
+TEST_CASE("a run SIGKILLed at a random moment resumes with the same loss lines", "[checkpoint][dist][slow]") {
+  const std::vector<std::string> layout = {"--parallelism.data_parallel_shard_degree", "2",
+                                           "--float8.enable_float8_linear", "--float8.recipe_name", "rowwise"};
+  const Source& src = source("fsdp2_rowwise", 2, layout);
+  const fs::path dump = root() / "killed";
+  std::vector<std::string> args = job_args(dump, layout);
+  args.insert(args.end(), {"--checkpoint.interval", "5", "--checkpoint.async_mode", "async"});
+  const std::string cmd = "OMP_NUM_THREADS=1 exec " + std::string(TITAN_RUN_PATH) + " --nproc-per-node 2 -- " +
+                          TITAN_TRAIN_PATH + joined(args) + " > " + (root() / "killed.log").string() + " 2>&1";
+  std::mt19937 rng(static_cast<unsigned>(std::random_device{}()));
+  const size_t kill_after = std::uniform_int_distribution<size_t>(6, 18)(rng);  // metrics lines seen
+  const pid_t pid = fork();
+  if (pid == 0) {
+    setpgid(0, 0);  // one process group: titan-run and its ranks die together
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  setpgid(pid, pid);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::ifstream in(dump / "metrics_rank0.jsonl");  // counted by newlines: the last line may be partial
+    if (static_cast<size_t>(std::count(std::istreambuf_iterator<char>(in), {}, '\n')) >= kill_after) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::uniform_int_distribution<int>(5, 60)(rng)));
+  }
+  kill(-pid, SIGKILL);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  INFO("killed after " << kill_after << " metrics lines");
+  // The same command again: it resumes from the latest complete checkpoint.
+  const std::string log = run_ranks(2, args, root() / "killed_resumed.log");
+  const auto steps = read_metrics(dump);
+  REQUIRE(!steps.empty());
+  CHECK((steps.front().step - 1) % 5 == 0);
+  check_steps(src.steps, steps, 0);
+}
