@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #ifdef TITAN_WITH_CUDA
@@ -87,11 +88,8 @@ MetricsLogger::MetricsLogger(c10::Device device, double flops_per_token, double 
       flops_per_token_(flops_per_token),
       peak_flops_(peak_flops),
       non_data_parallel_size_(non_data_parallel_size) {
-  if (!jsonl_path.empty()) {
-    std::filesystem::create_directories(std::filesystem::path(jsonl_path).parent_path());
-    jsonl_.open(jsonl_path, std::ios::trunc);
-    if (!jsonl_) throw std::runtime_error("cannot write metrics file '" + jsonl_path + "'");
-  }
+  jsonl_path_ = jsonl_path;
+  if (!jsonl_path.empty()) std::filesystem::create_directories(std::filesystem::path(jsonl_path).parent_path());
   reset_window();
 }
 
@@ -99,6 +97,30 @@ void MetricsLogger::reset_window() {
   tokens_since_last_ = 0;
   window_start_ = std::chrono::steady_clock::now();
   reset_peak_memory(device_);
+}
+
+// A fresh run starts the file; a resumed one keeps the lines of the steps it resumed after
+// (written whole to a temporary file, then renamed) and appends, so the file reads as one run.
+void MetricsLogger::open_jsonl() {
+  namespace fs = std::filesystem;
+  if (resume_step_ > 0 && fs::exists(jsonl_path_)) {
+    const std::string tmp = jsonl_path_ + ".tmp";
+    {
+      std::ifstream in(jsonl_path_);
+      std::ofstream out(tmp, std::ios::trunc);
+      std::string line;
+      while (std::getline(in, line)) {
+        const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+        if (!j.is_discarded() && j.contains("step") && j["step"].get<int64_t>() <= resume_step_) out << line << '\n';
+      }
+      if (!out) throw std::runtime_error("cannot write metrics file '" + tmp + "'");
+    }
+    fs::rename(tmp, jsonl_path_);
+    jsonl_.open(jsonl_path_, std::ios::app);
+  } else {
+    jsonl_.open(jsonl_path_, std::ios::trunc);
+  }
+  if (!jsonl_) throw std::runtime_error("cannot write metrics file '" + jsonl_path_ + "'");
 }
 
 void MetricsLogger::log(const StepMetrics& m) {
@@ -123,6 +145,7 @@ void MetricsLogger::log(const StepMetrics& m) {
                 tflops, color_code("green"), mfu_text, color_code("reset"));
   log_info(buf);
 
+  if (!jsonl_path_.empty() && !jsonl_.is_open()) open_jsonl();
   if (jsonl_.is_open()) {
     nlohmann::json record = {{"step", m.step},         {"loss", m.loss},
                              {"grad_norm", m.grad_norm}, {"lr", m.lr},

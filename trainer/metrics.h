@@ -61,6 +61,9 @@ class MetricsLogger {
   void log(const StepMetrics& m);
   // metrics.enable_tensorboard: every logged step also goes to this writer (torchtitan's tags).
   void set_tensorboard(std::unique_ptr<TensorBoardWriter> writer) { tensorboard_ = std::move(writer); }
+  // A run resumed from a checkpoint of `step`: the metrics file keeps its lines up to that step
+  // and continues after them (call before the first log).
+  void resume_after(int64_t step) { resume_step_ = step; }
   // Resets the window without logging (e.g. after start-up work that should not count).
   void reset_window();
 
@@ -71,6 +74,9 @@ class MetricsLogger {
   int64_t non_data_parallel_size_;
   int64_t tokens_since_last_ = 0;
   std::chrono::steady_clock::time_point window_start_;
+  void open_jsonl();
+  std::string jsonl_path_;
+  int64_t resume_step_ = 0;
   std::ofstream jsonl_;
   std::unique_ptr<TensorBoardWriter> tensorboard_;
 };

@@ -142,6 +142,7 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
   const std::string jsonl =
       (dump / (distributed ? "metrics_rank" + std::to_string(world_.rank) + ".jsonl" : "metrics.jsonl")).string();
   metrics_ = std::make_unique<MetricsLogger>(device_, fpt, peak.flops_per_second, mesh_->dims().non_data_parallel_size(), jsonl);
+  if (start_step_ > 0) metrics_->resume_after(start_step_);  // the file continues the run
   if (cfg_.metrics.enable_tensorboard && (cfg_.metrics.save_for_all_ranks || world_.rank == 0)) {
     // torchtitan's layout: <dump_folder>/<save_tb_folder>/<start time>[/rank_<R>].
     char stamp[32];
