@@ -109,7 +109,7 @@ TEST_CASE("tokenizer.json gives the same ids as tiktoken on the same vocabulary"
       CHECK(hf->vocab_size() == tiktoken.vocab_size());
       CHECK(hf->bos_id() == tiktoken.bos_id());
       CHECK(hf->eos_id() == tiktoken.eos_id());
-      for (const std::string text :
+      for (const std::string& text :
            {std::string(kCorpus), std::string("thermos the"), std::string(""),
             std::string("unseen Wörter 987654 \xF0\x9F\x99\x82 <|end_of_text|>"),
             std::string("bad utf-8 \xFF\xFE here")}) {

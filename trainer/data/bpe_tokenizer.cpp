@@ -26,7 +26,14 @@ std::vector<std::string> llama3_special_tokens() {
 }
 
 BpeTokenizer::BpeTokenizer(std::vector<std::string> ranks, std::string origin)
-    : BpeTokenizer(BpeVocabulary{std::move(ranks), llama3_special_tokens()}, std::move(origin)) {}
+    : BpeTokenizer(
+          [&] {
+            BpeVocabulary v;  // tiktoken's rules: no explicit merges, Llama 3's split pattern
+            v.tokens = std::move(ranks);
+            v.specials = llama3_special_tokens();
+            return v;
+          }(),
+          std::move(origin)) {}
 
 BpeTokenizer::BpeTokenizer(BpeVocabulary vocab, std::string origin)
     : origin_(std::move(origin)),
