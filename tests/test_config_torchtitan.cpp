@@ -53,9 +53,9 @@ const std::map<std::string, std::string>& renames() {
       {"experimental.enable_async_tensor_parallel", "parallelism.enable_async_tensor_parallel"},
       {"lr_scheduler.lr_min", "lr_scheduler.min_lr_factor"},
       {"compile.enable", "training.compile"},
-      {"checkpoint.enable_checkpoint", "checkpoint.enable"},
-      {"checkpoint.model_weights_only", "checkpoint.last_save_model_only"},
-      {"checkpoint.last_save_model_weights_only", "checkpoint.last_save_model_only"},
+      {"checkpoint.enable", "checkpoint.enable_checkpoint"},
+      {"checkpoint.last_save_model_only", "checkpoint.model_weights_only"},
+      {"checkpoint.last_save_model_weights_only", "checkpoint.model_weights_only"},
       {"debug.seed", "training.seed"},
       {"quantize.linear.float8.enable_fsdp_float8_all_gather",
        "float8.enable_fsdp_float8_all_gather"},
@@ -226,8 +226,8 @@ TEST_CASE("a torchtitan key asking for a feature titan lacks is refused by name"
              Contains("titan does not implement expert parallelism"));
   CHECK_THAT(error_of({"--model.converters", "mx"}),
              Contains("titan does not implement MX (microscaling) training yet: model.converters"));
-  CHECK_THAT(error_of({"--checkpoint.enable_checkpoint"}),
-             Contains("as checkpoint.enable_checkpoint") && Contains("titan does not implement"));
+  CHECK_THAT(error_of({"--checkpoint.initial_load_in_hf"}),
+             Contains("titan does not implement loading Hugging Face checkpoints"));
   CHECK_THAT(error_of({"--training.dtype", "bfloat16"}),
              Contains("titan does not implement pure bfloat16 training"));
   // Accepted with a value that asks for nothing, and printed only when not torchtitan's default.

@@ -142,15 +142,14 @@ std::vector<Row> rows_of(const std::string& section) {
     // its placeholder (build_table keeps the implemented one), so adding the real keys needs
     // no change here.
     return {
-        accepted_if("enable", false, "checkpoint saving and resuming (checkpoint.enable)",
-                    "v0.2.0+"),
-        alias("enable_checkpoint", "checkpoint.enable", "early-2025, v0.1.0"),
+        // titan implements checkpointing under torchtitan's first spelling (the implemented
+        // rows are in config_keys.cpp); later spellings are aliases of them.
+        alias("enable", "checkpoint.enable_checkpoint", "v0.2.0+"),
         accepted_any("folder", "checkpoint", kOnlyWithCheckpointing, ""),
         accepted_if("interval_type", "steps", "checkpoint intervals in seconds", "early-2025"),
         accepted_any("interval", int64_t{500}, kOnlyWithCheckpointing, ""),
-        accepted_any("last_save_model_only", true, kOnlyWithCheckpointing, "v0.2.0+"),
-        alias("model_weights_only", "checkpoint.last_save_model_only", "early-2025"),
-        alias("last_save_model_weights_only", "checkpoint.last_save_model_only", "v0.1.0"),
+        alias("last_save_model_only", "checkpoint.model_weights_only", "v0.2.0+"),
+        alias("last_save_model_weights_only", "checkpoint.model_weights_only", "v0.1.0"),
         accepted_any("initial_load_model_only", true, kOnlyWithCheckpointing, "v0.2.0+"),
         alias("initial_load_model_weights_only", "checkpoint.initial_load_model_only", "v0.1.0"),
         accepted_if("initial_load_in_hf", false, "loading Hugging Face checkpoints", "v0.2.0+"),
