@@ -169,18 +169,14 @@ int DeviceMesh::local_rank(MeshDim dim) const {
   return 0;
 }
 
-double DeviceMesh::comm_seconds() const {
+double DeviceMesh::sum_over_comms(double (Comm::*seconds)() const) const {
   double s = 0;
   for (const auto* c : {&world_, &dp_replicate_, &dp_shard_, &tp_, &dp_})
-    if (*c) s += (*c)->total_seconds();
+    if (*c) s += ((**c).*seconds)();
   return s;
 }
 
-double DeviceMesh::comm_exposed_seconds() const {
-  double s = 0;
-  for (const auto* c : {&world_, &dp_replicate_, &dp_shard_, &tp_, &dp_})
-    if (*c) s += (*c)->exposed_seconds();
-  return s;
-}
+double DeviceMesh::comm_seconds() const { return sum_over_comms(&Comm::total_seconds); }
+double DeviceMesh::comm_exposed_seconds() const { return sum_over_comms(&Comm::exposed_seconds); }
 
 }  // namespace titan::parallel

@@ -78,6 +78,7 @@ class DeviceMesh {
   double comm_exposed_seconds() const;
 
  private:
+  double sum_over_comms(double (Comm::*seconds)() const) const;
   std::unique_ptr<Comm> world_;
   ParallelDims dims_;
   MeshCoord coord_;

@@ -80,8 +80,7 @@ std::string train_args(const fs::path& dump, int64_t global_batch = 8, int64_t s
 }
 
 using Run = titan::testing::JobRun;
-
-Run shell(const std::string& cmd, const fs::path& log) { return titan::testing::run_job(cmd, log); }
+using titan::testing::run_job;
 
 std::vector<Step> read_metrics(const fs::path& path) {
   std::vector<Step> steps;
@@ -108,7 +107,7 @@ const std::vector<Step>& reference(int64_t global_batch = 8, const std::string& 
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
   const fs::path dump = root() / ("single_" + std::to_string(global_batch) + "_" + std::to_string(cache.size()));
-  const Run r = shell(std::string(TITAN_TRAIN_PATH) + " " + train_args(dump, global_batch) + " " + extra,
+  const Run r = run_job(std::string(TITAN_TRAIN_PATH) + " " + train_args(dump, global_batch) + " " + extra,
                       dump.string() + ".log");
   INFO(r.log);
   REQUIRE(r.exit_code == 0);
@@ -127,7 +126,7 @@ double check_layout(const std::string& name, int nproc, const std::string& overr
                     const Tolerance& tol = {}) {
   const auto& ref = reference(global_batch, shared);
   const fs::path dump = root() / name;
-  const Run r = shell(std::string(TITAN_RUN_PATH) + " --nproc-per-node " + std::to_string(nproc) +
+  const Run r = run_job(std::string(TITAN_RUN_PATH) + " --nproc-per-node " + std::to_string(nproc) +
                           " -- " + TITAN_TRAIN_PATH + " " + train_args(dump, global_batch) + " " +
                           shared + " " + overrides,
                       dump.string() + ".log");
@@ -450,7 +449,7 @@ TEST_CASE("TP float8 input all-gather reproduces the high-precision-gather TP ru
                            "--parallelism.tensor_parallel_degree 2";
   auto run = [&](const std::string& name, const std::string& extra, int nproc = 2) {
     const fs::path dump = root() / name;
-    const Run r = shell(std::string(TITAN_RUN_PATH) + " --nproc-per-node " + std::to_string(nproc) +
+    const Run r = run_job(std::string(TITAN_RUN_PATH) + " --nproc-per-node " + std::to_string(nproc) +
                             " -- " + TITAN_TRAIN_PATH + " " + train_args(dump) + " " + args + extra,
                         dump.string() + ".log");
     INFO(name << ":\n" << r.log);
@@ -490,7 +489,7 @@ TEST_CASE("TP float8 input all-gather reproduces the high-precision-gather TP ru
 
 TEST_CASE("tensor parallel degree must divide the heads", "[parallel][dist]") {
   const fs::path dump = root() / "tp3";
-  const Run r = shell(std::string(TITAN_RUN_PATH) + " --nproc-per-node 3 -- " + TITAN_TRAIN_PATH +
+  const Run r = run_job(std::string(TITAN_RUN_PATH) + " --nproc-per-node 3 -- " + TITAN_TRAIN_PATH +
                           " " + train_args(dump) + " --parallelism.tensor_parallel_degree 3",
                       dump.string() + ".log");
   CHECK(r.exit_code == 2);
@@ -499,7 +498,7 @@ TEST_CASE("tensor parallel degree must divide the heads", "[parallel][dist]") {
 
 TEST_CASE("bad degrees are a config error with the numbers", "[parallel]") {
   const fs::path dump = root() / "bad_dims";
-  const Run r = shell(std::string(TITAN_TRAIN_PATH) + " " + train_args(dump) +
+  const Run r = run_job(std::string(TITAN_TRAIN_PATH) + " " + train_args(dump) +
                           " --parallelism.data_parallel_shard_degree 1 --parallelism.tensor_parallel_degree 2",
                       dump.string() + ".log");
   CHECK(r.exit_code == 2);
@@ -510,7 +509,7 @@ TEST_CASE("the trainer runs under the real torchrun", "[parallel][dist]") {
   const auto& ref = reference();
   const fs::path dump = root() / "torchrun";
   const int port = tp::pick_free_port();
-  const Run r = shell(std::string(TITAN_TORCHRUN_PATH) + " --nproc-per-node 2 --master-port " +
+  const Run r = run_job(std::string(TITAN_TORCHRUN_PATH) + " --nproc-per-node 2 --master-port " +
                           std::to_string(port) + " --no-python " + TITAN_TRAIN_PATH + " " +
                           train_args(dump),
                       dump.string() + ".log");
@@ -531,7 +530,7 @@ TEST_CASE("two titan-run processes act as two nodes", "[parallel][dist]") {
   const std::string both = "bash -c '" + launcher + " --node-rank 1" + train + " > " + dump.string() +
                            ".node1.log 2>&1 & n1=$!; " + launcher + " --node-rank 0" + train +
                            "; r0=$?; wait $n1; r1=$?; exit $((r0 | r1))'";
-  const Run r = shell(both, dump.string() + ".node0.log");
+  const Run r = run_job(both, dump.string() + ".node0.log");
   INFO(r.log);
   REQUIRE(r.exit_code == 0);
   for (int rank = 0; rank < 2; ++rank) {
@@ -544,7 +543,7 @@ TEST_CASE("two titan-run processes act as two nodes", "[parallel][dist]") {
 TEST_CASE("a failing rank stops the whole job within seconds, leaving no process", "[parallel][dist]") {
   SECTION("fault injection: rank 1 throws at step 3") {
     const fs::path dump = root() / "fail_on_purpose";
-    const Run r = shell(std::string(TITAN_RUN_PATH) + " --nproc-per-node 2 -- " + TITAN_TRAIN_PATH +
+    const Run r = run_job(std::string(TITAN_RUN_PATH) + " --nproc-per-node 2 -- " + TITAN_TRAIN_PATH +
                             " " + train_args(dump, 8, 1000) +
                             " --comm.debug_fail_at_step 3 --comm.debug_fail_rank 1",
                         dump.string() + ".log");
@@ -569,7 +568,7 @@ TEST_CASE("a failing rank stops the whole job within seconds, leaving no process
           << TITAN_RUN_PATH << " --nproc-per-node 2 -- " << TITAN_TRAIN_PATH << " "
           << train_args(dump, 8, 1000) << "\nrc=$?\nwait\nexit $rc\n";
     }
-    const Run r = shell("bash " + script.string(), dump.string() + ".log");
+    const Run r = run_job("bash " + script.string(), dump.string() + ".log");
     INFO(r.log);
     CHECK(r.exit_code == 128 + 9);
     CHECK_THAT(r.log, Contains("rank 1 (local 1"));
@@ -595,7 +594,7 @@ TEST_CASE("activation checkpointing under FSDP and TP: the very same losses as w
     auto run_layout = [&, layout = layout, layout_args = layout_args](const std::string& tag,
                                                                       const std::string& extra) {
       const fs::path dump = root() / ("ac_" + layout + "_" + tag);
-      const Run r = shell(std::string(TITAN_RUN_PATH) + " --nproc-per-node 2 -- " + TITAN_TRAIN_PATH +
+      const Run r = run_job(std::string(TITAN_RUN_PATH) + " --nproc-per-node 2 -- " + TITAN_TRAIN_PATH +
                               " " + train_args(dump, 8, 4) + " " + layout_args + " " + extra,
                           dump.string() + ".log");
       INFO(layout << " " << tag << ":\n" << r.log);

@@ -46,10 +46,13 @@ int env_rank() {
   return r ? std::atoi(r) : 0;
 }
 
-at::ScalarType dtype_from_name(const std::string& name) {
+// A dtype config value (training.mixed_precision_param, checkpoint.export_dtype); `key` names it
+// in the error. The key table already restricts each key to the names it accepts.
+at::ScalarType dtype_from_name(const std::string& name, const char* key) {
   if (name == "float32") return at::kFloat;
   if (name == "bfloat16") return at::kBFloat16;
-  throw ConfigError("training.mixed_precision_param '" + name + "' (valid: bfloat16, float32)");
+  if (name == "float16") return at::kHalf;
+  throw ConfigError(std::string(key) + " '" + name + "' (valid: float32, bfloat16, float16)");
 }
 
 }  // namespace
@@ -68,7 +71,7 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
   if (t.num_threads > 0) at::set_num_threads(static_cast<int>(t.num_threads));
   // Before any cuBLAS handle exists: cuBLAS reads CUBLAS_WORKSPACE_CONFIG when it creates one.
   apply_determinism(t.deterministic);
-  compute_dtype_ = dtype_from_name(t.mixed_precision_param);
+  compute_dtype_ = dtype_from_name(t.mixed_precision_param, "training.mixed_precision_param");
   for (const auto& w : cfg_.warnings) log_warn(w);
   for (const auto& n : cfg_.notes) log_info("config: " + n);
   log_info("device: " + device_.str() + " (training.device = " + t.device + ")");
@@ -382,15 +385,8 @@ void Trainer::init_mesh() {
   mesh_ = std::make_unique<parallel::DeviceMesh>(std::move(world), dims);
 }
 
-// checkpoint.export_dtype (validated by the key table: float32 | bfloat16 | float16).
-static at::ScalarType export_scalar_type(const std::string& name) {
-  if (name == "bfloat16") return at::kBFloat16;
-  if (name == "float16") return at::kHalf;
-  return at::kFloat;
-}
-
 void Trainer::export_weights(const std::string& path) {
-  const at::ScalarType dtype = export_scalar_type(cfg_.checkpoint.export_dtype);
+  const at::ScalarType dtype = dtype_from_name(cfg_.checkpoint.export_dtype, "checkpoint.export_dtype");
   if (cfg_.checkpoint.export_format == "hf") {
     std::vector<std::vector<int64_t>> shapes;
     for (const auto& r : parallel_->shard_regions()) shapes.push_back(r.global_shape);
@@ -438,7 +434,7 @@ void Trainer::save_checkpoint(int64_t step) {
   std::unique_ptr<Stateful> weights;
   if (model_only) {
     const at::ScalarType dtype =
-        step > 0 ? export_scalar_type(cfg_.checkpoint.export_dtype) : at::kFloat;
+        step > 0 ? dtype_from_name(cfg_.checkpoint.export_dtype, "checkpoint.export_dtype") : at::kFloat;
     weights = std::make_unique<ModelState>(*parallel_, dtype);
     holders = {{"model", weights.get()}};
   } else {
