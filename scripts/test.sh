@@ -19,10 +19,6 @@ elif [[ "${TITAN_TEST_CUDA_BUILD:-1}" == 1 ]]; then
     "$ROOT/scripts/setup.sh"
   echo "[test] CUDA-enabled build done after $(( $(date +%s) - start )) s"
 fi
-cd "$ROOT/build"
-# Two at a time (TITAN_TEST_JOBS); a [dist] case takes both slots (PROCESSORS 2), so multi-process
-# runs never share the two cores with another test.
-ctest --output-on-failure --timeout 900 -j"${TITAN_TEST_JOBS:-2}" "$@"
 if [[ -d "$ROOT/build-cuda" && "${TITAN_TEST_CUDA_BUILD:-1}" == 1 ]] && command -v nvcc >/dev/null 2>&1; then
   # The CUDA-enabled build's [cuda] cases: they run where there is a GPU and are reported as
   # Skipped (never Passed) where there is none.
@@ -39,4 +35,11 @@ if [[ "${TITAN_TEST_CUDA_BUILD:-1}" == 1 && "${TITAN_TEST_GPU_REHEARSAL:-1}" == 
   echo "[test] GPU bundle + rehearsal took $(( $(date +%s) - rehearsal_start )) s"
 fi
 # --- end GPU bundle + rehearsal ---------------------------------------------------------------
+# --- every CPU test case: last, so that the run's final ctest summary is the full suite's -------
+cd "$ROOT/build"
+# Two at a time (TITAN_TEST_JOBS); a [dist] case takes both slots (PROCESSORS 2), so multi-process
+# runs never share the two cores with another test.
+ctest_rc=0
+ctest --output-on-failure --timeout 900 -j"${TITAN_TEST_JOBS:-2}" "$@" || ctest_rc=$?
 echo "[test] total $(( $(date +%s) - start )) s"
+exit "$ctest_rc"
