@@ -29,6 +29,28 @@ if(TITAN_CUDA)
     "-Wl,--no-as-needed" "${TITAN_TORCH_DIR}/lib/libtorch_cuda.so" "-Wl,--as-needed"
     "${TITAN_TORCH_DIR}/lib/libc10_cuda.so" CUDA::cudart CUDA::cublasLt CUDA::cublas)
 endif()
+# Parquet datasets: the pyarrow wheel ships Arrow's and Parquet's C++ headers and shared
+# libraries (only versioned names, libarrow.so.<N>00), the way the torch wheel ships LibTorch;
+# scripts/setup.sh pins it. Off for the GPU bundle's build (the libraries are ~62 MB).
+set(_pyarrow_dir "${TITAN_SITE_PACKAGES}/pyarrow")
+file(GLOB _arrow_lib "${_pyarrow_dir}/libarrow.so.[0-9]*")
+file(GLOB _parquet_lib "${_pyarrow_dir}/libparquet.so.[0-9]*")
+if(EXISTS "${_pyarrow_dir}/include/parquet/arrow/reader.h" AND _arrow_lib AND _parquet_lib)
+  set(_parquet_default ON)
+else()
+  set(_parquet_default OFF)
+endif()
+option(TITAN_PARQUET "Read Parquet datasets through the pyarrow wheel's C++ libraries" ${_parquet_default})
+if(TITAN_PARQUET)
+  if(NOT _parquet_default)
+    message(FATAL_ERROR "TITAN_PARQUET=ON but ${_pyarrow_dir} has no Arrow/Parquet headers and "
+                        "libraries: run scripts/setup.sh (it installs the pinned pyarrow)")
+  endif()
+  set(TITAN_PARQUET_INCLUDE "${_pyarrow_dir}/include")
+  set(TITAN_PARQUET_LIBS ${_parquet_lib} ${_arrow_lib})
+  list(APPEND TITAN_TORCH_RPATH "${_pyarrow_dir}")
+endif()
+message(STATUS "titan: Parquet datasets ${TITAN_PARQUET}")
 set(CMAKE_BUILD_RPATH "${TITAN_TORCH_RPATH}")
 set(CMAKE_INSTALL_RPATH "${TITAN_TORCH_RPATH}")
 

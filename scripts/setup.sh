@@ -39,15 +39,25 @@ if ! "$VENV/bin/python" -c "import tensorboard,sys; sys.exit(0 if tensorboard.__
   log "installing tensorboard==$TENSORBOARD_VERSION into $VENV"
   "$VENV/bin/pip" install -q --disable-pip-version-check "tensorboard==$TENSORBOARD_VERSION"
 fi
+# Parquet datasets link the C++ Arrow/Parquet libraries this wheel ships (cmake/Dependencies.cmake).
+PYARROW_VERSION="26.0.1"
+if ! "$VENV/bin/python" -c "import pyarrow,sys; sys.exit(0 if pyarrow.__version__ == '$PYARROW_VERSION' else 1)" 2>/dev/null; then
+  log "installing pyarrow==$PYARROW_VERSION into $VENV"
+  "$VENV/bin/pip" install -q --disable-pip-version-check "pyarrow==$PYARROW_VERSION"
+fi
 TORCH_DIR="$("$VENV/bin/python" -c 'import torch,os; print(os.path.dirname(torch.__file__))' 2>/dev/null)"
 
 [[ "${TITAN_SETUP_NO_BUILD:-0}" == 1 ]] && exit 0
 
 if [[ "${TITAN_CUDA:-0}" == 1 ]]; then BUILD="$ROOT/build-cuda"; CUDA=ON; else BUILD="$ROOT/build"; CUDA=OFF; fi
+# The CUDA-enabled build is what the GPU bundle carries (scripts/gpu_bundle.sh), and Arrow's
+# libraries (~62 MB) do not fit its 64 MiB: Parquet datasets are off there unless TITAN_PARQUET=1.
+if [[ -n "${TITAN_PARQUET:-}" ]]; then PARQUET=$([[ "$TITAN_PARQUET" == 1 ]] && echo ON || echo OFF)
+elif [[ "$CUDA" == ON ]]; then PARQUET=OFF; else PARQUET=ON; fi
 if [[ ! -f "$BUILD/build.ninja" ]]; then
   log "configuring $BUILD (TITAN_CUDA=$CUDA)"
   cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-        -DTITAN_CUDA=$CUDA -DTITAN_TORCH_DIR="$TORCH_DIR" >/dev/null
+        -DTITAN_CUDA=$CUDA -DTITAN_PARQUET=$PARQUET -DTITAN_TORCH_DIR="$TORCH_DIR" >/dev/null
 fi
 log "building $BUILD"
 cmake --build "$BUILD" -j"$(nproc)" ${TITAN_BUILD_TARGET:+--target $TITAN_BUILD_TARGET}

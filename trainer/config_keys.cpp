@@ -117,10 +117,10 @@ std::vector<SectionSpec> build_table() {
       }),
       section("training", &J::training, "Data, batch shape, loop length and numerics.", {
           key("dataset", &TrainingSection::dataset,
-              "Dataset to train on: c4 / c4_test read a local copy (JSON lines, plain or "
-              ".json.gz) at dataset_path; titan ships no third-party data.")
+              "Dataset to train on: c4 / c4_test stream a local copy at dataset_path (JSON "
+              "lines, plain or .json.gz, and Parquet files with a \"text\" column); titan ships "
+              "no third-party data.")
               .one_of({"fortunes", "text", "jsonl", "c4", "c4_test", "tokens"})
-              .unimplemented_value("parquet", "Parquet datasets")
               .unimplemented_value("c4_mini", "the c4_mini dataset (use c4 with a local copy)")
               .unimplemented_value("c4_validation", "the validation loop"),
           key("dataset_path", &TrainingSection::dataset_path,

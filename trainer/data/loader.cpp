@@ -84,6 +84,8 @@ std::string DataLoader::state_dict() const {
       // Informational only; derived from batches_consumed.
       {"epoch", batches_consumed_ * config_.global_batch_size / windows_per_epoch_},
   };
+  const std::string hints = source_->resume_hints();
+  if (!hints.empty()) state["source"] = nlohmann::json::parse(hints);
   return state.dump();
 }
 
@@ -120,12 +122,20 @@ void DataLoader::load_state_dict(const std::string& text) {
         "data loader state has no valid \"batches_consumed\" (an integer >= 0)");
   }
   batches_consumed_ = consumed->get<int64_t>();
+  if (auto hints = state.find("source"); hints != state.end()) source_->load_resume_hints(hints->dump());
 }
 
 std::string DataLoader::describe() const {
   const int64_t window = config_.seq_len + 1;
   const int64_t rows = config_.global_batch_size / config_.dp_degree;
   std::ostringstream out;
+  if (source_->endless()) {
+    out << source_->describe() << "; windows of seq_len + 1 = " << window
+        << " tokens; global batch " << config_.global_batch_size << " rows = "
+        << config_.dp_degree << " DP rank(s) x " << rows << "; position: batch "
+        << batches_consumed_;
+    return out.str();
+  }
   out << source_->describe() << "; " << windows_per_epoch_ << " windows of seq_len + 1 = "
       << window << " tokens per epoch (" << source_->size() - windows_per_epoch_ * window
       << " tail tokens unused); global batch " << config_.global_batch_size << " rows = "

@@ -24,7 +24,7 @@
 namespace titan::trainer {
 
 struct DataConfig {
-  std::string dataset;       // fortunes | text | jsonl | tokens
+  std::string dataset;       // fortunes | text | jsonl | tokens | c4 | c4_test
   std::string dataset_path;  // "" = the dataset's default (fortunes: /usr/share/games/fortunes)
   int64_t seq_len = 0;
   int64_t global_batch_size = 0;  // rows per optimizer step over all DP ranks
@@ -40,8 +40,9 @@ struct Batch {
 
 class DataLoader {
  public:
-  // Reads (and for text datasets tokenizes) the whole dataset. Throws std::runtime_error for
-  // a bad config, an unreadable dataset, or a corpus shorter than one window.
+  // Reads (and for in-memory text datasets tokenizes) the whole dataset; a streamed corpus
+  // (c4: Note [Streamed corpus]) opens its first file only. Throws std::runtime_error for a
+  // bad config, an unreadable dataset, or a corpus shorter than one window.
   DataLoader(const DataConfig& config, const Tokenizer& tokenizer);
 
   // This rank's rows of the next global batch. Never runs out: epochs repeat.

@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "trainer/data/documents.h"
+#include "trainer/data/streaming_source.h"
 
 namespace titan::trainer {
 
@@ -148,8 +149,10 @@ std::unique_ptr<TokenSource> make_token_source(const std::string& dataset,
                                                const std::string& path,
                                                const Tokenizer& tokenizer, int64_t seed) {
   if (dataset == "tokens") return std::make_unique<ShardTokenSource>(path, tokenizer);
-  if (dataset == "fortunes" || dataset == "text" || dataset == "jsonl" || dataset == "c4" ||
-      dataset == "c4_test") {
+  if (dataset == "c4" || dataset == "c4_test") {
+    return std::make_unique<StreamingTokenSource>(c4_files(path), tokenizer, dataset + " " + path);
+  }
+  if (dataset == "fortunes" || dataset == "text" || dataset == "jsonl") {
     const std::string where = path.empty() && dataset == "fortunes" ? kFortunesDir : path;
     return std::make_unique<DocumentTokenSource>(read_documents(dataset, path), tokenizer, seed,
                                                  /*shuffle=*/true, dataset + " " + where);

@@ -29,7 +29,18 @@ class TokenSource {
   // Copies tokens [offset, offset + count) of epoch `epoch`'s stream to `out`.
   virtual void read(int64_t epoch, int64_t offset, int64_t count, int64_t* out) const = 0;
   virtual std::string describe() const = 0;
+  // An endless source (a streamed corpus, Note [Streamed corpus]) has one epoch that never
+  // ends: size() is kEndlessTokens.
+  virtual bool endless() const { return false; }
+  // JSON text a checkpoint keeps for the source ("" = nothing), and its restore: lets a
+  // resumed run reach its position cheaply and refuse a different corpus.
+  virtual std::string resume_hints() const { return ""; }
+  virtual void load_resume_hints(const std::string& /*hints*/) {}
 };
+
+// size() of an endless source: far beyond any run, and small enough that offsets plus a batch
+// never overflow int64.
+constexpr int64_t kEndlessTokens = int64_t{1} << 60;
 
 // Documents tokenized once at construction. Not thread-safe: read() caches the current epoch's
 // document order (one loader per rank, one thread per loader).
@@ -77,7 +88,8 @@ class ShardTokenSource final : public TokenSource {
 // standard, unlike std::shuffle, so the order is the same with every standard library).
 std::vector<int64_t> shuffled_order(int64_t n, int64_t seed);
 
-// dataset: "fortunes" | "text" | "jsonl" | "tokens"; path "" = the dataset's default.
+// dataset: "fortunes" | "text" | "jsonl" | "tokens" (in memory, shuffled per epoch) or "c4" |
+// "c4_test" (streamed, StreamingTokenSource); path "" = the dataset's default.
 std::unique_ptr<TokenSource> make_token_source(const std::string& dataset,
                                                const std::string& path,
                                                const Tokenizer& tokenizer, int64_t seed);
