@@ -45,6 +45,19 @@ if ! "$VENV/bin/python" -c "import pyarrow,sys; sys.exit(0 if pyarrow.__version_
   log "installing pyarrow==$PYARROW_VERSION into $VENV"
   "$VENV/bin/pip" install -q --disable-pip-version-check "pyarrow==$PYARROW_VERSION"
 fi
+# Holistic Trace Analysis reads titan's profiler traces in a test (scripts/hta_check.py). Its
+# package requires jupyterlab and pytest for its notebooks; TraceAnalysis needs only these, so
+# they go, pinned and without their dependency lists, into their own folder (PYTHONPATH).
+HTA_DIR="$ROOT/.deps/hta"
+HTA_PACKAGES=(holistictraceanalysis==0.5.0 pandas==3.1.1 plotly==7.1.0 narwhals==2.29.0
+              networkx==3.6.1 pydot==4.0.1 pyparsing==3.3.3 python-dateutil==2.9.0.post0 six==1.17.0
+              tzdata==2026.6 psutil==7.2.2 pyyaml==6.0.3)
+if [[ "$(cat "$HTA_DIR/.installed" 2>/dev/null)" != "${HTA_PACKAGES[*]}" ]]; then
+  log "installing Holistic Trace Analysis into $HTA_DIR"
+  rm -rf "$HTA_DIR"
+  "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps --target "$HTA_DIR" "${HTA_PACKAGES[@]}"
+  echo "${HTA_PACKAGES[*]}" > "$HTA_DIR/.installed"
+fi
 TORCH_DIR="$("$VENV/bin/python" -c 'import torch,os; print(os.path.dirname(torch.__file__))' 2>/dev/null)"
 
 [[ "${TITAN_SETUP_NO_BUILD:-0}" == 1 ]] && exit 0

@@ -520,6 +520,32 @@ TEST_CASE("the trainer runs under the real torchrun", "[parallel][dist]") {
   for (size_t s = 0; s < ref.size(); ++s) CHECK(got[s].loss == Approx(ref[s].loss).epsilon(kLossRelTol));
 }
 
+TEST_CASE("Holistic Trace Analysis reads a 2-rank profile as two ranks", "[parallel][dist]") {
+  // FSDP 2, the profiler on for steps 3-4 (warmup 1, active 2, every 4 steps): each rank writes
+  // its trace; HTA (scripts/hta_check.py, installed by scripts/setup.sh into .deps/hta) must
+  // find ranks 0 and 1 with their distributedInfo and a ProfilerStep#N iteration each.
+  const fs::path dump = root() / "hta";
+  const Run r = run_job(std::string(TITAN_RUN_PATH) + " --nproc-per-node 2 " + TITAN_TRAIN_PATH +
+                            " " + train_args(dump, 8, 4) +
+                            " --parallelism.data_parallel_shard_degree 2"
+                            " --profiling.enable_profiling true --profiling.profile_freq 4"
+                            " --profiling.profiler_warmup 1 --profiling.profiler_active 2",
+                        dump.string() + ".log");
+  INFO(r.log);
+  REQUIRE(r.exit_code == 0);
+  const fs::path traces = dump / "profile_traces" / "iteration_4";
+  REQUIRE(fs::exists(traces / "rank0_trace.json"));
+  REQUIRE(fs::exists(traces / "rank1_trace.json"));
+  const std::string source = std::getenv("TITAN_SOURCE_DIR");
+  const Run hta = run_job("PYTHONPATH=" + source + "/.deps/hta " + TITAN_PYTHON + " " + source +
+                              "/scripts/hta_check.py " + traces.string() + " 2",
+                          dump.string() + ".hta.log");
+  INFO(hta.log);
+  CHECK(hta.exit_code == 0);
+  CHECK_THAT(hta.log, Contains("hta: rank 0:") && Contains("hta: rank 1:") &&
+                          Contains("'world_size': 2"));
+}
+
 TEST_CASE("two titan-run processes act as two nodes", "[parallel][dist]") {
   const auto& ref = reference();
   const fs::path dump = root() / "two_nodes";
