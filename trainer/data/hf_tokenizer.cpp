@@ -125,6 +125,11 @@ bool byte_level_to_bytes(std::string_view text, std::string* bytes) {
   return true;
 }
 
+namespace {
+std::unique_ptr<BpeTokenizer> load_hf_tokenizer_json(const std::string& file, const std::filesystem::path& json_path,
+                                                     const json& doc);
+}  // namespace
+
 std::unique_ptr<BpeTokenizer> load_hf_tokenizer(const std::string& path) {
   namespace fs = std::filesystem;
   std::error_code ec;
@@ -135,7 +140,20 @@ std::unique_ptr<BpeTokenizer> load_hf_tokenizer(const std::string& path) {
                              "holding tokenizer.json; titan ships none)");
   }
   const std::string file = json_path.string();
-  const json doc = read_json(json_path);
+  // Any field of the wrong JSON type (found by fuzz/fuzz_hf_tokenizer.cpp: a document that is
+  // not an object, an id that is a string, ...) is one error naming the file, not nlohmann's.
+  try {
+    return load_hf_tokenizer_json(file, json_path, read_json(json_path));
+  } catch (const json::exception& e) {
+    fail(file, std::string("malformed tokenizer.json (a field has the wrong type or is missing): ") + e.what());
+  }
+}
+
+namespace {
+std::unique_ptr<BpeTokenizer> load_hf_tokenizer_json(const std::string& file, const std::filesystem::path& json_path,
+                                                     const json& doc) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
   const json& model = doc["model"];
   if (!model.is_object() || model.value("type", "BPE") != "BPE") {
     fail(file, "titan reads BPE tokenizers; model.type is " +
@@ -219,5 +237,6 @@ std::unique_ptr<BpeTokenizer> load_hf_tokenizer(const std::string& path) {
   }
   return std::make_unique<BpeTokenizer>(std::move(vocab), file);
 }
+}  // namespace
 
 }  // namespace titan::trainer
