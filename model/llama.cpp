@@ -296,6 +296,7 @@ at::Tensor Llama::forward(const at::Tensor& tokens) {
                               : at::embedding(tok_embeddings_weight_, t);  // [B, S, D]
   };
   at::Tensor h = compose(std::move(embed), embedding_wrappers_)(tokens);
+  if (output_observer_) output_observer_("tok_embeddings", h);
   static const std::vector<ForwardWrapper> kNoWrappers;
   for (auto& layer : layers_) {
     TransformerBlock* block = layer.get();
@@ -303,10 +304,13 @@ at::Tensor Llama::forward(const at::Tensor& tokens) {
     ForwardFn run = [this, block](const at::Tensor& x) { return block->forward(x, rope_); };
     NamedScope scope("layers." + std::to_string(block->layer_id));
     h = compose(std::move(run), id < block_wrappers_.size() ? block_wrappers_[id] : kNoWrappers)(h);
+    if (output_observer_) output_observer_("layers." + std::to_string(block->layer_id), h);
   }
   ForwardFn head = [this](const at::Tensor& x) { return output_.forward(norm_.forward(x)); };
   NamedScope scope("output");
-  return compose(std::move(head), head_wrappers_)(h);  // [B, S, vocab]
+  at::Tensor logits = compose(std::move(head), head_wrappers_)(h);  // [B, S, vocab]
+  if (output_observer_) output_observer_("output", logits);
+  return logits;
 }
 
 }  // namespace titan::model

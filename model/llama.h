@@ -127,6 +127,12 @@ class Llama {
   // Adds `wrapper` around block `layer_id`'s forward (outermost so far).
   void wrap_block(int64_t layer_id, ForwardWrapper wrapper);
   void wrap_stage(Stage stage, ForwardWrapper wrapper);
+  // When set, forward hands each top-level module's output to `observer` as it is computed:
+  // "tok_embeddings", "layers.<i>" (outside the block's wrappers), "output" (the logits). The
+  // trainer's non-finite step diagnosis uses it to name the first module whose output is not
+  // finite; unset (the default), forward does nothing extra.
+  using OutputObserver = std::function<void(const std::string& fqn, const at::Tensor& output)>;
+  void set_output_observer(OutputObserver observer) { output_observer_ = std::move(observer); }
   // `name` for describe(), e.g. "vocab_parallel".
   void set_embedding_compute(std::string name, EmbeddingCompute compute);
   std::vector<TransformerBlock*> blocks();
@@ -151,6 +157,7 @@ class Llama {
   std::vector<ForwardWrapper> embedding_wrappers_, head_wrappers_;
   std::string embedding_compute_name_ = "lookup";
   EmbeddingCompute embedding_compute_;
+  OutputObserver output_observer_;
 };
 
 }  // namespace titan::model

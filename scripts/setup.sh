@@ -11,7 +11,8 @@ cd "$ROOT"
 # and the GPU machines' image).
 TORCH_VERSION="2.11.0"
 APT_PACKAGES=(build-essential cmake ninja-build ccache pkg-config libtomlplusplus-dev libspdlog-dev
-              libfmt-dev libcli11-dev catch2 nlohmann-json3-dev libpcre2-dev zlib1g-dev libgloo-dev fortunes)
+              libfmt-dev libcli11-dev catch2 nlohmann-json3-dev libpcre2-dev zlib1g-dev libgloo-dev fortunes
+              clang-14 libclang-rt-14-dev)  # the last two: libFuzzer for scripts/fuzz.sh
 VENV="$ROOT/.deps/venv"
 
 log() { echo "[setup] $*"; }

@@ -35,6 +35,16 @@ if [[ "${TITAN_TEST_CUDA_BUILD:-1}" == 1 && "${TITAN_TEST_GPU_REHEARSAL:-1}" == 
   echo "[test] GPU bundle + rehearsal took $(( $(date +%s) - rehearsal_start )) s"
 fi
 # --- end GPU bundle + rehearsal ---------------------------------------------------------------
+# --- fuzz targets (scripts/fuzz.sh; docs/reliability.md): a time-boxed libFuzzer run of each
+# reader (build + 15 s per target, about 2 min). On by default for the full run (no ctest
+# arguments); TITAN_TEST_FUZZ=0/1 overrides. A crash fails the run after the ctest below.
+fuzz_rc=0
+if [[ "${TITAN_TEST_FUZZ:-$(( $# == 0 ))}" == 1 ]]; then
+  fuzz_start=$(date +%s)
+  "$ROOT/scripts/fuzz.sh" "${TITAN_FUZZ_SECONDS:-15}" || fuzz_rc=$?
+  echo "[test] fuzz stage took $(( $(date +%s) - fuzz_start )) s (exit $fuzz_rc)"
+fi
+# --- end fuzz targets -------------------------------------------------------------------------
 # --- every CPU test case: last, so that the run's final ctest summary is the full suite's -------
 cd "$ROOT/build"
 # Two at a time (TITAN_TEST_JOBS); a [dist] case takes both slots (PROCESSORS 2), so multi-process
@@ -42,4 +52,6 @@ cd "$ROOT/build"
 ctest_rc=0
 ctest --output-on-failure --timeout 900 -j"${TITAN_TEST_JOBS:-2}" "$@" || ctest_rc=$?
 echo "[test] total $(( $(date +%s) - start )) s"
-exit "$ctest_rc"
+((fuzz_rc == 0)) || echo "[test] the fuzz stage FAILED (exit $fuzz_rc): see its reproducer above" >&2
+((ctest_rc != 0)) && exit "$ctest_rc"
+exit "$fuzz_rc"

@@ -248,6 +248,12 @@ class HolderSource final : public StateSource {
       : reader_(reader), prefix_(holder + "."), extras_(reader.manifest().at("extras").value(holder, nlohmann::json::object())) {}
   const nlohmann::json& extras() const override { return extras_; }
   bool has(const std::string& name) const override { return reader_.manifest().at("tensors").contains(prefix_ + name); }
+  std::vector<std::string> names() const override {
+    std::vector<std::string> out;
+    for (const auto& [name, entry] : reader_.manifest().at("tensors").items())
+      if (name.compare(0, prefix_.size(), prefix_) == 0) out.push_back(name.substr(prefix_.size()));
+    return out;
+  }
   void read(const std::string& name, const std::vector<int64_t>& global_shape, const std::vector<int64_t>& offsets,
             const at::Tensor& dest) override {
     reader_.read(prefix_ + name, global_shape, offsets, dest);

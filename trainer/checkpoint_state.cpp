@@ -5,10 +5,12 @@
 #include <ATen/ops/zeros.h>
 
 #include <algorithm>
+#include <set>
 #include <stdexcept>
 
 #include "float8/float8_linear.h"
 #include "float8/scaling.h"
+#include "trainer/weights_check.h"
 
 namespace titan::trainer {
 namespace {
@@ -21,6 +23,29 @@ void read_region(StateSource& source, const std::string& name, const at::Tensor&
                  const parallel::ShardRegion& r) {
   if (r.numel() == 0) return;  // this rank holds only padding of it
   source.read(name, r.global_shape, r.offsets, parallel::region_view(local.detach(), r));
+}
+
+// Names the holder's tensors must be exactly `expected`: ONE error lists every tensor the
+// checkpoint has that this run lacks and every one it lacks (a checkpoint of another model).
+void check_names(const StateSource& source, const std::vector<std::string>& expected, const std::string& what) {
+  std::set<std::string> missing(expected.begin(), expected.end());
+  std::vector<std::string> extra;
+  for (const std::string& name : source.names())
+    if (missing.erase(name) == 0) extra.push_back(name);
+  if (extra.empty() && missing.empty()) return;
+  auto list = [](auto begin, auto end, size_t n) {
+    std::string s;
+    size_t shown = 0;
+    for (auto it = begin; it != end && shown < 20; ++it, ++shown) s += (shown ? ", '" : "'") + *it + "'";
+    if (n > shown) s += " and " + std::to_string(n - shown) + " more";
+    return s;
+  };
+  std::string msg = "the checkpoint does not match " + what + ": ";
+  if (!extra.empty()) msg += std::to_string(extra.size()) + " tensor(s) this run lacks: " + list(extra.begin(), extra.end(), extra.size());
+  if (!missing.empty())
+    msg += std::string(extra.empty() ? "" : "; ") + std::to_string(missing.size()) + " missing from it: " +
+           list(missing.begin(), missing.end(), missing.size());
+  throw std::runtime_error(msg);
 }
 
 }  // namespace
@@ -39,8 +64,16 @@ StateDict ModelState::state_dict() {
 void ModelState::load_state_dict(StateSource& source) {
   at::NoGradGuard no_grad;
   const auto regions = model_.shard_regions();
-  for (size_t i = 0; i < regions.size(); ++i)
+  std::vector<std::string> fqns;
+  for (const auto& r : regions) fqns.push_back(r.fqn);
+  check_names(source, fqns, "the model's parameters");
+  for (size_t i = 0; i < regions.size(); ++i) {
     read_region(source, regions[i].fqn, model_.master_params()[i], regions[i]);
+    // This rank's region only: every rank checks its own, and the load's all-reduced error flag
+    // stops them all (Note [Weights that cannot train] in trainer/weights_check.h).
+    check_weight_values(parallel::region_view(model_.master_params()[i].detach(), regions[i]),
+                        "parameter '" + regions[i].fqn + "' (this rank's region)");
+  }
 }
 
 StateDict OptimizerState::state_dict() {
@@ -64,6 +97,12 @@ void OptimizerState::load_state_dict(StateSource& source) {
   for (size_t i = 0; i < regions.size(); ++i) {
     read_region(source, regions[i].fqn + ".exp_avg", optimizer_.exp_avg(i), regions[i]);
     read_region(source, regions[i].fqn + ".exp_avg_sq", optimizer_.exp_avg_sq(i), regions[i]);
+    // AdamW's moments: NaN or Inf would make every later update non-finite. Their magnitude is
+    // not bounded (exp_avg_sq holds squares), so only finiteness is checked.
+    check_weight_values(parallel::region_view(optimizer_.exp_avg(i), regions[i]),
+                        "optimizer state '" + regions[i].fqn + ".exp_avg' (this rank's region)", false);
+    check_weight_values(parallel::region_view(optimizer_.exp_avg_sq(i), regions[i]),
+                        "optimizer state '" + regions[i].fqn + ".exp_avg_sq' (this rank's region)", false);
     auto it = steps.find(regions[i].fqn);
     if (it == steps.end())
       throw std::runtime_error("optimizer state has no step count for parameter '" + regions[i].fqn + "'");

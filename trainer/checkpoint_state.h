@@ -48,6 +48,8 @@ class StateSource {
   virtual ~StateSource() = default;
   virtual const nlohmann::json& extras() const = 0;
   virtual bool has(const std::string& name) const = 0;
+  // Every tensor name the source holds (relative to the holder), sorted.
+  virtual std::vector<std::string> names() const = 0;
   // Fills `dest` (any device and dtype, its shape is the region's extent) with the region of
   // tensor `name` starting at `offsets`; checks the saved global shape equals `global_shape`.
   // Errors name the checkpoint file and the tensor.

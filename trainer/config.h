@@ -95,6 +95,7 @@ struct TrainingSection {
   bool compile = false;  // accepted for torchtitan command lines, ignored with a warning
   int64_t seed = 0;
   bool deterministic = false;
+  bool skip_nonfinite_steps = false;  // a non-finite loss/grad norm skips the update instead of stopping
   std::string device = "cpu";  // cpu|cuda; parsing makes it cuda when a GPU is visible
   int64_t num_threads = 0;     // intra-op threads, 0 = all cores
   double cpu_memory_limit_gib = 0;  // CPU tensor memory limit (out-of-memory error above); 0 = none

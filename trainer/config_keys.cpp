@@ -149,6 +149,10 @@ std::vector<SectionSpec> build_table() {
           key("seed", &TrainingSection::seed, "Random seed for weight init and data order."),
           key("deterministic", &TrainingSection::deterministic,
               "Use deterministic algorithms (slower; reruns are bit-identical)."),
+          key("skip_nonfinite_steps", &TrainingSection::skip_nonfinite_steps,
+              "A step whose loss or gradient norm is NaN/Inf skips its optimizer update (counted "
+              "in the step line and metrics) instead of stopping the run; 10 such steps in a "
+              "row still stop it."),
           key("device", &TrainingSection::device,
               "Where to train; when not given: cuda if a GPU is visible, else cpu.")
               .one_of({"cpu", "cuda"}),

@@ -188,10 +188,34 @@ bool is_hf_checkpoint(const std::string& path) {
   return name.size() > 11 && name.compare(name.size() - 11, 11, ".index.json") == 0;
 }
 
+std::map<std::string, std::vector<std::string>> hf_checkpoint_files(const std::string& path) {
+  const fs::path dir = fs::is_directory(path) ? fs::path(path) : fs::path(path).parent_path();
+  const fs::path index = fs::is_directory(path) ? dir / "model.safetensors.index.json" : fs::path(path);
+  std::map<std::string, std::vector<std::string>> by_file;
+  if (!fs::exists(index)) {
+    for (const auto& [name, entry] : read_safetensors_header((dir / "model.safetensors").string()))
+      by_file["model.safetensors"].push_back(name);
+    return by_file;
+  }
+  std::ifstream in(index);
+  try {
+    const nlohmann::json j = nlohmann::json::parse(in);
+    for (const auto& [name, file] : j.at("weight_map").items()) {
+      const std::string f = file.get<std::string>();
+      // A shard is a file next to the index: a name with a folder in it could read anything.
+      if (f.empty() || f.find('/') != std::string::npos || f == "." || f == "..")
+        throw std::runtime_error("tensor '" + name + "' names shard '" + f + "', which is not a file name in the folder");
+      by_file[f].push_back(name);
+    }
+  } catch (const std::exception& e) {
+    throw std::runtime_error("Hugging Face index '" + index.string() + "' is not valid: " + e.what());
+  }
+  return by_file;
+}
+
 void read_hf_checkpoint(const std::string& path, const model::ModelArgs& args,
                         const std::function<void(const std::string&, const at::Tensor&)>& visit) {
   fs::path dir = fs::is_directory(path) ? fs::path(path) : fs::path(path).parent_path();
-  fs::path index = fs::is_directory(path) ? dir / "model.safetensors.index.json" : fs::path(path);
   // config.json, when present, must describe the model titan builds (shapes are checked per
   // tensor on load; these change the numerics without changing a shape).
   if (fs::exists(dir / "config.json")) {
@@ -227,20 +251,7 @@ void read_hf_checkpoint(const std::string& path, const model::ModelArgs& args,
                                theirs.dump() + ", but titan's model has " + ours.dump() +
                                ": choose the matching model.flavor");
   }
-  std::map<std::string, std::vector<std::string>> by_file;  // file -> HF names, read file by file
-  if (fs::exists(index)) {
-    std::ifstream in(index);
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(in);
-      for (const auto& [name, file] : j.at("weight_map").items()) by_file[file.get<std::string>()].push_back(name);
-    } catch (const std::exception& e) {
-      throw std::runtime_error("Hugging Face index '" + index.string() + "' is not valid: " + e.what());
-    }
-  } else {
-    for (const auto& [name, entry] : read_safetensors_header((dir / "model.safetensors").string()))
-      by_file["model.safetensors"].push_back(name);
-  }
+  const auto by_file = hf_checkpoint_files(path);  // read file by file
   for (const auto& [file, names] : by_file) {
     const std::string file_path = (dir / file).string();
     if (!fs::exists(file_path))

@@ -15,6 +15,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -46,6 +47,9 @@ int64_t write_hf_folder(const std::string& dir, const std::vector<std::string>& 
 // Whether `path` is a Hugging Face checkpoint: a folder with model.safetensors.index.json or
 // model.safetensors, or such an index file.
 bool is_hf_checkpoint(const std::string& path);
+// The HF tensor names of a checkpoint, by the shard file (a name inside the folder) holding them:
+// from model.safetensors.index.json, else model.safetensors's header. Errors name the file.
+std::map<std::string, std::vector<std::string>> hf_checkpoint_files(const std::string& path);
 // Calls `visit(titan fqn, full tensor in titan's layout)` for every weight of an HF checkpoint,
 // reading one tensor at a time. Errors name the file and the tensor.
 void read_hf_checkpoint(const std::string& path, const model::ModelArgs& args,

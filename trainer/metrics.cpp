@@ -143,7 +143,7 @@ void MetricsLogger::log(const StepMetrics& m) {
                 color_code("cyan"), m.grad_norm, color_code("yellow"), gib, pct,
                 color_code("blue"), with_thousands(std::llround(tps)).c_str(), color_code("cyan"),
                 tflops, color_code("green"), mfu_text, color_code("reset"));
-  log_info(buf);
+  log_info(m.skipped_steps > 0 ? std::string(buf) + "  skipped: " + std::to_string(m.skipped_steps) : std::string(buf));
 
   if (!jsonl_path_.empty() && !jsonl_.is_open()) open_jsonl();
   if (jsonl_.is_open()) {
@@ -157,6 +157,7 @@ void MetricsLogger::log(const StepMetrics& m) {
                              {"elapsed_s", elapsed}};
     if (m.comm_seconds >= 0) record["comm_s"] = m.comm_seconds;
     if (m.comm_exposed_seconds >= 0) record["comm_exposed_s"] = m.comm_exposed_seconds;
+    if (m.skipped_steps > 0) record["skipped_steps"] = m.skipped_steps;
     jsonl_ << record.dump() << '\n';
     jsonl_.flush();
   }

@@ -48,6 +48,7 @@ struct StepMetrics {
   // Of comm_seconds, the time the training thread was blocked waiting on a collective (what
   // overlap does not hide); < 0 = not distributed.
   double comm_exposed_seconds = -1;
+  int64_t skipped_steps = 0;  // non-finite steps skipped so far (training.skip_nonfinite_steps)
 };
 
 class MetricsLogger {

@@ -14,6 +14,8 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
+#include "trainer/safetensors_header.h"
+
 namespace titan::trainer {
 namespace {
 
@@ -203,41 +205,15 @@ std::map<std::string, SafetensorsEntry> read_safetensors_header(const std::strin
   in.seekg(0, std::ios::end);
   const int64_t file_size = in.tellg();
   in.seekg(0);
-  uint64_t header_len = 0;
-  if (file_size < 8 || !in.read(reinterpret_cast<char*>(&header_len), 8) ||
-      static_cast<int64_t>(header_len) > file_size - 8)
-    throw std::runtime_error("'" + path + "' is not a safetensors file (bad header length; truncated?)");
+  uint64_t header_len = 0;  // little-endian on x86/ARM hosts
+  if (file_size >= 8) in.read(reinterpret_cast<char*>(&header_len), 8);
+  check_safetensors_header_length(header_len, file_size, path);
   std::string json(header_len, '\0');
-  in.read(json.data(), static_cast<std::streamsize>(header_len));
-  nlohmann::json header;
-  try {
-    header = nlohmann::json::parse(json);
-  } catch (const std::exception& e) {
-    throw std::runtime_error("'" + path + "': safetensors header is not valid JSON: " + e.what());
-  }
-  const int64_t data_start = 8 + static_cast<int64_t>(header_len);
+  if (!in.read(json.data(), static_cast<std::streamsize>(header_len)))
+    throw std::runtime_error("'" + path + "': reading the safetensors header failed");
   std::map<std::string, SafetensorsEntry> entries;
-  for (const auto& [name, entry] : header.items()) {
-    if (name == "__metadata__") continue;
-    try {
-      SafetensorsEntry e;
-      e.dtype = safetensors_dtype(entry.at("dtype").get<std::string>(), "'" + path + "'");
-      e.shape = entry.at("shape").get<std::vector<int64_t>>();
-      const auto offsets = entry.at("data_offsets").get<std::vector<int64_t>>();
-      int64_t numel = 1;
-      for (int64_t d : e.shape) numel *= d;
-      if (offsets.size() != 2 || offsets[1] - offsets[0] != numel * int64_t(c10::elementSize(e.dtype)))
-        throw std::runtime_error("data_offsets do not match its shape/dtype");
-      e.begin = data_start + offsets[0];
-      e.end = data_start + offsets[1];
-      if (e.end > file_size) throw std::runtime_error("file is truncated (the tensor ends past its end)");
-      entries.emplace(name, std::move(e));
-    } catch (const nlohmann::json::exception& e) {
-      throw std::runtime_error("'" + path + "': tensor '" + name + "' has a malformed entry: " + e.what());
-    } catch (const std::runtime_error& e) {
-      throw std::runtime_error("'" + path + "': tensor '" + name + "': " + e.what());
-    }
-  }
+  for (auto& [name, h] : parse_safetensors_header(json, file_size, path))
+    entries.emplace(name, SafetensorsEntry{safetensors_dtype(h.dtype, "'" + path + "'"), std::move(h.shape), h.begin, h.end});
   return entries;
 }
 

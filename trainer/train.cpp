@@ -29,6 +29,7 @@
 #include "trainer/memory.h"
 #include "trainer/safetensors.h"
 #include "trainer/signals.h"
+#include "trainer/weights_check.h"
 
 namespace titan::trainer {
 namespace {
@@ -234,27 +235,9 @@ void Trainer::load_initial_weights(const std::string& path) {
              " bytes read by this rank)");
     return;
   }
-  std::set<std::string> missing(param_names().begin(), param_names().end());
-  auto load = [&](const std::string& name, const at::Tensor& full) {
-    if (!missing.count(name))
-      throw std::runtime_error("checkpoint.initial_load_path '" + path + "' has tensor '" + name +
-                               "', which the model lacks (or has twice)");
-    try {
-      parallel_->load_full(name, full);
-    } catch (const std::runtime_error& e) {
-      throw std::runtime_error("checkpoint.initial_load_path '" + path + "': " + e.what());
-    }
-    missing.erase(name);
-  };
   const bool hf = is_hf_checkpoint(path);
-  if (hf) {
-    read_hf_checkpoint(path, model_->args(), load);  // one tensor at a time
-  } else {
-    for (const auto& [name, tensor] : load_safetensors(path)) load(name, tensor);
-  }
-  if (!missing.empty())
-    throw std::runtime_error("checkpoint.initial_load_path '" + path + "' has no tensor '" +
-                             (hf ? hf_name(*missing.begin()) : *missing.begin()) + "'");
+  load_weights_file(path, model_->args(), param_names(),
+                    [&](const std::string& name, const at::Tensor& full) { parallel_->load_full(name, full); });
   log_info(std::string("loaded initial weights from ") + (hf ? "Hugging Face checkpoint " : "") + path);
 }
 
@@ -269,6 +252,26 @@ std::pair<double, double> Trainer::train_step(int64_t step) {
   optimizer_->zero_grad();
 
   Batch batch = loader_->next_batch();  // this rank's rows of the global batch, [rows, S]
+  const double global_tokens = static_cast<double>(global_batch_size_) * t.seq_len;
+  double loss_sum = forward_backward(batch);
+  metrics_->add_tokens(batch.inputs.numel());
+  model::NamedScope scope("optimizer", model::MemoryCategory::kOptimizerState);
+  parallel_->reduce_grads();                              // TP-replicated weights, HSDP replicas
+  loss_sum = parallel_->sum_over_dp(loss_sum);            // the global batch's loss sum
+  const double grad_norm = parallel_->clip_grad_norm(t.max_norm);  // one all-reduce
+  // Both are all-reduced, so every rank takes the same branch (Note [Non-finite steps]).
+  if (!std::isfinite(loss_sum) || !std::isfinite(grad_norm)) {
+    on_nonfinite_step(step, batch, loss_sum / global_tokens, grad_norm);  // throws unless skipping
+    return {loss_sum / global_tokens, grad_norm};                         // no optimizer update
+  }
+  consecutive_skipped_steps_ = 0;
+  optimizer_->step(lr);
+  parallel_->after_optimizer_step();  // float8: next FSDP scales, delayed amax histories
+  return {loss_sum / global_tokens, grad_norm};
+}
+
+double Trainer::forward_backward(const Batch& batch) {
+  const auto& t = cfg_.training;
   // Loss scaling: every micro-batch contributes sum(token losses) / (global batch tokens), so
   // the accumulated gradient is that of the global token-mean loss, whatever the split; the
   // data-parallel ranks' gradients are then SUMMED (FSDP's reduce-scatter, HSDP's all-reduce).
@@ -293,15 +296,8 @@ std::pair<double, double> Trainer::train_step(int64_t step) {
       parallel_->after_backward();  // FSDP: any gradient not yet reduce-scattered
     }
     loss_sum += loss.item<double>();
-    metrics_->add_tokens(inputs.numel());
   }
-  model::NamedScope scope("optimizer", model::MemoryCategory::kOptimizerState);
-  parallel_->reduce_grads();                              // TP-replicated weights, HSDP replicas
-  loss_sum = parallel_->sum_over_dp(loss_sum);            // the global batch's loss sum
-  const double grad_norm = parallel_->clip_grad_norm(t.max_norm);  // one all-reduce
-  optimizer_->step(lr);
-  parallel_->after_optimizer_step();  // float8: next FSDP scales, delayed amax histories
-  return {loss_sum / global_tokens, grad_norm};
+  return loss_sum;
 }
 
 TrainResult Trainer::train() {
@@ -330,12 +326,10 @@ TrainResult Trainer::train() {
     result.losses.push_back(loss);
     result.grad_norms.push_back(grad_norm);
     result.steps_completed = step;
-    if (!std::isfinite(loss))
-      throw std::runtime_error("loss is " + std::to_string(loss) + " at step " + std::to_string(step) +
-                               " (diverged): lower optimizer.lr or check the data");
     if (step == 1 || step % cfg_.metrics.log_freq == 0 || step == cfg_.training.steps)
     {
       StepMetrics m{step, loss, grad_norm, cfg_.optimizer.lr * lr_schedule_.factor(step)};
+      m.skipped_steps = skipped_steps_;
       if (world_.world_size > 1) {
         m.comm_seconds = mesh_->comm_seconds() - comm_seconds_logged_;
         m.comm_exposed_seconds = mesh_->comm_exposed_seconds() - comm_exposed_logged_;

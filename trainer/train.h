@@ -68,6 +68,12 @@ class Trainer {
   void save_checkpoint(int64_t step);
   // One optimizer step over one global batch; returns (global loss, grad norm).
   std::pair<double, double> train_step(int64_t step);
+  // Forward + backward of every micro-batch of `batch`; returns this rank's loss sum.
+  double forward_backward(const Batch& batch);
+  // A step whose all-reduced loss or grad norm is not finite (trainer/nonfinite_step.cpp): skips
+  // it (training.skip_nonfinite_steps) or throws, naming the step and the first module whose
+  // output or gradient is not finite (found by re-running the step's forward + backward).
+  void on_nonfinite_step(int64_t step, const Batch& batch, double loss, double grad_norm);
   // The process group when WORLD_SIZE > 1, and always the device mesh (parallelism.* degrees).
   void init_mesh();
 
@@ -91,6 +97,8 @@ class Trainer {
   std::unique_ptr<CheckpointManager> checkpointer_;
   std::vector<std::unique_ptr<Stateful>> holders_;     // the Stateful adapters state_holders() names
   int64_t start_step_ = 0;                             // resumed from this step
+  int64_t skipped_steps_ = 0;                          // non-finite steps skipped (whole run)
+  int64_t consecutive_skipped_steps_ = 0;
 };
 
 }  // namespace titan::trainer

@@ -42,6 +42,16 @@ void append_utf8(uint32_t cp, std::string* out) {
   throw std::runtime_error("tokenizer " + file + ": " + what);
 }
 
+// j[key] for reading: null when j is not an object or has no such key. (nlohmann's const
+// operator[] with a missing key is undefined behaviour, an assertion in debug builds: found by
+// fuzz/fuzz_hf_tokenizer.cpp.)
+const json& field(const json& j, const char* key) {
+  static const json null;
+  if (!j.is_object()) return null;
+  const auto it = j.find(key);
+  return it == j.end() ? null : *it;
+}
+
 json read_json(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) fail(path.string(), "cannot be opened");
@@ -55,7 +65,7 @@ json read_json(const std::filesystem::path& path) {
 // A tokenizer_config.json token entry: "text" or {"content": "text", ...}.
 std::string token_text(const json& entry) {
   if (entry.is_string()) return entry.get<std::string>();
-  if (entry.is_object() && entry.contains("content")) return entry["content"].get<std::string>();
+  if (entry.is_object() && entry.contains("content")) return field(entry, "content").get<std::string>();
   return "";
 }
 
@@ -79,14 +89,14 @@ std::string split_pattern_of(const json& pre, const std::string& file) {
     if (!pre.value("use_regex", true)) fail(file, "ByteLevel without a regex splits nothing");
     return kGpt2Pattern;
   }
-  if (type == "Sequence" && pre["pretokenizers"].is_array() && pre["pretokenizers"].size() == 2) {
-    const json& split = pre["pretokenizers"][0];
-    const json& byte_level = pre["pretokenizers"][1];
+  if (type == "Sequence" && field(pre, "pretokenizers").is_array() && field(pre, "pretokenizers").size() == 2) {
+    const json& split = field(pre, "pretokenizers")[0];
+    const json& byte_level = field(pre, "pretokenizers")[1];
     if (split.value("type", "") == "Split" && byte_level.value("type", "") == "ByteLevel" &&
-        split["pattern"].contains("Regex") && split.value("behavior", "") == "Isolated" &&
+        field(split, "pattern").contains("Regex") && split.value("behavior", "") == "Isolated" &&
         !split.value("invert", false)) {
       check_byte_level(byte_level, false);
-      return split["pattern"]["Regex"].get<std::string>();
+      return field(field(split, "pattern"), "Regex").get<std::string>();
     }
   }
   fail(file, "titan does not implement this pre_tokenizer yet (" + pre.dump().substr(0, 200) +
@@ -125,6 +135,11 @@ bool byte_level_to_bytes(std::string_view text, std::string* bytes) {
   return true;
 }
 
+namespace {
+std::unique_ptr<BpeTokenizer> load_hf_tokenizer_json(const std::string& file, const std::filesystem::path& json_path,
+                                                     const json& doc);
+}  // namespace
+
 std::unique_ptr<BpeTokenizer> load_hf_tokenizer(const std::string& path) {
   namespace fs = std::filesystem;
   std::error_code ec;
@@ -135,20 +150,33 @@ std::unique_ptr<BpeTokenizer> load_hf_tokenizer(const std::string& path) {
                              "holding tokenizer.json; titan ships none)");
   }
   const std::string file = json_path.string();
-  const json doc = read_json(json_path);
-  const json& model = doc["model"];
+  // Any field of the wrong JSON type (found by fuzz/fuzz_hf_tokenizer.cpp: a document that is
+  // not an object, an id that is a string, ...) is one error naming the file, not nlohmann's.
+  try {
+    return load_hf_tokenizer_json(file, json_path, read_json(json_path));
+  } catch (const json::exception& e) {
+    fail(file, std::string("malformed tokenizer.json (a field has the wrong type or is missing): ") + e.what());
+  }
+}
+
+namespace {
+std::unique_ptr<BpeTokenizer> load_hf_tokenizer_json(const std::string& file, const std::filesystem::path& json_path,
+                                                     const json& doc) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const json& model = field(doc, "model");
   if (!model.is_object() || model.value("type", "BPE") != "BPE") {
     fail(file, "titan reads BPE tokenizers; model.type is " +
                    (model.is_object() ? model.value("type", "?") : std::string("missing")));
   }
-  if (!doc["normalizer"].is_null()) {
+  if (!field(doc, "normalizer").is_null()) {
     fail(file, "titan does not implement tokenizer.json normalizers yet (normalizer = " +
-                   doc["normalizer"].value("type", "?") + ")");
+                   field(doc, "normalizer").value("type", "?") + ")");
   }
 
   BpeVocabulary vocab;
   vocab.specials.clear();
-  const json& entries = model["vocab"];
+  const json& entries = field(model, "vocab");
   if (!entries.is_object() || entries.empty()) fail(file, "model.vocab is missing or empty");
   vocab.tokens.resize(entries.size());
   std::vector<bool> seen(entries.size(), false);
@@ -167,8 +195,8 @@ std::unique_ptr<BpeTokenizer> load_hf_tokenizer(const std::string& path) {
   // Added tokens after the vocabulary are the special tokens, in id order.
   std::map<int64_t, std::string> added;
   for (const json& t : doc.value("added_tokens", json::array())) {
-    const int64_t id = t["id"].get<int64_t>();
-    if (id >= static_cast<int64_t>(vocab.tokens.size())) added[id] = t["content"].get<std::string>();
+    const int64_t id = field(t, "id").get<int64_t>();
+    if (id >= static_cast<int64_t>(vocab.tokens.size())) added[id] = field(t, "content").get<std::string>();
   }
   int64_t expected = static_cast<int64_t>(vocab.tokens.size());
   for (auto& [id, content] : added) {
@@ -209,15 +237,16 @@ std::unique_ptr<BpeTokenizer> load_hf_tokenizer(const std::string& path) {
   }
   if (vocab.merges.empty()) fail(file, "model.merges is empty");
   vocab.whole_piece_first = model.value("ignore_merges", false);
-  vocab.split_pattern = split_pattern_of(doc["pre_tokenizer"], file);
+  vocab.split_pattern = split_pattern_of(field(doc, "pre_tokenizer"), file);
 
   const fs::path config_path = json_path.parent_path() / "tokenizer_config.json";
   if (fs::exists(config_path, ec)) {
     const json config = read_json(config_path);
-    if (config.contains("bos_token")) vocab.bos = token_text(config["bos_token"]);
-    if (config.contains("eos_token")) vocab.eos = token_text(config["eos_token"]);
+    if (config.contains("bos_token")) vocab.bos = token_text(field(config, "bos_token"));
+    if (config.contains("eos_token")) vocab.eos = token_text(field(config, "eos_token"));
   }
   return std::make_unique<BpeTokenizer>(std::move(vocab), file);
 }
+}  // namespace
 
 }  // namespace titan::trainer
