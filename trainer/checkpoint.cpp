@@ -51,19 +51,8 @@ void fsync_path(const std::string& path, bool directory) {
   if (rc != 0) throw std::runtime_error("fsync of '" + path + "' failed: " + std::strerror(errno));
 }
 
-// Writes `text` to `path` via a temporary name, fsync'd, then renamed.
-void write_text_atomic(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << text;
-    out.flush();
-    if (!out) throw std::runtime_error("writing '" + tmp + "' failed (disk full?)");
-  }
-  fsync_path(tmp, false);
-  if (std::rename(tmp.c_str(), path.c_str()) != 0)
-    throw std::runtime_error("cannot rename '" + tmp + "' to '" + path + "': " + std::strerror(errno));
-}
+// Whole or not at all (util/atomic_file.h).
+void write_text_atomic(const std::string& path, const std::string& text) { util::write_file_atomic(path, text); }
 
 // "step-12" -> 12, "step-12.tmp" -> 12 with *tmp set; -1 for anything else.
 int64_t parse_step_name(const std::string& name, bool* tmp) {

@@ -66,6 +66,10 @@ class MetricsLogger {
   void resume_after(int64_t step) { resume_step_ = step; }
   // Resets the window without logging (e.g. after start-up work that should not count).
   void reset_window();
+  // "" when every metrics record (JSONL line, TensorBoard events) was written; else "metrics
+  // lost from step N (...)". A failed write does not stop the step (Note [Lost metrics]).
+  std::string lost_metrics() const;
+  ~MetricsLogger();
 
  private:
   c10::Device device_;
@@ -77,7 +81,10 @@ class MetricsLogger {
   void open_jsonl();
   std::string jsonl_path_;
   int64_t resume_step_ = 0;
-  std::ofstream jsonl_;
+  int jsonl_fd_ = -1;  // O_APPEND; each line goes in with one write (util::append_whole_record)
+  int64_t first_lost_step_ = -1;
+  int64_t lost_records_ = 0;
+  void record_loss(int64_t step, const std::string& what);
   std::unique_ptr<TensorBoardWriter> tensorboard_;
 };
 

@@ -348,6 +348,7 @@ TrainResult Trainer::train() {
   }
   checkpointer_->wait();  // the last (async) save is complete before the run ends
   if (!cfg_.checkpoint.export_path.empty()) export_weights(cfg_.checkpoint.export_path);
+  if (const std::string lost = metrics_->lost_metrics(); !lost.empty()) throw std::runtime_error(lost);
   return result;
 }
 
