@@ -27,6 +27,7 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -194,7 +195,10 @@ std::vector<std::string> Supervisor::rank_environment(const Rank& r) const {
     env.push_back(entry);
   };
   int world_size = options_.nnodes * options_.nproc_per_node;
-  set(kWatchdogFdVariable, std::to_string(watchdog_read_fd_));
+  // "<fd>:<inode>": a wrapper may close the fd and reuse its number; the inode tells.
+  struct stat st {};
+  fstat(watchdog_read_fd_, &st);
+  set(kWatchdogFdVariable, std::to_string(watchdog_read_fd_) + ":" + std::to_string(st.st_ino));
   set("RANK", std::to_string(r.rank));
   set("LOCAL_RANK", std::to_string(r.local_rank));
   set("WORLD_SIZE", std::to_string(world_size));
@@ -613,8 +617,13 @@ bool watch_launcher(std::function<void()> on_launcher_gone) {
   if (text == nullptr || *text == '\0') return false;
   char* end = nullptr;
   const long fd = std::strtol(text, &end, 10);
-  // Not ours (a stale variable, or the fd was closed by a wrapper): nothing to watch.
-  if (*end != '\0' || fd < 0 || fd > INT_MAX || fcntl(static_cast<int>(fd), F_GETFD) < 0) return false;
+  if (*end != ':' || fd < 0 || fd > INT_MAX) return false;
+  const unsigned long long inode = std::strtoull(end + 1, &end, 10);
+  struct stat st {};
+  // Not ours (a stale variable, or a wrapper closed the fd and reused the number): nothing to
+  // watch rather than reading someone else's file.
+  if (*end != '\0' || fstat(static_cast<int>(fd), &st) != 0 || !S_ISFIFO(st.st_mode) || st.st_ino != inode)
+    return false;
   const int watch_fd = static_cast<int>(fd);
   fcntl(watch_fd, F_SETFD, FD_CLOEXEC);  // our own children (if any) are not the job's ranks
   std::thread([watch_fd, on_launcher_gone = std::move(on_launcher_gone)] {

@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -298,7 +299,9 @@ void check_flight_recorder(const fs::path& dump, const std::string& log) {
     not_completed += e.at("state") != "completed";
     timed_out += e.at("state") == "timed-out";
   }
-  CHECK(timed_out == 1);
+  // At least the one that failed the step; with overlap, a prefetched collective in flight
+  // beside it times out in its own wait() too (and rewrites the file, whole).
+  CHECK(timed_out >= 1);
   CHECK(not_completed >= 1);
   for (const auto& [group, g] : doc.at("groups").items())
     if (g.at("last_issued") != g.at("last_completed")) SUCCEED("group " << group << " stuck at #" << g.at("last_issued"));

@@ -16,6 +16,7 @@
 
 #include "trainer/logging.h"
 #include "trainer/safetensors.h"
+#include "util/atomic_file.h"
 
 namespace titan::trainer {
 namespace fs = std::filesystem;
@@ -50,9 +51,6 @@ void fsync_path(const std::string& path, bool directory) {
   ::close(fd);
   if (rc != 0) throw std::runtime_error("fsync of '" + path + "' failed: " + std::strerror(errno));
 }
-
-// Whole or not at all (util/atomic_file.h).
-void write_text_atomic(const std::string& path, const std::string& text) { util::write_file_atomic(path, text); }
 
 // "step-12" -> 12, "step-12.tmp" -> 12 with *tmp set; -1 for anything else.
 int64_t parse_step_name(const std::string& name, bool* tmp) {
@@ -429,7 +427,7 @@ void CheckpointManager::write(const std::shared_ptr<Staged>& staged) {
     }
     staged->stats.bytes = info.bytes;
   }
-  write_text_atomic((fs::path(staged->tmp_dir) / (rank_file(rank_) + ".part.json")).string(), part.dump());
+  util::write_file_atomic((fs::path(staged->tmp_dir) / (rank_file(rank_) + ".part.json")).string(), part.dump());
   if (rank_ == 0) commit(*staged);
   staged->stats.write_seconds = seconds_since(start);
   if (rank_ == 0)
@@ -483,7 +481,7 @@ void CheckpointManager::commit(const Staged& staged) {
                              {"tensors", tensors},
                              {"extras", staged.extras},
                              {"config_toml", config_toml_}};
-  write_text_atomic((fs::path(staged.tmp_dir) / "manifest.json").string(), manifest.dump(1));
+  util::write_file_atomic((fs::path(staged.tmp_dir) / "manifest.json").string(), manifest.dump(1));
   for (int r = 0; r < world_size_; ++r) fs::remove(fs::path(staged.tmp_dir) / (rank_file(r) + ".part.json"));
   fsync_path(staged.tmp_dir, true);
   std::error_code ec;

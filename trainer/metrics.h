@@ -6,6 +6,9 @@
 // memory.h for what is measured on each device). tps: tokens per second per device since the
 // previous line, divided by the non-data-parallel degree. tflops = flops_per_token * tps / 1e12;
 // mfu = 100 * tflops / peak TFLOP/s.
+//
+// Every JSONL line and TensorBoard record is written whole or not at all; a failed write does
+// not stop the step but the run then ends with "metrics lost from step N" (Note [Lost metrics]).
 #pragma once
 
 #include <memory>
