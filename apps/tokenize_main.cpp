@@ -6,6 +6,7 @@
 //   titan-tokenize --tokenizer fortunes_bpe.model --format jsonl --input data.jsonl --output d.bin
 #include <CLI/CLI.hpp>
 
+#include <csignal>
 #include <cstdint>
 #include <exception>
 #include <iostream>
@@ -18,6 +19,7 @@
 #include "trainer/data/token_shard.h"
 #include "trainer/data/token_source.h"
 #include "trainer/data/tokenizer.h"
+#include "util/atomic_file.h"
 
 namespace {
 
@@ -68,6 +70,14 @@ int run(const Options& options) {
   return 0;
 }
 
+// Ctrl-C / SIGTERM while the output is being written: remove the temporary file, then die of
+// the signal as before (Note [Temp files and signals] in util/atomic_file.h).
+void on_termination_signal(int sig) {
+  titan::util::remove_temp_files_in_flight();
+  std::signal(sig, SIG_DFL);
+  std::raise(sig);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -96,6 +106,8 @@ int main(int argc, char** argv) {
                  "learn this many BPE merges from the input and write a tiktoken file to "
                  "--output instead of a shard");
   CLI11_PARSE(app, argc, argv);
+  std::signal(SIGINT, on_termination_signal);
+  std::signal(SIGTERM, on_termination_signal);
   try {
     return run(options);
   } catch (const std::exception& e) {

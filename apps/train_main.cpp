@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "parallel/launcher.h"
 #include "parallel/process_group.h"
 #include "parallel/world.h"
 #include "trainer/config.h"
@@ -19,12 +20,15 @@
 #include "trainer/memory_estimate.h"
 #include "trainer/signals.h"
 #include "trainer/train.h"
+#include "util/atomic_file.h"
 
 using namespace titan::trainer;
 
 int main(int argc, char** argv) {
   // Before any tensor exists: storages made earlier would keep the old allocator's deleter.
   install_cpu_memory_tracker();
+  // Started by titan-run: exit with it, even through a wrapper (parallel/launcher.h).
+  titan::parallel::watch_launcher([] { titan::util::remove_temp_files_in_flight(); });
 
   // --estimate-memory: same config and overrides, but print the per-rank memory estimate
   // (trainer/memory_estimate.h) instead of training. Handled here: it is not a job setting.

@@ -8,6 +8,17 @@
 // die too through PR_SET_PDEATHSIG(SIGKILL), set in the child between fork and exec. Ranks get
 // /dev/null as stdin: a background process group reading the terminal would be stopped
 // (SIGTTIN) forever.
+//
+// Note [Launcher watchdog pipe]: PR_SET_PDEATHSIG reaches only the direct child. A rank started
+// through a wrapper (`sh -c 'titan-train ...'`) has titan-train as a grandchild: when titan-run
+// is SIGKILLed, no handler runs, nobody can killpg, sh dies of its pdeathsig and titan-train
+// would train on forever. So titan-run creates one pipe per job and keeps its write end to
+// itself (O_CLOEXEC: no rank inherits it); the read end is inherited by every rank's whole tree,
+// its number in TITAN_RUN_WATCHDOG_FD. When titan-run dies, however it dies, the kernel closes
+// the write end, and watch_launcher() in titan-train sees EOF and exits. A pipe is used rather
+// than "is my parent still titan-run" because a wrapper is the parent. titan-run is also the
+// child subreaper of its tree (PR_SET_CHILD_SUBREAPER), so a rank's orphaned grandchildren are
+// reparented to it (and reaped by it) rather than to init while it lives.
 #include "parallel/launcher.h"
 
 #include <fcntl.h>
@@ -16,6 +27,7 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -28,6 +40,7 @@
 #include <deque>
 #include <iostream>
 #include <sstream>
+#include <thread>
 
 extern char** environ;
 
@@ -38,6 +51,7 @@ constexpr size_t kTailLines = 20;             // kept per rank for the failure r
 constexpr size_t kMaxLineBytes = 64 * 1024;   // a longer line without '\n' is cut here
 constexpr int kMultiNodeDefaultPort = 29500;  // torchrun's default
 constexpr int kHandledSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGCHLD};
+constexpr const char* kWatchdogFdVariable = "TITAN_RUN_WATCHDOG_FD";
 
 using Clock = std::chrono::steady_clock;
 
@@ -163,6 +177,8 @@ class Supervisor {
   int failed_index_ = -1;   // the first rank that failed on its own
   int launcher_signal_ = 0;  // the signal that stopped titan-run, if any
   bool output_ok_ = true;    // false once our stdout/stderr reader is gone
+  int watchdog_read_fd_ = -1;   // inherited by every rank's tree (Note [Launcher watchdog pipe])
+  int watchdog_write_fd_ = -1;  // ours alone; closed when we die
 };
 
 std::vector<std::string> Supervisor::rank_environment(const Rank& r) const {
@@ -179,6 +195,10 @@ std::vector<std::string> Supervisor::rank_environment(const Rank& r) const {
     env.push_back(entry);
   };
   int world_size = options_.nnodes * options_.nproc_per_node;
+  // "<fd>:<inode>": a wrapper may close the fd and reuse its number; the inode tells.
+  struct stat st {};
+  fstat(watchdog_read_fd_, &st);
+  set(kWatchdogFdVariable, std::to_string(watchdog_read_fd_) + ":" + std::to_string(st.st_ino));
   set("RANK", std::to_string(r.rank));
   set("LOCAL_RANK", std::to_string(r.local_rank));
   set("WORLD_SIZE", std::to_string(world_size));
@@ -218,6 +238,7 @@ void Supervisor::spawn(Rank& r, int devnull) {
     throw std::runtime_error(std::string("pipe2 failed: ") + std::strerror(errno));
   }
   pid_t launcher_pid = getpid();
+  const int watchdog_fd = watchdog_read_fd_;
   // Blocked across fork so that no handler of ours runs in the child before it resets them.
   sigset_t all, previous;
   sigfillset(&all);
@@ -230,6 +251,7 @@ void Supervisor::spawn(Rank& r, int devnull) {
     for (int sig : kHandledSignals) signal(sig, SIG_DFL);
     signal(SIGPIPE, SIG_DFL);  // ignored signals would stay ignored across exec
     sigprocmask(SIG_SETMASK, &previous, nullptr);
+    fcntl(watchdog_fd, F_SETFD, 0);  // inherited across exec (Note [Launcher watchdog pipe])
     dup2(devnull, STDIN_FILENO);
     dup2(out_pipe[1], STDOUT_FILENO);
     dup2(err_pipe[1], STDERR_FILENO);
@@ -304,16 +326,18 @@ void Supervisor::on_launcher_signal(int sig) {
 }
 
 void Supervisor::reap() {
-  for (size_t i = 0; i < ranks_.size(); ++i) {
-    Rank& r = ranks_[i];
-    if (!r.running) continue;
-    int status = 0;
-    pid_t got = waitpid(r.pid, &status, WNOHANG);
-    if (got != r.pid) continue;
+  // waitpid(-1): as child subreaper we also adopt the ranks' orphaned descendants (Note [Launcher
+  // watchdog pipe]); they are reaped here and not reported.
+  int status = 0;
+  pid_t got;
+  while ((got = waitpid(-1, &status, WNOHANG)) > 0) {
+    auto it = std::find_if(ranks_.begin(), ranks_.end(), [got](const Rank& r) { return r.running && r.pid == got; });
+    if (it == ranks_.end()) continue;
+    Rank& r = *it;
     r.running = false;
     r.status = status;
     if (!succeeded(status) && !stopping_) {
-      failed_index_ = static_cast<int>(i);
+      failed_index_ = static_cast<int>(it - ranks_.begin());
       begin_stop(SIGTERM, "rank " + std::to_string(r.rank) + " (local " +
                               std::to_string(r.local_rank) + ", pid " + std::to_string(r.pid) +
                               ") " + describe_status(status));
@@ -416,6 +440,11 @@ int Supervisor::report() {
 }
 
 int Supervisor::run() {
+  prctl(PR_SET_CHILD_SUBREAPER, 1);  // best effort: the watchdog pipe does not depend on it
+  int watchdog[2];
+  if (pipe2(watchdog, O_CLOEXEC) != 0) throw std::runtime_error(std::string("pipe2 failed: ") + std::strerror(errno));
+  watchdog_read_fd_ = watchdog[0];
+  watchdog_write_fd_ = watchdog[1];
   int devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
   if (devnull < 0) throw std::runtime_error(std::string("open /dev/null: ") + std::strerror(errno));
   std::vector<int> filter;
@@ -488,6 +517,8 @@ int Supervisor::run() {
     }
   }
   if (stopping_) signal_ranks(SIGKILL);  // leftovers in the ranks' groups
+  close(watchdog_write_fd_);  // anything of the job still watching exits now
+  close(watchdog_read_fd_);
   drain_outputs();
   return report();
 }
@@ -579,6 +610,35 @@ int launcher_main(int argc, char** argv) {
     std::cerr << "titan-run: " << e.what() << "\n";
     return 1;
   }
+}
+
+bool watch_launcher(std::function<void()> on_launcher_gone) {
+  const char* text = std::getenv(kWatchdogFdVariable);
+  if (text == nullptr || *text == '\0') return false;
+  char* end = nullptr;
+  const long fd = std::strtol(text, &end, 10);
+  if (*end != ':' || fd < 0 || fd > INT_MAX) return false;
+  const unsigned long long inode = std::strtoull(end + 1, &end, 10);
+  struct stat st {};
+  // Not ours (a stale variable, or a wrapper closed the fd and reused the number): nothing to
+  // watch rather than reading someone else's file.
+  if (*end != '\0' || fstat(static_cast<int>(fd), &st) != 0 || !S_ISFIFO(st.st_mode) || st.st_ino != inode)
+    return false;
+  const int watch_fd = static_cast<int>(fd);
+  fcntl(watch_fd, F_SETFD, FD_CLOEXEC);  // our own children (if any) are not the job's ranks
+  std::thread([watch_fd, on_launcher_gone = std::move(on_launcher_gone)] {
+    char byte;
+    for (;;) {
+      const ssize_t got = read(watch_fd, &byte, 1);  // nobody writes: returns only at EOF
+      if (got == 0 || (got < 0 && errno != EINTR)) break;
+    }
+    if (on_launcher_gone) on_launcher_gone();
+    static const char message[] = "titan-run (the launcher) is gone: this rank exits now\n";
+    ssize_t ignored = write(STDERR_FILENO, message, sizeof(message) - 1);
+    (void)ignored;
+    _exit(128 + SIGKILL);  // as if killed with the launcher; no destructors that could block
+  }).detach();
+  return true;
 }
 
 }  // namespace titan::parallel

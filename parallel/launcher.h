@@ -7,6 +7,7 @@
 // --node-rank; no elastic restarts.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -55,6 +56,13 @@ int pick_free_port();
 // failing rank's exit code, or 128 + signal for a rank killed by a signal (or for a signal that
 // stopped the launcher). Throws std::runtime_error when a rank cannot be started.
 int launch(const LaunchOptions& options);
+
+// Called by a rank process at start (titan-train does): if titan-run started this process's
+// tree (TITAN_RUN_WATCHDOG_FD), starts a thread that calls `on_launcher_gone` (e.g. to remove
+// temporary files; must not block) and exits the process as soon as titan-run is gone, even
+// when it was SIGKILLed and this process is a wrapper's child (Note [Launcher watchdog pipe] in
+// launcher.cpp). Returns whether it is watching.
+bool watch_launcher(std::function<void()> on_launcher_gone = {});
 
 // main() of titan-run.
 int launcher_main(int argc, char** argv);

@@ -16,6 +16,7 @@
 // only passes the opaque device pointer from createDeviceFor*() back into the options.
 // tests/test_comm.cpp checks all collectives against closed forms with these headers.
 #include "parallel/process_group.h"
+#include "parallel/comm_trace.h"
 
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -232,10 +233,12 @@ CommWork Comm::issue(std::string op, const at::Tensor& tensor, Launch&& launch, 
     link_free_ = begin + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
     w.simulated_done_ = link_free_;
   }
+  w.trace_id_ = comm_trace().on_issue(name_, w.record_.seq, w.record_.op, w.record_.bytes);
   try {
     w.work_ = launch();
   } catch (const std::exception& e) {
     w.work_.reset();
+    comm_trace().on_state(w.trace_id_, CollectiveState::kFailed);
     throw CommError(where() + ": collective " + w.record_.op + " #" + std::to_string(w.record_.seq) + " (" +
                     std::to_string(w.record_.bytes) + " bytes, " + w.tensor_desc_ +
                     ") could not be issued: " + error_text(e));
@@ -261,6 +264,7 @@ CommWork& CommWork::operator=(CommWork&& other) noexcept {
     record_ = std::move(other.record_);
     tensor_desc_ = std::move(other.tensor_desc_);
     start_ = other.start_;
+    trace_id_ = other.trace_id_;
   }
   return *this;
 }
@@ -280,16 +284,30 @@ void CommWork::wait() {
   work_.reset();
   model::NamedScope scope("wait " + record_.op, model::MemoryCategory::kCommunication);
   const auto waited_from = Clock::now();
+  comm_trace().on_state(trace_id_, CollectiveState::kStarted);
   try {
     work->wait();
   } catch (const std::exception& e) {
     auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start_);
+    // Gloo's errors do not say "timeout" reliably; having waited the whole timeout does.
+    const bool timed_out = ms >= comm_->options_.timeout;
+    comm_trace().on_state(trace_id_, timed_out ? CollectiveState::kTimedOut : CollectiveState::kFailed);
     std::ostringstream os;
     os << "collective " << record_.op << " #" << record_.seq << " (" << record_.bytes << " bytes, "
-       << tensor_desc_ << ") failed after " << ms.count() << " ms (timeout "
-       << comm_->options_.timeout.count() << " ms): " << error_text(e);
+       << tensor_desc_ << ") " << (timed_out ? "timed out" : "failed") << " after " << ms.count()
+       << " ms (timeout " << comm_->options_.timeout.count() << " ms): " << error_text(e);
+    const std::string message = comm_->where() + ": " + os.str();
+    std::string dump_error;
+    const std::string dumped = comm_trace().dump(message, &dump_error);
+    if (!dumped.empty()) {
+      os << "\nthe last " << comm_trace().capacity() << " collectives of this rank (flight recorder) -> "
+         << dumped << " (compare the ranks' files: the rank that stopped has the lowest last seq)";
+    } else if (!dump_error.empty()) {
+      os << "\nwriting the flight recorder failed: " << dump_error;
+    }
     throw CommError(comm_->where() + ": " + os.str());
   }
+  comm_trace().on_state(trace_id_, CollectiveState::kCompleted);
   std::this_thread::sleep_until(simulated_done_);  // See Note [Simulated link]; a no-op when off
   const auto done = Clock::now();
   comm_->total_seconds_ += std::chrono::duration<double>(done - start_).count();

@@ -3,6 +3,8 @@
 //
 // Each Comm call records a sequence number, op, bytes and group name; a failure or timeout is
 // rethrown as CommError naming the rank, the group, the collective and its sequence number.
+// Every collective is also recorded in the flight recorder (parallel/comm_trace.h), which a
+// failure or timeout writes to its file (named in the CommError) before throwing.
 //
 // Note [Asynchronous collectives]: every collective is issued by an `*_async` call that returns
 // a CommWork handle; the blocking calls are `*_async(...).wait()`. Between the two the tensors
@@ -86,6 +88,7 @@ class CommWork {
   std::string tensor_desc_;
   std::chrono::steady_clock::time_point start_;
   std::chrono::steady_clock::time_point simulated_done_;  // See Note [Simulated link]
+  uint64_t trace_id_ = 0;  // its entry in comm_trace() (0: not recorded)
 };
 
 struct CommOptions {

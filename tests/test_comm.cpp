@@ -16,15 +16,21 @@
 #include <cstdio>
 
 #include <exception>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <future>
 #include <sstream>
 #include <thread>
 
+#include "parallel/comm_trace.h"
 #include "parallel/process_group.h"
 #include "tests/rank_threads.h"
 
 using titan::parallel::CollectiveRecord;
+using titan::parallel::CollectiveState;
+using titan::parallel::comm_trace;
+using titan::parallel::collective_state_name;
 using titan::parallel::Comm;
 using titan::parallel::CommError;
 using titan::parallel::CommOptions;
@@ -247,6 +253,60 @@ TEST_CASE("Comm timeout names rank, group, collective and sequence number", "[co
   CHECK(rank0_message.find("all_reduce(max) #2") != std::string::npos);
   CHECK(rank0_message.find("64 bytes") != std::string::npos);
   CHECK(rank0_message.find("timeout 1500 ms") != std::string::npos);
+}
+
+TEST_CASE("the flight recorder keeps the last collectives and is written when one times out", "[comm]") {
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("titan_comm_trace_" + std::to_string(getpid())) / "rank0.json").string();
+  // Ranks are threads here, so both record into the one process-wide recorder; capacity 2 of
+  // the 3 collectives issued (each rank's barrier #1, rank 0's all_reduce #2) keeps the 2 newest.
+  comm_trace().configure(2, path, 0);
+  CommOptions options;
+  options.timeout = std::chrono::milliseconds(1500);
+  std::string rank0_message;
+  std::promise<void> rank0_done;
+  std::shared_future<void> rank0_done_future = rank0_done.get_future().share();
+  auto errors = run_ranks(
+      2,
+      [&](Comm& comm) {
+        comm.barrier();  // #1
+        if (comm.rank() == 1) {
+          rank0_done_future.wait();  // never joins #2: rank 0 times out in it
+          return;
+        }
+        at::Tensor t = at::ones({4});
+        try {
+          comm.all_reduce(t);  // #2: times out
+        } catch (const CommError& e) {
+          rank0_message = e.what();
+        }
+        rank0_done.set_value();
+      },
+      options);
+  require_all_ok(errors);
+  INFO(rank0_message);
+  CHECK(rank0_message.find("all_reduce(sum) #2") != std::string::npos);
+  CHECK(rank0_message.find("flight recorder") != std::string::npos);
+  CHECK(rank0_message.find(path) != std::string::npos);
+  std::ifstream in(path);
+  REQUIRE(in);
+  std::stringstream text;
+  text << in.rdbuf();
+  INFO(text.str());
+  const auto entries = comm_trace().entries();
+  REQUIRE(entries.size() == 2);
+  CHECK(entries.front().op == "barrier");
+  CHECK(entries.front().state == CollectiveState::kCompleted);
+  const auto& last = entries.back();
+  CHECK(last.op == "all_reduce(sum)");
+  CHECK(last.seq == 2);
+  CHECK(last.group == "world");
+  CHECK(last.bytes == 16);
+  CHECK(last.state == CollectiveState::kTimedOut);  // rank 1 stayed connected: a timeout
+  CHECK(text.str().find("\"seq\": 2") != std::string::npos);
+  CHECK(text.str().find(collective_state_name(last.state)) != std::string::npos);
+  comm_trace().configure(0, "", 0);
+  std::filesystem::remove_all(std::filesystem::path(path).parent_path());
 }
 
 TEST_CASE("Gloo's inline-emitted symbols resolve to libtorch_cpu, not to Debian-header copies",

@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <regex>
@@ -22,6 +23,9 @@
 
 #ifndef TITAN_RUN_PATH
 #error "TITAN_RUN_PATH (the built titan-run) must be defined by the build"
+#endif
+#ifndef TITAN_TRAIN_PATH
+#error "TITAN_TRAIN_PATH (the built titan-train) must be defined by the build"
 #endif
 
 namespace tp = titan::parallel;
@@ -264,6 +268,36 @@ TEST_CASE("ranks die with titan-run when it is SIGKILLed (PR_SET_PDEATHSIG)", "[
   Result r = finish(c);
   CHECK(r.exit_code() == 128 + 9);
   CHECK(all_gone_within(pids, 3.0));
+}
+
+// The case PR_SET_PDEATHSIG cannot cover: titan-train as the grandchild of a `sh -c` wrapper.
+// sh dies of its pdeathsig; titan-train must see the watchdog pipe close (Note [Launcher
+// watchdog pipe] in parallel/launcher.cpp) and exit, whatever it is doing (starting up, waiting
+// in the rendezvous or training: it is killed as soon as both pids are known).
+TEST_CASE("titan-train behind a sh -c wrapper dies with titan-run when it is SIGKILLed", "[launcher]") {
+  const std::string dump = (std::filesystem::temp_directory_path() /
+                            ("titan_launcher_wrapped_" + std::to_string(getpid()))).string();
+  const std::string train = std::string(TITAN_TRAIN_PATH) +
+                            " --training.steps 1000000 --training.seq_len 16 --training.local_batch_size 1"
+                            " --metrics.log_freq 1000 --job.dump_folder " + dump;
+  Child c = start_titan_run({"--nproc-per-node", "2", "--", "/bin/sh", "-c",
+                             train + " & echo \"train $!\"; wait; echo \"sh still here\""});
+  auto deadline = Clock::now() + std::chrono::seconds(20);
+  while (numbers_after(c.out, "train").size() < 2) {
+    REQUIRE(Clock::now() < deadline);
+    pump(c, 20);
+  }
+  auto pids = numbers_after(c.out, "train");
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // let them get into main()
+  kill(c.pid, SIGKILL);
+  Result r = finish(c);
+  CHECK(r.exit_code() == 128 + 9);
+  // A generous deadline for "does not keep running": the watcher reacts within milliseconds.
+  const bool gone = all_gone_within(pids, 10.0);
+  CHECK(gone);
+  for (pid_t p : pids)
+    if (process_alive(p)) kill(p, SIGKILL);  // never leave a trainer behind, even on failure
+  std::filesystem::remove_all(dump);
 }
 
 TEST_CASE("LOG_RANK and --local-ranks-filter choose whose lines are shown", "[launcher]") {

@@ -16,6 +16,7 @@
 
 #include "trainer/logging.h"
 #include "trainer/safetensors.h"
+#include "util/atomic_file.h"
 
 namespace titan::trainer {
 namespace fs = std::filesystem;
@@ -49,20 +50,6 @@ void fsync_path(const std::string& path, bool directory) {
   const int rc = ::fsync(fd);
   ::close(fd);
   if (rc != 0) throw std::runtime_error("fsync of '" + path + "' failed: " + std::strerror(errno));
-}
-
-// Writes `text` to `path` via a temporary name, fsync'd, then renamed.
-void write_text_atomic(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << text;
-    out.flush();
-    if (!out) throw std::runtime_error("writing '" + tmp + "' failed (disk full?)");
-  }
-  fsync_path(tmp, false);
-  if (std::rename(tmp.c_str(), path.c_str()) != 0)
-    throw std::runtime_error("cannot rename '" + tmp + "' to '" + path + "': " + std::strerror(errno));
 }
 
 // "step-12" -> 12, "step-12.tmp" -> 12 with *tmp set; -1 for anything else.
@@ -446,7 +433,7 @@ void CheckpointManager::write(const std::shared_ptr<Staged>& staged) {
     }
     staged->stats.bytes = info.bytes;
   }
-  write_text_atomic((fs::path(staged->tmp_dir) / (rank_file(rank_) + ".part.json")).string(), part.dump());
+  util::write_file_atomic((fs::path(staged->tmp_dir) / (rank_file(rank_) + ".part.json")).string(), part.dump());
   if (rank_ == 0) commit(*staged);
   staged->stats.write_seconds = seconds_since(start);
   if (rank_ == 0)
@@ -500,7 +487,7 @@ void CheckpointManager::commit(const Staged& staged) {
                              {"tensors", tensors},
                              {"extras", staged.extras},
                              {"config_toml", config_toml_}};
-  write_text_atomic((fs::path(staged.tmp_dir) / "manifest.json").string(), manifest.dump(1));
+  util::write_file_atomic((fs::path(staged.tmp_dir) / "manifest.json").string(), manifest.dump(1));
   for (int r = 0; r < world_size_; ++r) fs::remove(fs::path(staged.tmp_dir) / (rank_file(r) + ".part.json"));
   fsync_path(staged.tmp_dir, true);
   std::error_code ec;

@@ -294,6 +294,15 @@ std::vector<SectionSpec> build_table() {
               "step; 0 = never.").at_least(0),
           key("debug_fail_rank", &CommSection::debug_fail_rank,
               "The rank that comm.debug_fail_at_step makes fail.").at_least(0),
+          key("trace_buf_size", &CommSection::trace_buf_size,
+              "Flight recorder: the last this many collectives of each rank, written to "
+              "job.dump_folder/comm_trace/rank<N>.json when a collective fails or times out; "
+              "0 = off.").at_least(0),
+          key("debug_stall_at_step", &CommSection::debug_stall_at_step,
+              "Fault injection (tests): rank comm.debug_stall_rank stops (sleeps) at the start of "
+              "this step; 0 = never.").at_least(0),
+          key("debug_stall_rank", &CommSection::debug_stall_rank,
+              "The rank that comm.debug_stall_at_step stops.").at_least(0),
           key("debug_link_latency_ms", &CommSection::debug_link_latency_ms,
               "Simulated network (overlap tests, benchmarks): every collective completes no "
               "sooner than this latency after the group's link is free; 0 = off.").at_least(0),

@@ -196,8 +196,6 @@ std::vector<Row> rows_of(const std::string& section) {
   }
   if (section == "comm") {
     return {
-        accepted_any("trace_buf_size", int64_t{20000},
-                     "titan records every collective in its own per-rank record", ""),
         accepted_any("save_traces_folder", "comm_traces",
                      "titan records every collective in its own per-rank record", "v0.2.0+"),
         accepted_any("save_traces_file_prefix", "rank_",

@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "trainer/safetensors.h"
+#include "util/atomic_file.h"
 
 namespace titan::trainer {
 namespace fs = std::filesystem;
@@ -63,13 +64,7 @@ int64_t rotary_heads(const std::string& fqn, const model::ModelArgs& args) {
 }
 
 void write_json_atomic(const fs::path& path, const nlohmann::json& j) {
-  const fs::path tmp = path.string() + ".tmp";
-  {
-    std::ofstream out(tmp);
-    out << j.dump(2) << '\n';
-    if (!out) throw std::runtime_error("writing '" + tmp.string() + "' failed");
-  }
-  fs::rename(tmp, path);
+  util::write_file_atomic(path.string(), j.dump(2) + '\n');
 }
 
 }  // namespace

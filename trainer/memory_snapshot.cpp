@@ -12,6 +12,7 @@
 
 #include "model/scope.h"
 #include "trainer/memory_plot.h"
+#include "util/atomic_file.h"
 
 #ifdef TITAN_WITH_CUDA
 #include <torch/csrc/cuda/memory_snapshot.h>
@@ -62,10 +63,14 @@ Dict trace_entry(const char* action, const MemoryEvent& e, FrameCache& frames) {
   return d;
 }
 
+// Whole or not at all (util/atomic_file.h): a full disk must not leave a truncated .pickle that
+// the memory viewer then fails on, nor an empty OOM exit snapshot.
 void write_file(const std::string& path, const std::string& bytes) {
-  std::ofstream f(path, std::ios::binary);
-  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  if (!f) throw std::runtime_error("could not write memory snapshot " + path);
+  try {
+    util::write_file_atomic(path, bytes);
+  } catch (const std::exception& e) {
+    throw std::runtime_error(std::string("memory snapshot not written: ") + e.what());
+  }
 }
 
 }  // namespace

@@ -4,7 +4,12 @@
 #include <ATen/ops/mm.h>
 #include <ATen/ops/randn.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -15,6 +20,7 @@
 
 #include "trainer/logging.h"
 #include "trainer/memory.h"
+#include "util/atomic_file.h"
 
 namespace titan::trainer {
 
@@ -100,27 +106,43 @@ void MetricsLogger::reset_window() {
 }
 
 // A fresh run starts the file; a resumed one keeps the lines of the steps it resumed after
-// (written whole to a temporary file, then renamed) and appends, so the file reads as one run.
+// (rewritten whole or not at all, util/atomic_file.h) and appends, so the file reads as one run.
 void MetricsLogger::open_jsonl() {
   namespace fs = std::filesystem;
   if (resume_step_ > 0 && fs::exists(jsonl_path_)) {
-    const std::string tmp = jsonl_path_ + ".tmp";
-    {
-      std::ifstream in(jsonl_path_);
-      std::ofstream out(tmp, std::ios::trunc);
-      std::string line;
-      while (std::getline(in, line)) {
-        const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-        if (!j.is_discarded() && j.contains("step") && j["step"].get<int64_t>() <= resume_step_) out << line << '\n';
-      }
-      if (!out) throw std::runtime_error("cannot write metrics file '" + tmp + "'");
+    std::string kept;
+    std::ifstream in(jsonl_path_);
+    std::string line;
+    while (std::getline(in, line)) {
+      const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+      if (!j.is_discarded() && j.contains("step") && j["step"].get<int64_t>() <= resume_step_) kept += line + '\n';
     }
-    fs::rename(tmp, jsonl_path_);
-    jsonl_.open(jsonl_path_, std::ios::app);
-  } else {
-    jsonl_.open(jsonl_path_, std::ios::trunc);
+    util::write_file_atomic(jsonl_path_, kept);
   }
-  if (!jsonl_) throw std::runtime_error("cannot write metrics file '" + jsonl_path_ + "'");
+  const int flags = O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | (resume_step_ > 0 ? 0 : O_TRUNC);
+  jsonl_fd_ = ::open(jsonl_path_.c_str(), flags, 0644);
+  if (jsonl_fd_ < 0)
+    throw std::runtime_error("cannot write metrics file '" + jsonl_path_ + "': " + std::strerror(errno));
+}
+
+MetricsLogger::~MetricsLogger() {
+  if (jsonl_fd_ >= 0) ::close(jsonl_fd_);
+}
+
+// Note [Lost metrics]: the step goes on (a full disk should not kill a long run over a log
+// line), a warning names the file and the errno text, and the run ends with an error naming the
+// first lost step (Trainer::train checks lost_metrics()), so a run whose record has holes never
+// reports success.
+void MetricsLogger::record_loss(int64_t step, const std::string& what) {
+  log_warn("metrics of step " + std::to_string(step) + " lost: " + what);
+  if (first_lost_step_ < 0) first_lost_step_ = step;
+  ++lost_records_;
+}
+
+std::string MetricsLogger::lost_metrics() const {
+  if (first_lost_step_ < 0) return "";
+  return "metrics lost from step " + std::to_string(first_lost_step_) + " (" + std::to_string(lost_records_) +
+         " write(s) failed; the warnings above name the file and the error)";
 }
 
 void MetricsLogger::log(const StepMetrics& m) {
@@ -145,8 +167,8 @@ void MetricsLogger::log(const StepMetrics& m) {
                 tflops, color_code("green"), mfu_text, color_code("reset"));
   log_info(m.skipped_steps > 0 ? std::string(buf) + "  skipped: " + std::to_string(m.skipped_steps) : std::string(buf));
 
-  if (!jsonl_path_.empty() && !jsonl_.is_open()) open_jsonl();
-  if (jsonl_.is_open()) {
+  if (!jsonl_path_.empty() && jsonl_fd_ < 0) open_jsonl();
+  if (jsonl_fd_ >= 0) {
     nlohmann::json record = {{"step", m.step},         {"loss", m.loss},
                              {"grad_norm", m.grad_norm}, {"lr", m.lr},
                              {"memory_peak_bytes", mem.peak_bytes},
@@ -158,10 +180,13 @@ void MetricsLogger::log(const StepMetrics& m) {
     if (m.comm_seconds >= 0) record["comm_s"] = m.comm_seconds;
     if (m.comm_exposed_seconds >= 0) record["comm_exposed_s"] = m.comm_exposed_seconds;
     if (m.skipped_steps > 0) record["skipped_steps"] = m.skipped_steps;
-    jsonl_ << record.dump() << '\n';
-    jsonl_.flush();
+    try {
+      util::append_whole_record(jsonl_fd_, record.dump() + '\n', jsonl_path_);  // whole line or none
+    } catch (const std::runtime_error& e) {
+      record_loss(m.step, e.what());
+    }
   }
-  if (tensorboard_) {
+  if (tensorboard_) try {
     tensorboard_->add_scalar("loss_metrics/global_avg_loss", m.loss, m.step);
     tensorboard_->add_scalar("grad_norm", m.grad_norm, m.step);
     tensorboard_->add_scalar("lr", m.lr, m.step);
@@ -171,6 +196,8 @@ void MetricsLogger::log(const StepMetrics& m) {
     tensorboard_->add_scalar("tflops", tflops, m.step);
     tensorboard_->add_scalar("mfu(%)", mfu, m.step);
     tensorboard_->flush();
+  } catch (const std::runtime_error& e) {
+    record_loss(m.step, e.what());
   }
   reset_window();
 }

@@ -6,6 +6,9 @@
 // memory.h for what is measured on each device). tps: tokens per second per device since the
 // previous line, divided by the non-data-parallel degree. tflops = flops_per_token * tps / 1e12;
 // mfu = 100 * tflops / peak TFLOP/s.
+//
+// Every JSONL line and TensorBoard record is written whole or not at all; a failed write does
+// not stop the step but the run then ends with "metrics lost from step N" (Note [Lost metrics]).
 #pragma once
 
 #include <memory>
@@ -67,6 +70,10 @@ class MetricsLogger {
   void resume_after(int64_t step) { resume_step_ = step; }
   // Resets the window without logging (e.g. after start-up work that should not count).
   void reset_window();
+  // "" when every metrics record (JSONL line, TensorBoard events) was written; else "metrics
+  // lost from step N (...)". A failed write does not stop the step (Note [Lost metrics]).
+  std::string lost_metrics() const;
+  ~MetricsLogger();
 
  private:
   c10::Device device_;
@@ -78,7 +85,10 @@ class MetricsLogger {
   void open_jsonl();
   std::string jsonl_path_;
   int64_t resume_step_ = 0;
-  std::ofstream jsonl_;
+  int jsonl_fd_ = -1;  // O_APPEND; each line goes in with one write (util::append_whole_record)
+  int64_t first_lost_step_ = -1;
+  int64_t lost_records_ = 0;
+  void record_loss(int64_t step, const std::string& what);
   std::unique_ptr<TensorBoardWriter> tensorboard_;
 };
 

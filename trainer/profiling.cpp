@@ -3,12 +3,17 @@
 #include <ATen/record_function.h>
 #include <torch/csrc/autograd/profiler_kineto.h>
 
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <stdexcept>
 
 #include "trainer/logging.h"
 #include "trainer/memory_snapshot.h"
+#include "util/atomic_file.h"
 
 // Exported by libtorch_cpu (torch/csrc/profiler/kineto_shim.h, which pulls in Kineto's own
 // headers when USE_KINETO is defined): adds a top-level key to the trace JSON, as PyTorch's
@@ -29,6 +34,38 @@ std::set<ActivityType> activities(c10::Device device) {
   std::set<ActivityType> acts{ActivityType::CPU};
   if (device.is_cuda()) acts.insert(ActivityType::CUDA);
   return acts;
+}
+
+// Kineto writes the trace to `<name>.tmp`, renames it to `<name>` and reports a full disk only
+// as a log line, leaving a truncated `.tmp` behind. So it writes under the atomic writer's
+// temporary name, its own `.tmp` is removed whatever happens, and a trace that does not end
+// with its closing brace (the stream stopped mid-way) counts as failed: whole or not at all.
+void save_trace(kineto::ProfilerResult& result, const std::string& path) {
+  std::string kineto_temp;
+  try {
+    util::write_file_atomic_via(
+        path,
+        [&](const std::string& temp) {
+          kineto_temp = temp + ".tmp";
+          result.save(temp);
+          std::remove(kineto_temp.c_str());
+        },
+        [](const std::string& temp) -> std::string {
+          std::ifstream in(temp, std::ios::binary | std::ios::ate);
+          const std::streamoff size = in ? static_cast<std::streamoff>(in.tellg()) : -1;
+          char last = 0;
+          for (std::streamoff back = 1; in && back <= std::min<std::streamoff>(size, 64); ++back) {
+            in.seekg(size - back);
+            in.get(last);
+            if (!std::isspace(static_cast<unsigned char>(last))) break;
+          }
+          return last == '}' ? "" : "the profiler's trace is incomplete (" + std::to_string(size) +
+                                        " bytes, no closing brace): disk full or file size limit?";
+        });
+  } catch (...) {
+    if (!kineto_temp.empty()) std::remove(kineto_temp.c_str());
+    throw;
+  }
 }
 
 }  // namespace
@@ -118,7 +155,7 @@ void StepProfiler::step_end(int64_t step) {
     const auto dir = std::filesystem::path(dump_folder_) / cfg_.save_traces_folder / iteration;
     std::filesystem::create_directories(dir);
     const std::string path = (dir / ("rank" + std::to_string(rank_) + "_trace.json")).string();
-    result->save(path);
+    save_trace(*result, path);
     log_info("profiler trace of step " + std::to_string(step) + " -> " + path);
   }
   if (cfg_.enable_memory_snapshot && due(step)) {

@@ -15,6 +15,7 @@
 #include <stdexcept>
 
 #include "trainer/safetensors_header.h"
+#include "util/atomic_file.h"
 
 namespace titan::trainer {
 namespace {
@@ -43,22 +44,6 @@ const std::array<std::array<uint32_t, 256>, 8>& crc_tables() {
     return t;
   }();
   return tables;
-}
-
-std::string errno_text() { return std::strerror(errno); }
-
-void write_all(int fd, const void* data, size_t n, const std::string& path) {
-  const char* p = static_cast<const char*>(data);
-  while (n > 0) {
-    const ssize_t w = ::write(fd, p, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      throw std::runtime_error("writing '" + path + "' failed: " + errno_text() +
-                               (errno == ENOSPC ? " (disk full)" : ""));
-    }
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
 }
 
 struct Header {
@@ -155,48 +140,33 @@ SafetensorsFileInfo write_safetensors_file(const std::string& path,
                                            const std::map<std::string, std::string>& metadata) {
   const Header h = make_header(tensors, metadata);
   const uint64_t header_len = h.json.size();
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw std::runtime_error("cannot create '" + path + "': " + errno_text());
+  // Whole or not at all, also inside a checkpoint's temporary folder: a shard that failed on a
+  // full disk is removed, not left truncated (util/atomic_file.h).
+  util::AtomicFile out(path);
   SafetensorsFileInfo info;
-  try {
-    write_all(fd, &header_len, 8, path);  // x86/ARM hosts are little-endian
-    write_all(fd, h.json.data(), h.json.size(), path);
-    uint32_t crc = crc32_update(0, &header_len, 8);
-    crc = crc32_update(crc, h.json.data(), h.json.size());
-    for (size_t i = 0; i < h.data.size(); ++i) {
-      const at::Tensor& t = h.data[i];
-      write_all(fd, t.data_ptr(), t.nbytes(), path);
-      // One pass over the data: the tensor's CRC, folded into the file's.
-      const uint32_t tensor_crc = crc32_update(0, t.data_ptr(), t.nbytes());
-      info.tensor_crc32[tensors[i].first] = tensor_crc;
-      crc = crc32_combine(crc, tensor_crc, static_cast<int64_t>(t.nbytes()));
-      info.bytes += static_cast<int64_t>(t.nbytes());
-    }
-    if (::fsync(fd) != 0) throw std::runtime_error("fsync of '" + path + "' failed: " + errno_text());
-    info.crc32 = crc;
-    info.bytes += 8 + static_cast<int64_t>(header_len);
-  } catch (...) {
-    ::close(fd);
-    throw;
+  out.write(&header_len, 8);  // x86/ARM hosts are little-endian
+  out.write(h.json.data(), h.json.size());
+  uint32_t crc = crc32_update(0, &header_len, 8);
+  crc = crc32_update(crc, h.json.data(), h.json.size());
+  for (size_t i = 0; i < h.data.size(); ++i) {
+    const at::Tensor& t = h.data[i];
+    out.write(t.data_ptr(), t.nbytes());
+    // One pass over the data: the tensor's CRC, folded into the file's.
+    const uint32_t tensor_crc = crc32_update(0, t.data_ptr(), t.nbytes());
+    info.tensor_crc32[tensors[i].first] = tensor_crc;
+    crc = crc32_combine(crc, tensor_crc, static_cast<int64_t>(t.nbytes()));
+    info.bytes += static_cast<int64_t>(t.nbytes());
   }
-  if (::close(fd) != 0) throw std::runtime_error("closing '" + path + "' failed: " + errno_text());
+  out.commit();
+  info.crc32 = crc;
+  info.bytes += 8 + static_cast<int64_t>(header_len);
   return info;
 }
 
 void save_safetensors(const std::string& path,
                       const std::vector<std::pair<std::string, at::Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata) {
-  const std::string tmp = path + ".tmp." + std::to_string(getpid());
-  try {
-    write_safetensors_file(tmp, tensors, metadata);
-  } catch (...) {
-    std::remove(tmp.c_str());
-    throw;
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    throw std::runtime_error("cannot rename " + tmp + " to " + path + ": " + errno_text());
-  }
+  write_safetensors_file(path, tensors, metadata);
 }
 
 std::map<std::string, SafetensorsEntry> read_safetensors_header(const std::string& path) {

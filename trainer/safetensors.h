@@ -14,8 +14,8 @@
 
 namespace titan::trainer {
 
-// Writes `tensors` (in the given order) to `path` atomically: a temporary file is written,
-// fsync'd and renamed, so a crash never leaves a half-written file under `path`.
+// Writes `tensors` (in the given order) to `path` whole or not at all (util/atomic_file.h): a
+// temporary file is written, fsync'd and renamed; a failure removes it and names `path`.
 void save_safetensors(const std::string& path,
                       const std::vector<std::pair<std::string, at::Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata = {});
@@ -31,8 +31,8 @@ struct SafetensorsFileInfo {
   std::map<std::string, uint32_t> tensor_crc32;
 };
 
-// Writes `tensors` (CPU, contiguous) to `path` as it is (no temporary name: the caller writes
-// into a temporary folder), then fsyncs it. Throws naming the file on any write error (disk full).
+// save_safetensors that also returns what the file holds (for a checkpoint manifest). Throws
+// naming the file and the errno text on any write error (disk full); nothing is left behind.
 SafetensorsFileInfo write_safetensors_file(const std::string& path,
                                            const std::vector<std::pair<std::string, at::Tensor>>& tensors,
                                            const std::map<std::string, std::string>& metadata = {});

@@ -3,12 +3,18 @@
 #include <csignal>
 #include <unistd.h>
 
+#include "util/atomic_file.h"
+
 namespace titan::trainer {
 namespace {
 volatile std::sig_atomic_t g_signal = 0;
 
 void on_signal(int sig) {
-  if (g_signal != 0) _exit(128 + sig);  // second Ctrl-C: the user really wants out
+  if (g_signal != 0) {  // second Ctrl-C: the user really wants out
+    // Without leaving a half-written export/snapshot behind (Note [Temp files and signals]).
+    util::remove_temp_files_in_flight();
+    _exit(128 + sig);
+  }
   g_signal = sig;
 }
 }  // namespace

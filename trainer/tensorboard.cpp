@@ -1,5 +1,6 @@
 #include "trainer/tensorboard.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <array>
@@ -8,6 +9,8 @@
 #include <cstring>
 #include <filesystem>
 #include <stdexcept>
+
+#include "util/atomic_file.h"
 
 namespace titan::trainer {
 namespace {
@@ -78,8 +81,8 @@ TensorBoardWriter::TensorBoardWriter(const std::string& dir) {
            ("events.out.tfevents." + std::to_string(static_cast<int64_t>(now_seconds())) + "." +
             host + "." + std::to_string(getpid())))
               .string();
-  file_ = std::fopen(path_.c_str(), "wb");
-  if (file_ == nullptr) {
+  fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+  if (fd_ < 0) {
     throw std::runtime_error("cannot create TensorBoard event file " + path_ + ": " +
                              std::strerror(errno) + " (metrics.save_tb_folder)");
   }
@@ -90,9 +93,9 @@ TensorBoardWriter::TensorBoardWriter(const std::string& dir) {
 }
 
 TensorBoardWriter::~TensorBoardWriter() {
-  if (file_ == nullptr) return;
-  flush();
-  std::fclose(file_);
+  if (fd_ < 0) return;
+  ::fsync(fd_);  // best effort: a destructor cannot report, and every record is already whole
+  ::close(fd_);
 }
 
 void TensorBoardWriter::add_scalar(const std::string& tag, double value, int64_t step) {
@@ -114,17 +117,14 @@ void TensorBoardWriter::write_record(const std::string& data) {
   put_fixed(header_crc, &header);
   std::string footer;
   put_fixed(masked(crc32c(data)), &footer);
-  if (std::fwrite(header.data(), 1, header.size(), file_) != header.size() ||
-      std::fwrite(data.data(), 1, data.size(), file_) != data.size() ||
-      std::fwrite(footer.data(), 1, footer.size(), file_) != footer.size()) {
-    throw std::runtime_error("cannot write TensorBoard event file " + path_ + ": " +
-                             std::strerror(errno));
-  }
+  // The record whole or not at all: a cut record would make TensorBoard's reader stop there and
+  // misread every record after it.
+  util::append_whole_record(fd_, header + data + footer, path_);
 }
 
 void TensorBoardWriter::flush() {
-  std::fflush(file_);
-  ::fsync(fileno(file_));
+  if (::fsync(fd_) != 0)
+    throw std::runtime_error("cannot fsync TensorBoard event file '" + path_ + "': " + std::strerror(errno));
 }
 
 }  // namespace titan::trainer

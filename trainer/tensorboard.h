@@ -30,7 +30,7 @@ class TensorBoardWriter {
   TensorBoardWriter& operator=(const TensorBoardWriter&) = delete;
 
   void add_scalar(const std::string& tag, double value, int64_t step);
-  // Pushes buffered records to the disk (fflush + fsync), so TensorBoard sees them now.
+  // fsyncs the records written so far (each is already whole in the file); throws naming the file.
   void flush();
   const std::string& path() const { return path_; }
 
@@ -38,7 +38,7 @@ class TensorBoardWriter {
   void write_record(const std::string& data);
 
   std::string path_;
-  std::FILE* file_ = nullptr;
+  int fd_ = -1;  // O_APPEND: records go in whole (util::append_whole_record)
 };
 
 }  // namespace titan::trainer

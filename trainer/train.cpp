@@ -15,10 +15,12 @@
 #include <filesystem>
 #include <sstream>
 #include <set>
+#include <thread>
 #include <tuple>
 
 #include "model/scope.h"
 #include "parallel/activation_checkpoint.h"
+#include "parallel/comm_trace.h"
 #include "parallel/mesh.h"
 #include "parallel/parallelize.h"
 #include "parallel/process_group.h"
@@ -249,6 +251,12 @@ std::pair<double, double> Trainer::train_step(int64_t step) {
   if (cfg_.comm.debug_fail_at_step == step && cfg_.comm.debug_fail_rank == world_.rank)
     throw std::runtime_error("rank " + std::to_string(world_.rank) + " fails on purpose at step " +
                              std::to_string(step) + " (comm.debug_fail_at_step)");
+  if (cfg_.comm.debug_stall_at_step == step && cfg_.comm.debug_stall_rank == world_.rank) {
+    // A rank that stops, for the flight-recorder tests: the others time out in the next collective.
+    log_warn("rank " + std::to_string(world_.rank) + " stalls on purpose at step " + std::to_string(step) +
+             " (comm.debug_stall_at_step)");
+    std::this_thread::sleep_for(std::chrono::hours(1));
+  }
   optimizer_->zero_grad();
 
   Batch batch = loader_->next_batch();  // this rank's rows of the global batch, [rows, S]
@@ -342,6 +350,7 @@ TrainResult Trainer::train() {
   }
   checkpointer_->wait();  // the last (async) save is complete before the run ends
   if (!cfg_.checkpoint.export_path.empty()) export_weights(cfg_.checkpoint.export_path);
+  if (const std::string lost = metrics_->lost_metrics(); !lost.empty()) throw std::runtime_error(lost);
   return result;
 }
 
@@ -373,6 +382,10 @@ void Trainer::init_mesh() {
     opts.backend = device_.is_cuda() ? "nccl" : "gloo";
     opts.debug_link_latency_ms = cfg_.comm.debug_link_latency_ms;
     opts.debug_link_bytes_per_second = cfg_.comm.debug_link_bytes_per_second;
+    parallel::comm_trace().configure(static_cast<size_t>(cfg_.comm.trace_buf_size),
+                                     (std::filesystem::path(cfg_.job.dump_folder) / "comm_trace" /
+                                      ("rank" + std::to_string(world_.rank) + ".json")).string(),
+                                     world_.rank);
     log_info("distributed: " + parallel::describe(world_) + ", " + opts.backend + ", mesh " + dims.describe());
     world = parallel::init_process_group(world_, opts);
   }

@@ -9,6 +9,8 @@
 #include <stdexcept>
 #include <unordered_map>
 
+#include "util/atomic_file.h"
+
 namespace titan::trainer {
 namespace {
 
@@ -157,18 +159,9 @@ std::vector<std::string> read_tiktoken_file(const std::string& path) {
 }
 
 void write_tiktoken_file(const std::string& path, const std::vector<std::string>& tokens) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw std::runtime_error("cannot write tiktoken file " + tmp);
-    for (size_t rank = 0; rank < tokens.size(); ++rank) {
-      out << base64_encode(tokens[rank]) << ' ' << rank << '\n';
-    }
-    if (!out.flush()) throw std::runtime_error("write failed for tiktoken file " + tmp);
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) throw std::runtime_error("cannot rename " + tmp + " to " + path + ": " + ec.message());
+  std::string text;
+  for (size_t rank = 0; rank < tokens.size(); ++rank) text += base64_encode(tokens[rank]) + ' ' + std::to_string(rank) + '\n';
+  util::write_file_atomic(path, text);  // whole or not at all, the error names `path`
 }
 
 }  // namespace titan::trainer

@@ -14,7 +14,7 @@ namespace titan::trainer {
 // or ranks that do not cover 0..n-1.
 std::vector<std::string> read_tiktoken_file(const std::string& path);
 
-// Writes `tokens` (index = rank) in the same format, through `path`.tmp + rename so a reader
+// Writes `tokens` (index = rank) in the same format, whole or not at all (util/atomic_file.h), so a reader
 // never sees half a file.
 void write_tiktoken_file(const std::string& path, const std::vector<std::string>& tokens);
 

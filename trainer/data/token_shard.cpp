@@ -11,6 +11,8 @@
 #include <fstream>
 #include <stdexcept>
 
+#include "util/atomic_file.h"
+
 namespace titan::trainer {
 
 // The header and ids are stored in host order; the format says little-endian.
@@ -57,24 +59,21 @@ void write_token_shard(const std::string& path, const std::vector<int32_t>& toke
   header.count = tokens.size();
   header.vocab_size = static_cast<uint64_t>(vocab_size);
 
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) fail(tmp, "cannot open for writing");
-    out.write(reinterpret_cast<const char*>(&header), sizeof(header));
+  // Whole or not at all (util/atomic_file.h): a full disk leaves neither a partial shard nor a
+  // temporary file, and the error names the shard and the errno text.
+  try {
+    util::AtomicFile out(path);
+    out.write(&header, sizeof(header));
     if (bytes_per_token == 4) {
-      out.write(reinterpret_cast<const char*>(tokens.data()),
-                static_cast<std::streamsize>(tokens.size() * sizeof(int32_t)));
+      out.write(tokens.data(), tokens.size() * sizeof(int32_t));
     } else {
       std::vector<uint16_t> narrow(tokens.begin(), tokens.end());
-      out.write(reinterpret_cast<const char*>(narrow.data()),
-                static_cast<std::streamsize>(narrow.size() * sizeof(uint16_t)));
+      out.write(narrow.data(), narrow.size() * sizeof(uint16_t));
     }
-    if (!out.flush()) fail(tmp, "write failed (disk full?)");
+    out.commit();
+  } catch (const std::runtime_error& e) {
+    fail(path, e.what());
   }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) fail(path, "cannot rename " + tmp + " into place: " + ec.message());
 }
 
 TokenShard::TokenShard(const std::string& path) : path_(path) {

@@ -21,7 +21,7 @@ constexpr char kTokenShardMagic[8] = {'T', 'I', 'T', 'A', 'N', 'T', 'O', 'K'};
 constexpr uint32_t kTokenShardVersion = 1;
 constexpr int64_t kTokenShardHeaderBytes = 32;
 
-// Writes `tokens` through `path`.tmp + rename. `bytes_per_token` 0 picks 2 when vocab_size fits
+// Writes `tokens` whole or not at all (util/atomic_file.h). `bytes_per_token` 0 picks 2 when vocab_size fits
 // uint16, else 4. Throws if an id is outside [0, vocab_size) or does not fit the width.
 void write_token_shard(const std::string& path, const std::vector<int32_t>& tokens,
                        int64_t vocab_size, int bytes_per_token = 0);
