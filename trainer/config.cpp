@@ -16,11 +16,13 @@
 #include <iterator>
 #include <map>
 #include <sstream>
+#include <thread>
 
 #include <toml++/toml.h>
 
 #include <ATen/Context.h>
 
+#include "trainer/config_file.h"
 #include "trainer/config_table.h"
 #include "trainer/lr_schedule.h"
 #include "util/edit_distance.h"
@@ -186,22 +188,11 @@ bool apply_toml_value(ParseState& st, const KeySpec& spec, const toml::node& nod
 }
 
 toml::table read_toml_file(const std::string& path) {
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) {
-    std::string msg = "config file '" + path + "' (from --job.config_file) does not exist";
-    if (std::filesystem::path(path).is_relative()) {
-      msg += "; relative paths start at the current directory " +
-             std::filesystem::current_path(ec).string();
-    }
-    throw ConfigError(msg);
-  }
-  if (std::filesystem::is_directory(path, ec)) {
-    throw ConfigError("config file '" + path + "' is a directory; give a .toml file");
-  }
-  std::ifstream in(path, std::ios::binary);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (!in.good() && !in.eof()) {
-    throw ConfigError("cannot read config file '" + path + "': " + std::strerror(errno));
+  const std::string text = read_config_file_text(path);
+  if (const size_t depth = toml_nesting_depth(text); depth > kMaxConfigNesting) {
+    throw ConfigError("config file '" + path + "' nests tables " + std::to_string(depth) +
+                      " deep (dotted headers/keys and inline tables); the limit is " +
+                      std::to_string(kMaxConfigNesting));
   }
   try {
     return toml::parse(text, path);
@@ -505,6 +496,11 @@ void validate_key(ParseState& st, const KeySpec& spec, const std::string& where)
     const std::string what = spec.dotted() + (is_item ? " item '" : " = '") + value + "'";
     st.problems.add(where, what + " is not allowed; choose from: " + allowed + hint);
   };
+  if (auto* s = std::get_if<std::string*>(&ref); s && spec.non_empty && (*s)->empty()) {
+    st.problems.add(where, spec.dotted() + " is empty; give a path (the default is " +
+                               format_value(spec, JobConfig{}) + ")");
+    return;
+  }
   if (auto* s = std::get_if<std::string*>(&ref)) check_choice(**s, false);
   if (auto* list = std::get_if<std::vector<std::string>*>(&ref)) {
     for (auto& item : **list) check_choice(item, true);
@@ -535,6 +531,67 @@ void warn_about_clamped_lr_phases(JobConfig& cfg) {
   }
 }
 
+
+// Products of keys that the trainer and loader compute in int64 (rows x tokens per step), and
+// limits that depend on the machine. Each problem names the keys and the allowed range.
+void check_key_relations(ParseState& st, const MachineFacts& machine) {
+  const TrainingSection& t = st.cfg.training;
+  auto where = [&](const char* key) {
+    auto it = st.origins.find(key);
+    return it == st.origins.end() ? std::string("default") : it->second;
+  };
+  if (machine.hardware_threads > 0 && t.num_threads > machine.hardware_threads) {
+    st.problems.add(where("training.num_threads"),
+                    "training.num_threads = " + std::to_string(t.num_threads) +
+                        " is more than this machine's " + std::to_string(machine.hardware_threads) +
+                        " hardware threads: must be in [0, " +
+                        std::to_string(machine.hardware_threads) + "] (0 = all of them)");
+  }
+  // Tokens of one optimizer step on one rank: rows (global batch, or local batch when it is
+  // derived) x seq_len; the loader and the token counters multiply them in int64, and
+  // attention's scores grow with seq_len^2. 2^40 tokens (a trillion) per step is far beyond any
+  // real batch and keeps every such product, and x vocab for the logits, inside int64.
+  constexpr int64_t kMaxTokensPerStep = int64_t{1} << 40;
+  const int64_t rows = std::max(t.global_batch_size, t.local_batch_size);
+  int64_t tokens = 0;
+  if (__builtin_mul_overflow(rows, t.seq_len, &tokens) || tokens > kMaxTokensPerStep) {
+    st.problems.add(where("training.seq_len"),
+                    "training.seq_len (" + std::to_string(t.seq_len) + ") x " +
+                        (t.global_batch_size > 0 ? "training.global_batch_size (" : "training.local_batch_size (") +
+                        std::to_string(rows) + ") is more than 2^40 tokens per step: make the "
+                        "product at most " + std::to_string(kMaxTokensPerStep));
+  }
+  const CommSection& c = st.cfg.comm;
+  if (c.debug_fail_at_step > t.steps) {
+    st.problems.add(where("comm.debug_fail_at_step"),
+                    "comm.debug_fail_at_step = " + std::to_string(c.debug_fail_at_step) +
+                        " is beyond training.steps (" + std::to_string(t.steps) +
+                        "): the injected failure would never happen; must be in [0, " +
+                        std::to_string(t.steps) + "]");
+  }
+}
+
+// Profiling and memory snapshots fire every profiling.profile_freq steps; a run shorter than
+// that writes none, which a user who switched them on should hear at start-up, not find out.
+void warn_about_unreached_profiling(JobConfig& cfg) {
+  const ProfilingSection& p = cfg.profiling;
+  if (p.profile_freq <= cfg.training.steps) return;
+  struct Feature {
+    bool on;
+    const char* key;
+    const char* output;
+  };
+  for (const Feature& f : {Feature{p.enable_profiling, "profiling.enable_profiling", "no trace"},
+                           Feature{p.enable_memory_snapshot, "profiling.enable_memory_snapshot",
+                                   "no memory snapshot (except on out-of-memory)"}}) {
+    if (!f.on) continue;
+    cfg.warnings.push_back(std::string(f.key) + " is on, but profiling.profile_freq (" +
+                           std::to_string(p.profile_freq) + ") > training.steps (" +
+                           std::to_string(cfg.training.steps) + "): this run writes " + f.output +
+                           "; set profiling.profile_freq to at most " +
+                           std::to_string(cfg.training.steps));
+  }
+}
 
 // torchtitan trains on the GPU in bfloat16 by default; titan does the same on a machine with a
 // GPU, and keeps the CPU's float32 elsewhere, unless the config says otherwise.
@@ -571,6 +628,7 @@ void apply_machine_defaults(ParseState& st, const MachineFacts& machine) {
 MachineFacts MachineFacts::detect() {
   MachineFacts facts;
   facts.cuda_available = at::hasCUDA();
+  facts.hardware_threads = static_cast<int>(std::thread::hardware_concurrency());
   return facts;
 }
 
@@ -627,6 +685,9 @@ JobConfig parse_job_config(const std::vector<std::string>& args, const MachineFa
         apply_toml_file(st, cfg.job.config_file);
       } catch (const ConfigError& e) {  // unreadable or not TOML: nothing of it can be checked
         st.problems.lines.push_back(e.what());
+      } catch (const std::exception& e) {  // out of memory inside toml++, or anything else
+        st.problems.lines.push_back("config file '" + cfg.job.config_file +
+                                    "' could not be read: " + e.what());
       }
     }
   }
@@ -646,7 +707,9 @@ JobConfig parse_job_config(const std::vector<std::string>& args, const MachineFa
       validate_key(st, spec, it == st.origins.end() ? "default" : it->second);
     }
   }
-  warn_about_clamped_lr_phases(cfg);
+  check_key_relations(st, machine);
+  if (st.problems.lines.empty()) warn_about_clamped_lr_phases(cfg);
+  if (st.problems.lines.empty()) warn_about_unreached_profiling(cfg);
 
   if (!st.problems.lines.empty()) throw_problems(st.problems);
   return cfg;

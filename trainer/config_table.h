@@ -22,6 +22,15 @@ namespace titan::trainer::config_detail {
 
 enum class ValueType { kBool, kInt, kFloat, kString, kStringList };
 
+// Upper bounds of integer keys (Note [Every integer key has an upper bound]).
+// Counts (steps, batch rows, tokens per sequence, threads, degrees, ranks): what an int holds.
+inline constexpr double kMaxCount = 2147483647.0;  // 2^31 - 1
+// Timeouts in seconds: 30 days. Far beyond any real wait, and far below where seconds -> ms
+// (std::chrono, Gloo) would overflow int64.
+// Seeds: 2^53, the largest integer the range check (which compares as double) holds exactly.
+inline constexpr double kMaxSeed = 9007199254740992.0;
+inline constexpr double kMaxTimeoutSeconds = 30.0 * 24 * 3600;
+
 // A pointer to the bound member of one JobConfig; the alternative matches KeySpec::type.
 using ValueRef = std::variant<bool*, int64_t*, double*, std::string*, std::vector<std::string>*>;
 
@@ -58,6 +67,7 @@ struct KeySpec {
   std::vector<std::string> choices;  // for strings, and for each item of a list
   std::string ignored_reason;        // non-empty: accepted but has no effect in titan
   bool cli_only = false;             // may not appear in a config file
+  bool non_empty = false;            // strings: "" is refused
   KeyKind kind = KeyKind::kImplemented;
   std::string versions;  // torchtitan releases with this key ("" = every one / titan's own)
   // Values of torchtitan's that name a titan value ("quantize.linear.float8" -> "float8").
@@ -129,9 +139,20 @@ struct KeyRow {
   KeyRow&& above(double lo) && { return bounded(lo, true, std::nullopt, false); }
   KeyRow&& in_closed(double lo, double hi) && { return bounded(lo, false, hi, false); }
   KeyRow&& in_half_open(double lo, double hi) && { return bounded(lo, false, hi, true); }
+  // Note [Every integer key has an upper bound]: values are int64 in the config, but their
+  // users hold them in narrower types (int threads, steps and ranks; chrono durations in ms;
+  // products such as local_batch_size x seq_len), so every integer row states its largest value
+  // and the check refuses anything above it by name instead of letting it wrap
+  // (tests/test_config.cpp checks the table for integer rows without one).
+  KeyRow&& count_at_least(double lo) && { return bounded(lo, false, kMaxCount, false); }
   // Also allow `v`, outside the bounds (call after the bound).
   KeyRow&& or_exactly(double v) && {
     spec.range.value().sentinel = v;
+    return std::move(*this);
+  }
+  // A string that may not be "" (folders under job.dump_folder, the dump folder itself).
+  KeyRow&& non_empty() && {
+    spec.non_empty = true;
     return std::move(*this);
   }
   KeyRow&& one_of(std::vector<std::string> choices) && {

@@ -1,13 +1,27 @@
 #include "trainer/signals.h"
 
-#include <csignal>
 #include <unistd.h>
+
+#include <csignal>
+#include <cstring>
 
 namespace titan::trainer {
 namespace {
 volatile std::sig_atomic_t g_signal = 0;
+volatile std::sig_atomic_t g_in_training_loop = 0;
+
+// Only async-signal-safe calls here: write(2) and _exit(2).
+void write_stderr(const char* text) {
+  const ssize_t ignored = ::write(STDERR_FILENO, text, std::strlen(text));
+  (void)ignored;
+}
 
 void on_signal(int sig) {
+  if (g_in_training_loop == 0) {
+    write_stderr(sig == SIGTERM ? "titan-train: interrupted during start-up by SIGTERM\n"
+                                : "titan-train: interrupted during start-up by SIGINT\n");
+    _exit(128 + sig);
+  }
   if (g_signal != 0) _exit(128 + sig);  // second Ctrl-C: the user really wants out
   g_signal = sig;
 }
@@ -21,6 +35,7 @@ void install_stop_handlers() {
   sigaction(SIGTERM, &action, nullptr);
 }
 
+void set_stop_at_step_boundary(bool in_training_loop) { g_in_training_loop = in_training_loop ? 1 : 0; }
 bool stop_requested() { return g_signal != 0; }
 int stop_signal() { return g_signal; }
 

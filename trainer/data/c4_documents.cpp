@@ -1,4 +1,5 @@
 #include "trainer/data/c4_documents.h"
+#include "util/file_kind.h"
 
 #include <zlib.h>
 
@@ -39,6 +40,10 @@ std::vector<std::string> c4_files(const std::string& path) {
         "third-party data");
   }
   if (fs::is_regular_file(path, ec)) return {path};
+  if (util::is_special_file(path)) {  // a FIFO would block the read, /dev/zero never ends
+    throw std::runtime_error("c4 dataset path " + path + " is " + util::file_kind(path) +
+                             ", not a regular file or a folder of JSON lines");
+  }
   if (!fs::is_directory(path, ec)) {
     throw std::runtime_error("c4 dataset path " + path + " does not exist");
   }

@@ -1,0 +1,31 @@
+// trainer/config_file.h — reading a config file safely, before toml++ sees it.
+//
+// Note [Config file limits]: a config file is read only when it is a regular file (a FIFO would
+// block the read forever, /dev/zero never ends, a directory is a mistake), at most
+// kMaxConfigFileBytes long (a real config is a few KiB; the largest torchtitan ships is under
+// 10 KiB), and nested at most kMaxConfigNesting tables deep. The nesting limit is checked on the
+// text, before parsing: toml++ builds a table per component of a dotted header or key, and both
+// its parser and its destructor walk that chain recursively, so `[a.a.a. ... .a]` 100,000
+// components deep overflows the stack (a segfault, not an exception) whatever the caller
+// catches. toml++'s own limit (TOML_MAX_NESTED_VALUES) covers only inline arrays and tables.
+// Every failure is a ConfigError naming the file.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+namespace titan::trainer {
+
+inline constexpr size_t kMaxConfigFileBytes = size_t{16} << 20;  // 16 MiB
+inline constexpr size_t kMaxConfigNesting = 64;  // tables: header components + dotted key
+                                                 // components + inline tables and arrays
+
+// The whole text of config file `path` (named as given by --job.config_file); throws
+// ConfigError when it is missing, not a regular file, unreadable or longer than the limit.
+std::string read_config_file_text(const std::string& path);
+
+// The deepest nesting `text` asks toml++ to build (see Note [Config file limits]); an
+// over-estimate on malformed text, which toml++ then rejects anyway.
+size_t toml_nesting_depth(const std::string& text);
+
+}  // namespace titan::trainer
