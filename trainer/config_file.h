@@ -4,10 +4,11 @@
 // block the read forever, /dev/zero never ends, a directory is a mistake), at most
 // kMaxConfigFileBytes long (a real config is a few KiB; the largest torchtitan ships is under
 // 10 KiB), and nested at most kMaxConfigNesting tables deep. The nesting limit is checked on the
-// text, before parsing: toml++ builds a table per component of a dotted header or key, and both
-// its parser and its destructor walk that chain recursively, so `[a.a.a. ... .a]` 100,000
-// components deep overflows the stack (a segfault, not an exception) whatever the caller
-// catches. toml++'s own limit (TOML_MAX_NESTED_VALUES) covers only inline arrays and tables.
+// text, before parsing: toml++ builds a table per component of a dotted header or key and
+// walks that chain recursively inside toml::parse, so `[training.a0. ... .a99999]` (690 KB)
+// overflows the 8 MiB stack about 30,000 frames deep (a segfault, seen in gdb under
+// toml::v3::ex::parse), which no catch can turn into an error. toml++'s own limit
+// (TOML_MAX_NESTED_VALUES, 256) covers only inline arrays and tables, not dotted names.
 // Every failure is a ConfigError naming the file.
 #pragma once
 

@@ -147,7 +147,8 @@ std::vector<SectionSpec> build_table() {
               .ignored("training.compile is accepted but ignored: titan has no JIT, its "
                        "kernels are compiled ahead of time"),
           key("seed", &TrainingSection::seed, "Random seed for weight init and data order.")
-              .in_closed(0, kMaxSeed),
+              // Any int64: a negative seed means 2^64 + seed, as torch.manual_seed maps it.
+              .in_closed(-9223372036854775808.0, 9223372036854775808.0),
           key("deterministic", &TrainingSection::deterministic,
               "Use deterministic algorithms (slower; reruns are bit-identical)."),
           key("device", &TrainingSection::device,

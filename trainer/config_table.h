@@ -27,8 +27,6 @@ enum class ValueType { kBool, kInt, kFloat, kString, kStringList };
 inline constexpr double kMaxCount = 2147483647.0;  // 2^31 - 1
 // Timeouts in seconds: 30 days. Far beyond any real wait, and far below where seconds -> ms
 // (std::chrono, Gloo) would overflow int64.
-// Seeds: 2^53, the largest integer the range check (which compares as double) holds exactly.
-inline constexpr double kMaxSeed = 9007199254740992.0;
 inline constexpr double kMaxTimeoutSeconds = 30.0 * 24 * 3600;
 
 // A pointer to the bound member of one JobConfig; the alternative matches KeySpec::type.
