@@ -76,8 +76,8 @@ std::string read_config_file_text(const std::string& path) {
 
 // A small TOML lexer that follows only what nests: table headers, keys (bare, quoted, dotted),
 // '=' and inline arrays/tables; strings and comments are skipped so that their dots and brackets
-// do not count. Each open inline container is one level deeper than the value it sits in; a
-// key is as deep as its container plus its components; a header is as deep as its components.
+// do not count. A header is as deep as its components; a key as its table plus its components;
+// an inline table or array as the key it is the value of, or one deeper than its array.
 size_t toml_nesting_depth(const std::string& text) {
   size_t max_depth = 0, header_depth = 0, key_dots = 0, value_base = 0;
   struct Level {
@@ -116,7 +116,8 @@ size_t toml_nesting_depth(const std::string& text) {
         if (open.empty()) key_pos = true, key_dots = 0, in_header = false;
         break;
       case '.':
-        if (key_pos || in_header) note(base() + ++key_dots + 1);
+        if (in_header) note(++key_dots + 1);
+        else if (key_pos) note(base() + ++key_dots + 1);
         break;
       case '=':
         if (key_pos) {
@@ -133,7 +134,8 @@ size_t toml_nesting_depth(const std::string& text) {
         }
         [[fallthrough]];
       case '{': {
-        const size_t d = (open.empty() || open.back().kind == '{' ? value_base : open.back().depth) + 1;
+        // A key's value is as deep as the key; an array's element one deeper than the array.
+        const size_t d = open.empty() || open.back().kind == '{' ? value_base : open.back().depth + 1;
         open.push_back({text[i], d});
         note(d);
         if (text[i] == '{') key_pos = true, key_dots = 0;
