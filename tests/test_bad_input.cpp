@@ -79,7 +79,7 @@ struct Row {
   const char* what;     // the input, as the report lists it
   std::string command;  // run by /bin/sh
   int exit_code;        // expected
-  const char* message;  // a substring of the expected output
+  std::string message;  // a substring of the expected output
 };
 
 void check_row(const Row& row) {
@@ -96,7 +96,7 @@ void check_row(const Row& row) {
 TEST_CASE("bad config files end in one named error", "[bad_input]") {
   const std::string train = TITAN_TRAIN_PATH;
   const std::string tiny = tiny_run();
-  std::string big(kMaxConfigFileBytes + 1, '#');  // one comment line, one byte over the limit
+  std::string big(titan::trainer::kMaxConfigFileBytes + 1, '#');  // one comment line, one byte over the limit
   const std::vector<Row> rows = {
       {"100,000-deep dotted header (was: segfault in toml::parse)",
        train + " --job.config_file " + write_text("deep.toml", "[training." + dotted_name(100000) + "]\n") + " " + tiny, 2,
@@ -192,7 +192,8 @@ TEST_CASE("start-up warnings name the keys whose settings do nothing", "[bad_inp
   CHECK_THAT(warnings_of({"--training.steps", "3", "--profiling.enable_memory_snapshot"}),
              Contains("profiling.enable_memory_snapshot is on, but profiling.profile_freq (10) > "
                       "training.steps (3): this run writes no memory snapshot"));
-  CHECK(warnings_of({"--training.steps", "10", "--profiling.enable_profiling"}).empty());
+  CHECK(warnings_of({"--training.steps", "10", "--lr_scheduler.warmup_steps", "2", "--profiling.enable_profiling"})
+            .empty());
 }
 
 TEST_CASE("library guards: nodelist expansion, memory estimate, nesting scan", "[bad_input]") {
