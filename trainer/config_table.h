@@ -11,6 +11,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <variant>
@@ -281,6 +282,13 @@ SectionSpec section(const char* name, S JobConfig::*member, const char* help,
 
 // A torchtitan section titan has no struct for: only alias and accepted rows.
 SectionSpec torchtitan_section(const char* name, const char* help, std::vector<Row> rows);
+
+// config_relations.cpp: problems (where, what) that involve several keys or the machine
+// (`origins`: dotted key -> where it was last set), and the start-up warnings of settings that
+// do nothing (warmup longer than the run, profiling that never fires), appended to cfg.warnings.
+std::vector<std::pair<std::string, std::string>> check_key_relations(
+    const JobConfig& cfg, const std::map<std::string, std::string>& origins, const MachineFacts& machine);
+void add_start_up_warnings(JobConfig& cfg);
 
 // config_keys_torchtitan.cpp: torchtitan's rows for titan's section `section`, and
 // torchtitan's sections titan has no struct for.
