@@ -1,6 +1,7 @@
 // titan-train: one training process (one rank). Reads the job config (TOML + --section.key
 // overrides), then trains. Exit codes: 0 done (or stopped by a signal at a step boundary),
-// 1 runtime failure, 2 bad input (config, flags).
+// 1 runtime failure, 2 bad input (config, flags), 128 + signal when SIGINT/SIGTERM arrives
+// during start-up (trainer/signals.h). Every exception ends as one line naming what failed.
 #include <c10/util/Exception.h>
 
 #include <chrono>
@@ -8,6 +9,7 @@
 #include <cstdlib>
 #include <thread>
 #include <iostream>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -24,7 +26,10 @@
 
 using namespace titan::trainer;
 
-int main(int argc, char** argv) {
+namespace {
+
+// The whole program; main() below turns anything that escapes it into one line and an exit code.
+int run(int argc, char** argv) {
   // Before any tensor exists: storages made earlier would keep the old allocator's deleter.
   install_cpu_memory_tracker();
   // Started by titan-run: exit with it, even through a wrapper (parallel/launcher.h).
@@ -77,7 +82,6 @@ int main(int argc, char** argv) {
     return 2;
   }
   init_logging(rank, cfg.metrics.disable_color_printing);
-  install_stop_handlers();
   try {
     Trainer trainer(cfg);
     const TrainResult result = trainer.train();
@@ -102,4 +106,31 @@ int main(int argc, char** argv) {
     log_error(e.what());
     return 1;
   }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // First of all: a signal before the training loop ends the process with a message.
+  install_stop_handlers();
+  // Whatever escapes run() (before logging exists, or a type no handler there names) is one
+  // line on stderr that says what failed; never std::terminate's abort.
+  const char* failed = "titan-train: error: ";
+  try {
+    return run(argc, argv);
+  } catch (const ConfigError& e) {
+    std::fprintf(stderr, "%sbad config: %s\n", failed, e.what());
+    return 2;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "%sout of memory (std::bad_alloc) during start-up or training\n", failed);
+  } catch (const std::ios_base::failure& e) {
+    std::fprintf(stderr, "%sI/O failure (std::ios_base::failure): %s\n", failed, e.what());
+  } catch (const c10::Error& e) {
+    std::fprintf(stderr, "%s%s\n", failed, e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s%s\n", failed, e.what());
+  } catch (...) {
+    std::fprintf(stderr, "%san exception of unknown type\n", failed);
+  }
+  return 1;
 }

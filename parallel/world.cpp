@@ -134,6 +134,16 @@ WorldInfo world_from_slurm(const EnvLookup& lookup) {
   return w;
 }
 
+// More hosts than any cluster has: a nodelist that expands beyond this is refused (it would
+// take minutes and gigabytes to expand, for the first host only).
+constexpr size_t kMaxSlurmHosts = size_t{1} << 17;  // 131,072
+
+std::runtime_error too_many_hosts(const std::string& nodelist) {
+  return std::runtime_error("Slurm nodelist '" + nodelist.substr(0, 80) + (nodelist.size() > 80 ? "..." : "") +
+                            "' expands to more than " + std::to_string(kMaxSlurmHosts) +
+                            " hosts, the limit titan accepts");
+}
+
 // Splits at commas that are not inside brackets.
 std::vector<std::string> split_top_level(const std::string& s, const std::string& whole) {
   std::vector<std::string> parts;
@@ -179,6 +189,8 @@ std::vector<std::string> expand_ranges(const std::string& body, const std::strin
     if (!digits(lo) || !digits(hi)) throw bad();
     long a = std::stol(lo), b = std::stol(hi);
     if (b < a) throw bad();
+    // Counted before any name is made: "n[0-999999999]" must fail here, not after 10^9 strings.
+    if (static_cast<size_t>(b - a) + 1 + out.size() > kMaxSlurmHosts) throw too_many_hosts(whole);
     size_t width = lo.size();
     for (long v = a; v <= b; ++v) {
       std::string n = std::to_string(v);
@@ -206,6 +218,7 @@ std::vector<std::string> expand_slurm_nodelist(const std::string& nodelist) {
       if (open == std::string::npos) break;
       size_t close = part.find(']', open);
       auto values = expand_ranges(part.substr(open + 1, close - open - 1), nodelist);
+      if (names.size() * values.size() + hosts.size() > kMaxSlurmHosts) throw too_many_hosts(nodelist);
       std::vector<std::string> next;
       next.reserve(names.size() * values.size());
       for (const auto& n : names) {

@@ -40,6 +40,7 @@ WorldInfo world_from_env(const EnvLookup& lookup);
 // Expands a Slurm hostlist: "node[01-04,07],gpu5" -> node01 node02 node03 node04 node07 gpu5.
 // Several bracket groups in one name multiply ("r[1-2]n[1-2]" -> r1n1 r1n2 r2n1 r2n2).
 // Zero padding follows the range's lower bound, as in Slurm. Throws on malformed lists.
+// Refuses (std::runtime_error) a nodelist that expands to more than 131,072 hosts.
 std::vector<std::string> expand_slurm_nodelist(const std::string& nodelist);
 
 // Task count of node `node_index` from SLURM_TASKS_PER_NODE syntax: "2(x3),1" -> 2,2,2,1.

@@ -2,6 +2,7 @@
 // the printed config round trip, and the shipped configs/*.toml.
 #include <catch2/catch.hpp>
 
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -11,6 +12,7 @@
 #include <unistd.h>
 
 #include "trainer/config.h"
+#include "trainer/config_table.h"
 
 namespace fs = std::filesystem;
 using titan::trainer::ConfigError;
@@ -216,11 +218,11 @@ TEST_CASE("wrong types name the key and the expected type", "[config]") {
 
 TEST_CASE("values out of range say what is allowed", "[config]") {
   CHECK_THAT(error_of({"--training.steps", "0"}),
-             Contains("training.steps = 0 is out of range: must be >= 1"));
+             Contains("training.steps = 0 is out of range: must be in [1, 2147483647]"));
   CHECK_THAT(error_of({"--optimizer.beta1", "1"}), Contains("must be in [0, 1)"));
   CHECK_THAT(error_of({"--optimizer.lr", "0"}), Contains("must be > 0"));
   CHECK_THAT(error_of({"--training.max_norm", "0"}), Contains("must be > 0"));
-  CHECK_THAT(error_of({"--training.global_batch_size", "0"}), Contains("must be -1 or >= 1"));
+  CHECK_THAT(error_of({"--training.global_batch_size", "0"}), Contains("must be -1 or in [1, 2147483647]"));
   CHECK_THAT(error_of({"--lr_scheduler.decay_ratio", "1.5"}), Contains("-1 or in [0, 1]"));
   CHECK_THAT(error_of({"--optimizer.lr", "nan"}), Contains("not a finite number"));
   CHECK_THAT(file_error_of("[metrics]\nlog_freq = 0\n"),
@@ -316,7 +318,7 @@ TEST_CASE("--help sets help_requested and the help lists every key", "[config]")
   CHECK_THAT(help, Contains("--training.compile, --training.no_compile") &&
                        Contains("accepted but ignored") &&
                        Contains("one of: linear, sqrt, cosine") &&
-                       Contains("default 10000; >= 1") && Contains("[float8]"));
+                       Contains("default 10000; in [1, 2147483647]") && Contains("[float8]"));
 }
 
 TEST_CASE("every configs/*.toml parses", "[config]") {
@@ -348,4 +350,25 @@ TEST_CASE("every configs/*.toml parses", "[config]") {
   CHECK(eight.activation_checkpoint.mode == "selective");
   CHECK(eight.activation_checkpoint.selective_ac_option == "op");
   CHECK(eight.float8.filter_fqns == std::vector<std::string>{"output"});
+}
+
+// Note [Every integer key has an upper bound] (trainer/config_table.h): no row may let an int64
+// through to a narrower user unchecked.
+TEST_CASE("every integer key has an upper bound", "[config]") {
+  using namespace titan::trainer::config_detail;
+  for (const auto& section : config_table()) {
+    for (const auto& spec : section.keys) {
+      if (spec.type != ValueType::kInt || spec.kind != KeyKind::kImplemented) continue;
+      INFO(spec.dotted());
+      REQUIRE(spec.range.has_value());
+      CHECK(spec.range->hi.has_value());
+    }
+  }
+  CHECK_THAT(error_of({"--training.seq_len", "2147483648"}),
+             Contains("training.seq_len = 2147483648 is out of range: must be in [1, 2147483647]"));
+  CHECK_THAT(error_of({"--comm.init_timeout_seconds", "9223372036854775807"}),
+             Contains("comm.init_timeout_seconds = 9223372036854775807 is out of range: must be in [1, 2592000]"));
+  CHECK_THAT(error_of({"--training.seed", "9223372036854775808"}), Contains("out of the representable range"));
+  CHECK(parse_job_config(std::vector<std::string>{"--training.seed", "-9223372036854775808"}).training.seed ==
+        INT64_MIN);
 }

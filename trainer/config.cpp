@@ -16,13 +16,14 @@
 #include <iterator>
 #include <map>
 #include <sstream>
+#include <thread>
 
 #include <toml++/toml.h>
 
 #include <ATen/Context.h>
 
+#include "trainer/config_file.h"
 #include "trainer/config_table.h"
-#include "trainer/lr_schedule.h"
 #include "util/edit_distance.h"
 
 namespace titan::trainer {
@@ -186,22 +187,11 @@ bool apply_toml_value(ParseState& st, const KeySpec& spec, const toml::node& nod
 }
 
 toml::table read_toml_file(const std::string& path) {
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) {
-    std::string msg = "config file '" + path + "' (from --job.config_file) does not exist";
-    if (std::filesystem::path(path).is_relative()) {
-      msg += "; relative paths start at the current directory " +
-             std::filesystem::current_path(ec).string();
-    }
-    throw ConfigError(msg);
-  }
-  if (std::filesystem::is_directory(path, ec)) {
-    throw ConfigError("config file '" + path + "' is a directory; give a .toml file");
-  }
-  std::ifstream in(path, std::ios::binary);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (!in.good() && !in.eof()) {
-    throw ConfigError("cannot read config file '" + path + "': " + std::strerror(errno));
+  const std::string text = read_config_file_text(path);
+  if (const size_t depth = toml_nesting_depth(text); depth > kMaxConfigNesting) {
+    throw ConfigError("config file '" + path + "' nests tables " + std::to_string(depth) +
+                      " deep (dotted headers/keys and inline tables); the limit is " +
+                      std::to_string(kMaxConfigNesting));
   }
   try {
     return toml::parse(text, path);
@@ -505,6 +495,11 @@ void validate_key(ParseState& st, const KeySpec& spec, const std::string& where)
     const std::string what = spec.dotted() + (is_item ? " item '" : " = '") + value + "'";
     st.problems.add(where, what + " is not allowed; choose from: " + allowed + hint);
   };
+  if (auto* s = std::get_if<std::string*>(&ref); s && spec.non_empty && (*s)->empty()) {
+    st.problems.add(where, spec.dotted() + " is empty; give a path (the default is " +
+                               format_value(spec, JobConfig{}) + ")");
+    return;
+  }
   if (auto* s = std::get_if<std::string*>(&ref)) check_choice(**s, false);
   if (auto* list = std::get_if<std::vector<std::string>*>(&ref)) {
     for (auto& item : **list) check_choice(item, true);
@@ -513,28 +508,6 @@ void validate_key(ParseState& st, const KeySpec& spec, const std::string& where)
     cfg.warnings.push_back(spec.ignored_reason + " (" + shown + ", from " + where + ")");
   }
 }
-
-// Relations between keys that torchtitan resolves by clamping, with a warning (its
-// build_lr_schedulers): the run goes on with the clamped schedule, and the log says so.
-void warn_about_clamped_lr_phases(JobConfig& cfg) {
-  const int64_t steps = cfg.training.steps;
-  const auto& lr = cfg.lr_scheduler;
-  const LrPhases phases = lr_phases(steps, lr.warmup_steps, lr.decay_ratio);
-  if (phases.warmup_clamped) {
-    cfg.warnings.push_back("lr_scheduler.warmup_steps (" + std::to_string(lr.warmup_steps) +
-                           ") exceeds training.steps (" + std::to_string(steps) +
-                           "): warmup clamped to " + std::to_string(phases.warmup) +
-                           " steps, so the LR reaches optimizer.lr only on the last step");
-  }
-  if (phases.decay_clamped) {
-    cfg.warnings.push_back("lr_scheduler.warmup_steps (" + std::to_string(phases.warmup) +
-                           ") + decay steps (" + std::to_string(phases.requested_decay) +
-                           " = training.steps x lr_scheduler.decay_ratio) exceed training.steps (" +
-                           std::to_string(steps) + "): decay clamped to " +
-                           std::to_string(phases.decay) + " steps");
-  }
-}
-
 
 // torchtitan trains on the GPU in bfloat16 by default; titan does the same on a machine with a
 // GPU, and keeps the CPU's float32 elsewhere, unless the config says otherwise.
@@ -571,6 +544,7 @@ void apply_machine_defaults(ParseState& st, const MachineFacts& machine) {
 MachineFacts MachineFacts::detect() {
   MachineFacts facts;
   facts.cuda_available = at::hasCUDA();
+  facts.hardware_threads = static_cast<int>(std::thread::hardware_concurrency());
   return facts;
 }
 
@@ -627,6 +601,9 @@ JobConfig parse_job_config(const std::vector<std::string>& args, const MachineFa
         apply_toml_file(st, cfg.job.config_file);
       } catch (const ConfigError& e) {  // unreadable or not TOML: nothing of it can be checked
         st.problems.lines.push_back(e.what());
+      } catch (const std::exception& e) {  // out of memory inside toml++, or anything else
+        st.problems.lines.push_back("config file '" + cfg.job.config_file +
+                                    "' could not be read: " + e.what());
       }
     }
   }
@@ -646,7 +623,8 @@ JobConfig parse_job_config(const std::vector<std::string>& args, const MachineFa
       validate_key(st, spec, it == st.origins.end() ? "default" : it->second);
     }
   }
-  warn_about_clamped_lr_phases(cfg);
+  for (const auto& [where, what] : check_key_relations(cfg, st.origins, machine)) st.problems.add(where, what);
+  if (st.problems.lines.empty()) add_start_up_warnings(cfg);
 
   if (!st.problems.lines.empty()) throw_problems(st.problems);
   return cfg;

@@ -16,6 +16,7 @@
 #include <stdexcept>
 #include <map>
 #include <string>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -37,6 +38,7 @@ using ConfigValue = std::variant<bool, int64_t, double, std::string, std::vector
 // training.mixed_precision_param follow torchtitan on a GPU machine).
 struct MachineFacts {
   bool cuda_available = false;
+  int hardware_threads = 0;  // std::thread::hardware_concurrency(); 0 = unknown (no check)
   static MachineFacts detect();  // asks LibTorch whether a CUDA device is visible
 };
 
@@ -222,6 +224,11 @@ JobConfig parse_job_config(int argc, const char* const* argv);
 // The effective config as TOML, every key with its help as a comment. Parsing the output as
 // a config file gives back the same config (job.config_file is printed as a comment only).
 std::string config_to_toml(const JobConfig& cfg);
+
+// The effective config as (dotted key, value as TOML) in table order, for comparing ranks
+// (trainer/config_agreement.h): every key except those that may differ per rank,
+// job.config_file (the path; its values are compared) and job.print_args.
+std::vector<std::pair<std::string, std::string>> config_entries_for_agreement(const JobConfig& cfg);
 
 // The `--help` text: usage, then every key with its type, default, allowed values and help.
 std::string config_help();

@@ -135,6 +135,27 @@ std::string config_to_toml(const JobConfig& cfg) {
   return os.str();
 }
 
+std::vector<std::pair<std::string, std::string>> config_entries_for_agreement(const JobConfig& cfg) {
+  std::vector<std::pair<std::string, std::string>> entries;
+  for (const auto& section : config_table()) {
+    for (const auto& spec : section.keys) {
+      if (spec.kind == KeyKind::kAlias) continue;  // compared as its target
+      // Per-rank by nature: the file's path may differ between nodes (its values are compared
+      // key by key), and printing the config is a local choice.
+      if (spec.dotted() == "job.config_file" || spec.dotted() == "job.print_args") continue;
+      if (spec.kind == KeyKind::kAccepted) {
+        auto it = cfg.torchtitan_values.find(spec.dotted());
+        entries.emplace_back(spec.dotted(), it == cfg.torchtitan_values.end()
+                                                ? format_config_value(*spec.default_value)
+                                                : format_config_value(it->second));
+        continue;
+      }
+      entries.emplace_back(spec.dotted(), format_value(spec, cfg));
+    }
+  }
+  return entries;
+}
+
 namespace {
 
 // Word-wraps `text` to `width` columns, every line starting with `indent`.

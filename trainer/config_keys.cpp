@@ -30,7 +30,7 @@ std::vector<SectionSpec> build_table() {
           key("config_file", &JobSection::config_file,
               "TOML file to read; it overrides the defaults and the command line overrides it.")
               .command_line_only(),
-          key("dump_folder", &JobSection::dump_folder, "Folder for the job's outputs."),
+          key("dump_folder", &JobSection::dump_folder, "Folder for the job's outputs.").non_empty(),
           key("description", &JobSection::description, "Free-text description of the run."),
           key("print_args", &JobSection::print_args,
               "Print the effective config as TOML at start-up."),
@@ -42,13 +42,13 @@ std::vector<SectionSpec> build_table() {
           key("save_traces_folder", &ProfilingSection::save_traces_folder,
               "Folder under job.dump_folder for traces: iteration_N/rank{R}_trace.json."),
           key("profile_freq", &ProfilingSection::profile_freq,
-              "Profile (and snapshot memory at) every this many steps.").at_least(1),
+              "Profile (and snapshot memory at) every this many steps.").count_at_least(1),
           key("profiler_warmup", &ProfilingSection::profiler_warmup,
               "Steps of each profile_freq cycle run before the traced ones (torch.profiler "
-              "schedule: wait = profile_freq - warmup - active).").at_least(0),
+              "schedule: wait = profile_freq - warmup - active).").count_at_least(0),
           key("profiler_active", &ProfilingSection::profiler_active,
               "Steps traced at the end of each profile_freq cycle; the trace holds one "
-              "ProfilerStep#N range per step.").at_least(1),
+              "ProfilerStep#N range per step.").count_at_least(1),
           key("enable_memory_snapshot", &ProfilingSection::enable_memory_snapshot,
               "Record every allocation and write a memory snapshot (PyTorch's pickle layout) "
               "plus an HTML picture every profile_freq steps and on out-of-memory."),
@@ -58,7 +58,7 @@ std::vector<SectionSpec> build_table() {
       }),
       section("metrics", &J::metrics, "The per-step metrics log line.", {
           key("log_freq", &MetricsSection::log_freq,
-              "Log metrics at step 1 and every this many steps.").at_least(1),
+              "Log metrics at step 1 and every this many steps.").count_at_least(1),
           key("disable_color_printing", &MetricsSection::disable_color_printing,
               "No ANSI colors in the log (they are only used on a terminal anyway)."),
           key("enable_tensorboard", &MetricsSection::enable_tensorboard,
@@ -106,7 +106,7 @@ std::vector<SectionSpec> build_table() {
       }),
       section("lr_scheduler", &J::lr_scheduler, "Learning-rate warmup, plateau and decay.", {
           key("warmup_steps", &LrSchedulerSection::warmup_steps,
-              "Steps of linear warmup up to optimizer.lr.").at_least(0),
+              "Steps of linear warmup up to optimizer.lr.").count_at_least(0),
           key("decay_ratio", &LrSchedulerSection::decay_ratio,
               "Fraction of training.steps spent decaying at the end (warmup-stable-decay); "
               "-1 = decay over all steps after warmup.").in_closed(0, 1).or_exactly(-1),
@@ -126,16 +126,16 @@ std::vector<SectionSpec> build_table() {
           key("dataset_path", &TrainingSection::dataset_path,
               "Where the dataset lives; \"\" = the dataset's default location."),
           key("local_batch_size", &TrainingSection::local_batch_size,
-              "Sequences per device per micro-batch.").at_least(1),
+              "Sequences per device per micro-batch.").count_at_least(1),
           key("global_batch_size", &TrainingSection::global_batch_size,
               "Sequences per optimizer step over all data-parallel ranks; -1 = local_batch_size "
               "x data-parallel degree; a multiple of that accumulates gradients.")
-              .at_least(1).or_exactly(-1),
-          key("seq_len", &TrainingSection::seq_len, "Tokens per sequence.").at_least(1),
+              .count_at_least(1).or_exactly(-1),
+          key("seq_len", &TrainingSection::seq_len, "Tokens per sequence.").count_at_least(1),
           key("max_norm", &TrainingSection::max_norm,
               "Clip the global gradient L2 norm to this; must be > 0 (clipping is always on, "
               "a huge value makes it a no-op).").above(0),
-          key("steps", &TrainingSection::steps, "Optimizer steps to run.").at_least(1),
+          key("steps", &TrainingSection::steps, "Optimizer steps to run.").count_at_least(1),
           key("mixed_precision_param", &TrainingSection::mixed_precision_param,
               "dtype parameters are computed in (master weights stay float32); when not given: "
               "bfloat16 if the device is cuda (as torchtitan), float32 on the CPU.")
@@ -146,7 +146,9 @@ std::vector<SectionSpec> build_table() {
               "torchtitan's torch.compile switch; accepted, has no effect in titan.")
               .ignored("training.compile is accepted but ignored: titan has no JIT, its "
                        "kernels are compiled ahead of time"),
-          key("seed", &TrainingSection::seed, "Random seed for weight init and data order."),
+          key("seed", &TrainingSection::seed, "Random seed for weight init and data order.")
+              // Any int64: a negative seed means 2^64 + seed, as torch.manual_seed maps it.
+              .in_closed(-9223372036854775808.0, 9223372036854775808.0),
           key("deterministic", &TrainingSection::deterministic,
               "Use deterministic algorithms (slower; reruns are bit-identical)."),
           key("skip_nonfinite_steps", &TrainingSection::skip_nonfinite_steps,
@@ -157,21 +159,22 @@ std::vector<SectionSpec> build_table() {
               "Where to train; when not given: cuda if a GPU is visible, else cpu.")
               .one_of({"cpu", "cuda"}),
           key("num_threads", &TrainingSection::num_threads,
-              "Intra-op CPU threads; 0 = all cores.").at_least(0),
+              "Intra-op CPU threads; 0 = all cores.").count_at_least(0),
           key("cpu_memory_limit_gib", &TrainingSection::cpu_memory_limit_gib,
               "Limit on live CPU tensor memory in GiB (the tracked allocator raises an "
-              "out-of-memory error above it); 0 = no limit.").at_least(0),
+              "out-of-memory error above it); 0 = no limit.")
+              .in_closed(0, 8589934592.0),  // 2^33 GiB: the limit in bytes fits int64
       }),
       section("parallelism", &J::parallelism, "Data/tensor/pipeline-parallel layout.", {
           key("data_parallel_replicate_degree", &ParallelismSection::data_parallel_replicate_degree,
               "Data-parallel replicas (HSDP's outer dimension: gradients all-reduced across "
-              "them).").at_least(1),
+              "them).").count_at_least(1),
           key("data_parallel_shard_degree", &ParallelismSection::data_parallel_shard_degree,
               "FSDP degree: parameters, gradients and optimizer state sharded across this many "
-              "ranks; -1 = WORLD_SIZE / (replicate x tensor parallel).").at_least(1).or_exactly(-1),
+              "ranks; -1 = WORLD_SIZE / (replicate x tensor parallel).").count_at_least(1).or_exactly(-1),
           key("tensor_parallel_degree", &ParallelismSection::tensor_parallel_degree,
               "Tensor + sequence parallel degree (must divide n_heads and n_kv_heads).")
-              .at_least(1),
+              .count_at_least(1),
           key("fsdp_reshard_after_forward", &ParallelismSection::fsdp_reshard_after_forward,
               "Free gathered parameters after forward: default = every group but the last "
               "block and norm+output (torchtitan's choice), always, never.")
@@ -189,11 +192,11 @@ std::vector<SectionSpec> build_table() {
               "chunks' GEMMs (torchtitan needs torch.compile for this; titan does it natively)."),
           key("async_tp_chunks", &ParallelismSection::async_tp_chunks,
               "Chunks each sequence shard is split into under async tensor parallel (must divide "
-              "seq_len / tensor_parallel_degree).").at_least(1),
+              "seq_len / tensor_parallel_degree).").count_at_least(1),
           key("pipeline_parallel_degree", &ParallelismSection::pipeline_parallel_degree,
-              "Pipeline parallel degree; only 1 is supported.").at_least(1),
+              "Pipeline parallel degree; only 1 is supported.").count_at_least(1),
           key("context_parallel_degree", &ParallelismSection::context_parallel_degree,
-              "Context parallel degree; only 1 is supported.").at_least(1),
+              "Context parallel degree; only 1 is supported.").count_at_least(1),
       }),
       section("checkpoint", &J::checkpoint,
               "Saving and resuming runs; initial and exported weights (docs/checkpoint.md).", {
@@ -202,17 +205,17 @@ std::vector<SectionSpec> build_table() {
               "the latest complete one at start-up."),
           key("folder", &CheckpointSection::folder,
               "Checkpoint folder under job.dump_folder (one step-N/ folder per save)."),
-          key("interval", &CheckpointSection::interval, "Steps between checkpoints.").at_least(1),
+          key("interval", &CheckpointSection::interval, "Steps between checkpoints.").count_at_least(1),
           key("keep_latest_k", &CheckpointSection::keep_latest_k,
               "Keep this many complete checkpoints (older ones are deleted after a new one is "
-              "complete); 0 = keep all.").at_least(0),
+              "complete); 0 = keep all.").count_at_least(0),
           key("async_mode", &CheckpointSection::async_mode,
               "disabled = training waits for the save; async = shards are copied to host memory "
               "and written by a background thread; async_with_pinned_mem = the same through "
               "pinned host buffers (CUDA).")
               .one_of({"disabled", "async", "async_with_pinned_mem"}),
           key("load_step", &CheckpointSection::load_step,
-              "Resume from step-N; -1 = the latest complete checkpoint.").at_least(0).or_exactly(-1),
+              "Resume from step-N; -1 = the latest complete checkpoint.").count_at_least(0).or_exactly(-1),
           key("model_weights_only", &CheckpointSection::model_weights_only,
               "The last checkpoint holds only the model weights, in export_dtype."),
           key("exclude_from_loading", &CheckpointSection::exclude_from_loading,
@@ -226,7 +229,7 @@ std::vector<SectionSpec> build_table() {
               "Write step-0 (the initial weights) to the checkpoint folder and exit."),
           key("commit_timeout_seconds", &CheckpointSection::commit_timeout_seconds,
               "How long rank 0 waits for every rank's shards before it gives up on a save.")
-              .at_least(1),
+              .in_closed(1, kMaxTimeoutSeconds),
           key("export_path", &CheckpointSection::export_path,
               "Write the final weights here; \"\" = don't export."),
           key("export_format", &CheckpointSection::export_format,
@@ -273,7 +276,9 @@ std::vector<SectionSpec> build_table() {
               "attention / feed_forward inputs already cast to float8 (one global-amax scale; "
               "torchtitan's PrepareFloat8ModuleInput). false: gather high precision."),
           key("amax_history_len", &Float8Section::amax_history_len,
-              "Length of the amax history of tensorwise_delayed.").at_least(1),
+              "Length of the amax history of tensorwise_delayed.")
+              // 2^16: three float32 histories per linear; longer is memory, not smoothing.
+              .in_closed(1, 65536),
       }),
       section("int8", &J::int8, "INT8 mixed-precision training of the linears.", {
           key("enable_int8_linear", &Int8Section::enable_int8_linear,
@@ -286,29 +291,31 @@ std::vector<SectionSpec> build_table() {
       }),
       section("comm", &J::comm, "Collective timeouts and tracing.", {
           key("init_timeout_seconds", &CommSection::init_timeout_seconds,
-              "How long rendezvous waits for every rank to join.").at_least(1),
+              "How long rendezvous waits for every rank to join.").in_closed(1, kMaxTimeoutSeconds),
           key("train_timeout_seconds", &CommSection::train_timeout_seconds,
-              "How long one collective may take during training before it fails.").at_least(1),
+              "How long one collective may take during training before it fails.").in_closed(1, kMaxTimeoutSeconds),
           key("debug_fail_at_step", &CommSection::debug_fail_at_step,
               "Fault injection (tests): rank comm.debug_fail_rank fails at the start of this "
-              "step; 0 = never.").at_least(0),
+              "step; 0 = never.").count_at_least(0),
           key("debug_fail_rank", &CommSection::debug_fail_rank,
-              "The rank that comm.debug_fail_at_step makes fail.").at_least(0),
+              "The rank that comm.debug_fail_at_step makes fail.").count_at_least(0),
           key("trace_buf_size", &CommSection::trace_buf_size,
               "Flight recorder: the last this many collectives of each rank, written to "
               "job.dump_folder/comm_trace/rank<N>.json when a collective fails or times out; "
-              "0 = off.").at_least(0),
+              "0 = off.").count_at_least(0),
           key("debug_stall_at_step", &CommSection::debug_stall_at_step,
               "Fault injection (tests): rank comm.debug_stall_rank stops (sleeps) at the start of "
-              "this step; 0 = never.").at_least(0),
+              "this step; 0 = never.").count_at_least(0),
           key("debug_stall_rank", &CommSection::debug_stall_rank,
-              "The rank that comm.debug_stall_at_step stops.").at_least(0),
+              "The rank that comm.debug_stall_at_step stops.").count_at_least(0),
           key("debug_link_latency_ms", &CommSection::debug_link_latency_ms,
               "Simulated network (overlap tests, benchmarks): every collective completes no "
-              "sooner than this latency after the group's link is free; 0 = off.").at_least(0),
+              "sooner than this latency after the group's link is free; 0 = off.")
+              .in_closed(0, 3600e3),  // an hour: the simulated delay stays a finite clock duration
           key("debug_link_bytes_per_second", &CommSection::debug_link_bytes_per_second,
               "Simulated network: each group's link carries this many bytes per second, one "
-              "collective at a time (bytes = the gathered or scattered size); 0 = off.").at_least(0),
+              "collective at a time (bytes = the gathered or scattered size); 0 = off.")
+              .in_closed(1, 1e15).or_exactly(0),  // >= 1 B/s: bytes / rate stays a finite duration
       }),
   };
 }
@@ -436,17 +443,24 @@ bool Range::contains(double v) const {
 }
 
 std::string Range::describe() const {
-  // Default stream formatting prints bounds as written in the table: 1, 0.5, -1.
-  std::ostringstream os;
-  if (sentinel) os << *sentinel << " or ";
+  // Bounds as written in the table: 1, 0.5, -1, and whole numbers in full (2147483647, not
+  // 2.14748e+09), so that the message states the exact limit.
+  auto text = [](double v) {
+    if (v == std::floor(v) && std::fabs(v) < 9.0e18) return std::to_string(static_cast<int64_t>(v));
+    std::ostringstream os;
+    os << v;
+    return os.str();
+  };
+  std::string out;
+  if (sentinel) out += text(*sentinel) + " or ";
   if (lo && hi) {
-    os << "in " << (lo_open ? "(" : "[") << *lo << ", " << *hi << (hi_open ? ")" : "]");
+    out += std::string("in ") + (lo_open ? "(" : "[") + text(*lo) + ", " + text(*hi) + (hi_open ? ")" : "]");
   } else if (lo) {
-    os << (lo_open ? "> " : ">= ") << *lo;
+    out += (lo_open ? "> " : ">= ") + text(*lo);
   } else if (hi) {
-    os << (hi_open ? "< " : "<= ") << *hi;
+    out += (hi_open ? "< " : "<= ") + text(*hi);
   }
-  return os.str();
+  return out;
 }
 
 }  // namespace titan::trainer::config_detail

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <variant>
@@ -21,6 +22,13 @@
 namespace titan::trainer::config_detail {
 
 enum class ValueType { kBool, kInt, kFloat, kString, kStringList };
+
+// Upper bounds of integer keys (Note [Every integer key has an upper bound]).
+// Counts (steps, batch rows, tokens per sequence, threads, degrees, ranks): what an int holds.
+inline constexpr double kMaxCount = 2147483647.0;  // 2^31 - 1
+// Timeouts in seconds: 30 days. Far beyond any real wait, and far below where seconds -> ms
+// (std::chrono, Gloo) would overflow int64.
+inline constexpr double kMaxTimeoutSeconds = 30.0 * 24 * 3600;
 
 // A pointer to the bound member of one JobConfig; the alternative matches KeySpec::type.
 using ValueRef = std::variant<bool*, int64_t*, double*, std::string*, std::vector<std::string>*>;
@@ -58,6 +66,7 @@ struct KeySpec {
   std::vector<std::string> choices;  // for strings, and for each item of a list
   std::string ignored_reason;        // non-empty: accepted but has no effect in titan
   bool cli_only = false;             // may not appear in a config file
+  bool non_empty = false;            // strings: "" is refused
   KeyKind kind = KeyKind::kImplemented;
   std::string versions;  // torchtitan releases with this key ("" = every one / titan's own)
   // Values of torchtitan's that name a titan value ("quantize.linear.float8" -> "float8").
@@ -129,9 +138,20 @@ struct KeyRow {
   KeyRow&& above(double lo) && { return bounded(lo, true, std::nullopt, false); }
   KeyRow&& in_closed(double lo, double hi) && { return bounded(lo, false, hi, false); }
   KeyRow&& in_half_open(double lo, double hi) && { return bounded(lo, false, hi, true); }
+  // Note [Every integer key has an upper bound]: values are int64 in the config, but their
+  // users hold them in narrower types (int threads, steps and ranks; chrono durations in ms;
+  // products such as local_batch_size x seq_len), so every integer row states its largest value
+  // and the check refuses anything above it by name instead of letting it wrap
+  // (tests/test_config.cpp checks the table for integer rows without one).
+  KeyRow&& count_at_least(double lo) && { return bounded(lo, false, kMaxCount, false); }
   // Also allow `v`, outside the bounds (call after the bound).
   KeyRow&& or_exactly(double v) && {
     spec.range.value().sentinel = v;
+    return std::move(*this);
+  }
+  // A string that may not be "" (folders under job.dump_folder, the dump folder itself).
+  KeyRow&& non_empty() && {
+    spec.non_empty = true;
     return std::move(*this);
   }
   KeyRow&& one_of(std::vector<std::string> choices) && {
@@ -262,6 +282,13 @@ SectionSpec section(const char* name, S JobConfig::*member, const char* help,
 
 // A torchtitan section titan has no struct for: only alias and accepted rows.
 SectionSpec torchtitan_section(const char* name, const char* help, std::vector<Row> rows);
+
+// config_relations.cpp: problems (where, what) that involve several keys or the machine
+// (`origins`: dotted key -> where it was last set), and the start-up warnings of settings that
+// do nothing (warmup longer than the run, profiling that never fires), appended to cfg.warnings.
+std::vector<std::pair<std::string, std::string>> check_key_relations(
+    const JobConfig& cfg, const std::map<std::string, std::string>& origins, const MachineFacts& machine);
+void add_start_up_warnings(JobConfig& cfg);
 
 // config_keys_torchtitan.cpp: torchtitan's rows for titan's section `section`, and
 // torchtitan's sections titan has no struct for.

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
+#include <stdexcept>
 
 #include "float8/recipe.h"
 #include "trainer/data/tokenizer.h"
@@ -92,7 +93,12 @@ std::string gib(double bytes) {
 MemoryEstimate estimate_memory(const EstimateInputs& in) {
   const auto& a = in.args;
   const model::ParamCount pc = model::count_params(a);
-  const double tokens = static_cast<double>(in.local_batch_size * in.seq_len);
+  if (in.local_batch_size < 1 || in.seq_len < 1 || in.grad_accumulation_steps < 1 || in.dp_shard < 1 || in.tp < 1)
+    throw std::invalid_argument("memory estimate: batch size, seq_len, gradient accumulation steps and parallel "
+                                "degrees must be >= 1");
+  // In double: local_batch_size x seq_len may exceed int64 (seq_len 2^62); bytes() refuses
+  // what does not fit below.
+  const double tokens = static_cast<double>(in.local_batch_size) * static_cast<double>(in.seq_len);
   const double e = static_cast<double>(in.compute_bytes);
   const double dp = static_cast<double>(in.dp_shard), tp = static_cast<double>(in.tp);
   const double shard = dp * tp;  // every parameter is split over FSDP and TP ranks
@@ -187,17 +193,27 @@ MemoryEstimate estimate_memory(const EstimateInputs& in) {
   const double grads_at_peak = peak->grads;
   const double peak_dynamic = peak->grads + peak->activations;
 
-  est.parameters = static_cast<int64_t>(masters + compute_copies);
-  est.optimizer_state = static_cast<int64_t>(adam);
-  est.communication = static_cast<int64_t>(comm);
-  est.gradients = static_cast<int64_t>(grads_at_peak);
-  est.activations = static_cast<int64_t>(std::max(0.0, peak_dynamic - grads_at_peak));
-  est.total = static_cast<int64_t>(static_bytes + peak_dynamic);
+  // A byte count the report can hold: anything at or beyond 2^63 bytes (8 EiB) is an input
+  // error (seq_len or batch far too large), said as such instead of a wrapped negative number.
+  auto bytes = [&](double v) {
+    if (!(v < 9.2e18)) {
+      throw std::overflow_error("memory estimate: more than 8 EiB per rank (local_batch_size " +
+                                std::to_string(in.local_batch_size) + " x seq_len " +
+                                std::to_string(in.seq_len) + " tokens per micro-batch); lower them");
+    }
+    return static_cast<int64_t>(v);
+  };
+  est.parameters = bytes(masters + compute_copies);
+  est.optimizer_state = bytes(adam);
+  est.communication = bytes(comm);
+  est.gradients = bytes(grads_at_peak);
+  est.activations = bytes(std::max(0.0, peak_dynamic - grads_at_peak));
+  est.total = bytes(static_bytes + peak_dynamic);
   for (const auto& [name, v] : bt.full)
-    est.activation_detail.push_back({name, static_cast<int64_t>(v * tokens)});
-  est.activation_detail.push_back({"per block, kept by per-op AC", static_cast<int64_t>(bt.kept_op * tokens)});
-  est.activation_detail.push_back({"per block, kept by full AC (its input)", static_cast<int64_t>(bt.input * tokens)});
-  est.activation_detail.push_back({"head (norm, logits, log-softmax)", static_cast<int64_t>(head_fwd)});
+    est.activation_detail.push_back({name, bytes(v * tokens)});
+  est.activation_detail.push_back({"per block, kept by per-op AC", bytes(bt.kept_op * tokens)});
+  est.activation_detail.push_back({"per block, kept by full AC (its input)", bytes(bt.input * tokens)});
+  est.activation_detail.push_back({"head (norm, logits, log-softmax)", bytes(head_fwd)});
   return est;
 }
 

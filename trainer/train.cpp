@@ -24,6 +24,7 @@
 #include "parallel/mesh.h"
 #include "parallel/parallelize.h"
 #include "parallel/process_group.h"
+#include "trainer/config_agreement.h"
 #include "trainer/converters.h"
 #include "trainer/determinism.h"
 #include "trainer/hf_weights.h"
@@ -311,6 +312,7 @@ double Trainer::forward_backward(const Batch& batch) {
 TrainResult Trainer::train() {
   TrainResult result;
   if (cfg_.checkpoint.create_seed_checkpoint) return result;  // written at start-up
+  set_stop_at_step_boundary(true);  // from here a signal stops at the next step boundary
   if (start_step_ >= cfg_.training.steps)
     log_info("checkpoint step " + std::to_string(start_step_) + " >= training.steps " +
              std::to_string(cfg_.training.steps) + ": nothing left to train");
@@ -363,6 +365,11 @@ void Trainer::init_mesh() {
   } catch (const std::runtime_error& e) {
     throw ConfigError(std::string("distributed environment: ") + e.what());
   }
+  if (cfg_.comm.debug_fail_at_step > 0 && cfg_.comm.debug_fail_rank >= world_.world_size)
+    throw ConfigError("comm.debug_fail_rank = " + std::to_string(cfg_.comm.debug_fail_rank) +
+                      " is not a rank of this job: must be in [0, " +
+                      std::to_string(world_.world_size - 1) + "] (WORLD_SIZE " +
+                      std::to_string(world_.world_size) + ")");
   parallel::ParallelDims dims;
   try {
     dims = parallel::resolve_parallel_dims(p.data_parallel_replicate_degree, p.data_parallel_shard_degree,
@@ -388,6 +395,8 @@ void Trainer::init_mesh() {
                                      world_.rank);
     log_info("distributed: " + parallel::describe(world_) + ", " + opts.backend + ", mesh " + dims.describe());
     world = parallel::init_process_group(world_, opts);
+    // Before any collective whose size depends on the config (trainer/config_agreement.h).
+    check_config_agreement(*world, cfg_, device_);
   }
   mesh_ = std::make_unique<parallel::DeviceMesh>(std::move(world), dims);
 }

@@ -9,6 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "util/file_kind.h"
+
 namespace titan::trainer {
 namespace {
 
@@ -106,6 +108,10 @@ std::vector<std::string> c4_files(const std::string& path) {
         "with a \"text\" column; titan ships no third-party data");
   }
   if (fs::is_regular_file(path, ec)) return {path};
+  if (util::is_special_file(path)) {  // a FIFO would block the read, /dev/zero never ends
+    throw std::runtime_error("c4 dataset path " + path + " is " + util::file_kind(path) +
+                             ", not a regular file or a folder of JSON lines or Parquet files");
+  }
   if (!fs::is_directory(path, ec)) {
     throw std::runtime_error("c4 dataset path " + path + " does not exist");
   }

@@ -1,6 +1,7 @@
 #include "trainer/data/documents.h"
 #include "trainer/data/c4_documents.h"
 #include "trainer/data/text_lines.h"
+#include "util/file_kind.h"
 
 #include <algorithm>
 #include <filesystem>
@@ -38,6 +39,11 @@ std::vector<fs::path> resolve_inputs(const std::string& path, const char* what,
                              "--input): a file or a folder of *" + ext + " files");
   }
   if (fs::is_regular_file(path, ec)) return {fs::path(path)};
+  if (util::is_special_file(path)) {  // a FIFO would block the read, /dev/zero never ends
+    throw std::runtime_error(std::string(what) + " dataset path " + path + " is " +
+                             util::file_kind(path) + ", not a regular file or a folder of *" +
+                             ext + " files");
+  }
   if (!fs::is_directory(path, ec)) {
     throw std::runtime_error(std::string(what) + " dataset path " + path +
                              " does not exist (expected a file or a folder of *" + ext +

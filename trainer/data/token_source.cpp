@@ -8,6 +8,7 @@
 
 #include "trainer/data/documents.h"
 #include "trainer/data/streaming_source.h"
+#include "util/file_kind.h"
 
 namespace titan::trainer {
 
@@ -93,6 +94,9 @@ ShardTokenSource::ShardTokenSource(const std::string& path, const Tokenizer& tok
                              "folder of *.bin shards)");
   } else if (fs::is_regular_file(path, ec)) {
     files.push_back(path);
+  } else if (util::is_special_file(path)) {  // a FIFO would block the read, /dev/zero never ends
+    throw std::runtime_error("tokens dataset path " + path + " is " + util::file_kind(path) +
+                             ", not a .bin shard or a folder of them");
   } else if (fs::is_directory(path, ec)) {
     for (const fs::directory_entry& entry : fs::directory_iterator(path)) {
       if (entry.is_regular_file() && entry.path().extension() == ".bin") {
