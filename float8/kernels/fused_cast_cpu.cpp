@@ -34,8 +34,11 @@ namespace {
 
 using Vec = at::vec::Vectorized<float>;
 
+// Elements per parallel task: ATen's at::internal::GRAIN_SIZE (ATen/TensorIterator.h).
+constexpr int64_t kGrainSize = 32768;
+
 int64_t grain_rows(int64_t row_elems) {
-  return std::max<int64_t>(1, at::internal::GRAIN_SIZE / std::max<int64_t>(1, row_elems));
+  return std::max<int64_t>(1, kGrainSize / std::max<int64_t>(1, row_elems));
 }
 
 // max for non-negative values that propagates NaN like torch.amax.

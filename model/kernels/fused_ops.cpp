@@ -25,6 +25,15 @@ bool fused_ops_enabled() {
   return enabled;
 }
 
+bool cpu_has_avx2_kernels() {
+#if defined(__x86_64__)
+  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return ok;
+#else
+  return true;
+#endif
+}
+
 namespace {
 
 using torch::autograd::AutogradContext;
@@ -39,7 +48,7 @@ Path path_for(std::initializer_list<at::Tensor> tensors) {
   const at::Tensor& first = *tensors.begin();
   const bool cuda = first.is_cuda();
   if (cuda && !fused_ops_cuda_enabled()) return Path::kComposite;
-  if (!cuda && !first.device().is_cpu()) return Path::kComposite;
+  if (!cuda && (!first.device().is_cpu() || !cpu_has_avx2_kernels())) return Path::kComposite;
   for (const at::Tensor& t : tensors)
     if (t.scalar_type() != at::kFloat || t.device() != first.device()) return Path::kComposite;
   return cuda ? Path::kCuda : Path::kCpu;

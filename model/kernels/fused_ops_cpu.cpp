@@ -16,10 +16,13 @@ namespace {
 
 using Vec = at::vec::Vectorized<float>;
 
-// Rows per parallel task: about at::internal::GRAIN_SIZE elements each, so small tensors run
+// Elements per parallel task: ATen's at::internal::GRAIN_SIZE (ATen/TensorIterator.h).
+constexpr int64_t kGrainSize = 32768;
+
+// Rows per parallel task: about kGrainSize elements each, so small tensors run
 // on the calling thread (the pool's hand-off costs more than the work).
 int64_t grain_rows(int64_t row_elems) {
-  return std::max<int64_t>(1, at::internal::GRAIN_SIZE / std::max<int64_t>(1, row_elems));
+  return std::max<int64_t>(1, kGrainSize / std::max<int64_t>(1, row_elems));
 }
 
 float sum_of_products(const float* a, const float* b, int64_t n) {
@@ -132,7 +135,7 @@ void rotary_cpu(const float* x, const float* cos, const float* sin, int64_t oute
 }
 
 void swiglu_forward_cpu(const float* gate, const float* up, int64_t n, float* y) {
-  at::parallel_for(0, n, at::internal::GRAIN_SIZE, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, n, kGrainSize, [&](int64_t begin, int64_t end) {
     const Vec one(1.f);
     int64_t i = begin;
     for (; i + Vec::size() <= end; i += Vec::size()) {
@@ -145,7 +148,7 @@ void swiglu_forward_cpu(const float* gate, const float* up, int64_t n, float* y)
 
 void swiglu_backward_cpu(const float* dy, const float* gate, const float* up, int64_t n,
                          float* dgate, float* dup) {
-  at::parallel_for(0, n, at::internal::GRAIN_SIZE, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, n, kGrainSize, [&](int64_t begin, int64_t end) {
     const Vec one(1.f);
     int64_t i = begin;
     for (; i + Vec::size() <= end; i += Vec::size()) {
