@@ -3,17 +3,16 @@
 #include <ATen/ops/arange.h>
 #include <ATen/ops/embedding.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/rms_norm.h>
 #include <ATen/ops/outer.h>
 #include <ATen/ops/pow.h>
-#include <ATen/ops/rms_norm.h>
-#include <ATen/ops/silu.h>
-#include <ATen/ops/stack.h>
 #include <c10/util/Exception.h>
 
 #include <cmath>
 #include <vector>
 
 #include "model/checkpoint_ops.h"
+#include "model/kernels/fused_ops.h"
 #include "model/scope.h"
 
 namespace titan::model {
@@ -36,7 +35,8 @@ RMSNorm::RMSNorm(std::string fqn_, int64_t dim, double eps_)
 
 at::Tensor RMSNorm::forward(const at::Tensor& x) const {
   // Normalize in float32 whatever the compute dtype (as torchtitan: x.float() -> type_as(x)).
-  if (x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble) return at::rms_norm(x, {weight.size(0)}, weight, eps);
+  // float32: the fused kernel (model/kernels/fused_ops.h); float64 runs ATen's composite in it.
+  if (x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble) return fused_rms_norm(x, weight, eps);
   return at::rms_norm(x.to(at::kFloat), {weight.size(0)}, std::nullopt, eps).to(x.scalar_type()) *
          weight;
 }
@@ -64,15 +64,8 @@ at::Tensor apply_rotary(const at::Tensor& x, const RotaryTable& table) {
   const int64_t seq_len = x.size(1);
   TORCH_CHECK(seq_len <= table.cos.size(0), "sequence length ", seq_len,
               " exceeds the RoPE table (", table.cos.size(0), " positions)");
-  // [S, hd/2] -> [1, S, 1, hd/2] to broadcast over batch and heads.
-  // Rotate in at least float32 (bf16 activations are upcast, float64 stays float64).
-  const at::ScalarType compute = at::promote_types(x.scalar_type(), at::kFloat);
-  at::Tensor cos = table.cos.slice(0, 0, seq_len).unsqueeze(0).unsqueeze(2).to(compute);
-  at::Tensor sin = table.sin.slice(0, 0, seq_len).unsqueeze(0).unsqueeze(2).to(compute);
-  at::Tensor pairs = x.to(compute).unflatten(-1, {-1, 2});  // [B, S, H, hd/2, 2]
-  at::Tensor even = pairs.select(-1, 0), odd = pairs.select(-1, 1);
-  at::Tensor rotated = at::stack({even * cos - odd * sin, even * sin + odd * cos}, -1);
-  return rotated.flatten(-2).to(x.scalar_type());
+  // One fused pass for float32 (bit-identical to the composite, which runs for other dtypes).
+  return fused_rotary(x, table.cos, table.sin);
 }
 
 // ---------------------------------------------------------------- Attention
@@ -126,7 +119,7 @@ at::Tensor FeedForward::forward(const at::Tensor& x_in) const {
   // is recomputed), so the order must not be left to unspecified argument evaluation.
   at::Tensor gate = w1.forward(x);  // [B, S, hidden]
   at::Tensor up = w3.forward(x);    // [B, S, hidden]
-  return w2.forward(at::silu(gate) * up);
+  return w2.forward(fused_swiglu(gate, up));  // silu(gate) * up, one pass
 }
 
 void FeedForward::visit_params(const ParamVisitor& visit) {

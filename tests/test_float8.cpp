@@ -18,6 +18,7 @@
 #include <ATen/ops/isnan.h>
 #include <ATen/ops/linear.h>
 #include <ATen/ops/linspace.h>
+#include <ATen/ops/masked_select.h>
 #include <ATen/ops/pow.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/ones.h>
@@ -297,6 +298,60 @@ TEST_CASE("emulated GEMM in tiles equals the whole-operand formula up to float32
     CHECK(((tiled - formula).abs() <= bound).all().item<bool>());
     CHECK(logged("tiled emulation vs formula", sqnr(formula, tiled)) > 100.0);
   }
+}
+
+TEST_CASE("fused CPU casts and dequantization equal the ATen composite bit for bit", "[float8][cast]") {
+  // Note [Fused CPU casts]: to_float8 on the CPU runs one amax pass and one cast pass; the
+  // composite (abs, amax, multiply, clamp, convert) must give the same bytes and scales,
+  // including zeros, values that saturate, subnormal results, inf and NaN.
+  at::manual_seed(5);
+  // Bit for bit, except that a NaN only has to be a NaN: IEEE 754 leaves the sign and payload of
+  // a NaN out of max and products, and ATen's own CPU kernels differ there (the AVX2 maximum
+  // ORs in an all-ones mask), while the float8 cast keeps the sign (0x7f vs 0xff).
+  auto same = [](const at::Tensor& a, const at::Tensor& b) {
+    if (a.sizes() != b.sizes()) return false;
+    at::Tensor fa = a.to(at::kFloat).reshape({-1}), fb = b.to(at::kFloat).reshape({-1});
+    at::Tensor nan = at::isnan(fa);
+    if (!at::equal(nan, at::isnan(fb))) return false;
+    at::Tensor ba = a.contiguous().reshape({-1}).view(at::kByte).reshape({fa.numel(), -1});
+    at::Tensor bb = b.contiguous().reshape({-1}).view(at::kByte).reshape({fb.numel(), -1});
+    at::Tensor keep = (~nan).unsqueeze(1).expand_as(ba);
+    return at::equal(at::masked_select(ba, keep), at::masked_select(bb, keep));
+  };
+  at::Tensor base = at::randn({3, 5, 67}) * at::pow(10.0, at::randint(-6, 6, {3, 5, 67}).to(at::kFloat));
+  base.select(0, 1).select(0, 2).zero_();  // an all-zero row
+  at::Tensor special = base.clone();
+  special.view(-1)[7] = std::numeric_limits<float>::infinity();
+  special.view(-1)[300] = std::numeric_limits<float>::quiet_NaN();
+  int checked = 0;
+  for (const at::Tensor& src : {base, base.to(at::kBFloat16), special}) {
+    for (at::ScalarType f8 : {at::kFloat8_e4m3fn, at::kFloat8_e5m2}) {
+      for (bool pow2 : {false, true}) {
+        for (auto g : {ScalingGranularity::Tensorwise, ScalingGranularity::Axiswise}) {
+          const CastConfig cfg{g, f8};
+          // rows of a 3-D activation (axis -1), and columns of a 2-D one (axis 0)
+          for (const auto& [x, axis] : {std::pair<at::Tensor, int64_t>{src, -1},
+                                        std::pair<at::Tensor, int64_t>{src.reshape({15, 67}), 0}}) {
+            INFO(c10::toString(x.scalar_type()) << " -> " << c10::toString(f8) << " pow2 " << pow2
+                 << " axiswise " << (g == ScalingGranularity::Axiswise) << " axis " << axis);
+            Float8Tensor fused = to_float8(x, cfg, axis, pow2);
+            Float8Tensor ref = to_float8_composite(x, cfg, axis, pow2);
+            REQUIRE(fused.data.sizes() == ref.data.sizes());
+            REQUIRE(fused.scale.sizes() == ref.scale.sizes());
+            CHECK(same(fused.data, ref.data));
+            CHECK(same(fused.scale, ref.scale));
+            // The GEMM's one-pass dequantization: data.to(float32) / scale, in either memory order.
+            Float8Tensor f2 = reshape_to_2d(fused);
+            CHECK(same(dequantize_to_float_cpu(f2.data, f2.scale), f2.data.to(at::kFloat) / f2.scale));
+            Float8Tensor t2 = transpose_2d(f2);
+            CHECK(same(dequantize_to_float_cpu(t2.data, t2.scale), t2.data.to(at::kFloat) / t2.scale));
+            ++checked;
+          }
+        }
+      }
+    }
+  }
+  CHECK(checked == 48);
 }
 
 TEST_CASE("scaled GEMM validates operands", "[float8][gemm]") {

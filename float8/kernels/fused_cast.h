@@ -46,4 +46,20 @@ Float8Tensor fused_cast_transpose_cols_cuda(const at::Tensor& x, const CastConfi
 Float8Tensor fused_cast_transpose_cols_reference(const at::Tensor& x, const CastConfig& config,
                                                  bool round_scales_to_power_of_2);
 
+// ---- CPU: the same casts as single vectorized passes (fused_cast_cpu.cpp) ----
+// Note [Fused CPU casts]: to_float8() on a float32 / bf16 CPU tensor takes
+// try_fused_to_float8_cpu: amax (through the op layer as "amax", like amax()), scale_from_amax,
+// then one cast pass, for tensorwise, per-row (last dim, any rank) and per-column (dim 0 of 2-D)
+// scales; equal bit for bit to to_float8_composite (tests/test_float8.cpp). nullopt: not
+// applicable (other dtypes or axes); the caller runs the composite.
+std::optional<Float8Tensor> try_fused_to_float8_cpu(const at::Tensor& x, const CastConfig& config,
+                                                    int64_t axis_dim, bool round_scales_to_power_of_2);
+// amax(x, granularity, axis) for float32 / bf16 CPU x; axis (wrapped) the last dim or 0 of 2-D.
+at::Tensor fused_amax_cpu(const at::Tensor& x, ScalingGranularity granularity, int64_t axis);
+// cast_to_float8(x, scale, dtype) for float32 / bf16 CPU x; scale 0-dim, per row or (1, C).
+at::Tensor fused_cast_cpu(const at::Tensor& x, const at::Tensor& scale, at::ScalarType dtype);
+// data.to(float32) / scale in one pass: 2-D float8 CPU data (either memory order; the result
+// keeps it), scale 0-dim or broadcastable (Note [Scale follows data]).
+at::Tensor dequantize_to_float_cpu(const at::Tensor& data, const at::Tensor& scale);
+
 }  // namespace titan::float8

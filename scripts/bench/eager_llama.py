@@ -11,12 +11,15 @@ CPU (scripts/bench_train.sh): float32, eager. GPU (scripts/gpu_check.sh):
   --compile                        torch.compile of every block (torchtitan's training.compile)
   --flavor 8B_4layers --vocab 128256   8B's layer shapes, 4 layers (titan's flavor of that name)
 """
+import time
+
+PROCESS_START = time.perf_counter()  # before importing torch: "time to first step" counts that too
+
 import argparse
 import collections
 import json
 import math
 import resource
-import time
 
 import torch
 import torch.nn as nn
@@ -180,6 +183,7 @@ def main():
     autocast = torch.autocast(a.device, dtype=torch.bfloat16, enabled=a.dtype == "bfloat16")
     sync = torch.cuda.synchronize if a.device == "cuda" else (lambda: None)
     start = None
+    first_step_s = None
     for step in range(a.steps + a.warmup):
         if step == a.warmup:
             sync()
@@ -194,6 +198,9 @@ def main():
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
+        if step == 0:
+            sync()
+            first_step_s = time.perf_counter() - PROCESS_START  # includes torch.compile's warm-up
     sync()
     elapsed = time.perf_counter() - start
     dim, n_layers, n_heads = FLAVORS[a.flavor][:3]
@@ -206,6 +213,7 @@ def main():
     result = {
         "tps": tps,
         "step_s": elapsed / a.steps,
+        "first_step_s": first_step_s,
         "tflops": fpt * tps / 1e12,
         "mfu_pct": 100 * fpt * tps / peak if peak > 0 else None,
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,

@@ -1,0 +1,182 @@
+// Autograd Functions over the fused kernels (model/kernels/fused_ops.h) and the choice between
+// them and the ATen composite.
+#include "model/kernels/fused_ops.h"
+
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/rms_norm.h>
+#include <ATen/ops/silu.h>
+#include <ATen/ops/stack.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "model/kernels/fused_ops_cuda.h"
+
+namespace titan::model {
+
+bool fused_ops_enabled() {
+  static const bool enabled = [] {
+    const char* env = std::getenv("TITAN_FUSED_OPS");
+    return env == nullptr || std::string(env) != "0";
+  }();
+  return enabled;
+}
+
+bool cpu_has_avx2_kernels() {
+#if defined(__x86_64__)
+  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return ok;
+#else
+  return true;
+#endif
+}
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Where the fused kernels run: float32 on the CPU; on CUDA only when opted in (Note [Fused ops
+// on CUDA] in model/kernels/fused_ops_cuda.h).
+enum class Path { kComposite, kCpu, kCuda };
+
+Path path_for(std::initializer_list<at::Tensor> tensors) {
+  if (!fused_ops_enabled()) return Path::kComposite;
+  const at::Tensor& first = *tensors.begin();
+  const bool cuda = first.is_cuda();
+  if (cuda && !fused_ops_cuda_enabled()) return Path::kComposite;
+  if (!cuda && (!first.device().is_cpu() || !cpu_has_avx2_kernels())) return Path::kComposite;
+  for (const at::Tensor& t : tensors)
+    if (t.scalar_type() != at::kFloat || t.device() != first.device()) return Path::kComposite;
+  return cuda ? Path::kCuda : Path::kCpu;
+}
+
+// ---------------------------------------------------------------- RMSNorm
+
+struct RMSNormFunction : public torch::autograd::Function<RMSNormFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x_in, const at::Tensor& w_in, double eps) {
+    const at::Tensor x = x_in.contiguous(), w = w_in.contiguous();
+    const int64_t dim = w.numel(), rows = x.numel() / dim;
+    at::Tensor y = at::empty_like(x);
+    at::Tensor rstd = at::empty({rows}, x.options());  // [rows] float32: all the backward adds to x
+    if (x.is_cuda()) {
+      cuda_ops::rms_norm_forward(x, w, eps, y, rstd);
+    } else {
+      kernels::rms_norm_forward_cpu(x.data_ptr<float>(), w.data_ptr<float>(), rows, dim,
+                                    static_cast<float>(eps), y.data_ptr<float>(), rstd.data_ptr<float>());
+    }
+    ctx->save_for_backward({x, w, rstd});
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto s = ctx->get_saved_variables();
+    const at::Tensor &x = s[0], &w = s[1], &rstd = s[2];
+    const at::Tensor g = grads[0].contiguous();
+    const int64_t dim = w.numel(), rows = x.numel() / dim;
+    at::Tensor gx = at::empty_like(x), gw = at::empty_like(w);
+    if (x.is_cuda()) {
+      cuda_ops::rms_norm_backward(g, x, w, rstd, gx, gw);
+    } else {
+      kernels::rms_norm_backward_cpu(g.data_ptr<float>(), x.data_ptr<float>(), w.data_ptr<float>(),
+                                     rstd.data_ptr<float>(), rows, dim, gx.data_ptr<float>(),
+                                     gw.data_ptr<float>());
+    }
+    return {gx, gw, at::Tensor()};
+  }
+};
+
+// ---------------------------------------------------------------- RoPE
+
+struct RotaryFunction : public torch::autograd::Function<RotaryFunction> {
+  // cos/sin: [S, hd/2] contiguous rows of the table (constants: no gradient).
+  static at::Tensor rotate(const at::Tensor& x_in, const at::Tensor& cos, const at::Tensor& sin, bool inverse) {
+    const at::Tensor x = x_in.contiguous();  // [B, S, H, hd]
+    at::Tensor y = at::empty_like(x);
+    if (x.is_cuda()) {
+      cuda_ops::rotary(x, cos, sin, inverse, y);
+    } else {
+      kernels::rotary_cpu(x.data_ptr<float>(), cos.data_ptr<float>(), sin.data_ptr<float>(), x.size(0),
+                          x.size(1), x.size(2), x.size(3) / 2, inverse, y.data_ptr<float>());
+    }
+    return y;
+  }
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+    ctx->save_for_backward({cos, sin});
+    return rotate(x, cos, sin, /*inverse=*/false);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto s = ctx->get_saved_variables();
+    return {rotate(grads[0], s[0], s[1], /*inverse=*/true), at::Tensor(), at::Tensor()};
+  }
+};
+
+// ---------------------------------------------------------------- SwiGLU
+
+struct SwiGLUFunction : public torch::autograd::Function<SwiGLUFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate_in, const at::Tensor& up_in) {
+    const at::Tensor gate = gate_in.contiguous(), up = up_in.contiguous();
+    at::Tensor y = at::empty_like(gate);
+    if (gate.is_cuda()) {
+      cuda_ops::swiglu_forward(gate, up, y);
+    } else {
+      kernels::swiglu_forward_cpu(gate.data_ptr<float>(), up.data_ptr<float>(), gate.numel(), y.data_ptr<float>());
+    }
+    ctx->save_for_backward({gate, up});  // silu(gate) is recomputed, not saved
+    return y;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto s = ctx->get_saved_variables();
+    const at::Tensor &gate = s[0], &up = s[1];
+    const at::Tensor dy = grads[0].contiguous();
+    at::Tensor dgate = at::empty_like(gate), dup = at::empty_like(up);
+    if (gate.is_cuda()) {
+      cuda_ops::swiglu_backward(dy, gate, up, dgate, dup);
+    } else {
+      kernels::swiglu_backward_cpu(dy.data_ptr<float>(), gate.data_ptr<float>(), up.data_ptr<float>(),
+                                   gate.numel(), dgate.data_ptr<float>(), dup.data_ptr<float>());
+    }
+    return {dgate, dup};
+  }
+};
+
+}  // namespace
+
+at::Tensor fused_rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  TORCH_CHECK(weight.dim() == 1 && x.dim() >= 1 && x.size(-1) == weight.size(0),
+              "rms_norm: weight ", weight.sizes(), " does not match the last dim of x ", x.sizes());
+  if (path_for({x, weight}) == Path::kComposite || x.numel() == 0)
+    return at::rms_norm(x, {weight.size(0)}, weight, eps);
+  return RMSNormFunction::apply(x, weight, eps);
+}
+
+at::Tensor fused_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  TORCH_CHECK(x.dim() == 4 && x.size(-1) % 2 == 0, "rotary: x must be [B, S, H, even head_dim], got ",
+              x.sizes());
+  const int64_t seq = x.size(1), half = x.size(3) / 2;
+  TORCH_CHECK(cos.dim() == 2 && cos.size(1) == half && seq <= cos.size(0) && sin.sizes() == cos.sizes(),
+              "rotary: table ", cos.sizes(), " does not cover x ", x.sizes());
+  at::Tensor c = cos.slice(0, 0, seq), s = sin.slice(0, 0, seq);
+  if (path_for({x, cos, sin}) != Path::kComposite && x.numel() > 0)
+    return RotaryFunction::apply(x, c.contiguous(), s.contiguous());
+  // Rotate in at least float32 (bf16 activations are upcast, float64 stays float64).
+  const at::ScalarType compute = at::promote_types(x.scalar_type(), at::kFloat);
+  c = c.unsqueeze(0).unsqueeze(2).to(compute);  // [1, S, 1, hd/2] broadcasts over batch, heads
+  s = s.unsqueeze(0).unsqueeze(2).to(compute);
+  at::Tensor pairs = x.to(compute).unflatten(-1, {-1, 2});  // [B, S, H, hd/2, 2]
+  at::Tensor even = pairs.select(-1, 0), odd = pairs.select(-1, 1);
+  at::Tensor rotated = at::stack({even * c - odd * s, even * s + odd * c}, -1);
+  return rotated.flatten(-2).to(x.scalar_type());
+}
+
+at::Tensor fused_swiglu(const at::Tensor& gate, const at::Tensor& up) {
+  TORCH_CHECK(gate.sizes() == up.sizes(), "swiglu: gate ", gate.sizes(), " and up ", up.sizes(),
+              " differ in shape");
+  if (path_for({gate, up}) == Path::kComposite || gate.numel() == 0) return at::silu(gate) * up;
+  return SwiGLUFunction::apply(gate, up);
+}
+
+}  // namespace titan::model

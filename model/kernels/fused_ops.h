@@ -1,0 +1,65 @@
+// model/kernels/fused_ops.h — the block's pointwise ops as fused kernels: RMSNorm, RoPE and
+// SwiGLU, forward and backward, each one pass over memory.
+//
+// Why: on the CPU the composite ATen forms of these ops were a large share of a step that is not
+// GEMM: RMSNorm's float32 path is several kernels (pow, mean, rsqrt, two muls) and its autograd
+// saves their intermediates; RoPE (unflatten, two selects, four muls, a stack) makes six
+// [B, S, H, hd/2] temporaries; silu(gate) * up saves silu(gate) next to gate and up. The fused
+// forms read their inputs once, write their outputs once, and save only what the backward
+// needs (RMSNorm: x and one float32 rstd per row; RoPE: nothing but the table; SwiGLU: gate and
+// up, recomputing the sigmoid).
+//
+// Each op is an autograd Function that needs no history of its own, so activation checkpointing
+// (full or per op) recomputes it like any other non-kept op; none is on the per-op save list.
+// The fused kernels run for float32 CPU tensors (the CPU training dtype); other dtypes and
+// devices run the ATen composite (CUDA: see Note [Fused ops on CUDA]). TITAN_FUSED_OPS=0 turns
+// the fused path off everywhere (paired benchmarks, bisecting a numerics question).
+//
+// Numerics against the composite (tests/test_fused_ops.cpp): RoPE is the same float32 products
+// and sums, so bit-identical forward; RMSNorm's sum of squares is reduced in another order
+// (float32 reduction-order error, relative <= D * 2^-24); SwiGLU's sigmoid comes from another
+// exp (a few ulps).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+namespace titan::model {
+
+// rms_norm(x) * weight over the last dim; x [..., D], weight [D]. Same contract as
+// at::rms_norm(x, {D}, weight, eps) for float32 x.
+at::Tensor fused_rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+
+// Rotates the pairs (x[..., 2i], x[..., 2i+1]) of x [B, S, H, hd] by the angles of position s:
+// cos/sin [>= S, hd/2] float32 (the RotaryTable). Same result as apply_rotary's composite.
+at::Tensor fused_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+
+// silu(gate) * up, same shapes.
+at::Tensor fused_swiglu(const at::Tensor& gate, const at::Tensor& up);
+
+// Whether the fused path is on (TITAN_FUSED_OPS, read once; default on).
+bool fused_ops_enabled();
+
+// Whether this CPU runs the AVX2 kernel files (Note [AVX2 kernel files] in CMakeLists.txt): true
+// off x86 (generic kernels), on x86 only with AVX2 + FMA. Every caller of a CPU kernel of
+// model/kernels or float8/kernels checks it first.
+bool cpu_has_avx2_kernels();
+
+// ---- the kernels themselves, raw float32 row-major buffers (tests call these directly) ----
+namespace kernels {
+
+// y[r, :] = x[r, :] * rstd[r] * w;  rstd[r] = 1 / sqrt(mean(x[r, :]^2) + eps).
+void rms_norm_forward_cpu(const float* x, const float* w, int64_t rows, int64_t dim, float eps,
+                          float* y, float* rstd);
+// gx = rstd * (g*w - xhat * mean(g*w*xhat)), gw = sum_r g * xhat (xhat = x * rstd).
+void rms_norm_backward_cpu(const float* g, const float* x, const float* w, const float* rstd,
+                           int64_t rows, int64_t dim, float* gx, float* gw);
+// x [outer = B, seq, inner = H, 2 * half]; angle table rows [seq, half]. inverse: rotate by
+// -angle (the backward: the transpose of a rotation is its inverse).
+void rotary_cpu(const float* x, const float* cos, const float* sin, int64_t outer, int64_t seq,
+                int64_t inner, int64_t half, bool inverse, float* y);
+void swiglu_forward_cpu(const float* gate, const float* up, int64_t n, float* y);
+void swiglu_backward_cpu(const float* dy, const float* gate, const float* up, int64_t n,
+                         float* dgate, float* dup);
+
+}  // namespace kernels
+}  // namespace titan::model

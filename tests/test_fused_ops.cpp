@@ -1,0 +1,158 @@
+// The fused RMSNorm / RoPE / SwiGLU kernels (model/kernels/fused_ops.h) against the ATen
+// composites they replace, forward and backward, on the CPU and (CUDA build, with a GPU) CUDA.
+//
+// Tolerances come from float32 rounding (u = 2^-24, the unit roundoff):
+// - a sum of n products computed in another order differs by at most ~2 n u sum|terms| (each
+//   order's error is <= (n - 1) u sum|terms|); the bounds below are built from the terms
+//   themselves (`bound` tensors), not from a guessed constant;
+// - RoPE evaluates the same products and sums as the composite: bit-identical;
+// - SwiGLU's sigmoid comes from another exp implementation (each <= 2 ulp): the forward is a
+//   handful of roundings, <= 16 u relative.
+#include <ATen/ops/abs.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/rand.h>
+#include <ATen/ops/randn.h>
+#include <ATen/ops/rms_norm.h>
+#include <ATen/ops/rsqrt.h>
+#include <ATen/ops/sigmoid.h>
+#include <ATen/ops/silu.h>
+#include <ATen/ops/stack.h>
+#include <ATen/ops/zeros_like.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <catch2/catch.hpp>
+#include <cmath>
+
+#include "model/kernels/fused_ops.h"
+#include "model/kernels/fused_ops_cuda.h"
+#include "model/llama.h"
+
+using namespace titan::model;
+
+namespace {
+
+constexpr double kU = 1.0 / (1 << 24);  // float32 unit roundoff
+
+// Every |actual - expected| <= bound (elementwise); prints the worst excess on failure.
+void check_within(const at::Tensor& actual, const at::Tensor& expected, const at::Tensor& bound) {
+  at::Tensor excess = (actual - expected).abs() - bound;
+  INFO("max |diff| - bound = " << excess.max().item<double>() << " (max |diff| "
+                               << (actual - expected).abs().max().item<double>() << ")");
+  CHECK(excess.max().item<double>() <= 0.0);
+}
+
+at::Tensor leaf(at::Tensor t) { return t.detach().requires_grad_(true); }
+
+// The composite RoPE (the model's float32 path before the fused kernel).
+at::Tensor rotary_composite(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t s = x.size(1);
+  at::Tensor c = cos.slice(0, 0, s).unsqueeze(0).unsqueeze(2), sn = sin.slice(0, 0, s).unsqueeze(0).unsqueeze(2);
+  at::Tensor pairs = x.unflatten(-1, {-1, 2});
+  at::Tensor even = pairs.select(-1, 0), odd = pairs.select(-1, 1);
+  return at::stack({even * c - odd * sn, even * sn + odd * c}, -1).flatten(-2);
+}
+
+struct Grads {
+  at::Tensor out, gx, gw;
+};
+
+Grads rms_norm_run(bool fused, const at::Tensor& x0, const at::Tensor& w0, const at::Tensor& g) {
+  at::Tensor x = leaf(x0), w = leaf(w0);
+  at::Tensor y = fused ? fused_rms_norm(x, w, 1e-5) : at::rms_norm(x, {w.size(0)}, w, 1e-5);
+  torch::autograd::backward({y}, {g});
+  return {y.detach(), x.grad(), w.grad()};
+}
+
+void check_rms_norm(c10::Device device) {
+  // dim 67 and 111 rows: vector bodies and scalar tails, several weight-gradient blocks.
+  const int64_t rows = 111, dim = 67;
+  auto opt = at::TensorOptions().device(device);
+  at::Tensor x = at::randn({3, 37, dim}, opt), w = at::rand({dim}, opt) + 0.5, g = at::randn({3, 37, dim}, opt);
+  Grads f = rms_norm_run(true, x, w, g), c = rms_norm_run(false, x, w, g);
+  // y = x * rstd * w: rstd's sum of dim squares (positive terms) in another order, relative
+  // <= 2 dim u, halved by the square root, plus the 3 roundings of rsqrt and the two products.
+  check_within(f.out, c.out, c.out.abs() * ((dim + 4) * kU));
+  // gx = rstd g w - x rstd^3 sum(g w x)/dim: the sum of dim signed terms in another order,
+  // <= 2 dim u sum|g w x| per row, times |x| rstd^3 / dim; the rest are a few roundings of the
+  // two terms (and rstd's own relative error, dim u, on each).
+  at::Tensor xr = x.reshape({rows, dim}), gr = g.reshape({rows, dim});
+  at::Tensor rstd = at::rsqrt(xr.pow(2).mean(-1, true) + 1e-5);
+  at::Tensor term1 = (gr * w).abs() * rstd, sum_abs = (gr * w * xr).abs().sum(-1, true);
+  at::Tensor term2 = xr.abs() * rstd.pow(3) * sum_abs / dim;
+  at::Tensor gx_bound = term2 * (2 * dim * kU) + (term1 + term2) * ((2 * dim + 8) * kU);
+  check_within(f.gx.reshape({rows, dim}), c.gx.reshape({rows, dim}), gx_bound);
+  // gw = sum over rows of g * xhat: 2 rows u sum|g xhat| plus xhat's own error (dim + 4) u.
+  at::Tensor gxhat = (gr * xr * rstd).abs().sum(0);
+  check_within(f.gw, c.gw, gxhat * ((2 * rows + dim + 4) * kU));
+}
+
+void check_rotary(c10::Device device) {
+  auto opt = at::TensorOptions().device(device);
+  // head_dim 36: 18 pairs = 2 vectors of 8 + a scalar tail. Table longer than the sequence.
+  RotaryTable table = make_rotary_table(36, 40, 10000.0, device);
+  at::Tensor x0 = at::randn({2, 19, 3, 36}, opt), g = at::randn({2, 19, 3, 36}, opt);
+  at::Tensor xf = leaf(x0), xc = leaf(x0);
+  at::Tensor yf = fused_rotary(xf, table.cos, table.sin), yc = rotary_composite(xc, table.cos, table.sin);
+  // The same float32 products and sums in the same order: equal bit for bit.
+  CHECK(at::equal(yf, yc));
+  torch::autograd::backward({yf}, {g});
+  torch::autograd::backward({yc}, {g});
+  // Backward: the inverse rotation, the same two products and one sum per element as autograd's
+  // backward of the composite (sums of two terms are exact in either order): bit for bit.
+  CHECK(at::equal(xf.grad(), xc.grad()));
+}
+
+void check_swiglu(c10::Device device) {
+  auto opt = at::TensorOptions().device(device);
+  at::Tensor gate0 = at::randn({5, 7, 29}, opt) * 3, up0 = at::randn({5, 7, 29}, opt), dy = at::randn({5, 7, 29}, opt);
+  at::Tensor gf = leaf(gate0), uf = leaf(up0), gc = leaf(gate0), uc = leaf(up0);
+  at::Tensor yf = fused_swiglu(gf, uf), yc = at::silu(gc) * uc;
+  // silu = g / (1 + exp(-g)) then * up: exp (each side <= 2 ulp) and 3 roundings each side.
+  check_within(yf, yc, yc.abs() * (16 * kU));
+  torch::autograd::backward({yf}, {dy});
+  torch::autograd::backward({yc}, {dy});
+  // dgate = dy up s (1 + g (1 - s)): 1 + g(1 - s) cancels near g = -1.28, so the bound is
+  // relative to its terms' magnitudes (1 + |g| (1 - s)), not to the result.
+  at::Tensor s = at::sigmoid(gate0);
+  at::Tensor dgate_terms = (dy * up0 * s).abs() * (1 + gate0.abs() * (1 - s));
+  check_within(gf.grad(), gc.grad(), dgate_terms * (32 * kU));
+  check_within(uf.grad(), uc.grad(), (dy * gate0 * s).abs() * (16 * kU));
+}
+
+}  // namespace
+
+TEST_CASE("fused RMSNorm forward and backward match at::rms_norm", "[model][fused]") {
+  REQUIRE(fused_ops_enabled());
+  check_rms_norm(at::kCPU);
+}
+
+TEST_CASE("fused RoPE forward and backward equal the composite bit for bit", "[model][fused]") {
+  check_rotary(at::kCPU);
+}
+
+TEST_CASE("fused SwiGLU forward and backward match silu(gate) * up", "[model][fused]") {
+  check_swiglu(at::kCPU);
+}
+
+TEST_CASE("fused ops leave other dtypes to the composite and reject bad shapes", "[model][fused]") {
+  // float64 (the finite-difference tests' dtype) takes the composite: exactly at::rms_norm.
+  at::Tensor x = at::randn({4, 8}, at::kDouble), w = at::rand({8}, at::kDouble);
+  CHECK(at::equal(fused_rms_norm(x, w, 1e-5), at::rms_norm(x, {8}, w, 1e-5)));
+  CHECK_THROWS_WITH(fused_rms_norm(at::randn({4, 8}), at::rand({7}), 1e-5),
+                    Catch::Contains("does not match the last dim"));
+  RotaryTable table = make_rotary_table(8, 4, 10000.0, at::kCPU);
+  CHECK_THROWS_WITH(fused_rotary(at::randn({1, 5, 2, 8}), table.cos, table.sin),
+                    Catch::Contains("does not cover"));
+  CHECK_THROWS_WITH(fused_swiglu(at::randn({2, 3}), at::randn({3, 2})), Catch::Contains("differ in shape"));
+}
+
+#ifdef TITAN_WITH_CUDA
+TEST_CASE("CUDA fused ops match the composites", "[model][fused][cuda]") {
+  setenv("TITAN_FUSED_OPS_CUDA", "1", 1);  // read once, on the first fused call below
+  REQUIRE(fused_ops_cuda_enabled());
+  check_rms_norm(at::kCUDA);
+  check_rotary(at::kCUDA);
+  check_swiglu(at::kCUDA);
+}
+#endif
