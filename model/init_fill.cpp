@@ -5,6 +5,7 @@
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/empty.h>
 
+#include <algorithm>
 #include <sstream>
 #include <stdexcept>
 
@@ -43,18 +44,32 @@ Box box_of(const at::Tensor& out, const std::string& fqn, at::IntArrayRef full_s
   return {out.size(0), out.size(1), offsets[0], offsets[1], full_shape[1]};
 }
 
+// One row segment: full-tensor indices [first, first + n) into out[0, n). Element pairs that
+// share a Philox block (even index first) take one call for both.
+void fill_run(float* out, uint64_t first, int64_t n, uint64_t seed, uint64_t key, const InitSpec& spec) {
+  int64_t i = 0;
+  if (n > 0 && (first & 1)) {
+    out[i] = philox::init_value(seed, key, first, spec.std, spec.lo, spec.hi);
+    ++i;
+  }
+  for (; i + 1 < n; i += 2)
+    philox::init_pair(seed, key, (first + static_cast<uint64_t>(i)) >> 1, spec.std, spec.lo,
+                      spec.hi, &out[i], &out[i + 1]);
+  if (i < n) out[i] = philox::init_value(seed, key, first + static_cast<uint64_t>(i), spec.std, spec.lo, spec.hi);
+}
+
 void fill_cpu(float* out, const Box& box, uint64_t seed, uint64_t key, const InitSpec& spec) {
-  // Each element is independent: chunks of ~64k elements over the intra-op threads.
+  // Each element is independent: chunks of ~64k elements over the intra-op threads, each chunk
+  // split at row ends into contiguous runs of the full tensor.
   const int64_t n = box.rows * box.cols;
   at::parallel_for(0, n, 1 << 16, [&](int64_t begin, int64_t end) {
-    int64_t r = begin / box.cols, c = begin - r * box.cols;
-    for (int64_t i = begin; i < end; ++i) {
-      const uint64_t index = static_cast<uint64_t>((box.row0 + r) * box.full_cols + box.col0 + c);
-      out[i] = philox::init_value(seed, key, index, spec.std, spec.lo, spec.hi);
-      if (++c == box.cols) {
-        c = 0;
-        ++r;
-      }
+    int64_t i = begin;
+    while (i < end) {
+      const int64_t r = i / box.cols, c = i - r * box.cols;
+      const int64_t run = std::min(end - i, box.cols - c);
+      fill_run(out + i, static_cast<uint64_t>((box.row0 + r) * box.full_cols + box.col0 + c), run,
+               seed, key, spec);
+      i += run;
     }
   });
 }

@@ -188,6 +188,12 @@ TITAN_HD double normal_quantile(double p) {
   return q < 0 ? -value : value;
 }
 
+// The uniform of output words (hi, lo): (2b + 1) / 2^53 with b their top 52 bits.
+TITAN_HD double uniform_of(uint32_t hi, uint32_t lo) {
+  const uint64_t b = ((static_cast<uint64_t>(hi) << 32) | lo) >> 12;
+  return static_cast<double>(2 * b + 1) * 0x1p-53;
+}
+
 // The initial value of element `index` of the parameter keyed `key` (fqn_hash): float(std * z),
 // redrawn while outside [lo, hi] (pass +-infinity for an untruncated normal).
 TITAN_HD float init_value(uint64_t seed, uint64_t key, uint64_t index, double std, double lo,
@@ -201,12 +207,24 @@ TITAN_HD float init_value(uint64_t seed, uint64_t key, uint64_t index, double st
         static_cast<uint32_t>((block >> 32) & 0xffff) | (attempt << 16),
         static_cast<uint32_t>(key), static_cast<uint32_t>(key >> 32),
         static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
-    const uint64_t b = ((static_cast<uint64_t>(w.v[word]) << 32) | w.v[word + 1]) >> 12;
-    const double u = static_cast<double>(2 * b + 1) * 0x1p-53;
-    v = std * normal_quantile(u);
+    v = std * normal_quantile(uniform_of(w.v[word], w.v[word + 1]));
     if (v >= lo && v <= hi) return static_cast<float>(v);
   }
   return static_cast<float>(v < lo ? lo : hi);
+}
+
+// Elements 2 * block and 2 * block + 1 from ONE Philox call (what init_value computes for
+// each, for the price of one): the CPU filler's inner loop.
+TITAN_HD void init_pair(uint64_t seed, uint64_t key, uint64_t block, double std, double lo,
+                        double hi, float* even, float* odd) {
+  const Words w = philox4x32_10(static_cast<uint32_t>(block), static_cast<uint32_t>((block >> 32) & 0xffff),
+                                static_cast<uint32_t>(key), static_cast<uint32_t>(key >> 32),
+                                static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+  const double v0 = std * normal_quantile(uniform_of(w.v[0], w.v[1]));
+  const double v1 = std * normal_quantile(uniform_of(w.v[2], w.v[3]));
+  // A rejected first draw (rare) takes init_value's path, attempt 0 recomputed.
+  *even = v0 >= lo && v0 <= hi ? static_cast<float>(v0) : init_value(seed, key, 2 * block, std, lo, hi);
+  *odd = v1 >= lo && v1 <= hi ? static_cast<float>(v1) : init_value(seed, key, 2 * block + 1, std, lo, hi);
 }
 
 }  // namespace titan::model::philox
