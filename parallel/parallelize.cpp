@@ -407,12 +407,12 @@ void ParallelModel::after_load() {
 void ParallelModel::init_weights(uint64_t seed) {
   at::NoGradGuard no_grad;
   // Each master's real elements are one box of the full parameter (Note [Checkpoint shards]):
-  // only that box is generated (Note [Counter-based init] in model/init_philox.h), the padding
-  // stays zero. HSDP replicas and TP-replicated weights compute the same box independently.
+  // only that box is generated (Note [Counter-based init] in model/init_philox.h); the padding
+  // keeps the zeros the masters were allocated with (finalize, Fsdp), which nothing else writes.
+  // HSDP replicas and TP-replicated weights compute the same box independently.
   const std::vector<ShardRegion> regions = shard_regions();
   for (size_t i = 0; i < masters_.size(); ++i) {
     const ShardRegion& region = regions[i];
-    masters_[i].zero_();
     model::fill_init_box(region_view(masters_[i], region), model_.init_spec(region.fqn), seed,
                          region.fqn, region.global_shape, region.offsets);
   }

@@ -112,6 +112,9 @@ TEST_CASE("a box of a parameter equals that slice of the full parameter", "[mode
   // Seed and name both select the stream.
   CHECK_FALSE(at::equal(full, full_values(output_spec(), 4, "output.weight", {37, 29})));
   CHECK_FALSE(at::equal(full, full_values(output_spec(), 3, "output.weigh", {37, 29})));
+  // An empty box (an FSDP shard of padding only, which starts past the last row) is no error.
+  at::Tensor none = at::empty({0, 29}, at::kFloat);
+  fill_init_box(none, output_spec(), 3, "output.weight", {37, 29}, {40, 0});
   // A box outside the parameter is one error naming it.
   at::Tensor bad = at::empty({8, 4}, at::kFloat);
   CHECK_THROWS_WITH(fill_init_box(bad, output_spec(), 3, "output.weight", {37, 29}, {30, 0}),
