@@ -33,6 +33,7 @@ int main(int argc, char** argv) {
   bool estimate_only = false;
   // --dry-run-rank R --dry-run-world N: the start-up dry run (apps/dry_run.h), not a job setting.
   titan::apps::DryRunRequest dry_run;
+  bool dry_run_rank_given = false, dry_run_world_given = false;
   for (auto it = args.begin(); it != args.end();) {
     if (*it == "--estimate-memory") {
       estimate_only = true;
@@ -47,17 +48,18 @@ int main(int argc, char** argv) {
         value = std::stoi(*it, &used);
         if (used != it->size()) throw std::invalid_argument("trailing");
       } catch (const std::exception&) {
-        std::fprintf(stderr, "titan-train: error: %s needs an integer value (e.g. %s 0)\n",
-                     flag.c_str(), flag.c_str());
+        std::fprintf(stderr, "titan-train: error: %s needs an integer value (e.g. %s %s)\n",
+                     flag.c_str(), flag.c_str(), flag == "--dry-run-rank" ? "0" : "8");
         return 2;
       }
       it = args.erase(it);
       (flag == "--dry-run-rank" ? dry_run.rank : dry_run.world) = value;
+      (flag == "--dry-run-rank" ? dry_run_rank_given : dry_run_world_given) = true;
     } else {
       ++it;
     }
   }
-  const bool dry_run_requested = dry_run.rank != -1 || dry_run.world != -1;
+  const bool dry_run_requested = dry_run_rank_given || dry_run_world_given;
 
   JobConfig cfg;
   try {
@@ -84,7 +86,7 @@ int main(int argc, char** argv) {
 
   if (dry_run_requested) {
     try {
-      if (dry_run.rank == -1 || dry_run.world == -1)
+      if (!dry_run_rank_given || !dry_run_world_given)
         throw ConfigError("the dry run needs both --dry-run-rank R and --dry-run-world N");
       titan::apps::run_dry_run(cfg, dry_run, std::cout);
       return 0;
