@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <sstream>
 #include <stdexcept>
+#include <string>
 
 #include "model/init_philox.h"
 
@@ -41,6 +42,11 @@ Box box_of(const at::Tensor& out, const std::string& fqn, at::IntArrayRef full_s
        << " (1-D or 2-D parameters, box inside the full shape)";
     throw std::invalid_argument(os.str());
   }
+  int64_t full_numel = 1;
+  for (int64_t d : full_shape) full_numel *= d;
+  if (full_numel >= (int64_t{1} << 49))  // the counter holds 48 bits of block index
+    throw std::invalid_argument("init of '" + fqn + "': " + std::to_string(full_numel) +
+                                " elements; the counter-based init supports fewer than 2^49");
   if (dims == 1) return {1, out.size(0), 0, offsets[0], full_shape[0]};
   return {out.size(0), out.size(1), offsets[0], offsets[1], full_shape[1]};
 }
