@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/dry_run.h"
 #include "parallel/launcher.h"
 #include "parallel/process_group.h"
 #include "parallel/world.h"
@@ -39,14 +40,35 @@ int run(int argc, char** argv) {
   // (trainer/memory_estimate.h) instead of training. Handled here: it is not a job setting.
   std::vector<std::string> args(argv + 1, argv + argc);
   bool estimate_only = false;
+  // --dry-run-rank R --dry-run-world N: the start-up dry run (apps/dry_run.h), not a job setting.
+  titan::apps::DryRunRequest dry_run;
+  bool dry_run_rank_given = false, dry_run_world_given = false;
   for (auto it = args.begin(); it != args.end();) {
     if (*it == "--estimate-memory") {
       estimate_only = true;
       it = args.erase(it);
+    } else if (*it == "--dry-run-rank" || *it == "--dry-run-world") {
+      const std::string flag = *it;
+      it = args.erase(it);
+      int value = -1;
+      try {
+        size_t used = 0;
+        if (it == args.end()) throw std::invalid_argument("missing");
+        value = std::stoi(*it, &used);
+        if (used != it->size()) throw std::invalid_argument("trailing");
+      } catch (const std::exception&) {
+        std::fprintf(stderr, "titan-train: error: %s needs an integer value (e.g. %s %s)\n",
+                     flag.c_str(), flag.c_str(), flag == "--dry-run-rank" ? "0" : "8");
+        return 2;
+      }
+      it = args.erase(it);
+      (flag == "--dry-run-rank" ? dry_run.rank : dry_run.world) = value;
+      (flag == "--dry-run-rank" ? dry_run_rank_given : dry_run_world_given) = true;
     } else {
       ++it;
     }
   }
+  const bool dry_run_requested = dry_run_rank_given || dry_run_world_given;
 
   JobConfig cfg;
   try {
@@ -68,6 +90,24 @@ int run(int argc, char** argv) {
     } catch (const std::exception& e) {
       std::fprintf(stderr, "titan-train: error: %s\n", e.what());
       return 2;
+    }
+  }
+
+  if (dry_run_requested) {
+    try {
+      if (!dry_run_rank_given || !dry_run_world_given)
+        throw ConfigError("the dry run needs both --dry-run-rank R and --dry-run-world N");
+      titan::apps::run_dry_run(cfg, dry_run, std::cout);
+      return 0;
+    } catch (const ConfigError& e) {
+      std::fprintf(stderr, "titan-train: error: %s\n", e.what());
+      return 2;
+    } catch (const c10::Error& e) {
+      std::fprintf(stderr, "titan-train: error: dry run: %s\n", e.what_without_backtrace());
+      return 1;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "titan-train: error: dry run: %s\n", e.what());
+      return 1;
     }
   }
 

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "model/args.h"
+#include "model/init_fill.h"
 #include "model/linear.h"
 
 namespace titan::model {
@@ -100,10 +101,6 @@ using EmbeddingCompute = std::function<at::Tensor(const at::Tensor& tokens, cons
 // norm + output projection). FSDP wraps them as parameter groups of their own.
 enum class Stage { kEmbedding, kHead };
 
-// Receives each parameter's full, initialized value (float32, CPU) in parameter order; the
-// default sink copies it into the slot. Sharded training keeps only its shard.
-using InitSink = std::function<void(const std::string& fqn, at::Tensor& slot, const at::Tensor& full)>;
-
 class Llama {
  public:
   // Builds every parameter on the meta device: no memory is allocated.
@@ -114,10 +111,12 @@ class Llama {
   // Only the non-parameter buffers (RoPE tables): for sharded training, whose parameters never
   // exist in full on one rank.
   void materialize_buffers(c10::Device device);
-  // torchtitan's init (the distributions are listed in init.cpp) from `seed`; deterministic on the CPU.
+  // torchtitan's init (the distributions are listed in init.cpp) from `seed`, by the
+  // counter-based generator: the same values on every device and in every layout.
   void init_weights(uint64_t seed);
-  // Same values, handed to `sink` one full parameter at a time (slots may stay on meta).
-  void init_weights(uint64_t seed, const InitSink& sink);
+  // Parameter `fqn`'s distribution (what init_weights draws it from; sharded init fills each
+  // rank's box of it with model::fill_init_box).
+  InitSpec init_spec(const std::string& fqn) const;
 
   // tokens [B, S] int64 -> logits [B, S, vocab] in the parameters' dtype.
   at::Tensor forward(const at::Tensor& tokens);

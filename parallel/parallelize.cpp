@@ -405,9 +405,17 @@ void ParallelModel::after_load() {
 }
 
 void ParallelModel::init_weights(uint64_t seed) {
-  model_.init_weights(seed, [&](const std::string& fqn, at::Tensor&, const at::Tensor& full) {
-    load_full(fqn, full);  // the full value is dropped right after
-  });
+  at::NoGradGuard no_grad;
+  // Each master's real elements are one box of the full parameter (Note [Checkpoint shards]):
+  // only that box is generated (Note [Counter-based init] in model/init_philox.h); the padding
+  // keeps the zeros the masters were allocated with (finalize, Fsdp), which nothing else writes.
+  // HSDP replicas and TP-replicated weights compute the same box independently.
+  const std::vector<ShardRegion> regions = shard_regions();
+  for (size_t i = 0; i < masters_.size(); ++i) {
+    const ShardRegion& region = regions[i];
+    model::fill_init_box(region_view(masters_[i], region), model_.init_spec(region.fqn), seed,
+                         region.fqn, region.global_shape, region.offsets);
+  }
   if (fsdp_) fsdp_->attach_params();
   bind_compute_params();
 }

@@ -72,8 +72,9 @@ class ParallelModel {
   ParallelModel(model::Llama& model, DeviceMesh& mesh, ParallelOptions options);
   ~ParallelModel();
 
-  // Fills the masters from the model's deterministic init: one full parameter at a time on the
-  // CPU, of which this rank keeps its (TP, then FSDP) shard. Same values in every layout.
+  // Fills the masters from the model's deterministic init: each rank computes only the
+  // elements it holds (model::fill_init_box, on the masters' device), the values a single
+  // process has. Same values in every layout; no collective.
   void init_weights(uint64_t seed);
   // Overwrites parameter `fqn` from its full value (checkpoint.initial_load_path); throws
   // std::runtime_error naming the parameter when it does not exist or has another shape.

@@ -126,6 +126,9 @@ Comm::Comm(c10::intrusive_ptr<c10d::Store> store, int rank, int size, std::strin
     throw CommError(os.str());
   }
   last_.group = name_;
+  // "none": ranks and sizes without a transport (the start-up dry run shards for one rank of a
+  // layout it does not run); issuing a collective on it fails in issue().
+  if (options_.backend == "none") return;
   try {
 #ifdef TITAN_WITH_CUDA
     if (options_.backend == "nccl") {
@@ -214,6 +217,7 @@ void Comm::fail(const std::string& what, const std::string& reason) const {
 // check plus one c10d call. The handle's wait() owns the timing and the error capture.
 template <typename Launch>
 CommWork Comm::issue(std::string op, const at::Tensor& tensor, Launch&& launch, int64_t link_bytes) {
+  if (!backend_) fail(op, "this group has no transport (backend 'none', the start-up dry run)");
   CommWork w;
   w.comm_ = this;
   last_.seq += 1;

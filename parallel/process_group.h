@@ -102,7 +102,8 @@ struct CommOptions {
   // init_process_group only: how long to wait for every rank to reach the store and join
   // (0 = `timeout`). Lets rendezvous wait for slow starters longer than a collective may take.
   std::chrono::milliseconds init_timeout{0};
-  // "gloo" (CPU tensors) or, in CUDA builds, "nccl" (CUDA tensors).
+  // "gloo" (CPU tensors) or, in CUDA builds, "nccl" (CUDA tensors); "none": no transport,
+  // for the start-up dry run (collectives fail; the store may be null).
   std::string backend = "gloo";
   // Note [Simulated link]: a slower network for overlap tests and benchmarks (comm.debug_link_*).
   // Each Comm has one link that carries one collective at a time: a collective issued at t

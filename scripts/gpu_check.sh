@@ -172,7 +172,7 @@ if ((REHEARSE)); then
   step bench_linear 300 0 "$B/titan-bench-linear" --device cpu --scale 16 --tokens 256 --dims 1024 --iters 1
   step eager_cpu 300 0 eager eager_cpu --flavor debugmodel --steps 1 --warmup 1 --batch 1 --seq-len 32 --ac op
   step memory_snapshot 300 0 snapshot cpu
-  for s in test_float8_cuda test_float8_all train_8B_4layers_{bf16,tensorwise,rowwise,rowwise_with_gw_hp} \
+  for s in test_model_cuda test_float8_cuda test_float8_all train_8B_4layers_{bf16,tensorwise,rowwise,rowwise_with_gw_hp} \
            eager_8B_4layers compile_8B_4layers debugmodel_recipes multi_gpu; do
     not_run "$s" "needs a GPU"
   done
@@ -180,6 +180,7 @@ else
   # ------------------------------------------------------------------------------ on a GPU
   STEPS=14; ((QUICK)) && STEPS=8
   step test_float8_cuda 300 0 "$B/test_float8" "[cuda]" --durations yes
+  step test_model_cuda 120 0 "$B/test_model" "[cuda]" --durations yes  # the init kernel vs the CPU
   step test_nccl 180 0 "$B/test_nccl" --durations yes
   step bench_matmul 300 0 "$B/titan-bench-matmul" --device cuda
   if ((QUICK)); then

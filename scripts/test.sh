@@ -13,7 +13,7 @@ if [[ "${TITAN_TEST_CUDA_BUILD:-1}" == 1 ]] && ! command -v nvcc >/dev/null 2>&1
   echo "[test] WARNING: no CUDA toolkit (nvcc) found: the CUDA-enabled build is NOT checked" >&2
 elif [[ "${TITAN_TEST_CUDA_BUILD:-1}" == 1 ]]; then
   # Every CUDA path must compile even on a machine without a GPU.
-  # The binaries and the float8 tests hold every CUDA-specific translation unit; the other test
+  # The binaries and the float8 and model (init kernel) tests hold every CUDA-specific translation unit; the other test
   # executables are identical in both variants, so they are built once (CPU).
   TITAN_CUDA=1 TITAN_BUILD_TARGET="titan-train titan-run titan-bench-matmul titan-bench-linear test_float8 test_nccl test_model" \
     "$ROOT/scripts/setup.sh"

@@ -222,10 +222,12 @@ TEST_CASE("dim-0 shards are padded, never a crash", "[parallel]") {
   CHECK(at::equal(tp::padded_chunk(full, 1, 1, 2), full.narrow(1, 1, 1)));
 }
 
-TEST_CASE("sharded init equals the single-process weights bit for bit (FSDP 2 x TP 2, threads)", "[parallel]") {
+TEST_CASE("sharded init equals the single-process weights bit for bit (FSDP 2, FSDP 3, TP 2, FSDP 2 x TP 2, HSDP, threads)", "[parallel]") {
   // Ranks as threads of this process (as tests/test_comm.cpp), each with its own store client.
+  // Each rank generates only its own elements (Note [Counter-based init] in
+  // model/init_philox.h); gathered, they must be the single process's weights exactly.
   titan::model::ModelArgs args = titan::model::llama3_flavor("debugmodel");
-  args.vocab_size = 258;  // not divisible by 4: padded in TP and FSDP
+  args.vocab_size = 258;  // divisible by neither 3 nor 4: padded in TP and FSDP
   args.max_seq_len = 32;
   titan::model::Llama single(args);
   single.materialize(c10::kCPU, at::kFloat);
@@ -236,25 +238,31 @@ TEST_CASE("sharded init equals the single-process weights bit for bit (FSDP 2 x 
     expected[fqn] = p;
     total += p.numel();
   });
-  const int world = 4;
-  std::vector<int64_t> local_numel(world, 0);
-  const auto errors = run_ranks_as_threads(world, [&](int rank, tp::DeviceMesh& mesh) {
-    titan::model::Llama model(args);
-    tp::ParallelOptions popt;
-    popt.seq_len = 32;
-    auto pm = tp::parallelize_llama(model, mesh, popt);
-    pm->init_weights(7);
-    for (const auto& m : pm->master_params()) local_numel[rank] += m.numel();
-    for (const auto& name : pm->param_names()) {
-      const at::Tensor full = pm->full_param(name);
-      if (!at::equal(full, expected.at(name))) throw std::runtime_error(name + " differs");
+  struct Layout { int replicate, shard, tp; };
+  for (const Layout layout : {Layout{1, 2, 1}, Layout{1, 3, 1}, Layout{1, 1, 2}, Layout{1, 2, 2},
+                              Layout{2, 2, 1}}) {
+    const int world = layout.replicate * layout.shard * layout.tp;
+    std::vector<int64_t> local_numel(world, 0);
+    const auto errors = run_ranks_as_threads(world, [&](int rank, tp::DeviceMesh& mesh) {
+      titan::model::Llama model(args);
+      tp::ParallelOptions popt;
+      popt.seq_len = 32;
+      auto pm = tp::parallelize_llama(model, mesh, popt);
+      pm->init_weights(7);
+      for (const auto& m : pm->master_params()) local_numel[rank] += m.numel();
+      for (const auto& name : pm->param_names()) {
+        const at::Tensor full = pm->full_param(name);
+        if (!at::equal(full, expected.at(name))) throw std::runtime_error(name + " differs");
+      }
+    }, tp::resolve_parallel_dims(layout.replicate, layout.shard, layout.tp, 1, 1, world));
+    const int model_shards = layout.shard * layout.tp;
+    for (int rank = 0; rank < world; ++rank) {
+      INFO("layout " << layout.replicate << "x" << layout.shard << "x" << layout.tp << ", rank "
+                     << rank << ": " << errors[rank]);
+      CHECK(errors[rank].empty());
+      // ~1/(shard x tp) of the model per rank (plus padding rows and the replicated norms).
+      CHECK(local_numel[rank] < total / model_shards + total / 100);
     }
-  }, tp::resolve_parallel_dims(1, 2, 2, 1, 1, world));
-  for (int rank = 0; rank < world; ++rank) {
-    INFO("rank " << rank << ": " << errors[rank]);
-    CHECK(errors[rank].empty());
-    // ~1/4 of the model per rank (plus padding rows, and the replicated norms' shards).
-    CHECK(local_numel[rank] < total / 4 + total / 100);
   }
 }
 

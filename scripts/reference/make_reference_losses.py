@@ -12,10 +12,10 @@ Nothing here imports titan: the model (Llama 3: RMSNorm, RoPE, causal SDPA, SwiG
 the initialization (torchtitan's scheme), the data order, AdamW, gradient clipping and the LR
 schedule (torchtitan 0.2.x linear_warmup_stable_decay) are written from their definitions with
 stock torch.nn / torch.optim. What titan must share by convention, and nothing more:
-  * the initial weights are drawn on the CPU in float32 from ONE torch.Generator seeded with
-    training.seed, parameter by parameter in torchtitan's order (tok_embeddings, then per layer
-    attention.wq/wk/wv/wo, feed_forward.w1/w2/w3, attention_norm, ffn_norm, then norm, output),
-    with torch.nn.init's normal_ / trunc_normal_ formulas;
+  * the initial weights follow titan's counter-based init (docs/architecture.md, "Weight
+    init"): element i of parameter `fqn` is a function of (training.seed, fqn, i), with
+    torchtitan's distributions (normal_ / trunc_normal_ / ones_ and their stds and bounds);
+    philox_init.py beside this file implements that generator from its definition in numpy;
   * the data is the token file written here, read as consecutive windows of seq_len + 1 tokens,
     global batch b being windows [b * G, (b + 1) * G) (titan's "tokens" dataset).
 Everything runs in float32 on the CPU with one thread, the whole global batch in one forward.
@@ -32,6 +32,9 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from philox_init import init_values  # noqa: E402  (the generator, beside this file)
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKENS_FILE = "tests/reference/debugmodel_tokens.bin"
@@ -179,23 +182,25 @@ class Llama(nn.Module):
 
 
 def init_weights(model, seed):
-    """torchtitan's init, drawn from one generator in parameter order (named_parameters() is
-    registration order, which follows torchtitan's module layout)."""
-    gen = torch.Generator().manual_seed(seed)
+    """torchtitan's distributions, each element drawn by the counter-based generator from
+    (seed, parameter name, flat index): independent of parameter order and of any layout."""
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name == "tok_embeddings.weight":
-                nn.init.normal_(p, std=1.0, generator=gen)
-            elif name == "output.weight":
+            shape = tuple(p.shape)
+            if name == "tok_embeddings.weight":  # normal_(std=1)
+                values = init_values(seed, name, shape, 1.0)
+            elif name == "output.weight":  # trunc_normal_(std, a=-3 std, b=3 std)
                 std = DIM ** -0.5
-                nn.init.trunc_normal_(p, std=std, a=-3 * std, b=3 * std, generator=gen)
+                values = init_values(seed, name, shape, std, -3 * std, 3 * std)
             elif name.endswith("norm.weight"):
                 nn.init.ones_(p)
-            else:  # layers.<i>.<module>.<linear>.weight; depth-scaled std for wo, w2, w3
+                continue
+            else:  # layers.<i>.<module>.<linear>.weight: trunc_normal_(std, a=-2, b=2); depth-scaled std for wo, w2, w3
                 layer_id = int(name.split(".")[1])
                 depth_std = 0.02 / math.sqrt(2 * (layer_id + 1))
                 scaled = name.endswith(("wo.weight", "w2.weight", "w3.weight"))
-                nn.init.trunc_normal_(p, std=depth_std if scaled else 0.02, a=-2.0, b=2.0, generator=gen)
+                values = init_values(seed, name, shape, depth_std if scaled else 0.02, -2.0, 2.0)
+            p.copy_(torch.from_numpy(values))
 
 
 def linear_warmup_stable_decay(s):

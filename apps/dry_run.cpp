@@ -1,0 +1,148 @@
+// The start-up dry run (apps/dry_run.h): the trainer's model path up to the first step, for one
+// rank of a layout, timed phase by phase.
+#include "apps/dry_run.h"
+
+#include <ATen/Parallel.h>
+#include <ATen/core/grad_mode.h>
+
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "model/args.h"
+#include "model/llama.h"
+#include "parallel/mesh.h"
+#include "parallel/parallelize.h"
+#include "parallel/process_group.h"
+#include "trainer/data/tokenizer.h"
+#include "trainer/memory.h"
+
+namespace titan::apps {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string gib(int64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f GiB", static_cast<double>(bytes) / double(1ll << 30));
+  return buf;
+}
+
+struct PhaseRow {
+  std::string phase;
+  double seconds;
+  int64_t rss, peak_rss;
+};
+
+}  // namespace
+
+void run_dry_run(const trainer::JobConfig& cfg, const DryRunRequest& request, std::ostream& out) {
+  using trainer::ConfigError;
+  if (request.world < 1)
+    throw ConfigError("--dry-run-world " + std::to_string(request.world) +
+                      ": the number of ranks of the layout must be >= 1");
+  if (request.rank < 0 || request.rank >= request.world)
+    throw ConfigError("--dry-run-rank " + std::to_string(request.rank) + ": must be in [0, " +
+                      std::to_string(request.world) + ") for --dry-run-world " +
+                      std::to_string(request.world));
+  const auto& t = cfg.training;
+  const auto& p = cfg.parallelism;
+  parallel::ParallelDims dims;
+  try {
+    dims = parallel::resolve_parallel_dims(p.data_parallel_replicate_degree, p.data_parallel_shard_degree,
+                                           p.tensor_parallel_degree, p.pipeline_parallel_degree,
+                                           p.context_parallel_degree, request.world);
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError(std::string("dry run: ") + e.what());
+  }
+  c10::Device device = c10::kCPU;
+  if (t.device == "cuda") {
+#ifndef TITAN_WITH_CUDA
+    throw ConfigError("training.device = cuda, but this titan was built without CUDA");
+#else
+    device = c10::Device(c10::kCUDA, 0);
+#endif
+  }
+  if (t.num_threads > 0) at::set_num_threads(static_cast<int>(t.num_threads));
+
+  std::vector<PhaseRow> rows;
+  Clock::time_point start = Clock::now();
+  auto phase_done = [&](const std::string& name) {
+    const Clock::time_point now = Clock::now();
+    rows.push_back({name, std::chrono::duration<double>(now - start).count(),
+                    trainer::process_rss_bytes(), trainer::process_peak_rss_bytes()});
+    start = now;
+  };
+
+  model::ModelArgs args = model::llama3_flavor(cfg.model.flavor);
+  std::string vocab_note;
+  try {
+    args.vocab_size = trainer::make_tokenizer(cfg.model.tokenizer_path)->vocab_size();
+  } catch (const std::exception& e) {
+    // As the memory estimate: answer before the assets are in place.
+    vocab_note = " (tokenizer not readable: the flavor's vocabulary)";
+  }
+  args.max_seq_len = t.seq_len;
+  model::Llama model(args);  // meta device
+  phase_done("model on meta (+ tokenizer)");
+
+  // One rank's view of the layout: groups with ranks and sizes, no transport.
+  parallel::CommOptions none;
+  none.backend = "none";
+  auto world = std::make_unique<parallel::Comm>(c10::intrusive_ptr<c10d::Store>(), request.rank, request.world, "world", none);
+  parallel::DeviceMesh mesh(std::move(world), dims);
+  phase_done("mesh (no transport)");
+
+  parallel::ParallelOptions popt;
+  popt.reshard_after_forward = cfg.parallelism.fsdp_reshard_after_forward;
+  popt.loss_parallel = !cfg.parallelism.disable_loss_parallel;
+  popt.compute_dtype = t.mixed_precision_param == "bfloat16" ? at::kBFloat16
+                       : t.mixed_precision_param == "float16" ? at::kHalf : at::kFloat;
+  popt.device = device;
+  popt.seq_len = t.seq_len;
+  try {
+    popt.ac = parallel::parse_ac_options(cfg.activation_checkpoint.mode,
+                                         cfg.activation_checkpoint.selective_ac_option);
+    if (dims.tp > 1) parallel::check_tp_degree(args, dims.tp, t.seq_len);
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError(e.what());
+  }
+  auto pm = parallel::parallelize_llama(model, mesh, popt);
+  phase_done("shard plan + allocate this rank's masters");
+  pm->init_weights(static_cast<uint64_t>(t.seed));
+  phase_done("init this rank's share (counter-based)");
+
+  int64_t local = 0, bytes = 0;
+  for (const auto& m : pm->master_params()) {
+    local += m.numel();
+    bytes += m.nbytes();
+  }
+  const int64_t total = model::count_params(args).total;
+  out << "dry run: llama3 " << cfg.model.flavor << " (" << total << " parameters, vocab "
+      << args.vocab_size << vocab_note << "), rank " << request.rank << " of "
+      << dims.describe() << ", device " << device.str() << ", " << at::get_num_threads()
+      << " threads\n";
+  char line[160];
+  std::snprintf(line, sizeof line, "this rank: %lld elements (%.4f%% of the model, padding included), masters %s\n",
+                static_cast<long long>(local), 100.0 * static_cast<double>(local) / static_cast<double>(total),
+                gib(bytes).c_str());
+  out << line;
+  std::snprintf(line, sizeof line, "| %-42s | %9s | %10s | %10s |\n", "phase", "seconds", "RSS", "peak RSS");
+  out << line << "|" << std::string(44, '-') << "|" << std::string(11, '-') << "|"
+      << std::string(12, '-') << "|" << std::string(12, '-') << "|\n";
+  double sum = 0;
+  for (const PhaseRow& r : rows) {
+    sum += r.seconds;
+    std::snprintf(line, sizeof line, "| %-42s | %9.3f | %10s | %10s |\n", r.phase.c_str(), r.seconds,
+                  gib(r.rss).c_str(), gib(r.peak_rss).c_str());
+    out << line;
+  }
+  std::snprintf(line, sizeof line, "| %-42s | %9.3f | %10s | %10s |\n", "total", sum,
+                gib(rows.back().rss).c_str(), gib(rows.back().peak_rss).c_str());
+  out << line << std::flush;
+}
+
+}  // namespace titan::apps
