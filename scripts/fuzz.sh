@@ -31,7 +31,9 @@ declare -A SOURCES=(
   [fuzz_tiktoken]="trainer/data/tiktoken_file.cpp trainer/data/text_lines.cpp"
   [fuzz_token_shard]="trainer/data/token_shard.cpp"
   [fuzz_hf_tokenizer]="trainer/data/hf_tokenizer.cpp trainer/data/bpe_tokenizer.cpp trainer/data/pretokenizer.cpp trainer/data/tiktoken_file.cpp trainer/data/text_lines.cpp trainer/data/tokenizer.cpp"
-  [fuzz_config]="trainer/config.cpp trainer/config_format.cpp trainer/config_keys.cpp trainer/config_keys_torchtitan.cpp model/args.cpp float8/recipe.cpp"
+  # titan_config's own sources, read from its CMake target so the list cannot drift from it.
+  [fuzz_config]="$(sed -n 's/^add_library(titan_config STATIC \(.*\))$/\1/p' "$ROOT/trainer/CMakeLists.txt" |
+                   tr ' ' '\n' | sed 's|^|trainer/|' | tr '\n' ' ') model/args.cpp float8/recipe.cpp"
 )
 declare -A LIBS=([fuzz_hf_tokenizer]="-lpcre2-8" [fuzz_config]="-ltomlplusplus")
 TARGETS=("$@")
