@@ -19,6 +19,7 @@
 #include "parallel/process_group.h"
 #include "trainer/data/tokenizer.h"
 #include "trainer/memory.h"
+#include "trainer/train.h"
 
 namespace titan::apps {
 namespace {
@@ -96,20 +97,8 @@ void run_dry_run(const trainer::JobConfig& cfg, const DryRunRequest& request, st
   parallel::DeviceMesh mesh(std::move(world), dims);
   phase_done("mesh (no transport)");
 
-  parallel::ParallelOptions popt;
-  popt.reshard_after_forward = cfg.parallelism.fsdp_reshard_after_forward;
-  popt.loss_parallel = !cfg.parallelism.disable_loss_parallel;
-  popt.compute_dtype = t.mixed_precision_param == "bfloat16" ? at::kBFloat16
-                       : t.mixed_precision_param == "float16" ? at::kHalf : at::kFloat;
-  popt.device = device;
-  popt.seq_len = t.seq_len;
-  try {
-    popt.ac = parallel::parse_ac_options(cfg.activation_checkpoint.mode,
-                                         cfg.activation_checkpoint.selective_ac_option);
-    if (dims.tp > 1) parallel::check_tp_degree(args, dims.tp, t.seq_len);
-  } catch (const std::invalid_argument& e) {
-    throw ConfigError(e.what());
-  }
+  // The Trainer's options, without converters (they change computes, not masters).
+  const parallel::ParallelOptions popt = trainer::parallel_options(cfg, args, dims.tp, device, /*float8=*/false);
   auto pm = parallel::parallelize_llama(model, mesh, popt);
   phase_done("shard plan + allocate this rank's masters");
   pm->init_weights(static_cast<uint64_t>(t.seed));

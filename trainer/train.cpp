@@ -61,6 +61,32 @@ at::ScalarType dtype_from_name(const std::string& name, const char* key) {
 
 }  // namespace
 
+parallel::ParallelOptions parallel_options(const JobConfig& cfg, const model::ModelArgs& args,
+                                           int tp_degree, c10::Device device, bool float8) {
+  parallel::ParallelOptions popt;
+  popt.reshard_after_forward = cfg.parallelism.fsdp_reshard_after_forward;
+  popt.loss_parallel = !cfg.parallelism.disable_loss_parallel;
+  popt.compute_dtype = dtype_from_name(cfg.training.mixed_precision_param, "training.mixed_precision_param");
+  popt.device = device;
+  popt.seq_len = cfg.training.seq_len;
+  popt.fsdp_overlap = cfg.parallelism.fsdp_overlap;
+  popt.async_tp = cfg.parallelism.enable_async_tensor_parallel;
+  popt.async_tp_chunks = cfg.parallelism.async_tp_chunks;
+  popt.float8_fsdp_all_gather = float8 && cfg.float8.enable_fsdp_float8_all_gather;
+  popt.float8_precompute_fsdp_scales = float8 && cfg.float8.precompute_float8_dynamic_scale_for_fsdp;
+  popt.float8_tp_input_all_gather = cfg.float8.tp_input_all_gather;
+  // The user's choices are checked here, as config errors (exit 2); anything parallelize_llama
+  // throws after that is a bug, reported as such.
+  try {
+    popt.ac = parallel::parse_ac_options(cfg.activation_checkpoint.mode,
+                                         cfg.activation_checkpoint.selective_ac_option);
+    if (tp_degree > 1) parallel::check_tp_degree(args, tp_degree, cfg.training.seq_len);
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError(e.what());
+  }
+  return popt;
+}
+
 Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
   const auto& t = cfg_.training;
   if (t.device == "cuda") {
@@ -188,28 +214,8 @@ void Trainer::build_model() {
     log_info("float8: enable_fsdp_float8_all_gather has no effect without FSDP "
              "(parallelism.data_parallel_shard_degree 1): each linear casts its own weight");
 
-  parallel::ParallelOptions popt;
-  popt.reshard_after_forward = cfg_.parallelism.fsdp_reshard_after_forward;
-  popt.loss_parallel = !cfg_.parallelism.disable_loss_parallel;
-  popt.compute_dtype = compute_dtype_;
-  popt.device = device_;
-  popt.seq_len = cfg_.training.seq_len;
-  popt.fsdp_overlap = cfg_.parallelism.fsdp_overlap;
-  popt.async_tp = cfg_.parallelism.enable_async_tensor_parallel;
-  popt.async_tp_chunks = cfg_.parallelism.async_tp_chunks;
-  popt.float8_fsdp_all_gather = converted.float8 && cfg_.float8.enable_fsdp_float8_all_gather;
-  popt.float8_precompute_fsdp_scales = converted.float8 && cfg_.float8.precompute_float8_dynamic_scale_for_fsdp;
-  popt.float8_tp_input_all_gather = cfg_.float8.tp_input_all_gather;
-  // The user's choices are checked here, as config errors (exit 2); anything parallelize_llama
-  // throws after that is a bug, reported as such.
-  try {
-    popt.ac = parallel::parse_ac_options(cfg_.activation_checkpoint.mode,
-                                         cfg_.activation_checkpoint.selective_ac_option);
-    if (mesh_->size(parallel::MeshDim::kTp) > 1)
-      parallel::check_tp_degree(args, mesh_->size(parallel::MeshDim::kTp), cfg_.training.seq_len);
-  } catch (const std::invalid_argument& e) {
-    throw ConfigError(e.what());
-  }
+  const parallel::ParallelOptions popt = parallel_options(
+      cfg_, args, mesh_->size(parallel::MeshDim::kTp), device_, converted.float8);
   // Sharded or not, only this rank's shards are ever allocated: the plan runs on meta.
   model::NamedScope scope("model init", model::MemoryCategory::kParameters);
   parallel_ = parallel::parallelize_llama(*model_, *mesh_, popt);

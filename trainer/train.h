@@ -27,6 +27,7 @@
 namespace titan::parallel {
 class DeviceMesh;
 class ParallelModel;
+struct ParallelOptions;
 }  // namespace titan::parallel
 
 namespace titan::trainer {
@@ -37,6 +38,12 @@ struct TrainResult {
   int64_t steps_completed = 0;
   bool stopped_by_signal = false;
 };
+
+// The parallelization options the config asks for, its choices checked as config errors
+// (exit 2). `tp_degree`: the mesh's TP size; `float8`: whether the converters made float8
+// linears. The Trainer and the dry run (apps/dry_run.h) build their plans from it.
+parallel::ParallelOptions parallel_options(const JobConfig& cfg, const model::ModelArgs& args,
+                                           int tp_degree, c10::Device device, bool float8);
 
 class Trainer {
  public:

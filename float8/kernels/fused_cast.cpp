@@ -34,6 +34,14 @@ Float8Tensor fused_cast_transpose_cols_reference(const at::Tensor& x, const Cast
   return {t.data.contiguous(), t.scale.contiguous(), t.orig_dtype};
 }
 
+bool fused_casts_enabled() {
+  static const bool enabled = [] {
+    const char* env = std::getenv("TITAN_FLOAT8_FUSED_CASTS");
+    return env == nullptr || std::string(env) != "0";
+  }();
+  return enabled;
+}
+
 #ifdef TITAN_WITH_CUDA
 namespace {
 
@@ -120,12 +128,8 @@ Float8Tensor fused_cast_transpose_cols_cuda(const at::Tensor& x_in, const CastCo
 // See Note [Fused casts on the hot path].
 std::optional<Float8Tensor> try_fused_to_float8(const at::Tensor& x, const CastConfig& config,
                                                 int64_t axis_dim, bool round_scales_to_power_of_2) {
-  static const bool enabled = [] {
-    const char* env = std::getenv("TITAN_FLOAT8_FUSED_CASTS");
-    return env == nullptr || std::string(env) != "0";
-  }();
   const at::ScalarType src = x.scalar_type();
-  if (!enabled || !x.is_cuda() || x.dim() < 1 || x.numel() == 0 ||
+  if (!fused_casts_enabled() || !x.is_cuda() || x.dim() < 1 || x.numel() == 0 ||
       (src != at::kFloat && src != at::kBFloat16 && src != at::kHalf))
     return std::nullopt;
   const bool axiswise = config.granularity == ScalingGranularity::Axiswise;

@@ -29,6 +29,9 @@ namespace titan::float8 {
 std::optional<Float8Tensor> try_fused_to_float8(const at::Tensor& x, const CastConfig& config,
                                                 int64_t axis_dim, bool round_scales_to_power_of_2);
 
+// false when TITAN_FLOAT8_FUSED_CASTS=0: every cast (CUDA and CPU) takes the composite.
+bool fused_casts_enabled();
+
 // to_float8(x, config, axis_dim = -1) for a 2-D CUDA x [R, C] (float, bf16 or half):
 // tensorwise (scale ()) or per row (scale (R, 1)).
 Float8Tensor fused_cast_rows_cuda(const at::Tensor& x, const CastConfig& config,

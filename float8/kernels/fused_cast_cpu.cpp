@@ -179,11 +179,7 @@ at::Tensor fused_cast_cpu(const at::Tensor& x_in, const at::Tensor& scale_in, at
 
 std::optional<Float8Tensor> try_fused_to_float8_cpu(const at::Tensor& x, const CastConfig& config,
                                                     int64_t axis_dim, bool round_scales_to_power_of_2) {
-  static const bool enabled = [] {  // TITAN_FLOAT8_FUSED_CASTS=0: the composite (as on CUDA)
-    const char* env = std::getenv("TITAN_FLOAT8_FUSED_CASTS");
-    return env == nullptr || std::string(env) != "0";
-  }();
-  if (!enabled || !supported_source(x) || x.dim() < 1 || x.numel() == 0) return std::nullopt;
+  if (!fused_casts_enabled() || !supported_source(x) || x.dim() < 1 || x.numel() == 0) return std::nullopt;
   const bool axiswise = config.granularity == ScalingGranularity::Axiswise;
   const int64_t axis = axiswise ? c10::maybe_wrap_dim(axis_dim, x.dim()) : -1;
   if (axiswise && axis != x.dim() - 1 && !(axis == 0 && x.dim() == 2)) return std::nullopt;

@@ -46,7 +46,7 @@ class JsonLinesStream final : public DocumentStream {
     while (read_line(line)) {
       ++line_number_;
       if (line.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank line
-      text = parse_text(line);
+      text = json_line_text(line, "c4", file_ + ":" + std::to_string(line_number_));
       return true;
     }
     return false;
@@ -76,28 +76,27 @@ class JsonLinesStream final : public DocumentStream {
     return any;
   }
 
-  std::string parse_text(const std::string& line) const {
-    const std::string where = file_ + ":" + std::to_string(line_number_);
-    nlohmann::json object;
-    try {
-      object = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::parse_error& e) {
-      throw std::runtime_error("c4 dataset " + where + ": not valid JSON (" + e.what() + ")");
-    }
-    auto text = object.is_object() ? object.find("text") : object.end();
-    if (!object.is_object() || text == object.end() || !text->is_string()) {
-      throw std::runtime_error("c4 dataset " + where +
-                               ": expected a JSON object with a string field \"text\"");
-    }
-    return text->get<std::string>();
-  }
-
   std::string file_;
   std::unique_ptr<gzFile_s, GzCloser> in_;
   size_t line_number_ = 0;
 };
 
 }  // namespace
+
+std::string json_line_text(std::string_view line, const std::string& dataset, const std::string& where) {
+  nlohmann::json object;
+  try {
+    object = nlohmann::json::parse(line);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw std::runtime_error(dataset + " dataset " + where + ": not valid JSON (" + e.what() + ")");
+  }
+  auto text = object.is_object() ? object.find("text") : object.end();
+  if (!object.is_object() || text == object.end() || !text->is_string()) {
+    throw std::runtime_error(dataset + " dataset " + where +
+                             ": expected a JSON object with a string field \"text\"");
+  }
+  return text->get<std::string>();
+}
 
 std::vector<std::string> c4_files(const std::string& path) {
   std::error_code ec;

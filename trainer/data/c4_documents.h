@@ -12,6 +12,7 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace titan::trainer {
@@ -37,6 +38,11 @@ std::unique_ptr<DocumentStream> open_document_stream(const std::string& file);
 // Opens a Parquet file's "text" column (trainer/data/parquet_documents.cpp). Builds without
 // Arrow (TITAN_PARQUET=OFF) throw, saying so.
 std::unique_ptr<DocumentStream> open_parquet_documents(const std::string& file);
+
+// The string field "text" of one JSON-lines line (the jsonl and c4 datasets). Throws
+// std::runtime_error "<dataset> dataset <where>: ..." when the line is not a JSON object with a
+// string "text"; `where` is file:line.
+std::string json_line_text(std::string_view line, const std::string& dataset, const std::string& where);
 
 // Whether this build reads Parquet (it links the pyarrow wheel's Arrow and Parquet libraries).
 bool parquet_supported();

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <sstream>
 #include <stdexcept>
 
@@ -125,19 +124,8 @@ std::vector<std::string> read_jsonl_documents(const std::string& path) {
     const std::string content = read_whole_file(file.string());
     for_each_line(content, [&](std::string_view line, size_t line_number) {
       if (line.find_first_not_of(" \t\r") == std::string_view::npos) return;
-      const std::string where = file.string() + ":" + std::to_string(line_number);
-      nlohmann::json object;
-      try {
-        object = nlohmann::json::parse(line);
-      } catch (const nlohmann::json::parse_error& e) {
-        throw std::runtime_error("jsonl dataset " + where + ": not valid JSON (" + e.what() + ")");
-      }
-      auto text = object.is_object() ? object.find("text") : object.end();
-      if (!object.is_object() || text == object.end() || !text->is_string()) {
-        throw std::runtime_error("jsonl dataset " + where +
-                                 ": expected a JSON object with a string field \"text\"");
-      }
-      std::string document = text->get<std::string>();
+      std::string document =
+          json_line_text(line, "jsonl", file.string() + ":" + std::to_string(line_number));
       if (!document.empty()) documents.push_back(std::move(document));
     });
   }
