@@ -29,7 +29,9 @@ void free_storage(const at::Tensor& t) {
   s->set_nbytes(0);
 }
 
+// Only the gathered parameters' buffers are allocated here (memory snapshots show them apart).
 void allocate_storage(const at::Tensor& t, size_t nbytes) {
+  model::NamedScope scope(kFsdpGatheredScope, model::MemoryCategory::kCommunication);
   c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
   s->set_data_ptr_noswap(s->allocator()->allocate(nbytes));
   s->set_nbytes(nbytes);

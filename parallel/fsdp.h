@@ -86,6 +86,10 @@ struct FsdpFloat8Weight {
   model::QuantizedOperand* slot = nullptr;  // the linear's weight_cast: filled while unsharded
 };
 
+// The scope (category communication) of the gathered parameters' own storage, as memory
+// snapshots and the tracker see it; the all-gather's buffers are under "fsdp all-gather".
+inline constexpr const char* kFsdpGatheredScope = "fsdp gathered parameters";
+
 struct FsdpParamSpec {
   std::string fqn;
   at::Tensor* slot;            // the model's tensor: FSDP points it at the unsharded view
