@@ -172,12 +172,18 @@ at::Tensor scaled_mm_emulated(const Float8Tensor& a, const Float8Tensor& b,
   const int64_t rows = std::max<int64_t>(16, kEmulatedTileBytes / (4 * std::max<int64_t>(K, 1)));
   if (rows >= M && rows >= N) return at::mm(dequant(a.data, a.scale), dequant(b.data, b.scale)).to(out_dtype);
   at::Tensor out = at::empty({M, N}, a.data.options().dtype(out_dtype));
+  // A float32 tile product is written in place: BLAS takes the strided tile of `out` as its C
+  // (leading dimension N), so a column tile needs no copy.
+  auto product_into = [out_dtype](at::Tensor tile, const at::Tensor& x, const at::Tensor& y) {
+    if (out_dtype == at::kFloat) at::mm_out(tile, x, y);
+    else tile.copy_(at::mm(x, y));
+  };
   if (M * K <= K * N) {  // a is the smaller operand: whole; b in column tiles
     const at::Tensor a32 = dequant(a.data, a.scale);  // [M, K]
     for (int64_t j = 0; j < N; j += rows) {
       const int64_t nj = std::min(rows, N - j);
       at::Tensor b32 = dequant(b.data.narrow(1, j, nj), scale_slice(b.scale, 1, N, j, nj));
-      out.narrow(1, j, nj).copy_(at::mm(a32, b32));
+      product_into(out.narrow(1, j, nj), a32, b32);
     }
     return out;
   }
@@ -185,7 +191,7 @@ at::Tensor scaled_mm_emulated(const Float8Tensor& a, const Float8Tensor& b,
   for (int64_t i = 0; i < M; i += rows) {
     const int64_t ni = std::min(rows, M - i);
     at::Tensor a32 = dequant(a.data.narrow(0, i, ni), scale_slice(a.scale, 0, M, i, ni));
-    out.narrow(0, i, ni).copy_(at::mm(a32, b32));
+    product_into(out.narrow(0, i, ni), a32, b32);
   }
   return out;
 }

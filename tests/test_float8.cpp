@@ -13,6 +13,8 @@
 #include <ATen/Context.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/_int_mm.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/index_select.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/isfinite.h>
 #include <ATen/ops/isnan.h>
@@ -352,6 +354,37 @@ TEST_CASE("fused CPU casts and dequantization equal the ATen composite bit for b
     }
   }
   CHECK(checked == 48);
+}
+
+TEST_CASE("vectorized float8 conversion equals c10's scalar one on every exponent and rounding case",
+          "[float8][cast]") {
+  // Note [Vectorized float8 conversion]: the CPU cast converts 8 lanes with integer arithmetic.
+  // Inputs: every float32 whose high 16 bits are anything (sign, exponent, the top 7 mantissa
+  // bits) and whose low 16 bits are one of 8 patterns that put the dropped bits below, at and
+  // above the half-way point of both formats' rounding (e4m3 drops 20 bits, e5m2 21); and every
+  // bf16 value (all 65536). Scale 1, so the cast is clamp(x, -max, max) then the conversion.
+  std::vector<int32_t> bits;
+  for (uint32_t hi = 0; hi < 65536; ++hi)
+    for (uint32_t lo : {0x0000u, 0x0001u, 0x4000u, 0x7fffu, 0x8000u, 0x8001u, 0xc000u, 0xffffu})
+      bits.push_back(static_cast<int32_t>(hi << 16 | lo));
+  const at::Tensor f32 = at::tensor(bits).view(at::kFloat);
+  const at::Tensor bf16 = (at::tensor(bits).view(at::kFloat)).index_select(0, at::arange(0, f32.numel(), 8)).to(at::kBFloat16);
+  const at::Tensor one = at::ones({}, at::kFloat);
+  for (const at::Tensor& x : {f32, bf16}) {
+    for (at::ScalarType f8 : {at::kFloat8_e4m3fn, at::kFloat8_e5m2}) {
+      INFO(c10::toString(x.scalar_type()) << " -> " << c10::toString(f8));
+      const double m = float8_max(f8);
+      const at::Tensor got = fused_cast_cpu(x, one, f8).view(at::kByte);
+      const at::Tensor want = x.to(at::kFloat).clamp(-m, m).to(f8).view(at::kByte);
+      const at::Tensor nan = at::isnan(x.to(at::kFloat));
+      // Not NaN: the same byte. NaN: a NaN byte of the format with any sign (IEEE 754 leaves a
+      // NaN's sign out of products and clamps; both formats' NaN is 0x7f, e5m2 also 0x7d, 0x7e).
+      CHECK(at::equal(at::masked_select(got, ~nan), at::masked_select(want, ~nan)));
+      const at::Tensor nan_bytes = at::masked_select(got, nan).bitwise_and(0x7f);
+      CHECK(at::isnan(nan_bytes.view(f8).to(at::kFloat)).all().item<bool>());
+      CHECK(nan.sum().item<int64_t>() > 0);
+    }
+  }
 }
 
 TEST_CASE("scaled GEMM validates operands", "[float8][gemm]") {

@@ -11,18 +11,19 @@
 // dequantization is the same float32 value divided by the same scale. Scales are still computed
 // by scale_from_amax (ATen, float64 division, on the tiny amax tensor).
 #include <ATen/Parallel.h>
-#include <ATen/cpu/vec/functional.h>
-#include <ATen/cpu/vec/vec.h>
 #include <ATen/ops/empty.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Float8_e4m3fn.h>
 #include <c10/util/Float8_e5m2.h>
+
+#include <immintrin.h>
 
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "float8/kernels/fused_cast.h"
@@ -31,8 +32,6 @@
 
 namespace titan::float8 {
 namespace {
-
-using Vec = at::vec::Vectorized<float>;
 
 // Elements per parallel task: ATen's at::internal::GRAIN_SIZE (ATen/TensorIterator.h).
 constexpr int64_t kGrainSize = 32768;
@@ -44,15 +43,29 @@ int64_t grain_rows(int64_t row_elems) {
 // max for non-negative values that propagates NaN like torch.amax.
 inline float nan_max(float a, float b) { return (a > b || std::isnan(a)) ? a : b; }
 
+// 8 source elements as float32.
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const c10::BFloat16* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));  // bf16 = float's high half
+}
+
+// nan_max(|v|, cur) per lane.
+inline __m256 abs_max8(__m256 v, __m256 cur) {
+  const __m256 a = _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)));
+  const __m256 take = _mm256_or_ps(_mm256_cmp_ps(a, cur, _CMP_GT_OQ), _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
+  return _mm256_blendv_ps(cur, a, take);
+}
+
 template <typename T>
 float row_abs_max(const T* p, int64_t n) {
-  float m = 0.f;
   int64_t i = 0;
-  if constexpr (std::is_same_v<T, float>) {
-    Vec acc(0.f);
-    for (; i + Vec::size() <= n; i += Vec::size()) acc = at::vec::maximum(acc, Vec::loadu(p + i).abs());
-    m = at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return at::vec::maximum(a, b); }, acc);
-  }
+  __m256 acc = _mm256_setzero_ps();
+  for (; i + 8 <= n; i += 8) acc = abs_max8(load8(p + i), acc);
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, acc);
+  float m = 0.f;
+  for (float v : lanes) m = nan_max(v, m);
   for (; i < n; ++i) m = nan_max(std::abs(static_cast<float>(p[i])), m);
   return m;
 }
@@ -76,21 +89,94 @@ void amax_cols(const T* x, int64_t rows, int64_t cols, float* out) {
       std::fill(o, o + (c1 - c0), 0.f);
       for (int64_t r = 0; r < rows; ++r) {
         const T* p = x + r * cols;
-        for (int64_t c = c0; c < c1; ++c) o[c - c0] = nan_max(std::abs(static_cast<float>(p[c])), o[c - c0]);
+        int64_t c = c0;
+        for (; c + 8 <= c1; c += 8)  // the same choice per lane as the scalar loop: the same bits
+          _mm256_storeu_ps(o + (c - c0), abs_max8(load8(p + c), _mm256_loadu_ps(o + (c - c0))));
+        for (; c < c1; ++c) o[c - c0] = nan_max(std::abs(static_cast<float>(p[c])), o[c - c0]);
       }
     }
   });
+}
+
+// Note [Vectorized float8 conversion]: c10's float32 -> float8 conversion (torch/headeronly/
+// util/Float8_e4m3fn.h, Float8_e5m2.h) is integer arithmetic on the float's bits, so it runs 8
+// lanes at a time unchanged: with the magnitude's bits a (sign removed), a >= the first value
+// past the format's range gives NaN (e4m3fn 0x7f; e5m2 0x7f for NaN, 0x7c for inf); a below the
+// smallest normal is rounded by a float32 addition of a magic number (denorm_mask, the FPU's
+// round-to-nearest-even places the subnormal's bits); otherwise the exponent is rebiased and
+// round-to-nearest-even is "+ half - 1 + (kept mantissa's lowest bit)" before the shift. The
+// result is the low byte, OR the sign. Tested against the scalar conversion over every float32
+// whose low 16 bits are one of 8 patterns (tests/test_float8.cpp).
+struct E4m3Bits {
+  static constexpr int kMantissaShift = 20;           // 23 - 3 mantissa bits
+  static constexpr uint32_t kFirstOutOfRange = 1087u << 20;  // 480.0f
+  static constexpr uint32_t kDenormMask = 141u << 23;  // (127 - 7) + (23 - 3) + 1
+  static constexpr uint32_t kMinNormal = 121u << 23;   // 2^-6
+  static constexpr uint32_t kRebias = ((7u - 127u) << 23) + 0x7FFFFu;
+};
+struct E5m2Bits {
+  static constexpr int kMantissaShift = 21;            // 23 - 2 mantissa bits
+  static constexpr uint32_t kFirstOutOfRange = 143u << 23;  // 65536.0f
+  static constexpr uint32_t kDenormMask = 134u << 23;  // (127 - 15) + (23 - 2) + 1
+  static constexpr uint32_t kMinNormal = 113u << 23;   // 2^-14
+  static constexpr uint32_t kRebias = ((15u - 127u) << 23) + 0xFFFFFu;
+};
+
+template <typename D>
+using BitsOf = std::conditional_t<std::is_same_v<D, c10::Float8_e4m3fn>, E4m3Bits, E5m2Bits>;
+
+// 8 float32 -> 8 float8 bytes, each equal to static_cast<D>(v) (Note [Vectorized float8 conversion]).
+template <typename D>
+inline void convert8(__m256 v, uint8_t* out) {
+  using B = BitsOf<D>;
+  const __m256i bits = _mm256_castps_si256(v);
+  const __m256i sign = _mm256_and_si256(bits, _mm256_set1_epi32(static_cast<int>(0x80000000u)));
+  const __m256i a = _mm256_xor_si256(bits, sign);  // < 2^31: signed compares are unsigned ones
+  const __m256i out_of_range = _mm256_cmpgt_epi32(a, _mm256_set1_epi32(static_cast<int>(B::kFirstOutOfRange - 1)));
+  const __m256i subnormal = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(B::kMinNormal)), a);
+  const __m256i denorm = _mm256_set1_epi32(static_cast<int>(B::kDenormMask));
+  const __m256i sub = _mm256_sub_epi32(
+      _mm256_castps_si256(_mm256_add_ps(_mm256_castsi256_ps(a), _mm256_castsi256_ps(denorm))), denorm);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(a, B::kMantissaShift), _mm256_set1_epi32(1));
+  const __m256i normal = _mm256_srli_epi32(
+      _mm256_add_epi32(_mm256_add_epi32(a, _mm256_set1_epi32(static_cast<int>(B::kRebias))), odd), B::kMantissaShift);
+  __m256i r = _mm256_blendv_epi8(normal, sub, subnormal);
+  __m256i nan_or_inf = _mm256_set1_epi32(0x7f);
+  if constexpr (std::is_same_v<D, c10::Float8_e5m2>) {  // inf stays inf: 0x7c
+    const __m256i is_nan = _mm256_cmpgt_epi32(a, _mm256_set1_epi32(static_cast<int>(255u << 23)));
+    nan_or_inf = _mm256_blendv_epi8(_mm256_set1_epi32(0x7c), nan_or_inf, is_nan);
+  }
+  r = _mm256_blendv_epi8(r, nan_or_inf, out_of_range);
+  r = _mm256_and_si256(_mm256_or_si256(r, _mm256_srli_epi32(sign, 24)), _mm256_set1_epi32(0xff));
+  // The low byte of each lane: bytes 0, 4, 8, 12 of each 128-bit half, then the two halves' words.
+  const __m256i pick = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                        0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+  const __m256i packed = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(r, pick), _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0));
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(out), _mm256_castsi256_si128(packed));
+}
+
+// clamp(v, -m, m) keeping NaN, as at::clamp.
+inline __m256 clamp8(__m256 v, __m256 lo, __m256 hi) {
+  const __m256 c = _mm256_min_ps(_mm256_max_ps(v, lo), hi);
+  return _mm256_blendv_ps(c, v, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
 }
 
 // data = D(clamp(float(x) * scale, -m, m)); scale(r, c) = scale[r * rs + c * cs].
 template <typename T, typename D>
 void cast_2d(const T* x, int64_t rows, int64_t cols, const float* scale, int64_t rs, int64_t cs, float m, D* out) {
   at::parallel_for(0, rows, grain_rows(cols), [&](int64_t b, int64_t e) {
+    const __m256 lo = _mm256_set1_ps(-m), hi = _mm256_set1_ps(m);
     for (int64_t r = b; r < e; ++r) {
       const T* p = x + r * cols;
       D* o = out + r * cols;
       const float* sr = scale + r * rs;
-      for (int64_t c = 0; c < cols; ++c) {
+      int64_t c = 0;
+      const __m256 row_scale = _mm256_set1_ps(sr[0]);
+      for (; c + 8 <= cols; c += 8) {
+        const __m256 s = cs == 0 ? row_scale : _mm256_loadu_ps(sr + c);
+        convert8<D>(clamp8(_mm256_mul_ps(load8(p + c), s), lo, hi), reinterpret_cast<uint8_t*>(o + c));
+      }
+      for (; c < cols; ++c) {
         float v = static_cast<float>(p[c]) * sr[c * cs];
         v = std::isnan(v) ? v : std::min(std::max(v, -m), m);  // at::clamp keeps NaN
         o[c] = static_cast<D>(v);
@@ -215,12 +301,17 @@ at::Tensor dequantize_to_float_cpu(const at::Tensor& data, const at::Tensor& sca
         const uint8_t* p = src + r * ld;
         float* orow = o + r * cols;
         const float* sr = sp + r * ss0;
-        if (ss1 == 0) {
-          const float sv = sr[0];
-          for (int64_t c = 0; c < cols; ++c) orow[c] = value[p[c]] / sv;
-        } else {
-          for (int64_t c = 0; c < cols; ++c) orow[c] = value[p[c]] / sr[c * ss1];
+        // The table lookup as a gather, then the same float32 division.
+        int64_t c = 0;
+        const __m256 row_scale = _mm256_set1_ps(sr[0]);
+        if (ss1 == 0 || ss1 == 1) {
+          for (; c + 8 <= cols; c += 8) {
+            const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + c));
+            const __m256 v = _mm256_i32gather_ps(value.data(), _mm256_cvtepu8_epi32(bytes), 4);
+            _mm256_storeu_ps(orow + c, _mm256_div_ps(v, ss1 == 0 ? row_scale : _mm256_loadu_ps(sr + c)));
+          }
         }
+        for (; c < cols; ++c) orow[c] = value[p[c]] / sr[c * ss1];
       }
     });
   });
