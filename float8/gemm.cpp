@@ -138,7 +138,9 @@ GemmBackend resolve_gemm_backend(GemmBackend requested, bool emulate, const c10:
 
 // Note [Emulated GEMM in tiles]: the emulation of docs/float8.md,
 // mm(A.float() / sA, B.float() / sB), computed tile by tile of the output so that the float32
-// copies of the operands exist one tile at a time (at most kEmulatedTileBytes each).
+// copies of the operands exist one tile at a time (kEmulatedTileBytes each, but never fewer than
+// kEmulatedMinTileRows rows or columns: a 64-column product runs at a fraction of BLAS's speed, and
+// the 100M model's 512 KiB tiles made 2117 products a step; with 256 or more, 8x fewer).
 // Whole-operand copies were a cost the CPU had and the GPU has not: a [tokens, hidden] float32
 // transient in backward, +2.5% of the debug model's per-op-AC peak (docs/performance.md). Every
 // output element is still one float32 dot product over all of K from the same dequantized
@@ -153,6 +155,7 @@ GemmBackend resolve_gemm_backend(GemmBackend requested, bool emulate, const c10:
 // table, divided by the scale: the same values as to(float32) then div_).
 namespace {
 constexpr int64_t kEmulatedTileBytes = int64_t{512} << 10;
+constexpr int64_t kEmulatedMinTileRows = 256;
 
 // The slice [start, start + length) of `scale` along `dim` when the scale varies along it.
 at::Tensor scale_slice(const at::Tensor& scale, int64_t dim, int64_t full, int64_t start, int64_t length) {
@@ -169,7 +172,7 @@ at::Tensor scaled_mm_emulated(const Float8Tensor& a, const Float8Tensor& b,
   auto dequant = [cpu](const at::Tensor& data, const at::Tensor& scale) {
     return cpu ? dequantize_to_float_cpu(data, scale) : data.to(at::kFloat).div_(scale);
   };
-  const int64_t rows = std::max<int64_t>(16, kEmulatedTileBytes / (4 * std::max<int64_t>(K, 1)));
+  const int64_t rows = std::max<int64_t>(kEmulatedMinTileRows, kEmulatedTileBytes / (4 * std::max<int64_t>(K, 1)));
   if (rows >= M && rows >= N) return at::mm(dequant(a.data, a.scale), dequant(b.data, b.scale)).to(out_dtype);
   at::Tensor out = at::empty({M, N}, a.data.options().dtype(out_dtype));
   // A float32 tile product is written in place: BLAS takes the strided tile of `out` as its C

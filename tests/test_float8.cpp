@@ -280,17 +280,19 @@ TEST_CASE("scaled GEMM vs high precision >= 25 dB, fp32 and bf16 outputs", "[flo
 
 TEST_CASE("emulated GEMM in tiles equals the whole-operand formula up to float32 summation order",
           "[float8][gemm]") {
-  // Note [Emulated GEMM in tiles]: K = 1024 gives 128-row / 128-column tiles, so these shapes
-  // take 3 x 2 tiles (with ragged edges), including transposed operands (the grad_weight GEMM's
-  // G^T). Each element is the same float32 dot product over K, blocked differently by BLAS: the
-  // difference is bounded by the float32 summation error of K terms, 2 K eps sum|a_k b_k|
-  // (eps = 2^-24), elementwise.
+  // Note [Emulated GEMM in tiles]: K = 1024 gives 256-row / 256-column tiles, so A [300, K] x
+  // B [K, 200] takes 2 row tiles of A (B whole) and A [200, K] x B [K, 600] 3 column tiles of B
+  // (A whole), written in place into the strided output, both with ragged edges and transposed
+  // operands (the grad_weight GEMM's G^T). Each element is the same float32 dot product over K,
+  // blocked differently by BLAS: the difference is bounded by the float32 summation error of K
+  // terms, 2 K eps sum|a_k b_k| (eps = 2^-24), elementwise.
   at::manual_seed(21);
   const CastConfig axis{ScalingGranularity::Axiswise, at::kFloat8_e4m3fn};
   const CastConfig tensor{ScalingGranularity::Tensorwise, at::kFloat8_e4m3fn};
-  at::Tensor A = at::randn({300, 1024}), B = at::randn({200, 1024}).t();  // B [1024, 200], strided
+  for (const auto& [m, n] : {std::pair<int64_t, int64_t>{300, 200}, std::pair<int64_t, int64_t>{200, 600}})
   for (const auto& cfg : {axis, tensor}) {
-    Float8Tensor a8 = transpose_2d(to_float8(A.t().contiguous(), cfg, 0, true));  // [300, 1024], strided
+    at::Tensor A = at::randn({m, 1024}), B = at::randn({n, 1024}).t();  // B [1024, n], strided
+    Float8Tensor a8 = transpose_2d(to_float8(A.t().contiguous(), cfg, 0, true));  // [m, 1024], strided
     Float8Tensor b8 = to_float8(B, cfg, 0, true);
     at::Tensor a32 = a8.data.to(at::kFloat) / a8.scale, b32 = b8.data.to(at::kFloat) / b8.scale;
     at::Tensor formula = at::mm(a32, b32);

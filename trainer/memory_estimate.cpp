@@ -148,7 +148,7 @@ MemoryEstimate estimate_memory(const EstimateInputs& in) {
   // float8: the 1-byte data of both operands of the largest linear coexist (the high-precision
   // x and W are what the linear saves, as without float8). Casts make no operand-sized
   // temporaries: on the CPU they run in 64 Ki-element slices (Note [Chunked CPU casts]) and the
-  // emulated GEMM dequantizes 512 KiB tiles (Note [Emulated GEMM in tiles]); on CUDA the fused
+  // emulated GEMM dequantizes tiles (Note [Emulated GEMM in tiles]); on CUDA the fused
   // kernels cast in one pass, except the TP-sharded tensorwise casts, which take the composite
   // path (x * scale, then the clamp: two float32 temporaries, three from bf16).
   double float8_transient = 0;
@@ -156,7 +156,10 @@ MemoryEstimate estimate_memory(const EstimateInputs& in) {
     const double hid = static_cast<double>(a.ffn_hidden_dim());
     const double act = tokens * std::max(hid, d) / tp, weight = hid * d / tp;
     float8_transient = act + weight;
-    if (!in.cuda) float8_transient += 2 * (512 << 10) + 2 * (64 << 10) * 4;
+    if (!in.cuda) {  // two tiles: >= 512 KiB and >= 256 rows of the longest contraction (d, hidden, tokens)
+      const double tile = std::max(double{512 << 10}, 256.0 * 4 * std::max({hid, d, tokens}));
+      float8_transient += 2 * tile + 2 * (64 << 10) * 4;
+    }
     else if (in.tp > 1) float8_transient += std::max(act, weight) * (in.compute_bytes == 4 ? 8 : 12);
   }
 
