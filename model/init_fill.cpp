@@ -10,7 +10,9 @@
 #include <stdexcept>
 #include <string>
 
+#include "model/init_fill_avx2.h"
 #include "model/init_philox.h"
+#include "model/kernels/fused_ops.h"
 
 #ifdef TITAN_WITH_CUDA
 #include <c10/cuda/CUDAGuard.h>
@@ -20,6 +22,24 @@
 #endif
 
 namespace titan::model {
+
+// The scalar reference of the CPU inner loop (init_fill_avx2.h): one row segment, full-tensor
+// indices [first, first + n) into out[0, n). Element pairs that share a Philox block (even index
+// first) take one call for both.
+void philox::fill_run_scalar(float* out, uint64_t first, int64_t n, uint64_t seed, uint64_t key,
+                             double std, double lo, double hi) {
+  int64_t i = 0;
+  if (n > 0 && (first & 1)) {
+    out[i] = init_value(seed, key, first, std, lo, hi);
+    ++i;
+  }
+  for (; i + 1 < n; i += 2)
+    init_pair(seed, key, (first + static_cast<uint64_t>(i)) >> 1, std, lo, hi, &out[i], &out[i + 1]);
+  if (i < n) out[i] = init_value(seed, key, first + static_cast<uint64_t>(i), std, lo, hi);
+}
+
+double philox::normal_quantile_scalar(double p) { return normal_quantile(p); }
+
 namespace {
 
 // The box as rows x cols of a row-major full matrix [full_rows, full_cols] (1-D: one row).
@@ -51,23 +71,12 @@ Box box_of(const at::Tensor& out, const std::string& fqn, at::IntArrayRef full_s
   return {out.size(0), out.size(1), offsets[0], offsets[1], full_shape[1]};
 }
 
-// One row segment: full-tensor indices [first, first + n) into out[0, n). Element pairs that
-// share a Philox block (even index first) take one call for both.
-void fill_run(float* out, uint64_t first, int64_t n, uint64_t seed, uint64_t key, const InitSpec& spec) {
-  int64_t i = 0;
-  if (n > 0 && (first & 1)) {
-    out[i] = philox::init_value(seed, key, first, spec.std, spec.lo, spec.hi);
-    ++i;
-  }
-  for (; i + 1 < n; i += 2)
-    philox::init_pair(seed, key, (first + static_cast<uint64_t>(i)) >> 1, spec.std, spec.lo,
-                      spec.hi, &out[i], &out[i + 1]);
-  if (i < n) out[i] = philox::init_value(seed, key, first + static_cast<uint64_t>(i), spec.std, spec.lo, spec.hi);
-}
-
 void fill_cpu(float* out, const Box& box, uint64_t seed, uint64_t key, const InitSpec& spec) {
   // Each element is independent: chunks of ~64k elements over the intra-op threads, each chunk
   // split at row ends into contiguous runs of the full tensor.
+  // The AVX2 loop where the CPU has it (same values, Note [Vector init layout]).
+  static const bool vector = philox::init_avx2_compiled() && cpu_has_avx2_kernels();
+  const auto fill_run = vector ? philox::fill_run_avx2 : philox::fill_run_scalar;
   const int64_t n = box.rows * box.cols;
   at::parallel_for(0, n, 1 << 16, [&](int64_t begin, int64_t end) {
     int64_t i = begin;
@@ -75,7 +84,7 @@ void fill_cpu(float* out, const Box& box, uint64_t seed, uint64_t key, const Ini
       const int64_t r = i / box.cols, c = i - r * box.cols;
       const int64_t run = std::min(end - i, box.cols - c);
       fill_run(out + i, static_cast<uint64_t>((box.row0 + r) * box.full_cols + box.col0 + c), run,
-               seed, key, spec);
+               seed, key, spec.std, spec.lo, spec.hi);
       i += run;
     }
   });

@@ -1,7 +1,8 @@
 // The counter-based weight init (Note [Counter-based init] in model/init_philox.h): the
 // generator's published test vectors, the transform's accuracy, values pinned by the
 // independent numpy implementation (scripts/reference/philox_init.py), shard boxes equal to
-// slices of the full parameter, the distributions, and the CUDA twin bit for bit.
+// slices of the full parameter, the distributions, the AVX2 filler equal to the scalar one and
+// the CUDA twin bit for bit.
 #include <ATen/ops/arange.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/erfinv.h>
@@ -10,9 +11,12 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
+#include <vector>
 #include <stdexcept>
 
 #include "model/init_fill.h"
+#include "model/init_fill_avx2.h"
 #include "model/init_philox.h"
 #include "model/llama.h"
 
@@ -135,6 +139,102 @@ TEST_CASE("init distributions: normal, truncated normal, ones", "[model][init]")
   InitSpec ones;
   ones.ones = true;
   CHECK(full_values(ones, 1, "norm.weight", {9}).eq(1).all().item<bool>());
+}
+
+namespace {
+// Bit patterns, so that a difference in the last bit (or of -0 vs 0) fails.
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+int64_t first_difference(const std::vector<float>& a, const std::vector<float>& b) {
+  for (size_t i = 0; i < a.size(); ++i)
+    if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) return static_cast<int64_t>(i);
+  return -1;
+}
+}  // namespace
+
+// The AVX2 filler (model/init_fill_avx2.cpp) runs on CPUs with AVX2 + FMA, which titan requires
+// on x86 (Note [AVX2 kernel files] in the top CMakeLists.txt); elsewhere it is the scalar loop.
+TEST_CASE("the AVX2 init filler equals the scalar reference bit for bit", "[model][init]") {
+  struct Case {
+    const char* name;
+    double std, lo, hi;
+  };
+  const double inf = std::numeric_limits<double>::infinity();
+  // torchtitan's three: embedding normal(0, 1); output trunc +-3 std (0.27% of first draws
+  // redrawn); a layer's trunc_normal(0.02, +-2 std) here, so that 4.6% are redrawn.
+  const Case cases[] = {{"normal", 1.0, -inf, inf}, {"trunc 3 std", 0.125, -0.375, 0.375}, {"trunc 2 std", 0.02, -0.04, 0.04}};
+  // (first, n): odd and even starts, ragged lengths around the 8-element groups and the
+  // 512-element chunks, block indices past 2^32 (the counter's second word) and near 2^48.
+  const std::vector<std::pair<uint64_t, int64_t>> runs = {
+      {0, 0}, {0, 1}, {1, 1}, {0, 2}, {1, 2}, {3, 7}, {0, 8}, {1, 8}, {5, 9}, {2, 15}, {7, 16}, {0, 17},
+      {11, 511}, {0, 512}, {1, 513}, {1001, 4097}, {(uint64_t{1} << 33) + 3, 1029},
+      {(uint64_t{1} << 49) - 2000, 2000}, {12345, 1 << 20}, {(uint64_t{1} << 40) + 1, (1 << 19) + 5}};
+  const uint64_t seed = 0x0123456789abcdefULL, key = philox::fqn_hash("layers.3.feed_forward.w2.weight", 31);
+  int64_t elements = 0, tails = 0, redrawn = 0;
+  std::vector<float> normal_first;
+  for (const Case& c : cases) {
+    for (auto [first, n] : runs) {
+      INFO(c.name << ", elements [" << first << ", " << first + n << ")");
+      std::vector<float> scalar(n, 7.0f), vector(n, 7.0f);
+      philox::fill_run_scalar(scalar.data(), first, n, seed, key, c.std, c.lo, c.hi);
+      philox::fill_run_avx2(vector.data(), first, n, seed, key, c.std, c.lo, c.hi);
+      CHECK(first_difference(vector, scalar) == -1);
+      elements += n;
+      // Coverage: tail draws (|z| > 1.44, AS 241's tail branch) and redrawn first draws
+      // (a truncated value differing from the untruncated one with the same std).
+      std::vector<float> untruncated(n);
+      philox::fill_run_scalar(untruncated.data(), first, n, seed, key, c.std, -inf, inf);
+      for (int64_t i = 0; i < n; ++i) {
+        tails += std::abs(vector[i] / c.std) > 1.44;
+        redrawn += std::memcmp(&vector[i], &untruncated[i], sizeof(float)) != 0;
+      }
+    }
+  }
+  CHECK(elements > 4'500'000);
+  CHECK(tails > 500'000);   // 15% of draws
+  CHECK(redrawn > 20'000);  // 4.6% of the +-2 std case's 1.6 M
+  // A box through fill_init_box (the dispatched filler: FSDP rows of a TP column chunk, odd
+  // offsets) equals the scalar reference row by row.
+  at::Tensor box = at::empty({301, 257}, at::kFloat);
+  fill_init_box(box, output_spec(), 9, "output.weight", {1000, 1001}, {333, 77});
+  const uint64_t out_key = philox::fqn_hash("output.weight", 13);
+  for (int64_t r = 0; r < 301; ++r) {
+    std::vector<float> row(257), expect(257);
+    std::memcpy(row.data(), box[r].data_ptr<float>(), 257 * sizeof(float));
+    philox::fill_run_scalar(expect.data(), (333 + r) * 1001 + 77, 257, 9, out_key, 0.125, -0.375, 0.375);
+    INFO("row " << r);
+    REQUIRE(same_bits(row, expect));
+  }
+}
+
+TEST_CASE("the AVX2 normal quantile equals the scalar one in every branch", "[model][init]") {
+  // Central (|u - 0.5| <= 0.425), tail (r = sqrt(-log r) <= 5) and far tail (r > 5: u below
+  // 1.4e-11, which the fillers above never draw) on both sides, down to the extreme uniforms
+  // 2^-53 and 1 - 2^-53; ragged counts (the vector's last 1-3 lanes padded).
+  std::vector<double> p;
+  for (int i = 1; i < 20000; ++i) p.push_back(i / 20000.0);
+  for (double u = 0x1p-53; u < 0.5; u *= 1.001) {
+    p.push_back(u);
+    p.push_back(1.0 - u);  // rounded, still below 1
+  }
+  for (uint64_t k = 0; k < 64; ++k) {
+    p.push_back((2 * k + 1) * 0x1p-53);
+    p.push_back(1.0 - (2 * k + 1) * 0x1p-53);
+  }
+  for (double edge : {0.075, 0.925, 0.075 + 0x1p-53, 0.925 - 0x1p-53, std::exp(-25.0)}) p.push_back(edge);
+  int64_t far = 0;
+  for (double u : p) far += std::min(u, 1.0 - u) < std::exp(-25.0);
+  CHECK(far > 100);
+  for (size_t n : {p.size(), p.size() - 1, size_t{3}}) {
+    std::vector<double> scalar(n), vector(n);
+    for (size_t i = 0; i < n; ++i) scalar[i] = philox::normal_quantile(p[i]);
+    philox::normal_quantile_avx2(p.data(), vector.data(), static_cast<int64_t>(n));
+    size_t differ = 0;
+    for (size_t i = 0; i < n; ++i) differ += std::memcmp(&scalar[i], &vector[i], sizeof(double)) != 0;
+    INFO(n << " values");
+    CHECK(differ == 0);
+  }
 }
 
 TEST_CASE("CUDA init twin equals the CPU bit for bit", "[model][init][cuda]") {
