@@ -1,6 +1,7 @@
 // model/init_philox.h — the counter-based weight-init generator, shared by the CPU filler
 // (init_fill.cpp) and its CUDA twin (init_kernels.cu): the same source compiles for host and
-// device, so both run the same float64 operations in the same order.
+// device, so both run the same float64 operations in the same order. The CPU's AVX2 loop
+// (init_fill_avx2.cpp) runs these operations 4 lanes at a time, in the same order.
 //
 // Note [Counter-based init]: every initial weight is a pure function of
 //   (seed, parameter fqn, flat index of the element in the FULL parameter),
