@@ -22,6 +22,19 @@ target_include_directories(titan_torch SYSTEM INTERFACE
 target_compile_definitions(titan_torch INTERFACE USE_DISTRIBUTED USE_C10D_GLOO)
 target_link_libraries(titan_torch INTERFACE
   "${TITAN_TORCH_DIR}/lib/libtorch_cpu.so" "${TITAN_TORCH_DIR}/lib/libc10.so" pthread)
+# Note [OpenMP in titan's kernels]: at::parallel_for is a header template whose threads are an
+# OpenMP parallel region (the wheel is built with AT_PARALLEL_OPENMP); a file compiled without
+# -fopenmp gets the serial fallback, so titan's own kernels ran on one thread whatever
+# training.num_threads said. The files that call it are compiled with -fopenmp
+# (titan_openmp_sources()) and link the wheel's own libgomp, the runtime libtorch_cpu already
+# loads (one soname, libgomp.so.1: one thread pool, at::set_num_threads applies to both).
+if(EXISTS "${TITAN_TORCH_DIR}/lib/libgomp.so.1")
+  target_link_libraries(titan_torch INTERFACE "${TITAN_TORCH_DIR}/lib/libgomp.so.1")
+  set(TITAN_OPENMP_FLAG "-fopenmp")
+else()
+  message(WARNING "${TITAN_TORCH_DIR}/lib/libgomp.so.1 not found: titan's CPU kernels run on one thread")
+  set(TITAN_OPENMP_FLAG "-DTITAN_WITHOUT_OPENMP")  # a harmless flag in the same place
+endif()
 if(TITAN_CUDA)
   find_package(CUDAToolkit REQUIRED)
   target_compile_definitions(titan_torch INTERFACE USE_CUDA USE_C10D_NCCL TITAN_WITH_CUDA)

@@ -11,6 +11,7 @@
 #include <catch2/catch.hpp>
 
 #include <ATen/Context.h>
+#include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/_int_mm.h>
 #include <ATen/ops/arange.h>
@@ -386,6 +387,32 @@ TEST_CASE("vectorized float8 conversion equals c10's scalar one on every exponen
       CHECK(at::isnan(nan_bytes.view(f8).to(at::kFloat)).all().item<bool>());
       CHECK(nan.sum().item<int64_t>() > 0);
     }
+  }
+}
+
+TEST_CASE("fused CPU casts give the same bits on 1 and 2 intra-op threads", "[float8][cast]") {
+  // Note [OpenMP in titan's kernels]: per-row, per-column-block and per-element work, and maxima
+  // (exact in any order): the thread count cannot change a byte. 1M elements: above the grain.
+  auto run = [](int threads) {
+    at::set_num_threads(threads);
+    at::manual_seed(8);
+    const at::Tensor x = at::randn({1024, 1024});
+    std::vector<at::Tensor> out;
+    for (auto g : {ScalingGranularity::Tensorwise, ScalingGranularity::Axiswise})
+      for (int64_t axis : {-1, 0}) {
+        Float8Tensor t = to_float8(x, CastConfig{g, at::kFloat8_e4m3fn}, axis, false);
+        out.push_back(t.data.view(at::kByte));
+        out.push_back(t.scale);
+        out.push_back(dequantize_to_float_cpu(t.data, t.scale));
+      }
+    return out;
+  };
+  const int before = at::get_num_threads();
+  const std::vector<at::Tensor> one = run(1), two = run(2);
+  at::set_num_threads(before);
+  for (size_t i = 0; i < one.size(); ++i) {
+    INFO("output " << i);
+    CHECK(at::equal(one[i], two[i]));
   }
 }
 

@@ -8,6 +8,7 @@
 // - RoPE evaluates the same products and sums as the composite: bit-identical;
 // - SwiGLU's sigmoid comes from another exp implementation (each <= 2 ulp): the forward is a
 //   handful of roundings, <= 16 u relative.
+#include <ATen/Parallel.h>
 #include <ATen/ops/abs.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/equal.h>
@@ -24,6 +25,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 
+#include "model/init_fill.h"
 #include "model/kernels/fused_ops.h"
 #include "model/kernels/fused_ops_cuda.h"
 #include "model/llama.h"
@@ -133,6 +135,44 @@ TEST_CASE("fused RoPE forward and backward equal the composite bit for bit", "[m
 
 TEST_CASE("fused SwiGLU forward and backward match silu(gate) * up", "[model][fused]") {
   check_swiglu(at::kCPU);
+}
+
+TEST_CASE("titan's CPU kernels give the same bits on 1 and 2 intra-op threads", "[model][fused]") {
+  // Note [OpenMP in titan's kernels]: the kernels' at::parallel_for loops split work into
+  // fixed-size blocks (rows; weight-gradient blocks summed in block order; init elements), so the
+  // thread count changes who computes a block, never what is summed with what. Shapes well above
+  // the grain (32 Ki elements) so that two threads do split them.
+  at::manual_seed(3);
+  auto run = [](int threads) {
+    at::set_num_threads(threads);
+    at::manual_seed(4);
+    const int64_t rows = 2048, dim = 256;
+    at::Tensor x = at::randn({rows, dim}), w = at::rand({dim}) + 0.5, g = at::randn({rows, dim});
+    Grads norm = rms_norm_run(true, x, w, g);
+    at::Tensor gate = leaf(at::randn({rows, dim})), up = leaf(at::randn({rows, dim}));
+    at::Tensor y = fused_swiglu(gate, up);
+    torch::autograd::backward({y}, {g});
+    RotaryTable table = make_rotary_table(64, 512, 10000.0, at::kCPU);
+    at::Tensor q = leaf(at::randn({2, 512, 4, 64}));
+    at::Tensor r = fused_rotary(q, table.cos, table.sin);
+    torch::autograd::backward({r}, {at::randn({2, 512, 4, 64})});
+    at::Tensor init = at::empty({rows, dim});
+    InitSpec spec;
+    spec.std = 0.02;
+    spec.lo = -0.06;
+    spec.hi = 0.06;
+    fill_init_box(init, spec, 7, "layers.0.attention.wq.weight", {4 * rows, dim}, {rows, 0});
+    return std::vector<at::Tensor>{norm.out, norm.gx, norm.gw, y.detach(), gate.grad(), up.grad(),
+                                   r.detach(), q.grad(), init};
+  };
+  const int before = at::get_num_threads();
+  const std::vector<at::Tensor> one = run(1), two = run(2);
+  at::set_num_threads(before);
+  REQUIRE(one.size() == two.size());
+  for (size_t i = 0; i < one.size(); ++i) {
+    INFO("output " << i);
+    CHECK(at::equal(one[i], two[i]));
+  }
 }
 
 TEST_CASE("fused ops leave other dtypes to the composite and reject bad shapes", "[model][fused]") {
