@@ -388,6 +388,18 @@ TEST_CASE("vectorized float8 conversion equals c10's scalar one on every exponen
       CHECK(nan.sum().item<int64_t>() > 0);
     }
   }
+  // And back: the one-pass dequantization of every byte of both formats (subnormals, zeros of
+  // both signs, inf and NaN) equals to(float32) / scale; 40 columns: vector body and tail.
+  const at::Tensor every_byte = at::arange(256, at::kInt).to(at::kByte).repeat({2}).reshape({-1, 1}).repeat({1, 40});
+  for (at::ScalarType f8 : {at::kFloat8_e4m3fn, at::kFloat8_e5m2}) {
+    INFO(c10::toString(f8));
+    const at::Tensor data = every_byte.view(f8);
+    const at::Tensor scale = at::full({}, 0.75, at::kFloat);
+    const at::Tensor got = dequantize_to_float_cpu(data, scale), want = data.to(at::kFloat) / scale;
+    const at::Tensor nan = at::isnan(want);
+    CHECK(at::equal(at::isnan(got), nan));
+    CHECK(at::equal(at::masked_select(got, ~nan).view(at::kInt), at::masked_select(want, ~nan).view(at::kInt)));
+  }
 }
 
 TEST_CASE("fused CPU casts give the same bits on 1 and 2 intra-op threads", "[float8][cast]") {
