@@ -107,20 +107,22 @@ void amax_cols(const T* x, int64_t rows, int64_t cols, float* out) {
 // round-to-nearest-even is "+ half - 1 + (kept mantissa's lowest bit)" before the shift. The
 // result is the low byte, OR the sign. Tested against the scalar conversion over every float32
 // whose low 16 bits are one of 8 patterns (tests/test_float8.cpp).
-struct E4m3Bits {
-  static constexpr int kMantissaShift = 20;           // 23 - 3 mantissa bits
-  static constexpr uint32_t kFirstOutOfRange = 1087u << 20;  // 480.0f
-  static constexpr uint32_t kDenormMask = 141u << 23;  // (127 - 7) + (23 - 3) + 1
-  static constexpr uint32_t kMinNormal = 121u << 23;   // 2^-6
-  static constexpr uint32_t kRebias = ((7u - 127u) << 23) + 0x7FFFFu;
+// The constants follow from the format's mantissa bits M and exponent bias B (float32: 23 and
+// 127); only the first value past the range is given per format (c10's: e4m3fn 480, e5m2 65536).
+template <int M, int B, uint32_t FirstOutOfRange>
+struct Float8Bits {
+  static constexpr int kMantissaShift = 23 - M;
+  static constexpr uint32_t kFirstOutOfRange = FirstOutOfRange;
+  static constexpr uint32_t kDenormMask = static_cast<uint32_t>((127 - B) + (23 - M) + 1) << 23;
+  static constexpr uint32_t kMinNormal = static_cast<uint32_t>(127 - B + 1) << 23;
+  static constexpr uint32_t kRebias = (static_cast<uint32_t>(B - 127) << 23) + ((1u << (22 - M)) - 1);
 };
-struct E5m2Bits {
-  static constexpr int kMantissaShift = 21;            // 23 - 2 mantissa bits
-  static constexpr uint32_t kFirstOutOfRange = 143u << 23;  // 65536.0f
-  static constexpr uint32_t kDenormMask = 134u << 23;  // (127 - 15) + (23 - 2) + 1
-  static constexpr uint32_t kMinNormal = 113u << 23;   // 2^-14
-  static constexpr uint32_t kRebias = ((15u - 127u) << 23) + 0xFFFFFu;
-};
+using E4m3Bits = Float8Bits<3, 7, 1087u << 20>;  // 480.0f
+using E5m2Bits = Float8Bits<2, 15, 143u << 23>;  // 65536.0f
+static_assert(E4m3Bits::kDenormMask == 141u << 23 && E4m3Bits::kMinNormal == 121u << 23 &&
+              E4m3Bits::kRebias == ((7u - 127u) << 23) + 0x7FFFFu);  // c10's literals
+static_assert(E5m2Bits::kDenormMask == 134u << 23 && E5m2Bits::kMinNormal == 113u << 23 &&
+              E5m2Bits::kRebias == ((15u - 127u) << 23) + 0xFFFFFu);
 
 template <typename D>
 using BitsOf = std::conditional_t<std::is_same_v<D, c10::Float8_e4m3fn>, E4m3Bits, E5m2Bits>;
