@@ -50,13 +50,10 @@ void run_dry_run(const trainer::JobConfig& cfg, const DryRunRequest& request, st
                       std::to_string(request.world) + ") for --dry-run-world " +
                       std::to_string(request.world));
   const auto& t = cfg.training;
-  const auto& p = cfg.parallelism;
   parallel::ParallelDims dims;
   try {
-    dims = parallel::resolve_parallel_dims(p.data_parallel_replicate_degree, p.data_parallel_shard_degree,
-                                           p.tensor_parallel_degree, p.pipeline_parallel_degree,
-                                           p.context_parallel_degree, request.world);
-  } catch (const std::invalid_argument& e) {
+    dims = parallel_dims(cfg, request.world);
+  } catch (const ConfigError& e) {
     throw ConfigError(std::string("dry run: ") + e.what());
   }
   c10::Device device = c10::kCPU;

@@ -61,6 +61,17 @@ at::ScalarType dtype_from_name(const std::string& name, const char* key) {
 
 }  // namespace
 
+parallel::ParallelDims parallel_dims(const JobConfig& cfg, int world_size) {
+  const auto& p = cfg.parallelism;
+  try {
+    return parallel::resolve_parallel_dims(p.data_parallel_replicate_degree, p.data_parallel_shard_degree,
+                                           p.tensor_parallel_degree, p.pipeline_parallel_degree,
+                                           p.context_parallel_degree, world_size);
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError(e.what());
+  }
+}
+
 parallel::ParallelOptions parallel_options(const JobConfig& cfg, const model::ModelArgs& args,
                                            int tp_degree, c10::Device device, bool float8) {
   parallel::ParallelOptions popt;
@@ -365,7 +376,6 @@ TrainResult Trainer::train() {
 Trainer::~Trainer() = default;
 
 void Trainer::init_mesh() {
-  const auto& p = cfg_.parallelism;
   try {
     world_ = parallel::world_from_env();
   } catch (const std::runtime_error& e) {
@@ -376,14 +386,7 @@ void Trainer::init_mesh() {
                       " is not a rank of this job: must be in [0, " +
                       std::to_string(world_.world_size - 1) + "] (WORLD_SIZE " +
                       std::to_string(world_.world_size) + ")");
-  parallel::ParallelDims dims;
-  try {
-    dims = parallel::resolve_parallel_dims(p.data_parallel_replicate_degree, p.data_parallel_shard_degree,
-                                           p.tensor_parallel_degree, p.pipeline_parallel_degree,
-                                           p.context_parallel_degree, world_.world_size);
-  } catch (const std::invalid_argument& e) {
-    throw ConfigError(e.what());
-  }
+  const parallel::ParallelDims dims = parallel_dims(cfg_, world_.world_size);
   std::unique_ptr<parallel::Comm> world;  // a single process needs none
   if (world_.world_size > 1) {
 #ifdef TITAN_WITH_CUDA

@@ -45,6 +45,10 @@ struct TrainResult {
 parallel::ParallelOptions parallel_options(const JobConfig& cfg, const model::ModelArgs& args,
                                            int tp_degree, c10::Device device, bool float8);
 
+// The config's parallelism degrees resolved for `world_size` ranks (data_parallel_shard_degree
+// -1 = the rest); an impossible layout is a config error (exit 2) saying why.
+parallel::ParallelDims parallel_dims(const JobConfig& cfg, int world_size);
+
 class Trainer {
  public:
   explicit Trainer(JobConfig cfg);
