@@ -12,13 +12,13 @@
 #include <string>
 #include <vector>
 
+#include "data/tokenizer.h"
 #include "model/args.h"
 #include "model/llama.h"
 #include "parallel/mesh.h"
 #include "parallel/parallelize.h"
 #include "parallel/process_group.h"
-#include "trainer/data/tokenizer.h"
-#include "trainer/memory.h"
+#include "trainer/observe/memory.h"
 #include "trainer/train.h"
 
 namespace titan::apps {
@@ -40,8 +40,8 @@ struct PhaseRow {
 
 }  // namespace
 
-void run_dry_run(const trainer::JobConfig& cfg, const DryRunRequest& request, std::ostream& out) {
-  using trainer::ConfigError;
+void run_dry_run(const trainer::config::JobConfig& cfg, const DryRunRequest& request, std::ostream& out) {
+  using trainer::config::ConfigError;
   if (request.world < 1)
     throw ConfigError("--dry-run-world " + std::to_string(request.world) +
                       ": the number of ranks of the layout must be >= 1");
@@ -52,7 +52,7 @@ void run_dry_run(const trainer::JobConfig& cfg, const DryRunRequest& request, st
   const auto& t = cfg.training;
   parallel::ParallelDims dims;
   try {
-    dims = parallel_dims(cfg, request.world);
+    dims = trainer::parallel_dims(cfg, request.world);
   } catch (const ConfigError& e) {
     throw ConfigError(std::string("dry run: ") + e.what());
   }
@@ -71,14 +71,14 @@ void run_dry_run(const trainer::JobConfig& cfg, const DryRunRequest& request, st
   auto phase_done = [&](const std::string& name) {
     const Clock::time_point now = Clock::now();
     rows.push_back({name, std::chrono::duration<double>(now - start).count(),
-                    trainer::process_rss_bytes(), trainer::process_peak_rss_bytes()});
+                    trainer::observe::process_rss_bytes(), trainer::observe::process_peak_rss_bytes()});
     start = now;
   };
 
   model::ModelArgs args = model::llama3_flavor(cfg.model.flavor);
   std::string vocab_note;
   try {
-    args.vocab_size = trainer::make_tokenizer(cfg.model.tokenizer_path)->vocab_size();
+    args.vocab_size = data::make_tokenizer(cfg.model.tokenizer_path)->vocab_size();
   } catch (const std::exception& e) {
     // As the memory estimate: answer before the assets are in place.
     vocab_note = " (tokenizer not readable: the flavor's vocabulary)";
@@ -95,7 +95,7 @@ void run_dry_run(const trainer::JobConfig& cfg, const DryRunRequest& request, st
   phase_done("mesh (no transport)");
 
   // The Trainer's options, without converters (they change computes, not masters).
-  const parallel::ParallelOptions popt = trainer::parallel_options(cfg, args, dims.tp, device, /*float8=*/false);
+  const parallel::ParallelOptions popt = trainer::parallel_options(cfg, args, dims, device, /*float8=*/false);
   auto pm = parallel::parallelize_llama(model, mesh, popt);
   phase_done("shard plan + allocate this rank's masters");
   pm->init_weights(static_cast<uint64_t>(t.seed));

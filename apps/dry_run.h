@@ -11,7 +11,7 @@
 
 #include <iosfwd>
 
-#include "trainer/config.h"
+#include "trainer/config/job_config.h"
 
 namespace titan::apps {
 
@@ -22,6 +22,6 @@ struct DryRunRequest {
 
 // Runs the dry run and writes the table to `out`. Throws titan::trainer::ConfigError for a bad
 // rank/world/layout (naming the value and the valid range), std::exception otherwise.
-void run_dry_run(const trainer::JobConfig& cfg, const DryRunRequest& request, std::ostream& out);
+void run_dry_run(const trainer::config::JobConfig& cfg, const DryRunRequest& request, std::ostream& out);
 
 }  // namespace titan::apps

@@ -13,12 +13,12 @@
 #include <string>
 #include <vector>
 
-#include "trainer/data/bpe_train.h"
-#include "trainer/data/documents.h"
-#include "trainer/data/tiktoken_file.h"
-#include "trainer/data/token_shard.h"
-#include "trainer/data/token_source.h"
-#include "trainer/data/tokenizer.h"
+#include "data/bpe_train.h"
+#include "data/documents.h"
+#include "data/tiktoken_file.h"
+#include "data/token_shard.h"
+#include "data/token_source.h"
+#include "data/tokenizer.h"
 #include "util/atomic_file.h"
 
 namespace {
@@ -35,7 +35,7 @@ struct Options {
 };
 
 int run(const Options& options) {
-  using namespace titan::trainer;
+  using namespace titan::data;
   const std::vector<std::string> documents = read_documents(options.format, options.input);
   const std::string origin =
       options.format + " " + (options.input.empty() ? std::string(kFortunesDir) : options.input);

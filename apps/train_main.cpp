@@ -17,15 +17,18 @@
 #include "parallel/launcher.h"
 #include "parallel/process_group.h"
 #include "parallel/world.h"
-#include "trainer/config.h"
-#include "trainer/logging.h"
-#include "trainer/memory.h"
-#include "trainer/memory_estimate.h"
+#include "trainer/config/job_config.h"
+#include "trainer/observe/memory.h"
+#include "trainer/observe/memory_estimate.h"
 #include "trainer/signals.h"
 #include "trainer/train.h"
 #include "util/atomic_file.h"
+#include "util/logging.h"
 
 using namespace titan::trainer;
+using namespace titan::trainer::config;
+using namespace titan::trainer::observe;
+using namespace titan::util;
 
 namespace {
 
@@ -37,7 +40,7 @@ int run(int argc, char** argv) {
   titan::parallel::watch_launcher([] { titan::util::remove_temp_files_in_flight(); });
 
   // --estimate-memory: same config and overrides, but print the per-rank memory estimate
-  // (trainer/memory_estimate.h) instead of training. Handled here: it is not a job setting.
+  // (trainer/observe/memory_estimate.h) instead of training. Handled here: it is not a job setting.
   std::vector<std::string> args(argv + 1, argv + argc);
   bool estimate_only = false;
   // --dry-run-rank R --dry-run-world N: the start-up dry run (apps/dry_run.h), not a job setting.

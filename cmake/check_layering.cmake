@@ -14,18 +14,48 @@ if(NOT TITAN_SOURCE_DIR)
   message(FATAL_ERROR "check_layering: pass -DTITAN_SOURCE_DIR=<repository root>")
 endif()
 
-# Folder -> the folders its sources may include from. The most specific folder wins
-# (trainer/data before trainer). apps/ and tests/ may include everything.
-set(layer_folders trainer/data util model float8 parallel trainer apps)
+# Folder -> the folders its sources may include from, lowest room first (docs/architecture.md
+# draws them). The most specific folder owns a file (trainer/config/x.h belongs to
+# trainer/config, not trainer), for the includer and the included alike. apps/ and tests/ may
+# include everything.
+set(layer_folders util data model float8 parallel
+                  trainer/optim trainer/config trainer/observe trainer/checkpoint trainer apps)
 set(allowed_util util)
+set(allowed_data data util)  # the data pipeline: no model, no parallelism, no trainer
 set(allowed_model model util)
 set(allowed_float8 float8 model util)
 set(allowed_parallel parallel float8 model util)
-set(allowed_trainer/data trainer model util)  # the data pipeline: no parallel/, no float8/
-set(allowed_trainer trainer parallel float8 model util)
-set(allowed_apps apps trainer parallel float8 model util)
+set(allowed_trainer/optim trainer/optim util)
+set(allowed_trainer/config trainer/config trainer/optim parallel float8 model util)
+set(allowed_trainer/observe trainer/observe trainer/config data parallel float8 model util)
+set(allowed_trainer/checkpoint trainer/checkpoint trainer/observe trainer/config trainer/optim data
+                               parallel float8 model util)
+set(allowed_trainer trainer trainer/checkpoint trainer/observe trainer/config trainer/optim data
+                    parallel float8 model util)
+set(allowed_apps apps trainer trainer/checkpoint trainer/observe trainer/config trainer/optim data
+                 parallel float8 model util)
 # Project folders: a quoted include naming any other first component is not ours (ignored).
-set(project_folders util model float8 parallel trainer apps tests cmake)
+set(project_folders util data model float8 parallel trainer apps tests cmake fuzz)
+# The trainer core: the only files allowed at the top level of trainer/ (the rest live in its
+# rooms). A new file there must be added here on purpose.
+set(trainer_core CMakeLists.txt converters.cpp converters.h determinism.cpp determinism.h
+                 fault_injection.cpp fault_injection.h nonfinite_step.cpp signals.cpp signals.h
+                 train.cpp train.h)
+
+# The layer that owns a path: the longest layer folder it lies in ("" for none).
+function(owning_layer path out)
+  set(owner "")
+  set(owner_length 0)
+  foreach(candidate IN LISTS layer_folders)
+    string(LENGTH "${candidate}/" prefix_length)
+    string(SUBSTRING "${path}" 0 ${prefix_length} prefix)
+    if(prefix STREQUAL "${candidate}/" AND prefix_length GREATER owner_length)
+      set(owner "${candidate}")
+      set(owner_length ${prefix_length})
+    endif()
+  endforeach()
+  set(${out} "${owner}" PARENT_SCOPE)
+endfunction()
 
 set(violations "")
 set(files_checked 0)
@@ -35,16 +65,8 @@ foreach(layer IN LISTS layer_folders)
        "${TITAN_SOURCE_DIR}/${layer}/*.cpp" "${TITAN_SOURCE_DIR}/${layer}/*.cu"
        "${TITAN_SOURCE_DIR}/${layer}/*.cuh")
   foreach(source IN LISTS sources)
-    # Each file is checked by its most specific layer only (trainer/data/x.cpp not as trainer/).
-    set(owner "")
-    foreach(candidate IN LISTS layer_folders)
-      string(LENGTH "${candidate}/" prefix_length)
-      string(SUBSTRING "${source}" 0 ${prefix_length} prefix)
-      if(prefix STREQUAL "${candidate}/")
-        set(owner "${candidate}")
-        break()
-      endif()
-    endforeach()
+    # Each file is checked by its most specific layer only (trainer/config/x.cpp not as trainer/).
+    owning_layer("${source}" owner)
     if(NOT owner STREQUAL layer)
       continue()
     endif()
@@ -58,20 +80,18 @@ foreach(layer IN LISTS layer_folders)
              "${source} includes \"${header}\": name project headers by their folder path")
         continue()
       endif()
-      string(REGEX REPLACE "/.*$" "" folder "${header}")
-      if(NOT folder IN_LIST project_folders)
+      string(REGEX REPLACE "/.*$" "" first_component "${header}")
+      if(NOT first_component IN_LIST project_folders)
         continue()
       endif()
-      if(header MATCHES "^trainer/data/")
-        set(folder trainer/data)
+      owning_layer("${header}" folder)
+      if(folder STREQUAL "")
+        set(folder "${first_component}")
       endif()
       set(ok FALSE)
-      foreach(allowed IN LISTS allowed_${layer})
-        # Allowing trainer/ allows trainer/data/ too.
-        if(folder STREQUAL allowed OR folder MATCHES "^${allowed}/")
-          set(ok TRUE)
-        endif()
-      endforeach()
+      if(folder IN_LIST allowed_${layer})
+        set(ok TRUE)
+      endif()
       if(NOT ok)
         string(REPLACE ";" "/, " allowed_text "${allowed_${layer}}")
         list(APPEND violations
@@ -81,13 +101,21 @@ foreach(layer IN LISTS layer_folders)
   endforeach()
 endforeach()
 
+# Nothing at the top of trainer/ but the trainer core.
+file(GLOB trainer_top RELATIVE "${TITAN_SOURCE_DIR}/trainer" "${TITAN_SOURCE_DIR}/trainer/*")
+foreach(entry IN LISTS trainer_top)
+  if(NOT IS_DIRECTORY "${TITAN_SOURCE_DIR}/trainer/${entry}" AND NOT entry IN_LIST trainer_core)
+    list(APPEND violations "trainer/${entry} lies at the top of trainer/, which holds only the trainer core: move it into the room it belongs to (config/, optim/, observe/, checkpoint/) or list it in trainer_core")
+  endif()
+endforeach()
+
 if(files_checked EQUAL 0)
   message(FATAL_ERROR "check_layering: no sources found under ${TITAN_SOURCE_DIR}")
 endif()
 if(violations)
   list(LENGTH violations count)
   string(REPLACE ";" "\n  " text "${violations}")
-  message(FATAL_ERROR "layering: ${count} include(s) break the folder layering "
+  message(FATAL_ERROR "layering: ${count} file(s) break the folder layering "
                       "(docs/architecture.md):\n  ${text}")
 endif()
 message(STATUS "layering: ${files_checked} files follow the folder layering")

@@ -1,4 +1,4 @@
-// libFuzzer target: a TOML config file -> the validated JobConfig (trainer/config.h). Every input
+// libFuzzer target: a TOML config file -> the validated JobConfig (trainer/config/job_config.h). Every input
 // must either parse into a config whose TOML re-parses to the same TOML, or throw ConfigError
 // (the one error a user sees for a bad config, exit code 2).
 #include <cstdint>
@@ -7,10 +7,10 @@
 #include <vector>
 
 #include "fuzz/fuzz_input_file.h"
-#include "trainer/config.h"
+#include "trainer/config/job_config.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  using namespace titan::trainer;
+  using namespace titan::trainer::config;
   const std::string& path = titan::fuzz::write_input("config", data, size);
   const MachineFacts machine{};  // a CPU machine: the result does not depend on this host
   std::string toml;

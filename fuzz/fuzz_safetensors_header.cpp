@@ -1,5 +1,5 @@
 // libFuzzer target: a whole safetensors file's bytes -> the header length check and the
-// validating header parser (trainer/safetensors_header.h). Every input must either parse into
+// validating header parser (trainer/checkpoint/safetensors_header.h). Every input must either parse into
 // entries that lie inside the file, in order and without overlap, or throw std::runtime_error.
 #include <cstdint>
 #include <cstdlib>
@@ -7,10 +7,10 @@
 #include <stdexcept>
 #include <string_view>
 
-#include "trainer/safetensors_header.h"
+#include "trainer/checkpoint/safetensors_header.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  using namespace titan::trainer;
+  using namespace titan::trainer::checkpoint;
   const int64_t file_size = static_cast<int64_t>(size);
   uint64_t header_len = 0;
   if (size >= 8) std::memcpy(&header_len, data, 8);

@@ -1,4 +1,4 @@
-// libFuzzer target: a token shard (trainer/data/token_shard.h, "TITANTOK"). Every input must
+// libFuzzer target: a token shard (data/token_shard.h, "TITANTOK"). Every input must
 // either open (then every id reads back below vocab_size, or the read throws naming the
 // position) or throw std::runtime_error from the constructor.
 #include <cstdint>
@@ -6,11 +6,11 @@
 #include <stdexcept>
 #include <vector>
 
+#include "data/token_shard.h"
 #include "fuzz/fuzz_input_file.h"
-#include "trainer/data/token_shard.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  using namespace titan::trainer;
+  using namespace titan::data;
   const std::string& path = titan::fuzz::write_input("token_shard", data, size);
   try {
     TokenShard shard(path);

@@ -281,9 +281,11 @@ std::vector<std::string> Llama::describe() const {
   return out;
 }
 
-at::Tensor Llama::forward(const at::Tensor& tokens) {
+at::Tensor Llama::forward(const at::Tensor& tokens, const RotaryTable& rope) {
   TORCH_CHECK(tokens.dim() == 2, "Llama::forward expects tokens [batch, seq], got shape ",
               tokens.sizes());
+  TORCH_CHECK(rope.cos.size(0) >= tokens.size(1), "Llama::forward: the RoPE table has ", rope.cos.size(0),
+              " positions for ", tokens.size(1), " tokens");
   ForwardFn embed = [this](const at::Tensor& t) {
     return embedding_compute_ ? embedding_compute_(t, tok_embeddings_weight_)
                               : at::embedding(tok_embeddings_weight_, t);  // [B, S, D]
@@ -294,7 +296,9 @@ at::Tensor Llama::forward(const at::Tensor& tokens) {
   for (auto& layer : layers_) {
     TransformerBlock* block = layer.get();
     const size_t id = static_cast<size_t>(block->layer_id);
-    ForwardFn run = [this, block](const at::Tensor& x) { return block->forward(x, rope_); };
+    // The table by value: activation checkpointing calls `run` again in backward, after the
+    // caller's table may be gone.
+    ForwardFn run = [block, rope](const at::Tensor& x) { return block->forward(x, rope); };
     NamedScope scope("layers." + std::to_string(block->layer_id));
     h = compose(std::move(run), id < block_wrappers_.size() ? block_wrappers_[id] : kNoWrappers)(h);
     if (output_observer_) output_observer_("layers." + std::to_string(block->layer_id), h);

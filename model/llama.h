@@ -118,8 +118,12 @@ class Llama {
   // rank's box of it with model::fill_init_box).
   InitSpec init_spec(const std::string& fqn) const;
 
-  // tokens [B, S] int64 -> logits [B, S, vocab] in the parameters' dtype.
-  at::Tensor forward(const at::Tensor& tokens);
+  // tokens [B, S] int64 -> logits [B, S, vocab] in the parameters' dtype. `rope`: the positions
+  // of the tokens, row s for tokens[:, s] (at least S rows): rope_table() for a whole sequence from
+  // position 0; a rank's share of it under context parallelism (parallel/sequence_shard.h).
+  at::Tensor forward(const at::Tensor& tokens, const RotaryTable& rope);
+  // The RoPE table of positions 0 .. max_seq_len - 1 (after materialize / materialize_buffers).
+  const RotaryTable& rope_table() const { return rope_; }
 
   void visit_params(const ParamVisitor& visit);
   std::vector<Linear*> linears();  // every linear, in parameter order

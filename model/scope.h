@@ -3,7 +3,7 @@
 // A NamedScope pushes a name ("forward", "layers.3", "attention", "optimizer") onto a
 // thread-local stack for its lifetime and, when a profiler is collecting, opens a user range
 // of the same name (at::RecordFunction, USER_SCOPE), so Perfetto shows titan's structure. The
-// CPU memory recorder (trainer/memory.h) stamps every allocation with the current scope path
+// CPU memory recorder (trainer/observe/memory.h) stamps every allocation with the current scope path
 // and its category, which become the frames and the colors of a memory snapshot.
 #pragma once
 

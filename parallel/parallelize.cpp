@@ -180,15 +180,15 @@ void apply_tp(ParallelModel& pm, Comm& tp) {
                                   : std::string()));
 }
 
-// 3. FSDP (HSDP when dp_replicate > 1): one parameter group per block, plus the embedding and
+// 3. FSDP over dp_shard x cp (HSDP when dp_replicate > 1): one parameter group per block, plus the embedding and
 // norm+output, in forward order; each group's wrapper is the outermost of its block (See Note
 // [FSDP wraps AC] in activation_checkpoint.h). reshard_after_forward "default" frees every group
 // after its forward except the last block and norm+output, which backward needs first anyway
 // (torchtitan's choice). Float8 tensorwise linears' weights travel in float8 when asked.
-void apply_fsdp(ParallelModel& pm, Comm& dp_shard) {
+void apply_fsdp(ParallelModel& pm, Comm& dp_shard_cp) {
   model::Llama& model = pm.model_;
   const ParallelOptions& o = pm.options_;
-  pm.fsdp_ = std::make_unique<Fsdp>(dp_shard, o.compute_dtype, o.device, pm.mesh_.comm(MeshDim::kTp),
+  pm.fsdp_ = std::make_unique<Fsdp>(dp_shard_cp, o.compute_dtype, o.device, pm.mesh_.comm(MeshDim::kTp),
                                     o.fsdp_overlap);
   Fsdp& fsdp = *pm.fsdp_;
   std::map<std::string, model::Linear*> by_weight;
@@ -225,7 +225,7 @@ void apply_fsdp(ParallelModel& pm, Comm& dp_shard) {
   }
   model.wrap_stage(model::Stage::kHead, add_group("norm+output", {"norm.weight", "output.weight"}, true));
   std::ostringstream os;
-  os << (pm.mesh_.size(MeshDim::kDpReplicate) > 1 ? "HSDP " : "FSDP ") << dp_shard.size() << ": "
+  os << (pm.mesh_.size(MeshDim::kDpReplicate) > 1 ? "HSDP " : "FSDP ") << dp_shard_cp.size() << ": "
      << fsdp.num_groups() << " groups (tok_embeddings, one per block, norm+output), reshard_after_forward " << o.reshard_after_forward
      << ", largest gathered group " << fsdp.unsharded_bytes_max() << " bytes"
      << (o.fsdp_overlap ? ", overlapped (prefetch + deferred reduce-scatter)" : ", blocking");
@@ -249,12 +249,16 @@ std::unique_ptr<ParallelModel> parallelize_llama(model::Llama& model, DeviceMesh
   pm->log_.push_back("activation checkpointing: " + describe_ac(options.ac));
   // 3. ...and FSDP wraps that, so its gathers bracket the block and its backward hook
   //    re-gathers before AC recomputes (See Note [FSDP wraps AC]).
-  if (Comm* shard = mesh.comm(MeshDim::kDpShard)) apply_fsdp(*pm, *shard);
+  if (Comm* shard = mesh.comm(MeshDim::kDpShardCp)) apply_fsdp(*pm, *shard);
   if (mesh.size(MeshDim::kDpReplicate) > 1)
     pm->log_.push_back("data-parallel replicas " + std::to_string(mesh.size(MeshDim::kDpReplicate)) +
                        ": gradients all-reduced across them once per step");
   // 4. This rank's master parameters (the ones FSDP does not own) and the model's buffers.
   pm->finalize();
+  // 5. The micro-batch schedule: without pipeline parallelism, the whole model is one stage and
+  //    the schedule is gradient accumulation.
+  pm->schedule_ = std::make_unique<SingleStageSchedule>(model, *pm, mesh, options.microbatches, options.device);
+  pm->log_.push_back(pm->schedule_->describe());
   return pm;
 }
 
@@ -331,7 +335,7 @@ at::Tensor ParallelModel::full_param(const std::string& fqn) {
   TORCH_CHECK(i < names_.size(), "the model has no parameter '", fqn, "'");
   const Param* p = &param(fqn);
   at::Tensor local = masters_[i].detach().contiguous();
-  if (Comm* shard = fsdp_ ? mesh_.comm(MeshDim::kDpShard) : nullptr) {  // [d0p/N, ...] -> [d0, ...]
+  if (Comm* shard = fsdp_ ? mesh_.comm(MeshDim::kDpShardCp) : nullptr) {  // [d0p/N, ...] -> [d0, ...]
     at::Tensor out = at::empty({shard->size() * local.numel()}, local.options());
     shard->all_gather_into_tensor(out, local.view({-1}));
     std::vector<int64_t> padded = p->tp_shape;
@@ -367,8 +371,8 @@ at::Tensor region_view(const at::Tensor& local, const ShardRegion& region) {
 
 std::vector<ShardRegion> ParallelModel::shard_regions() const {
   const int tp = mesh_.size(MeshDim::kTp), tp_rank = mesh_.local_rank(MeshDim::kTp);
-  const int shards = fsdp_ ? mesh_.size(MeshDim::kDpShard) : 1;
-  const int shard_rank = fsdp_ ? mesh_.local_rank(MeshDim::kDpShard) : 0;
+  const int shards = fsdp_ ? mesh_.size(MeshDim::kDpShardCp) : 1;
+  const int shard_rank = fsdp_ ? mesh_.local_rank(MeshDim::kDpShardCp) : 0;
   const bool replica0 = mesh_.local_rank(MeshDim::kDpReplicate) == 0;
   std::vector<ShardRegion> regions;
   for (const std::string& name : names_) {
@@ -517,8 +521,8 @@ double clip_grad_norm(const std::vector<at::Tensor>& grads, const std::vector<bo
   return total;
 }
 
-double ParallelModel::sum_over_dp(double local) {
-  Comm* dp = mesh_.comm(MeshDim::kDp);
+double ParallelModel::sum_over_dp_cp(double local) {
+  Comm* dp = mesh_.comm(MeshDim::kDpCp);
   if (!dp) return local;
   at::Tensor t = at::tensor({local}, at::TensorOptions().dtype(at::kDouble)).to(options_.device);
   dp->all_reduce(t, ReduceOp::kSum);

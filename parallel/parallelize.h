@@ -20,6 +20,7 @@
 #include "parallel/activation_checkpoint.h"
 #include "parallel/fsdp.h"
 #include "parallel/mesh.h"
+#include "parallel/schedule.h"
 
 namespace titan::parallel {
 
@@ -33,6 +34,9 @@ struct ParallelOptions {
   bool async_tp = false;                           // See Note [Async TP] in tensor_parallel.h
   int64_t async_tp_chunks = 2;
   AcOptions ac;                                    // [activation_checkpoint]
+  // Micro-batches per step on this rank (gradient accumulation: this rank's rows of the global
+  // batch / training.local_batch_size); the schedule runs them (parallel/schedule.h).
+  int64_t microbatches = 1;
   // float8.enable_fsdp_float8_all_gather: FSDP gathers the weights of float8 tensorwise linears
   // as float8 bytes (Note [FSDP float8 all-gather] in fsdp.h). No effect without FSDP.
   bool float8_fsdp_all_gather = false;
@@ -96,6 +100,10 @@ class ParallelModel {
   // then the TP shards, and drops the padding. Collective: every rank calls it, same order.
   at::Tensor full_param(const std::string& fqn);
 
+  // How one step's micro-batches run forward and backward (See Note [Schedules as data] in
+  // schedule.h): the trainer's step calls schedule().step and nothing else about micro-batches.
+  Schedule& schedule() { return *schedule_; }
+
   // Before each micro-batch forward: without FSDP, points the model at compute copies of the
   // masters (FSDP casts during its gathers instead).
   void bind_compute_params();
@@ -108,8 +116,9 @@ class ParallelModel {
   // Clips by the global L2 norm of all gradients (each element counted once over the mesh;
   // one all-reduce); returns the norm before clipping.
   double clip_grad_norm(double max_norm);
-  // Sum over data-parallel ranks (TP ranks hold the same value).
-  double sum_over_dp(double local);
+  // Sum over the ranks that hold distinct tokens, dp x cp (TP ranks hold the same value): the
+  // global loss sum and token count.
+  double sum_over_dp_cp(double local);
   // After the optimizer step: the FSDP float8 weights' next scales (one all-reduce, with
   // float8_precompute_fsdp_scales) and the delayed-scaling amax histories (one all-reduce over
   // all ranks, See Note [Delayed scaling]). No-op without float8.
@@ -124,7 +133,7 @@ class ParallelModel {
   friend std::unique_ptr<ParallelModel> parallelize_llama(model::Llama&, DeviceMesh&,
                                                           const ParallelOptions&);
   friend void apply_tp(ParallelModel& pm, Comm& tp);
-  friend void apply_fsdp(ParallelModel& pm, Comm& dp_shard);
+  friend void apply_fsdp(ParallelModel& pm, Comm& dp_shard_cp);
   struct Param {
     std::string fqn;
     at::Tensor* slot;                 // the model's tensor
@@ -145,11 +154,12 @@ class ParallelModel {
   std::vector<at::Tensor> masters_;   // what the optimizer steps, in names_ order
   std::vector<bool> tp_replicated_;   // per master
   std::unique_ptr<Fsdp> fsdp_;
+  std::unique_ptr<Schedule> schedule_;
   std::vector<std::string> log_;
 };
 
 // Applies, in this order: tensor/sequence parallel, activation checkpointing, FSDP/HSDP; then
-// allocates this rank's master parameters. The model must still be on the meta device; call
+// allocates this rank's master parameters and sets the micro-batch schedule. The model must still be on the meta device; call
 // init_weights on the result next.
 std::unique_ptr<ParallelModel> parallelize_llama(model::Llama& model, DeviceMesh& mesh,
                                                  const ParallelOptions& options);

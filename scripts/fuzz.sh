@@ -27,13 +27,13 @@ TORCH_LIBS=(-L"$TORCH/lib" -Wl,-rpath,"$TORCH/lib" -ltorch_cpu -lc10)
 # target: sources (beside fuzz/<target>.cpp) and libraries. Only fuzz_config needs LibTorch
 # (the config table names float8 dtypes and asks ATen whether CUDA is there).
 declare -A SOURCES=(
-  [fuzz_safetensors_header]="trainer/safetensors_header.cpp"
-  [fuzz_tiktoken]="trainer/data/tiktoken_file.cpp trainer/data/text_lines.cpp"
-  [fuzz_token_shard]="trainer/data/token_shard.cpp"
-  [fuzz_hf_tokenizer]="trainer/data/hf_tokenizer.cpp trainer/data/bpe_tokenizer.cpp trainer/data/pretokenizer.cpp trainer/data/tiktoken_file.cpp trainer/data/text_lines.cpp trainer/data/tokenizer.cpp"
+  [fuzz_safetensors_header]="trainer/checkpoint/safetensors_header.cpp"
+  [fuzz_tiktoken]="data/tiktoken_file.cpp data/text_lines.cpp"
+  [fuzz_token_shard]="data/token_shard.cpp"
+  [fuzz_hf_tokenizer]="data/hf_tokenizer.cpp data/bpe_tokenizer.cpp data/pretokenizer.cpp data/tiktoken_file.cpp data/text_lines.cpp data/tokenizer.cpp"
   # titan_config's own sources, read from its CMake target so the list cannot drift from it.
-  [fuzz_config]="$(sed -n 's/^add_library(titan_config STATIC \(.*\))$/\1/p' "$ROOT/trainer/CMakeLists.txt" |
-                   tr ' ' '\n' | sed 's|^|trainer/|' | tr '\n' ' ') model/args.cpp float8/recipe.cpp"
+  [fuzz_config]="$(sed -n 's/^add_library(titan_config STATIC \(.*\))$/\1/p' "$ROOT/trainer/config/CMakeLists.txt" |
+                   tr ' ' '\n' | sed 's|^|trainer/config/|' | tr '\n' ' ') model/args.cpp float8/recipe.cpp"
 )
 declare -A LIBS=([fuzz_hf_tokenizer]="-lpcre2-8" [fuzz_config]="-ltomlplusplus")
 TARGETS=("$@")

@@ -63,7 +63,7 @@ Grads run_once(const model::ModelArgs& args, const AcOptions& ac,
   at::manual_seed(3);
   at::Tensor tokens = at::randint(args.vocab_size, {2, 16});
   at::Tensor labels = at::randint(args.vocab_size, {2, 16});
-  at::Tensor logits = m.forward(tokens);
+  at::Tensor logits = m.forward(tokens, m.rope_table());
   at::Tensor loss = at::cross_entropy_loss(logits.flatten(0, 1), labels.flatten());
   torch::autograd::backward({loss});
   out.loss = loss.item<double>();
@@ -241,7 +241,7 @@ TEST_CASE("AC re-runs the wrappers inside it in the recompute, not those outside
                                  return run(h);
                                }});
   CHECK(m.describe()[1] == "layers.0-3: outer > ac(full) > count");
-  at::Tensor logits = m.forward(at::randint(64, {1, 8}));
+  at::Tensor logits = m.forward(at::randint(64, {1, 8}), m.rope_table());
   CHECK(inner_calls == 4);
   CHECK(inner_calls_with_grad == 0);  // the first forward runs without grad
   logits.sum().backward();

@@ -28,10 +28,10 @@
 #include "parallel/world.h"
 #include "tests/job_runs.h"
 #include "tests/temp_dir.h"
-#include "trainer/config.h"
-#include "trainer/config_agreement.h"
-#include "trainer/config_file.h"
-#include "trainer/memory_estimate.h"
+#include "trainer/config/agreement.h"
+#include "trainer/config/job_config.h"
+#include "trainer/config/toml_file.h"
+#include "trainer/observe/memory_estimate.h"
 
 #if !defined(TITAN_RUN_PATH) || !defined(TITAN_TRAIN_PATH)
 #error "TITAN_RUN_PATH and TITAN_TRAIN_PATH must be defined by the build"
@@ -96,7 +96,7 @@ void check_row(const Row& row) {
 TEST_CASE("bad config files end in one named error", "[bad_input]") {
   const std::string train = TITAN_TRAIN_PATH;
   const std::string tiny = tiny_run();
-  std::string big(titan::trainer::kMaxConfigFileBytes + 1, '#');  // one comment line, one byte over the limit
+  std::string big(titan::trainer::config::kMaxConfigFileBytes + 1, '#');  // one comment line, one byte over the limit
   const std::vector<Row> rows = {
       {"100,000-deep dotted header (was: segfault in toml::parse)",
        train + " --job.config_file " + write_text("deep.toml", "[training." + dotted_name(100000) + "]\n") + " " + tiny, 2,
@@ -156,6 +156,9 @@ TEST_CASE("keys that contradict each other or the job are refused or warned abou
       {"comm.debug_fail_rank beyond the world size (was: trained, never failed)",
        run + " --comm.debug_fail_at_step 1 --comm.debug_fail_rank 5", 2,
        "comm.debug_fail_rank = 5 is not a rank of this job: must be in [0, 0] (WORLD_SIZE 1)"},
+      {"comm.debug_stall_rank beyond the world size (was: trained, never stalled)",
+       run + " --comm.debug_stall_at_step 1 --comm.debug_stall_rank 3", 2,
+       "comm.debug_stall_rank = 3 is not a rank of this job: must be in [0, 0] (WORLD_SIZE 1)"},
       {"--estimate-memory with seq_len 2^62 (was: answered happily)",
        train + " --estimate-memory --training.seq_len 4611686018427387904", 2,
        "training.seq_len = 4611686018427387904 is out of range: must be in [1, 2147483647]"},
@@ -177,7 +180,7 @@ TEST_CASE("keys that contradict each other or the job are refused or warned abou
 }
 
 TEST_CASE("start-up warnings name the keys whose settings do nothing", "[bad_input]") {
-  using titan::trainer::parse_job_config;
+  using titan::trainer::config::parse_job_config;
   auto warnings_of = [](std::vector<std::string> args) {
     std::string all;
     for (const auto& w : parse_job_config(args).warnings) all += w + "\n";
@@ -203,12 +206,12 @@ TEST_CASE("library guards: nodelist expansion, memory estimate, nesting scan", "
                     Contains("expands to more than 131072 hosts"));
   CHECK(titan::parallel::expand_slurm_nodelist("n[0-3]").size() == 4);
 
-  titan::trainer::EstimateInputs in;
+  titan::trainer::observe::EstimateInputs in;
   in.args = titan::model::llama3_flavor("debugmodel");
   in.seq_len = int64_t{1} << 62;
-  CHECK_THROWS_WITH(titan::trainer::estimate_memory(in), Contains("more than 8 EiB per rank"));
+  CHECK_THROWS_WITH(titan::trainer::observe::estimate_memory(in), Contains("more than 8 EiB per rank"));
 
-  using titan::trainer::toml_nesting_depth;
+  using titan::trainer::config::toml_nesting_depth;
   CHECK(toml_nesting_depth("[training]\nsteps = 1.5\n") == 2);  // the float's dot is no key
   CHECK(toml_nesting_depth("[a.b.c]\nx.y = 1\n") == 5);
   CHECK(toml_nesting_depth("[a]\nx = {y = [[1], [2]]}\n") == 4);  // a, a.x, a.x.y, its arrays
@@ -264,13 +267,13 @@ TEST_CASE("SIGTERM during start-up ends the process with a message", "[bad_input
 }
 
 TEST_CASE("the disagreement message names the key, the values and the ranks", "[bad_input]") {
-  using titan::trainer::describe_disagreement;
+  using titan::trainer::config::describe_disagreement;
   CHECK_THAT(describe_disagreement("training.seq_len", {"2048", "1024", "2048", "2048"}, 0),
              Contains("config differs across ranks: training.seq_len is 2048 on ranks 0,2,3 but 1024 on rank 1"));
   CHECK_THAT(describe_disagreement("model.flavor", {"\"a\"", "\"b\"", "\"c\""}, 2),
              Contains("model.flavor is \"a\" on rank 0, \"b\" on rank 1 but \"c\" on rank 2 (and 2 more keys differ)"));
   // Per-rank keys are not compared; everything else is, the build first.
-  const auto entries = titan::trainer::agreement_entries(titan::trainer::JobConfig{});
+  const auto entries = titan::trainer::config::agreement_entries(titan::trainer::config::JobConfig{});
   REQUIRE(!entries.empty());
   CHECK(entries.front().first == "titan.build");
   for (const auto& [key, value] : entries) {

@@ -31,9 +31,9 @@
 #include <thread>
 
 #include "tests/temp_dir.h"
-#include "trainer/checkpoint.h"
-#include "trainer/hf_weights.h"
-#include "trainer/safetensors.h"
+#include "trainer/checkpoint/hf_weights.h"
+#include "trainer/checkpoint/manager.h"
+#include "trainer/checkpoint/safetensors.h"
 #include "trainer/train.h"
 
 #if !defined(TITAN_RUN_PATH) || !defined(TITAN_TRAIN_PATH) || !defined(TITAN_PYTHON)
@@ -42,6 +42,8 @@
 
 namespace fs = std::filesystem;
 using namespace titan::trainer;
+using namespace titan::trainer::checkpoint;
+using namespace titan::trainer::config;
 using Catch::Matchers::Contains;
 
 namespace {
@@ -380,7 +382,7 @@ TEST_CASE("Hugging Face export loads back bitwise and gives HF Llama's logits", 
   at::Tensor logits;
   {
     at::NoGradGuard no_grad;
-    logits = second.model().forward(tokens).to(at::kFloat);
+    logits = second.model().forward(tokens, second.model().rope_table()).to(at::kFloat);
   }
   const fs::path probe = dump / "titan_logits.safetensors";
   save_safetensors(probe.string(), {{"tokens", tokens}, {"logits", logits}});

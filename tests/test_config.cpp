@@ -11,15 +11,15 @@
 
 #include <unistd.h>
 
-#include "trainer/config.h"
-#include "trainer/config_table.h"
+#include "trainer/config/job_config.h"
+#include "trainer/config/key_table.h"
 
 namespace fs = std::filesystem;
-using titan::trainer::ConfigError;
-using titan::trainer::config_help;
-using titan::trainer::config_to_toml;
-using titan::trainer::JobConfig;
-using titan::trainer::parse_job_config;
+using titan::trainer::config::ConfigError;
+using titan::trainer::config::config_help;
+using titan::trainer::config::config_to_toml;
+using titan::trainer::config::JobConfig;
+using titan::trainer::config::parse_job_config;
 using Catch::Matchers::Contains;
 
 namespace {
@@ -352,10 +352,10 @@ TEST_CASE("every configs/*.toml parses", "[config]") {
   CHECK(eight.float8.filter_fqns == std::vector<std::string>{"output"});
 }
 
-// Note [Every integer key has an upper bound] (trainer/config_table.h): no row may let an int64
+// Note [Every integer key has an upper bound] (trainer/config/key_table.h): no row may let an int64
 // through to a narrower user unchecked.
 TEST_CASE("every integer key has an upper bound", "[config]") {
-  using namespace titan::trainer::config_detail;
+  using namespace titan::trainer::config::detail;
   for (const auto& section : config_table()) {
     for (const auto& spec : section.keys) {
       if (spec.type != ValueType::kInt || spec.kind != KeyKind::kImplemented) continue;

@@ -14,15 +14,15 @@
 
 #include <toml++/toml.h>
 
-#include "trainer/config.h"
-#include "trainer/config_table.h"
+#include "trainer/config/job_config.h"
+#include "trainer/config/key_table.h"
 
 namespace fs = std::filesystem;
-using titan::trainer::ConfigError;
-using titan::trainer::config_to_toml;
-using titan::trainer::JobConfig;
-using titan::trainer::MachineFacts;
-using titan::trainer::parse_job_config;
+using titan::trainer::config::ConfigError;
+using titan::trainer::config::config_to_toml;
+using titan::trainer::config::JobConfig;
+using titan::trainer::config::MachineFacts;
+using titan::trainer::config::parse_job_config;
 using Catch::Matchers::Contains;
 
 namespace {
@@ -101,7 +101,7 @@ std::string printed_value(const toml::table& printed, const std::string& dotted,
 
 TEST_CASE("every torchtitan fixture config parses and each key lands where it should",
           "[config][torchtitan]") {
-  using namespace titan::trainer::config_detail;
+  using namespace titan::trainer::config::detail;
   int configs = 0, keys_checked = 0;
   std::vector<std::string> releases;
   for (const auto& release : fs::directory_iterator(fixture_root())) {

@@ -11,18 +11,18 @@
 #include <random>
 #include <unordered_map>
 
-#include "trainer/data/bpe_tokenizer.h"
-#include "trainer/data/bpe_train.h"
-#include "trainer/data/documents.h"
-#include "trainer/data/loader.h"
-#include "trainer/data/pretokenizer.h"
-#include "trainer/data/tiktoken_file.h"
-#include "trainer/data/token_shard.h"
-#include "trainer/data/token_source.h"
-#include "trainer/data/tokenizer.h"
+#include "data/bpe_tokenizer.h"
+#include "data/bpe_train.h"
+#include "data/documents.h"
+#include "data/loader.h"
+#include "data/pretokenizer.h"
+#include "data/tiktoken_file.h"
+#include "data/token_shard.h"
+#include "data/token_source.h"
+#include "data/tokenizer.h"
 
 namespace fs = std::filesystem;
-using namespace titan::trainer;
+using namespace titan::data;
 
 namespace {
 

@@ -1,7 +1,7 @@
-// The c4 datasets over a local copy (trainer/data/c4_documents.h): JSON lines plain and
+// The c4 datasets over a local copy (data/c4_documents.h): JSON lines plain and
 // gzip-compressed, read line by line, and Parquet files written by the pyarrow wheel, one row
 // group at a time; empty texts are documents (BOS EOS), as in torchtitan. The stream over them
-// (trainer/data/streaming_source.h) against the same documents held in memory.
+// (data/streaming_source.h) against the same documents held in memory.
 #include <catch2/catch.hpp>
 
 #include <zlib.h>
@@ -12,13 +12,13 @@
 #include <string>
 #include <vector>
 
+#include "data/c4_documents.h"
+#include "data/streaming_source.h"
+#include "data/token_source.h"
+#include "data/tokenizer.h"
 #include "temp_dir.h"
-#include "trainer/data/c4_documents.h"
-#include "trainer/data/streaming_source.h"
-#include "trainer/data/token_source.h"
-#include "trainer/data/tokenizer.h"
 
-using namespace titan::trainer;
+using namespace titan::data;
 namespace fs = std::filesystem;
 
 namespace {

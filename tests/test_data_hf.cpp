@@ -1,4 +1,4 @@
-// Hugging Face tokenizer.json (trainer/data/hf_tokenizer.h): a tokenizer.json written the way
+// Hugging Face tokenizer.json (data/hf_tokenizer.h): a tokenizer.json written the way
 // Hugging Face converts a tiktoken vocabulary (byte-level strings, every two-token split of a
 // token as a merge, ordered by the merged token's rank; specials as added tokens) gives the
 // same ids as the tiktoken path on the same vocabulary.
@@ -12,14 +12,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include "data/bpe_tokenizer.h"
+#include "data/bpe_train.h"
+#include "data/hf_tokenizer.h"
+#include "data/pretokenizer.h"
+#include "data/tokenizer.h"
 #include "temp_dir.h"
-#include "trainer/data/bpe_tokenizer.h"
-#include "trainer/data/bpe_train.h"
-#include "trainer/data/hf_tokenizer.h"
-#include "trainer/data/pretokenizer.h"
-#include "trainer/data/tokenizer.h"
 
-using namespace titan::trainer;
+using namespace titan::data;
 using nlohmann::json;
 namespace fs = std::filesystem;
 

@@ -20,7 +20,7 @@ TEST_CASE("dry run: one rank of HSDP 2 x TP 2 holds half of the debug model", "[
                          "--parallelism.tensor_parallel_degree 2", "hsdp_tp");
   INFO(r.log);
   REQUIRE(r.exit_code == 0);
-  CHECK_THAT(r.log, Catch::Contains("rank 3 of dp_replicate 2 x dp_shard 1 x tp 2 = 4 ranks"));
+  CHECK_THAT(r.log, Catch::Contains("rank 3 of pp 1 x dp_replicate 2 x dp_shard 1 x cp 1 x tp 2 = 4 ranks"));
   CHECK_THAT(r.log, Catch::Contains("init this rank's share"));
   // HSDP replicas hold the same shard; TP 2 halves every linear and the embedding (258 rows or
   // columns split 129 + 129: no padding), the norms (13 x 256 = 3,328 of 5,247,232 elements) are

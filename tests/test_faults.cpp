@@ -27,15 +27,15 @@
 #include <thread>
 #include <vector>
 
+#include "data/tiktoken_file.h"
+#include "data/token_shard.h"
 #include "tests/temp_dir.h"
-#include "trainer/data/tiktoken_file.h"
-#include "trainer/data/token_shard.h"
-#include "trainer/memory_snapshot.h"
-#include "trainer/metrics.h"
-#include "trainer/profiling.h"
-#include "trainer/safetensors.h"
+#include "trainer/checkpoint/safetensors.h"
+#include "trainer/observe/memory_snapshot.h"
+#include "trainer/observe/metrics.h"
+#include "trainer/observe/profiling.h"
+#include "trainer/observe/tensorboard.h"
 #include "trainer/signals.h"
-#include "trainer/tensorboard.h"
 #include "util/atomic_file.h"
 
 #if !defined(TITAN_RUN_PATH) || !defined(TITAN_TRAIN_PATH)
@@ -44,6 +44,10 @@
 
 namespace fs = std::filesystem;
 using namespace titan::trainer;
+using namespace titan::data;
+using namespace titan::trainer::checkpoint;
+using namespace titan::trainer::config;
+using namespace titan::trainer::observe;
 
 namespace {
 

@@ -7,10 +7,11 @@
 #include <filesystem>
 #include <numeric>
 
-#include "trainer/config.h"
+#include "trainer/config/job_config.h"
 #include "trainer/train.h"
 
 using namespace titan::trainer;
+using namespace titan::trainer::config;
 
 namespace {
 JobConfig job(std::vector<std::string> extra) {

@@ -13,14 +13,16 @@
 #include <nlohmann/json.hpp>
 
 #include "model/scope.h"
-#include "trainer/config.h"
-#include "trainer/memory.h"
-#include "trainer/memory_estimate.h"
-#include "trainer/memory_snapshot.h"
 #include "tests/temp_dir.h"
+#include "trainer/config/job_config.h"
+#include "trainer/observe/memory.h"
+#include "trainer/observe/memory_estimate.h"
+#include "trainer/observe/memory_snapshot.h"
 #include "trainer/train.h"
 
 using namespace titan::trainer;
+using namespace titan::trainer::config;
+using namespace titan::trainer::observe;
 namespace fs = std::filesystem;
 
 namespace {

@@ -128,12 +128,12 @@ TEST_CASE("forward shapes and causality", "[model]") {
   model.init_weights(1);
   at::NoGradGuard no_grad;
   at::Tensor tokens = at::randint(0, 32, {2, 8}, at::kLong);
-  at::Tensor logits = model.forward(tokens);
+  at::Tensor logits = model.forward(tokens, model.rope_table());
   CHECK(logits.sizes() == at::IntArrayRef({2, 8, 32}));
   // Changing the last token must not change earlier positions' logits.
   at::Tensor changed = tokens.clone();
   changed[0][7] = (changed[0][7].item<int64_t>() + 1) % 32;
-  at::Tensor logits2 = model.forward(changed);
+  at::Tensor logits2 = model.forward(changed, model.rope_table());
   CHECK(at::allclose(logits.narrow(1, 0, 7), logits2.narrow(1, 0, 7)));
   CHECK_FALSE(at::allclose(logits[0][7], logits2[0][7]));
 }
@@ -150,7 +150,7 @@ TEST_CASE("gradients match central finite differences in float64", "[model]") {
   at::Tensor tokens = at::randint(0, 32, {2, 6}, at::kLong);
   at::Tensor labels = at::randint(0, 32, {2, 6}, at::kLong);
   auto loss_fn = [&] {
-    return at::cross_entropy_loss(model.forward(tokens).flatten(0, 1), labels.flatten());
+    return at::cross_entropy_loss(model.forward(tokens, model.rope_table()).flatten(0, 1), labels.flatten());
   };
   torch::autograd::backward({loss_fn()});
   at::NoGradGuard no_grad;

@@ -35,7 +35,7 @@
 #include "tests/job_runs.h"
 #include "tests/rank_threads.h"
 #include "tests/temp_dir.h"
-#include "trainer/memory.h"
+#include "trainer/observe/memory.h"
 
 #if !defined(TITAN_RUN_PATH) || !defined(TITAN_TRAIN_PATH)
 #error "TITAN_RUN_PATH and TITAN_TRAIN_PATH must be defined by the build"
@@ -96,9 +96,9 @@ const std::string kAsync = " --parallelism.enable_async_tensor_parallel";
 
 TEST_CASE("overlapped FSDP keeps at most two groups gathered (threads, memory tracker)", "[overlap]") {
   using namespace titan;
-  trainer::install_cpu_memory_tracker();
-  trainer::restart_memory_trace(c10::kCPU);
-  trainer::set_cpu_memory_recording(true);
+  trainer::observe::install_cpu_memory_tracker();
+  trainer::observe::restart_memory_trace(c10::kCPU);
+  trainer::observe::set_cpu_memory_recording(true);
   model::ModelArgs args = model::llama3_flavor("debugmodel");
   args.vocab_size = 256;
   args.max_seq_len = 16;
@@ -121,13 +121,13 @@ TEST_CASE("overlapped FSDP keeps at most two groups gathered (threads, memory tr
         pm->init_weights(1);
         at::manual_seed(rank);
         at::Tensor tokens = at::randint(args.vocab_size, {2, 16}), labels = at::randint(args.vocab_size, {2, 16});
-        at::Tensor loss = pm->loss_sum(model.forward(tokens), labels);
+        at::Tensor loss = pm->loss_sum(model.forward(tokens, model.rope_table()), labels);
         torch::autograd::backward({loss});
         pm->after_backward();
         max_gathered[static_cast<size_t>(rank)] = pm->fsdp()->max_groups_gathered();
         group_bytes[static_cast<size_t>(rank)] = pm->fsdp()->unsharded_bytes_max();
       });
-  trainer::set_cpu_memory_recording(false);
+  trainer::observe::set_cpu_memory_recording(false);
   for (size_t rank = 0; rank < errors.size(); ++rank) {
     INFO("rank " << rank << ": " << errors[rank]);
     REQUIRE(errors[rank].empty());
@@ -146,7 +146,7 @@ TEST_CASE("overlapped FSDP keeps at most two groups gathered (threads, memory tr
   //    threads can keep one finished work's buffers (at most an all-gather's 2.5 G) alive. So
   //    at most 4.5 G + 2 * 2.5 G = 9.5 G per rank (measured 4.5-6 G). The two ranks' sum is no
   //    bound to check: their peaks need not coincide.
-  const trainer::MemoryRecord record = trainer::memory_record(c10::kCPU);
+  const trainer::observe::MemoryRecord record = trainer::observe::memory_record(c10::kCPU);
   const auto comm = static_cast<uint8_t>(model::MemoryCategory::kCommunication);
   struct Owner {
     int rank = -1;          // the outermost frame "rank R"; -1 when none
@@ -171,7 +171,7 @@ TEST_CASE("overlapped FSDP keeps at most two groups gathered (threads, memory tr
   std::vector<int64_t> live(2, 0), peak(2, 0), live_gathered(2, 0), peak_gathered(2, 0);
   int64_t unattributed = 0;
   for (const auto& e : record.events) {
-    if (e.action == trainer::MemoryEvent::kAlloc && e.category == comm) {
+    if (e.action == trainer::observe::MemoryEvent::kAlloc && e.category == comm) {
       const Owner owner = owner_of(e.scope);
       if (owner.rank < 0) {
         ++unattributed;
@@ -181,7 +181,7 @@ TEST_CASE("overlapped FSDP keeps at most two groups gathered (threads, memory tr
       comm_blocks[e.addr] = {owner, e.size};
       peak[r] = std::max(peak[r], live[r] += e.size);
       if (owner.gathered) peak_gathered[r] = std::max(peak_gathered[r], live_gathered[r] += e.size);
-    } else if (e.action == trainer::MemoryEvent::kFree) {
+    } else if (e.action == trainer::observe::MemoryEvent::kFree) {
       auto it = comm_blocks.find(e.addr);
       if (it == comm_blocks.end()) continue;
       const auto r = static_cast<size_t>(it->second.owner.rank);

@@ -185,9 +185,9 @@ TEST_CASE("parallel dims resolve -1 and reject bad products with the numbers", "
   d = tp::resolve_parallel_dims(2, -1, 1, 1, 1, 4);
   CHECK((d.dp_replicate == 2 && d.dp_shard == 2 && d.tp == 1));
   CHECK_THROWS_WITH(tp::resolve_parallel_dims(2, 2, 2, 1, 1, 10),
-                    "Invalid parallel dims: dp_replicate(2) * dp_shard(2) * tp(2) != WORLD_SIZE(10)");
+                    "Invalid parallel dims: dp_replicate(2) * dp_shard(2) * cp(1) * tp(2) * pp(1) != WORLD_SIZE(10)");
   CHECK_THROWS_WITH(tp::resolve_parallel_dims(1, -1, 3, 1, 1, 4),
-                    Contains("WORLD_SIZE(4) is not divisible by dp_replicate(1) * tp(3)"));
+                    Contains("WORLD_SIZE(4) is not divisible by dp_replicate(1) * cp(1) * tp(3) * pp(1)"));
   CHECK_THROWS_WITH(tp::resolve_parallel_dims(1, -1, 1, 2, 1, 2), Contains("pipeline_parallel_degree = 2 is not supported"));
   CHECK_THROWS_WITH(tp::resolve_parallel_dims(1, -1, 1, 1, 2, 2), Contains("context_parallel_degree = 2 is not supported"));
 }
@@ -510,7 +510,7 @@ TEST_CASE("bad degrees are a config error with the numbers", "[parallel]") {
                           " --parallelism.data_parallel_shard_degree 1 --parallelism.tensor_parallel_degree 2",
                       dump.string() + ".log");
   CHECK(r.exit_code == 2);
-  CHECK_THAT(r.log, Contains("Invalid parallel dims: dp_replicate(1) * dp_shard(1) * tp(2) != WORLD_SIZE(1)"));
+  CHECK_THAT(r.log, Contains("Invalid parallel dims: dp_replicate(1) * dp_shard(1) * cp(1) * tp(2) * pp(1) != WORLD_SIZE(1)"));
 }
 
 TEST_CASE("the trainer runs under the real torchrun", "[parallel][dist]") {

@@ -1,4 +1,4 @@
-// TensorBoard event files (trainer/tensorboard.h), read back by TensorBoard's own loader (the
+// TensorBoard event files (trainer/observe/tensorboard.h), read back by TensorBoard's own loader (the
 // `tensorboard` package that scripts/setup.sh installs into .deps/venv).
 #include <catch2/catch.hpp>
 
@@ -12,9 +12,9 @@
 #include <nlohmann/json.hpp>
 
 #include "temp_dir.h"
-#include "trainer/tensorboard.h"
+#include "trainer/observe/tensorboard.h"
 
-using namespace titan::trainer;
+using namespace titan::trainer::observe;
 namespace fs = std::filesystem;
 
 namespace {

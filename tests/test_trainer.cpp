@@ -18,17 +18,21 @@
 #include <fstream>
 #include <string>
 
-#include "trainer/config.h"
-#include "trainer/determinism.h"
-#include "trainer/memory.h"
 #include "parallel/parallelize.h"
-#include "trainer/metrics.h"
-#include "trainer/optimizer.h"
-#include "trainer/safetensors.h"
 #include "tests/temp_dir.h"
+#include "trainer/checkpoint/safetensors.h"
+#include "trainer/config/job_config.h"
+#include "trainer/determinism.h"
+#include "trainer/observe/memory.h"
+#include "trainer/observe/metrics.h"
+#include "trainer/optim/optimizer.h"
 #include "trainer/train.h"
 
 using namespace titan::trainer;
+using namespace titan::trainer::checkpoint;
+using namespace titan::trainer::config;
+using namespace titan::trainer::observe;
+using namespace titan::trainer::optim;
 namespace fs = std::filesystem;
 
 namespace {

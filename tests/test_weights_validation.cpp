@@ -1,5 +1,5 @@
-// Bad weights and non-finite steps: the safetensors header checks (trainer/safetensors_header.h),
-// the value checks of loaded weights (Note [Weights that cannot train], trainer/weights_check.h),
+// Bad weights and non-finite steps: the safetensors header checks (trainer/checkpoint/safetensors_header.h),
+// the value checks of loaded weights (Note [Weights that cannot train], trainer/checkpoint/weights_check.h),
 // one error for every unexpected and missing name, and a diverged run stopping (or skipping)
 // at the step where its loss turns non-finite (Note [Non-finite steps], trainer/nonfinite_step.cpp).
 #include <ATen/ops/full.h>
@@ -16,13 +16,15 @@
 #include <string>
 
 #include "tests/temp_dir.h"
-#include "trainer/config.h"
-#include "trainer/safetensors.h"
-#include "trainer/safetensors_header.h"
+#include "trainer/checkpoint/safetensors.h"
+#include "trainer/checkpoint/safetensors_header.h"
+#include "trainer/checkpoint/weights_check.h"
+#include "trainer/config/job_config.h"
 #include "trainer/train.h"
-#include "trainer/weights_check.h"
 
 using namespace titan::trainer;
+using namespace titan::trainer::checkpoint;
+using namespace titan::trainer::config;
 using Catch::Matchers::Contains;
 namespace fs = std::filesystem;
 

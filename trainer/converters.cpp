@@ -7,7 +7,7 @@
 
 #include "float8/convert.h"
 #include "float8/float8_linear.h"
-#include "trainer/logging.h"
+#include "util/logging.h"
 
 namespace titan::trainer {
 namespace {
@@ -33,23 +33,23 @@ void log_report(const char* kind, const float8::ConversionReport& report) {
     return out;
   };
   for (const auto& [how, names] : converted)
-    log_info(std::string(kind) + ": converted " + std::to_string(names.size()) + " linear(s) to " +
+    util::log_info(std::string(kind) + ": converted " + std::to_string(names.size()) + " linear(s) to " +
              how + ": " + join_unique(names));
   for (const auto& [why, names] : skipped)
-    log_info(std::string(kind) + ": kept " + std::to_string(names.size()) +
+    util::log_info(std::string(kind) + ": kept " + std::to_string(names.size()) +
              " linear(s) in high precision (" + why + "): " + join_unique(names));
 }
 
 }  // namespace
 
-ConvertedModel apply_model_converters(model::Llama& model, const JobConfig& cfg, c10::Device device) {
+ConvertedModel apply_model_converters(model::Llama& model, const config::JobConfig& cfg, c10::Device device) {
   ConvertedModel result;
   const bool float8_requested =
       cfg.float8.enable_float8_linear ||
       std::find(cfg.model.converters.begin(), cfg.model.converters.end(), "float8") !=
           cfg.model.converters.end();
   if (float8_requested && cfg.int8.enable_int8_linear)
-    throw ConfigError(
+    throw config::ConfigError(
         "float8.enable_float8_linear and int8.enable_int8_linear are both set: a linear trains in "
         "one low precision; choose one");
 
@@ -68,11 +68,11 @@ ConvertedModel apply_model_converters(model::Llama& model, const JobConfig& cfg,
       float8::validate_float8_options(options);
       report = float8::convert_to_float8_training(model.linears(), options);
     } catch (const std::invalid_argument& e) {
-      throw ConfigError(e.what());
+      throw config::ConfigError(e.what());
     }
     log_report("float8", report);
     result.float8 = true;
-    if (options.emulate) log_info("float8: GEMMs are emulated in float32 (same numerics up to the final GEMM)");
+    if (options.emulate) util::log_info("float8: GEMMs are emulated in float32 (same numerics up to the final GEMM)");
   }
   if (cfg.int8.enable_int8_linear) {
     float8::Int8Options options;
@@ -84,7 +84,7 @@ ConvertedModel apply_model_converters(model::Llama& model, const JobConfig& cfg,
     try {
       report = float8::convert_to_int8_training(model.linears(), options);
     } catch (const std::invalid_argument& e) {
-      throw ConfigError(e.what());
+      throw config::ConfigError(e.what());
     }
     log_report("int8", report);
     result.int8 = true;

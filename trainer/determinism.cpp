@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "trainer/logging.h"
+#include "util/logging.h"
 
 namespace titan::trainer {
 
@@ -28,7 +28,7 @@ void apply_determinism(bool deterministic) {
   if (previous != nullptr && std::string(previous) != kCublasWorkspaceConfig)
     workspace_note = " (was '" + std::string(previous) + "')";
   ::setenv("CUBLAS_WORKSPACE_CONFIG", kCublasWorkspaceConfig, /*overwrite=*/1);
-  log_info(std::string("deterministic: ATen deterministic algorithms on (an op without a "
+  util::log_info(std::string("deterministic: ATen deterministic algorithms on (an op without a "
                        "deterministic kernel is an error), cuDNN deterministic + benchmark off, "
                        "oneDNN deterministic, CUBLAS_WORKSPACE_CONFIG=") +
            kCublasWorkspaceConfig + workspace_note +

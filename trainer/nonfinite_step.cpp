@@ -17,8 +17,8 @@
 #include <stdexcept>
 
 #include "parallel/parallelize.h"
-#include "trainer/logging.h"
 #include "trainer/train.h"
+#include "util/logging.h"
 
 namespace titan::trainer {
 namespace {
@@ -36,12 +36,12 @@ std::string number(double x) {
 
 }  // namespace
 
-void Trainer::on_nonfinite_step(int64_t step, const Batch& batch, double loss, double grad_norm) {
+void Trainer::on_nonfinite_step(int64_t step, const data::Batch& batch, double loss, double grad_norm) {
   const std::string what = "step " + std::to_string(step) + ": loss " + number(loss) + ", grad_norm " + number(grad_norm);
   if (cfg_.training.skip_nonfinite_steps && consecutive_skipped_steps_ + 1 < kMaxConsecutiveSkips) {
     ++skipped_steps_;
     ++consecutive_skipped_steps_;
-    log_warn(what + ": skipped, no optimizer update (training.skip_nonfinite_steps; " + std::to_string(skipped_steps_) +
+    util::log_warn(what + ": skipped, no optimizer update (training.skip_nonfinite_steps; " + std::to_string(skipped_steps_) +
              " skipped so far)");
     return;
   }
@@ -52,7 +52,8 @@ void Trainer::on_nonfinite_step(int64_t step, const Batch& batch, double loss, d
   });
   optimizer_->zero_grad();
   try {
-    forward_backward(batch);
+    const double global_tokens = static_cast<double>(global_batch_size_) * cfg_.training.seq_len;
+    parallel_->schedule().step(batch.inputs, batch.labels, global_tokens);
     parallel_->reduce_grads();
   } catch (...) {
     model_->set_output_observer(nullptr);

@@ -24,15 +24,15 @@
 #include "parallel/mesh.h"
 #include "parallel/parallelize.h"
 #include "parallel/process_group.h"
-#include "trainer/config_agreement.h"
+#include "trainer/checkpoint/hf_weights.h"
+#include "trainer/checkpoint/safetensors.h"
+#include "trainer/checkpoint/weights_check.h"
+#include "trainer/config/agreement.h"
 #include "trainer/converters.h"
 #include "trainer/determinism.h"
-#include "trainer/hf_weights.h"
-#include "trainer/logging.h"
-#include "trainer/memory.h"
-#include "trainer/safetensors.h"
+#include "trainer/observe/memory.h"
 #include "trainer/signals.h"
-#include "trainer/weights_check.h"
+#include "util/logging.h"
 
 namespace titan::trainer {
 namespace {
@@ -56,25 +56,39 @@ at::ScalarType dtype_from_name(const std::string& name, const char* key) {
   if (name == "float32") return at::kFloat;
   if (name == "bfloat16") return at::kBFloat16;
   if (name == "float16") return at::kHalf;
-  throw ConfigError(std::string(key) + " '" + name + "' (valid: float32, bfloat16, float16)");
+  throw config::ConfigError(std::string(key) + " '" + name + "' (valid: float32, bfloat16, float16)");
 }
 
 }  // namespace
 
-parallel::ParallelDims parallel_dims(const JobConfig& cfg, int world_size) {
+parallel::ParallelDims parallel_dims(const config::JobConfig& cfg, int world_size) {
   const auto& p = cfg.parallelism;
   try {
     return parallel::resolve_parallel_dims(p.data_parallel_replicate_degree, p.data_parallel_shard_degree,
                                            p.tensor_parallel_degree, p.pipeline_parallel_degree,
                                            p.context_parallel_degree, world_size);
   } catch (const std::invalid_argument& e) {
-    throw ConfigError(e.what());
+    throw config::ConfigError(e.what());
   }
 }
 
-parallel::ParallelOptions parallel_options(const JobConfig& cfg, const model::ModelArgs& args,
-                                           int tp_degree, c10::Device device, bool float8) {
+int64_t global_batch_size(const config::JobConfig& cfg, const parallel::ParallelDims& dims) {
+  const auto& t = cfg.training;
+  const int64_t dp_degree = dims.dp();
+  const int64_t global = t.global_batch_size > 0 ? t.global_batch_size : t.local_batch_size * dp_degree;
+  if (global % (t.local_batch_size * dp_degree) != 0)
+    throw config::ConfigError("training.global_batch_size (" + std::to_string(global) +
+                              ") must be a multiple of training.local_batch_size (" +
+                              std::to_string(t.local_batch_size) + ") x data-parallel degree (" +
+                              std::to_string(dp_degree) + ")");
+  return global;
+}
+
+parallel::ParallelOptions parallel_options(const config::JobConfig& cfg, const model::ModelArgs& args,
+                                           const parallel::ParallelDims& dims, c10::Device device, bool float8) {
+  const int tp_degree = dims.tp;
   parallel::ParallelOptions popt;
+  popt.microbatches = global_batch_size(cfg, dims) / (cfg.training.local_batch_size * dims.dp());
   popt.reshard_after_forward = cfg.parallelism.fsdp_reshard_after_forward;
   popt.loss_parallel = !cfg.parallelism.disable_loss_parallel;
   popt.compute_dtype = dtype_from_name(cfg.training.mixed_precision_param, "training.mixed_precision_param");
@@ -93,16 +107,16 @@ parallel::ParallelOptions parallel_options(const JobConfig& cfg, const model::Mo
                                          cfg.activation_checkpoint.selective_ac_option);
     if (tp_degree > 1) parallel::check_tp_degree(args, tp_degree, cfg.training.seq_len);
   } catch (const std::invalid_argument& e) {
-    throw ConfigError(e.what());
+    throw config::ConfigError(e.what());
   }
   return popt;
 }
 
-Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
+Trainer::Trainer(config::JobConfig cfg) : cfg_(std::move(cfg)) {
   const auto& t = cfg_.training;
   if (t.device == "cuda") {
 #ifndef TITAN_WITH_CUDA
-    throw ConfigError(
+    throw config::ConfigError(
         "training.device = cuda, but this titan was built without CUDA "
         "(build the CUDA variant: TITAN_CUDA=1 scripts/setup.sh)");
 #else
@@ -113,29 +127,24 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
   // Before any cuBLAS handle exists: cuBLAS reads CUBLAS_WORKSPACE_CONFIG when it creates one.
   apply_determinism(t.deterministic);
   compute_dtype_ = dtype_from_name(t.mixed_precision_param, "training.mixed_precision_param");
-  for (const auto& w : cfg_.warnings) log_warn(w);
-  for (const auto& n : cfg_.notes) log_info("config: " + n);
-  log_info("device: " + device_.str() + " (training.device = " + t.device + ")");
-  log_info("dtypes: compute " + t.mixed_precision_param + ", master weights and optimizer state "
+  for (const auto& w : cfg_.warnings) util::log_warn(w);
+  for (const auto& n : cfg_.notes) util::log_info("config: " + n);
+  util::log_info("device: " + device_.str() + " (training.device = " + t.device + ")");
+  util::log_info("dtypes: compute " + t.mixed_precision_param + ", master weights and optimizer state "
            "float32, gradient reduction " + t.mixed_precision_reduce);
-  set_cpu_memory_limit(static_cast<int64_t>(t.cpu_memory_limit_gib * double(1ll << 30)));
+  observe::set_cpu_memory_limit(static_cast<int64_t>(t.cpu_memory_limit_gib * double(1ll << 30)));
   // Before the model exists, so that a memory snapshot's record includes the parameters.
-  profiler_ = std::make_unique<StepProfiler>(cfg_.profiling, cfg_.job.dump_folder, env_rank(), device_);
+  profiler_ = std::make_unique<observe::StepProfiler>(cfg_.profiling, cfg_.job.dump_folder, env_rank(), device_);
   init_mesh();
 
   // Data: the global batch is what one optimizer step consumes; this process takes its rows in
   // micro-batches of local_batch_size (gradient accumulation when there are several).
   const int64_t dp_degree = mesh_->dims().dp();
-  global_batch_size_ = t.global_batch_size > 0 ? t.global_batch_size : t.local_batch_size * dp_degree;
-  if (global_batch_size_ % (t.local_batch_size * dp_degree) != 0)
-    throw ConfigError("training.global_batch_size (" + std::to_string(global_batch_size_) +
-                      ") must be a multiple of training.local_batch_size (" +
-                      std::to_string(t.local_batch_size) + ") x data-parallel degree (" +
-                      std::to_string(dp_degree) + ")");
+  global_batch_size_ = global_batch_size(cfg_, mesh_->dims());
   grad_accumulation_steps_ = global_batch_size_ / (t.local_batch_size * dp_degree);
 
-  tokenizer_ = make_tokenizer(cfg_.model.tokenizer_path);
-  DataConfig data_cfg;
+  tokenizer_ = data::make_tokenizer(cfg_.model.tokenizer_path);
+  data::DataConfig data_cfg;
   data_cfg.dataset = t.dataset;
   data_cfg.dataset_path = t.dataset_path;
   data_cfg.seq_len = t.seq_len;
@@ -143,13 +152,13 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
   data_cfg.seed = t.seed;
   data_cfg.dp_rank = mesh_->local_rank(parallel::MeshDim::kDp);
   data_cfg.dp_degree = dp_degree;
-  loader_ = std::make_unique<DataLoader>(data_cfg, *tokenizer_);
-  log_info("tokenizer: " + tokenizer_->describe());
-  log_info("dataset: " + loader_->describe());
+  loader_ = std::make_unique<data::DataLoader>(data_cfg, *tokenizer_);
+  util::log_info("tokenizer: " + tokenizer_->describe());
+  util::log_info("dataset: " + loader_->describe());
 
   build_model();
 
-  AdamWOptions opt;
+  optim::AdamWOptions opt;
   opt.name = cfg_.optimizer.name;
   opt.beta1 = cfg_.optimizer.beta1;
   opt.beta2 = cfg_.optimizer.beta2;
@@ -157,27 +166,27 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
   opt.weight_decay = cfg_.optimizer.weight_decay;
   {
     model::NamedScope scope("optimizer", model::MemoryCategory::kOptimizerState);
-    optimizer_ = std::make_unique<AdamW>(master_params(), opt);
+    optimizer_ = std::make_unique<optim::AdamW>(master_params(), opt);
   }
   {
     int64_t param_bytes = 0;
     for (const auto& p : master_params()) param_bytes += p.nbytes();
     // Exact bytes of this rank's training state (scripts/bench_parallel.sh reads this line).
-    log_info("memory bytes: parameters " + std::to_string(param_bytes) + ", gradients " +
+    util::log_info("memory bytes: parameters " + std::to_string(param_bytes) + ", gradients " +
              std::to_string(param_bytes) + ", optimizer state " + std::to_string(optimizer_->state_bytes()));
   }
-  lr_schedule_ = LrSchedule{t.steps, cfg_.lr_scheduler.warmup_steps, cfg_.lr_scheduler.decay_ratio,
+  lr_schedule_ = optim::LrSchedule{t.steps, cfg_.lr_scheduler.warmup_steps, cfg_.lr_scheduler.decay_ratio,
                             cfg_.lr_scheduler.decay_type, cfg_.lr_scheduler.min_lr_factor};
   init_checkpointing();
 
   // Peak FLOP/s for mfu: the config, else a known GPU, else a GEMM probe on this CPU.
   // Peak FLOP/s for mfu: the config, else the CUDA device's dense bf16 peak, else a GEMM probe
   // on this CPU.
-  const PeakFlops peak = peak_flops_for_mfu(cfg_.metrics.peak_flops, device_);
+  const observe::PeakFlops peak = observe::peak_flops_for_mfu(cfg_.metrics.peak_flops, device_);
   if (peak.flops_per_second > 0)
-    log_info("mfu peak: " + std::to_string(peak.flops_per_second / 1e12).substr(0, 6) + " TFLOP/s from " + peak.source);
+    util::log_info("mfu peak: " + std::to_string(peak.flops_per_second / 1e12).substr(0, 6) + " TFLOP/s from " + peak.source);
   else
-    log_warn("mfu: peak FLOP/s unknown (" + peak.source + "); set metrics.peak_flops to see mfu");
+    util::log_warn("mfu: peak FLOP/s unknown (" + peak.source + "); set metrics.peak_flops to see mfu");
 
   const double fpt = model::flops_per_token(model_->args(), t.seq_len);
   // Distributed: every rank writes metrics_rank<R>.jsonl; metrics.jsonl links to rank 0's.
@@ -185,7 +194,7 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
   const auto dump = std::filesystem::path(cfg_.job.dump_folder);
   const std::string jsonl =
       (dump / (distributed ? "metrics_rank" + std::to_string(world_.rank) + ".jsonl" : "metrics.jsonl")).string();
-  metrics_ = std::make_unique<MetricsLogger>(device_, fpt, peak.flops_per_second, mesh_->dims().non_data_parallel_size(), jsonl);
+  metrics_ = std::make_unique<observe::MetricsLogger>(device_, fpt, peak.flops_per_second, mesh_->dims().non_data_parallel_size(), jsonl);
   if (start_step_ > 0) metrics_->resume_after(start_step_);  // the file continues the run
   if (cfg_.metrics.enable_tensorboard && (cfg_.metrics.save_for_all_ranks || world_.rank == 0)) {
     // torchtitan's layout: <dump_folder>/<save_tb_folder>/<start time>[/rank_<R>].
@@ -194,15 +203,15 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
     std::strftime(stamp, sizeof(stamp), "%Y%m%d-%H%M", std::localtime(&now));
     auto tb = dump / cfg_.metrics.save_tb_folder / stamp;
     if (cfg_.metrics.save_for_all_ranks) tb /= "rank_" + std::to_string(world_.rank);
-    metrics_->set_tensorboard(std::make_unique<TensorBoardWriter>(tb.string()));
-    log_info("tensorboard: event files in " + tb.string());
+    metrics_->set_tensorboard(std::make_unique<observe::TensorBoardWriter>(tb.string()));
+    util::log_info("tensorboard: event files in " + tb.string());
   }
   if (distributed && world_.rank == 0) {
     std::error_code ec;
     std::filesystem::remove(dump / "metrics.jsonl", ec);
     std::filesystem::create_symlink("metrics_rank0.jsonl", dump / "metrics.jsonl", ec);
   }
-  log_info("training " + std::to_string(t.steps) + " steps: global batch " +
+  util::log_info("training " + std::to_string(t.steps) + " steps: global batch " +
            std::to_string(global_batch_size_) + " x seq_len " + std::to_string(t.seq_len) + " (" +
            std::to_string(grad_accumulation_steps_) + " micro-batch(es) of " +
            std::to_string(t.local_batch_size) + "), metrics -> " + jsonl);
@@ -214,31 +223,30 @@ void Trainer::build_model() {
   args.max_seq_len = cfg_.training.seq_len;
   model_ = std::make_unique<model::Llama>(args);  // meta device: nothing allocated yet
   const model::ParamCount count = model::count_params(args);
-  log_info("model llama3 " + cfg_.model.flavor + ": " + std::to_string(args.n_layers) +
+  util::log_info("model llama3 " + cfg_.model.flavor + ": " + std::to_string(args.n_layers) +
            " layers, dim " + std::to_string(args.dim) + ", vocab " + std::to_string(args.vocab_size) +
-           ", " + with_thousands(count.total) + " parameters, " +
-           with_thousands(static_cast<int64_t>(model::flops_per_token(args, cfg_.training.seq_len))) +
+           ", " + observe::with_thousands(count.total) + " parameters, " +
+           observe::with_thousands(static_cast<int64_t>(model::flops_per_token(args, cfg_.training.seq_len))) +
            " FLOPs/token");
   // Converters before parallelization: TP then wraps the float8/int8 computes.
   const ConvertedModel converted = apply_model_converters(*model_, cfg_, device_);
-  if (converted.float8 && cfg_.float8.enable_fsdp_float8_all_gather && mesh_->size(parallel::MeshDim::kDpShard) == 1)
-    log_info("float8: enable_fsdp_float8_all_gather has no effect without FSDP "
+  if (converted.float8 && cfg_.float8.enable_fsdp_float8_all_gather && mesh_->size(parallel::MeshDim::kDpShardCp) == 1)
+    util::log_info("float8: enable_fsdp_float8_all_gather has no effect without FSDP "
              "(parallelism.data_parallel_shard_degree 1): each linear casts its own weight");
 
-  const parallel::ParallelOptions popt = parallel_options(
-      cfg_, args, mesh_->size(parallel::MeshDim::kTp), device_, converted.float8);
+  const parallel::ParallelOptions popt = parallel_options(cfg_, args, mesh_->dims(), device_, converted.float8);
   // Sharded or not, only this rank's shards are ever allocated: the plan runs on meta.
   model::NamedScope scope("model init", model::MemoryCategory::kParameters);
   parallel_ = parallel::parallelize_llama(*model_, *mesh_, popt);
   parallel_->init_weights(static_cast<uint64_t>(cfg_.training.seed));
-  for (const std::string& line : parallel_->describe()) log_info("parallel: " + line);
+  for (const std::string& line : parallel_->describe()) util::log_info("parallel: " + line);
 
   int64_t param_bytes = 0;
   for (const auto& p : master_params()) param_bytes += p.nbytes();
-  log_info(std::string("memory: ") + (world_.world_size > 1 ? "this rank's shards: " : "") + "parameters " +
+  util::log_info(std::string("memory: ") + (world_.world_size > 1 ? "this rank's shards: " : "") + "parameters " +
            gib(param_bytes) + " (float32 masters, compute in " +
            cfg_.training.mixed_precision_param + "), gradients " + gib(param_bytes) +
-           ", AdamW state " + gib(2 * param_bytes) + "; process RSS " + gib(process_rss_bytes()));
+           ", AdamW state " + gib(2 * param_bytes) + "; process RSS " + gib(observe::process_rss_bytes()));
 }
 
 const std::vector<std::string>& Trainer::param_names() const { return parallel_->param_names(); }
@@ -248,42 +256,35 @@ void Trainer::load_initial_weights(const std::string& path) {
   namespace fs = std::filesystem;
   if (!fs::exists(path)) throw std::runtime_error("checkpoint.initial_load_path '" + path + "' does not exist");
   if (fs::is_directory(path) && fs::exists(fs::path(path) / "manifest.json")) {  // a titan step-N folder
-    CheckpointReader reader(path);
-    ModelState weights(*parallel_);
-    CheckpointManager::load(reader, {{"model", &weights}}, model_shape(), {});
-    log_info("loaded initial weights from titan checkpoint " + path + " (" + std::to_string(reader.bytes_read()) +
+    checkpoint::CheckpointReader reader(path);
+    checkpoint::ModelState weights(*parallel_);
+    checkpoint::CheckpointManager::load(reader, {{"model", &weights}}, model_shape(), {});
+    util::log_info("loaded initial weights from titan checkpoint " + path + " (" + std::to_string(reader.bytes_read()) +
              " bytes read by this rank)");
     return;
   }
-  const bool hf = is_hf_checkpoint(path);
-  load_weights_file(path, model_->args(), param_names(),
+  const bool hf = checkpoint::is_hf_checkpoint(path);
+  checkpoint::load_weights_file(path, model_->args(), param_names(),
                     [&](const std::string& name, const at::Tensor& full) { parallel_->load_full(name, full); });
-  log_info(std::string("loaded initial weights from ") + (hf ? "Hugging Face checkpoint " : "") + path);
+  util::log_info(std::string("loaded initial weights from ") + (hf ? "Hugging Face checkpoint " : "") + path);
 }
 
 // The phases of one optimizer step, in order; no phase depends on the layout (a stage of degree 1
-// is a no-op inside ParallelModel).
+// is a no-op inside ParallelModel, and the schedule runs the micro-batches, See Note [Schedules as
+// data] in parallel/schedule.h).
 std::pair<double, double> Trainer::train_step(int64_t step) {
   const auto& t = cfg_.training;
   const double lr = cfg_.optimizer.lr * lr_schedule_.factor(step);
-  if (cfg_.comm.debug_fail_at_step == step && cfg_.comm.debug_fail_rank == world_.rank)
-    throw std::runtime_error("rank " + std::to_string(world_.rank) + " fails on purpose at step " +
-                             std::to_string(step) + " (comm.debug_fail_at_step)");
-  if (cfg_.comm.debug_stall_at_step == step && cfg_.comm.debug_stall_rank == world_.rank) {
-    // A rank that stops, for the flight-recorder tests: the others time out in the next collective.
-    log_warn("rank " + std::to_string(world_.rank) + " stalls on purpose at step " + std::to_string(step) +
-             " (comm.debug_stall_at_step)");
-    std::this_thread::sleep_for(std::chrono::hours(1));
-  }
   optimizer_->zero_grad();
 
-  Batch batch = loader_->next_batch();  // this rank's rows of the global batch, [rows, S]
+  data::Batch batch = loader_->next_batch();  // this rank's rows of the global batch, [rows, S]
+  // Every micro-batch's backward runs on its loss sum / global_tokens (See Note [Loss scaling]).
   const double global_tokens = static_cast<double>(global_batch_size_) * t.seq_len;
-  double loss_sum = forward_backward(batch);
+  double loss_sum = parallel_->schedule().step(batch.inputs, batch.labels, global_tokens);
   metrics_->add_tokens(batch.inputs.numel());
   model::NamedScope scope("optimizer", model::MemoryCategory::kOptimizerState);
   parallel_->reduce_grads();                              // TP-replicated weights, HSDP replicas
-  loss_sum = parallel_->sum_over_dp(loss_sum);            // the global batch's loss sum
+  loss_sum = parallel_->sum_over_dp_cp(loss_sum);         // the global batch's loss sum
   const double grad_norm = parallel_->clip_grad_norm(t.max_norm);  // one all-reduce
   // Both are all-reduced, so every rank takes the same branch (Note [Non-finite steps]).
   if (!std::isfinite(loss_sum) || !std::isfinite(grad_norm)) {
@@ -296,47 +297,17 @@ std::pair<double, double> Trainer::train_step(int64_t step) {
   return {loss_sum / global_tokens, grad_norm};
 }
 
-double Trainer::forward_backward(const Batch& batch) {
-  const auto& t = cfg_.training;
-  // Loss scaling: every micro-batch contributes sum(token losses) / (global batch tokens), so
-  // the accumulated gradient is that of the global token-mean loss, whatever the split; the
-  // data-parallel ranks' gradients are then SUMMED (FSDP's reduce-scatter, HSDP's all-reduce).
-  const double global_tokens = static_cast<double>(global_batch_size_) * t.seq_len;
-  double loss_sum = 0;
-  for (int64_t micro = 0; micro < grad_accumulation_steps_; ++micro) {
-    at::Tensor inputs = batch.inputs.narrow(0, micro * t.local_batch_size, t.local_batch_size).to(device_);
-    at::Tensor labels = batch.labels.narrow(0, micro * t.local_batch_size, t.local_batch_size).to(device_);
-    {
-      model::NamedScope scope("bind params", model::MemoryCategory::kParameters);
-      parallel_->bind_compute_params();  // compute-dtype copies of the masters (not under FSDP)
-    }
-    at::Tensor loss;
-    {
-      model::NamedScope scope("forward", model::MemoryCategory::kActivations);
-      at::Tensor logits = model_->forward(inputs);  // [b, S, V] (loss parallel: [b, S, V/tp])
-      loss = parallel_->loss_sum(logits, labels);   // sum over this rank's tokens
-    }
-    {
-      model::NamedScope scope("backward", model::MemoryCategory::kGradients);
-      torch::autograd::backward({loss / global_tokens});
-      parallel_->after_backward();  // FSDP: any gradient not yet reduce-scattered
-    }
-    loss_sum += loss.item<double>();
-  }
-  return loss_sum;
-}
-
 TrainResult Trainer::train() {
   TrainResult result;
   if (cfg_.checkpoint.create_seed_checkpoint) return result;  // written at start-up
   set_stop_at_step_boundary(true);  // from here a signal stops at the next step boundary
   if (start_step_ >= cfg_.training.steps)
-    log_info("checkpoint step " + std::to_string(start_step_) + " >= training.steps " +
+    util::log_info("checkpoint step " + std::to_string(start_step_) + " >= training.steps " +
              std::to_string(cfg_.training.steps) + ": nothing left to train");
   metrics_->reset_window();
   for (int64_t step = start_step_ + 1; step <= cfg_.training.steps; ++step) {
     if (stop_requested()) {
-      log_warn("received signal " + std::to_string(stop_signal()) + ": stopping after step " +
+      util::log_warn("received signal " + std::to_string(stop_signal()) + ": stopping after step " +
                std::to_string(step - 1));
       result.stopped_by_signal = true;
       break;
@@ -344,6 +315,7 @@ TrainResult Trainer::train() {
     profiler_->step_begin(step);
     double loss = 0, grad_norm = 0;
     try {
+      faults_->before_step(step);  // test-only (comm.debug_*); nothing by default
       std::tie(loss, grad_norm) = train_step(step);
     } catch (const c10::OutOfMemoryError&) {
       profiler_->on_out_of_memory(step);  // the snapshot of the failing step, then exit
@@ -355,7 +327,7 @@ TrainResult Trainer::train() {
     result.steps_completed = step;
     if (step == 1 || step % cfg_.metrics.log_freq == 0 || step == cfg_.training.steps)
     {
-      StepMetrics m{step, loss, grad_norm, cfg_.optimizer.lr * lr_schedule_.factor(step)};
+      observe::StepMetrics m{step, loss, grad_norm, cfg_.optimizer.lr * lr_schedule_.factor(step)};
       m.skipped_steps = skipped_steps_;
       if (world_.world_size > 1) {
         m.comm_seconds = mesh_->comm_seconds() - comm_seconds_logged_;
@@ -379,13 +351,9 @@ void Trainer::init_mesh() {
   try {
     world_ = parallel::world_from_env();
   } catch (const std::runtime_error& e) {
-    throw ConfigError(std::string("distributed environment: ") + e.what());
+    throw config::ConfigError(std::string("distributed environment: ") + e.what());
   }
-  if (cfg_.comm.debug_fail_at_step > 0 && cfg_.comm.debug_fail_rank >= world_.world_size)
-    throw ConfigError("comm.debug_fail_rank = " + std::to_string(cfg_.comm.debug_fail_rank) +
-                      " is not a rank of this job: must be in [0, " +
-                      std::to_string(world_.world_size - 1) + "] (WORLD_SIZE " +
-                      std::to_string(world_.world_size) + ")");
+  faults_ = std::make_unique<FaultInjection>(cfg_.comm, world_.rank, world_.world_size);
   const parallel::ParallelDims dims = parallel_dims(cfg_, world_.world_size);
   std::unique_ptr<parallel::Comm> world;  // a single process needs none
   if (world_.world_size > 1) {
@@ -402,10 +370,10 @@ void Trainer::init_mesh() {
                                      (std::filesystem::path(cfg_.job.dump_folder) / "comm_trace" /
                                       ("rank" + std::to_string(world_.rank) + ".json")).string(),
                                      world_.rank);
-    log_info("distributed: " + parallel::describe(world_) + ", " + opts.backend + ", mesh " + dims.describe());
+    util::log_info("distributed: " + parallel::describe(world_) + ", " + opts.backend + ", mesh " + dims.describe());
     world = parallel::init_process_group(world_, opts);
-    // Before any collective whose size depends on the config (trainer/config_agreement.h).
-    check_config_agreement(*world, cfg_, device_);
+    // Before any collective whose size depends on the config (trainer/config/agreement.h).
+    config::check_config_agreement(*world, cfg_, device_);
   }
   mesh_ = std::make_unique<parallel::DeviceMesh>(std::move(world), dims);
 }
@@ -415,11 +383,11 @@ void Trainer::export_weights(const std::string& path) {
   if (cfg_.checkpoint.export_format == "hf") {
     std::vector<std::vector<int64_t>> shapes;
     for (const auto& r : parallel_->shard_regions()) shapes.push_back(r.global_shape);
-    const int64_t bytes = write_hf_folder(
+    const int64_t bytes = checkpoint::write_hf_folder(
         path, param_names(), shapes, model_->args(), dtype,
         [&](const std::string& fqn) { return parallel_->full_param(fqn); }, world_.rank == 0);
     if (world_.rank == 0)
-      log_info("exported weights in Hugging Face's layout to " + path + " (" + std::to_string(bytes) + " bytes)");
+      util::log_info("exported weights in Hugging Face's layout to " + path + " (" + std::to_string(bytes) + " bytes)");
     return;
   }
   std::vector<std::pair<std::string, at::Tensor>> tensors;
@@ -431,8 +399,8 @@ void Trainer::export_weights(const std::string& path) {
   if (world_.rank != 0) return;
   const auto parent = std::filesystem::path(path).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent);
-  save_safetensors(path, tensors, {{"format", "pt"}, {"flavor", cfg_.model.flavor}});
-  log_info("exported weights to " + path);
+  checkpoint::save_safetensors(path, tensors, {{"format", "pt"}, {"flavor", cfg_.model.flavor}});
+  util::log_info("exported weights to " + path);
 }
 
 nlohmann::json Trainer::model_shape() const {
@@ -441,12 +409,12 @@ nlohmann::json Trainer::model_shape() const {
           {"n_kv_heads", a.kv_heads()}, {"vocab_size", a.vocab_size}, {"ffn_hidden_dim", a.ffn_hidden_dim()}};
 }
 
-Holders Trainer::state_holders() {
+checkpoint::Holders Trainer::state_holders() {
   holders_.clear();
-  holders_.push_back(std::make_unique<ModelState>(*parallel_));
-  holders_.push_back(std::make_unique<OptimizerState>(*optimizer_, *parallel_));
-  holders_.push_back(std::make_unique<DataLoaderState>(*loader_));
-  holders_.push_back(std::make_unique<Float8State>(*model_, device_, world_.rank == 0));
+  holders_.push_back(std::make_unique<checkpoint::ModelState>(*parallel_));
+  holders_.push_back(std::make_unique<checkpoint::OptimizerState>(*optimizer_, *parallel_));
+  holders_.push_back(std::make_unique<checkpoint::DataLoaderState>(*loader_));
+  holders_.push_back(std::make_unique<checkpoint::Float8State>(*model_, device_, world_.rank == 0));
   return {{"model", holders_[0].get()},
           {"optimizer", holders_[1].get()},
           {"dataloader", holders_[2].get()},
@@ -455,18 +423,18 @@ Holders Trainer::state_holders() {
 
 void Trainer::save_checkpoint(int64_t step) {
   const bool model_only = (step == cfg_.training.steps && cfg_.checkpoint.model_weights_only) || step == 0;
-  Holders holders;
-  std::unique_ptr<Stateful> weights;
+  checkpoint::Holders holders;
+  std::unique_ptr<checkpoint::Stateful> weights;
   if (model_only) {
     const at::ScalarType dtype =
         step > 0 ? dtype_from_name(cfg_.checkpoint.export_dtype, "checkpoint.export_dtype") : at::kFloat;
-    weights = std::make_unique<ModelState>(*parallel_, dtype);
+    weights = std::make_unique<checkpoint::ModelState>(*parallel_, dtype);
     holders = {{"model", weights.get()}};
   } else {
     holders = state_holders();
   }
-  const SaveStats stats = checkpointer_->save(step, holders, model_only);
-  log_info("checkpoint: step " + std::to_string(step) + (cfg_.checkpoint.async_mode == "disabled" ? " saved" : " staged") +
+  const checkpoint::SaveStats stats = checkpointer_->save(step, holders, model_only);
+  util::log_info("checkpoint: step " + std::to_string(step) + (cfg_.checkpoint.async_mode == "disabled" ? " saved" : " staged") +
            " in " + std::to_string(stats.stage_seconds).substr(0, 6) + " s of training time (" +
            cfg_.checkpoint.async_mode + ")");
 }
@@ -476,11 +444,11 @@ void Trainer::init_checkpointing() {
   const parallel::ParallelDims& dims = mesh_->dims();
   nlohmann::json layout = {{"world_size", world_.world_size}, {"dp_replicate", dims.dp_replicate},
                            {"dp_shard", dims.dp_shard},       {"tp", dims.tp}};
-  checkpointer_ = std::make_unique<CheckpointManager>(cfg_, world_.rank, world_.world_size, layout, model_shape(), device_);
+  checkpointer_ = std::make_unique<checkpoint::CheckpointManager>(cfg_, world_.rank, world_.world_size, layout, model_shape(), device_);
   if (!c.initial_load_path.empty() && !std::filesystem::exists(c.initial_load_path))
-    throw ConfigError("checkpoint.initial_load_path '" + c.initial_load_path + "' does not exist");
+    throw config::ConfigError("checkpoint.initial_load_path '" + c.initial_load_path + "' does not exist");
   if (c.create_seed_checkpoint && !c.enable_checkpoint)
-    throw ConfigError("checkpoint.create_seed_checkpoint needs checkpoint.enable_checkpoint");
+    throw config::ConfigError("checkpoint.create_seed_checkpoint needs checkpoint.enable_checkpoint");
 
   // Every rank loads; then all agree (one all-reduce) so that no rank trains on while another
   // failed: each reports its own error, the others say that a peer failed.
@@ -491,8 +459,8 @@ void Trainer::init_checkpointing() {
   try {
     resume = c.create_seed_checkpoint ? std::nullopt : checkpointer_->find_resume();
     if (resume) {
-      CheckpointReader reader(*resume);
-      CheckpointManager::load(reader, state_holders(), model_shape(), c.exclude_from_loading);
+      checkpoint::CheckpointReader reader(*resume);
+      checkpoint::CheckpointManager::load(reader, state_holders(), model_shape(), c.exclude_from_loading);
       start_step_ = reader.step();
       bytes_read = reader.bytes_read();
       const auto& ex = c.exclude_from_loading;
@@ -519,7 +487,7 @@ void Trainer::init_checkpointing() {
   // them (a fresh run's first step measures its scales, as the uninterrupted run did).
   if (resume) parallel_->after_load();
   if (resume)
-    log_info("checkpoint: resumed from " + *resume + " at step " + std::to_string(start_step_) + " (" +
+    util::log_info("checkpoint: resumed from " + *resume + " at step " + std::to_string(start_step_) + " (" +
              std::to_string(bytes_read) + " bytes read by this rank in " +
              std::to_string(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()).substr(0, 6) +
              " s)");
@@ -528,7 +496,7 @@ void Trainer::init_checkpointing() {
   if (c.create_seed_checkpoint) {
     save_checkpoint(0);
     checkpointer_->wait();
-    log_info("checkpoint: wrote the seed checkpoint (step-0); exiting");
+    util::log_info("checkpoint: wrote the seed checkpoint (step-0); exiting");
   }
 }
 

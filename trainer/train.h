@@ -14,15 +14,16 @@
 #include <string>
 #include <vector>
 
+#include "data/loader.h"
+#include "data/tokenizer.h"
 #include "model/llama.h"
 #include "parallel/world.h"
-#include "trainer/checkpoint.h"
-#include "trainer/config.h"
-#include "trainer/data/loader.h"
-#include "trainer/data/tokenizer.h"
-#include "trainer/metrics.h"
-#include "trainer/optimizer.h"
-#include "trainer/profiling.h"
+#include "trainer/checkpoint/manager.h"
+#include "trainer/config/job_config.h"
+#include "trainer/fault_injection.h"
+#include "trainer/observe/metrics.h"
+#include "trainer/observe/profiling.h"
+#include "trainer/optim/optimizer.h"
 
 namespace titan::parallel {
 class DeviceMesh;
@@ -40,18 +41,22 @@ struct TrainResult {
 };
 
 // The parallelization options the config asks for, its choices checked as config errors
-// (exit 2). `tp_degree`: the mesh's TP size; `float8`: whether the converters made float8
-// linears. The Trainer and the dry run (apps/dry_run.h) build their plans from it.
-parallel::ParallelOptions parallel_options(const JobConfig& cfg, const model::ModelArgs& args,
-                                           int tp_degree, c10::Device device, bool float8);
+// (exit 2). `dims`: the mesh's degrees; `float8`: whether the converters made float8 linears.
+// The Trainer and the dry run (apps/dry_run.h) build their plans from it.
+parallel::ParallelOptions parallel_options(const config::JobConfig& cfg, const model::ModelArgs& args,
+                                           const parallel::ParallelDims& dims, c10::Device device, bool float8);
+
+// The rows one optimizer step consumes over all data-parallel ranks: training.global_batch_size,
+// or local_batch_size x dp when unset; not a multiple of local_batch_size x dp is a config error.
+int64_t global_batch_size(const config::JobConfig& cfg, const parallel::ParallelDims& dims);
 
 // The config's parallelism degrees resolved for `world_size` ranks (data_parallel_shard_degree
 // -1 = the rest); an impossible layout is a config error (exit 2) saying why.
-parallel::ParallelDims parallel_dims(const JobConfig& cfg, int world_size);
+parallel::ParallelDims parallel_dims(const config::JobConfig& cfg, int world_size);
 
 class Trainer {
  public:
-  explicit Trainer(JobConfig cfg);
+  explicit Trainer(config::JobConfig cfg);
   ~Trainer();
   TrainResult train();
 
@@ -65,7 +70,7 @@ class Trainer {
   void export_weights(const std::string& path);
   // The step the run resumed from (0 = a fresh start).
   int64_t start_step() const { return start_step_; }
-  const CheckpointManager& checkpointer() const { return *checkpointer_; }
+  const checkpoint::CheckpointManager& checkpointer() const { return *checkpointer_; }
 
  private:
   void build_model();
@@ -73,31 +78,29 @@ class Trainer {
   // Resume (checkpoint.enable_checkpoint), else the initial weights, else the random init; the
   // seed checkpoint when asked. Every rank agrees on success before training starts.
   void init_checkpointing();
-  // The training state's holders, in save/load order (See trainer/checkpoint_state.h).
-  Holders state_holders();
+  // The training state's holders, in save/load order (See trainer/checkpoint/state.h).
+  checkpoint::Holders state_holders();
   nlohmann::json model_shape() const;  // what a checkpoint's model must match
   void save_checkpoint(int64_t step);
   // One optimizer step over one global batch; returns (global loss, grad norm).
   std::pair<double, double> train_step(int64_t step);
-  // Forward + backward of every micro-batch of `batch`; returns this rank's loss sum.
-  double forward_backward(const Batch& batch);
   // A step whose all-reduced loss or grad norm is not finite (trainer/nonfinite_step.cpp): skips
   // it (training.skip_nonfinite_steps) or throws, naming the step and the first module whose
   // output or gradient is not finite (found by re-running the step's forward + backward).
-  void on_nonfinite_step(int64_t step, const Batch& batch, double loss, double grad_norm);
+  void on_nonfinite_step(int64_t step, const data::Batch& batch, double loss, double grad_norm);
   // The process group when WORLD_SIZE > 1, and always the device mesh (parallelism.* degrees).
   void init_mesh();
 
-  JobConfig cfg_;
+  config::JobConfig cfg_;
   c10::Device device_{c10::kCPU};
   at::ScalarType compute_dtype_ = at::kFloat;
-  std::unique_ptr<Tokenizer> tokenizer_;
-  std::unique_ptr<DataLoader> loader_;
+  std::unique_ptr<data::Tokenizer> tokenizer_;
+  std::unique_ptr<data::DataLoader> loader_;
   std::unique_ptr<model::Llama> model_;
-  std::unique_ptr<AdamW> optimizer_;
-  LrSchedule lr_schedule_{};
-  std::unique_ptr<MetricsLogger> metrics_;
-  std::unique_ptr<StepProfiler> profiler_;  // traces + memory snapshots ([profiling])
+  std::unique_ptr<optim::AdamW> optimizer_;
+  optim::LrSchedule lr_schedule_{};
+  std::unique_ptr<observe::MetricsLogger> metrics_;
+  std::unique_ptr<observe::StepProfiler> profiler_;  // traces + memory snapshots ([profiling])
   int64_t global_batch_size_ = 0;
   int64_t grad_accumulation_steps_ = 1;
   parallel::WorldInfo world_;                          // from the environment (torchrun-style)
@@ -105,8 +108,9 @@ class Trainer {
   std::unique_ptr<parallel::ParallelModel> parallel_;  // masters, loss, grad reduction, clipping
   double comm_seconds_logged_ = 0;   // mesh comm time at the last metrics line
   double comm_exposed_logged_ = 0;   // of which exposed (waited for), at the last metrics line
-  std::unique_ptr<CheckpointManager> checkpointer_;
-  std::vector<std::unique_ptr<Stateful>> holders_;     // the Stateful adapters state_holders() names
+  std::unique_ptr<checkpoint::CheckpointManager> checkpointer_;
+  std::vector<std::unique_ptr<checkpoint::Stateful>> holders_;  // the Stateful adapters state_holders() names
+  std::unique_ptr<FaultInjection> faults_;  // test-only faults between steps (comm.debug_*)
   int64_t start_step_ = 0;                             // resumed from this step
   int64_t skipped_steps_ = 0;                          // non-finite steps skipped (whole run)
   int64_t consecutive_skipped_steps_ = 0;

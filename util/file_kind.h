@@ -1,8 +1,8 @@
 // util/file_kind.h — what a path is, in words, for errors about inputs that must be regular
 // files ("a FIFO", "a character device").
 //
-// Header-only and free of LibTorch: the config reader (trainer/config_file.cpp) and the dataset
-// readers (trainer/data/) refuse a FIFO (a read would block forever), a device such as
+// Header-only and free of LibTorch: the config reader (trainer/config/toml_file.cpp) and the dataset
+// readers (data/) refuse a FIFO (a read would block forever), a device such as
 // /dev/zero (endless) or a directory by naming what the path is instead of "does not exist".
 #pragma once
 

@@ -31,7 +31,7 @@ FLAVORS = {  # dim, n_layers, n_heads, n_kv_heads, multiple_of, ffn_dim_multipli
     "8B_4layers": (4096, 4, 32, 8, 1024, 1.3),
 }
 
-# Dense bf16 peak FLOP/s by device name, as titan's trainer/metrics.cpp (first match wins).
+# Dense bf16 peak FLOP/s by device name, as titan's trainer/observe/metrics.cpp (first match wins).
 GPU_PEAK_FLOPS = [("H100 NVL", 835e12), ("H100 PCIe", 756e12), ("H100", 989e12), ("H200", 989e12),
                   ("A100", 312e12)]
 

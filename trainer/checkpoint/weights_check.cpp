@@ -1,0 +1,112 @@
+#include "trainer/checkpoint/weights_check.h"
+
+#include <ATen/ops/abs.h>
+#include <ATen/ops/isfinite.h>
+#include <ATen/ops/isinf.h>
+#include <ATen/ops/isnan.h>
+#include <ATen/ops/logical_and.h>
+
+#include <set>
+#include <stdexcept>
+
+#include "trainer/checkpoint/hf_weights.h"
+#include "trainer/checkpoint/safetensors.h"
+
+namespace titan::trainer::checkpoint {
+namespace {
+
+constexpr double kHugeWeight = 18446744073709551616.0;  // 2^64: Note [Weights that cannot train]
+constexpr size_t kNamesShown = 20;                      // a long list is cut, with its count
+
+std::string name_list(const std::vector<std::string>& names) {
+  std::string s;
+  for (size_t i = 0; i < names.size() && i < kNamesShown; ++i) s += (i ? ", '" : "'") + names[i] + "'";
+  if (names.size() > kNamesShown) s += " and " + std::to_string(names.size() - kNamesShown) + " more";
+  return s;
+}
+
+}  // namespace
+
+std::string WeightValueCounts::describe() const {
+  std::string s;
+  auto add = [&](int64_t n, const char* what) {
+    if (n > 0) s += (s.empty() ? "" : ", ") + std::to_string(n) + " " + what;
+  };
+  add(nan, "NaN");
+  add(inf, "Inf");
+  add(huge, "finite value(s) with |x| >= 2^64 (~1.8e19)");
+  return s;
+}
+
+WeightValueCounts count_bad_weight_values(const at::Tensor& t, bool check_magnitude) {
+  WeightValueCounts c;
+  if (!at::isFloatingType(t.scalar_type()) || t.numel() == 0) return c;
+  c.nan = at::isnan(t).sum().item<int64_t>();
+  c.inf = at::isinf(t).sum().item<int64_t>();
+  if (check_magnitude) c.huge = at::logical_and(at::isfinite(t), at::abs(t) >= kHugeWeight).sum().item<int64_t>();
+  return c;
+}
+
+void check_weight_values(const at::Tensor& t, const std::string& what, bool check_magnitude) {
+  const WeightValueCounts c = count_bad_weight_values(t, check_magnitude);
+  if (c.ok()) return;
+  throw std::runtime_error(what + " holds " + c.describe() + " of its " + std::to_string(t.numel()) +
+                           " values: training from it is non-finite from the first step (its square overflows "
+                           "float32); use another checkpoint");
+}
+
+void load_weights_file(const std::string& path, const model::ModelArgs& args, const std::vector<std::string>& fqns,
+                       const std::function<void(const std::string&, const at::Tensor&)>& load) {
+  const bool hf = is_hf_checkpoint(path);
+  const std::string where = "checkpoint.initial_load_path '" + path + "'";
+  // Names first: the file's names as titan fqns (an HF name titan has no parameter for is listed
+  // under its own spelling).
+  std::set<std::string> missing(fqns.begin(), fqns.end());
+  std::vector<std::string> unexpected;
+  auto see = [&](const std::string& fqn, const std::string& as_named) {
+    if (missing.erase(fqn) == 0) unexpected.push_back(as_named);
+  };
+  std::map<std::string, SafetensorsEntry> entries;  // the titan safetensors file's
+  if (hf) {
+    for (const auto& [file, names] : hf_checkpoint_files(path))
+      for (const std::string& name : names) {
+        std::string fqn;
+        try {
+          fqn = titan_name_from_hf(name);
+        } catch (const std::invalid_argument&) {
+          unexpected.push_back(name);
+          continue;
+        }
+        if (!fqn.empty()) see(fqn, name);  // "" is a rotary buffer titan recomputes
+      }
+  } else {
+    entries = read_safetensors_header(path);
+    for (const auto& [name, entry] : entries) see(name, name);
+  }
+  if (!unexpected.empty() || !missing.empty()) {
+    std::vector<std::string> absent;
+    for (const std::string& fqn : missing) absent.push_back(hf ? hf_name(fqn) : fqn);
+    std::string msg = where + " does not match the model (flavor and vocabulary size): ";
+    if (!unexpected.empty())
+      msg += std::to_string(unexpected.size()) + " tensor(s) the model lacks: " + name_list(unexpected);
+    if (!absent.empty())
+      msg += std::string(unexpected.empty() ? "" : "; ") + std::to_string(absent.size()) +
+             " parameter(s) missing from it: " + name_list(absent);
+    throw std::runtime_error(msg);
+  }
+  auto load_checked = [&](const std::string& fqn, const at::Tensor& full) {
+    check_weight_values(full, where + ": tensor '" + (hf ? hf_name(fqn) : fqn) + "'");
+    try {
+      load(fqn, full);
+    } catch (const std::runtime_error& e) {
+      throw std::runtime_error(where + ": " + e.what());
+    }
+  };
+  if (hf) {
+    read_hf_checkpoint(path, args, load_checked);  // one tensor at a time
+  } else {
+    for (const auto& [name, tensor] : load_safetensors(path)) load_checked(name, tensor);
+  }
+}
+
+}  // namespace titan::trainer::checkpoint

@@ -1,0 +1,466 @@
+// trainer/config/keys.cpp — THE table of config keys: the only place a key is declared.
+//
+// To add a key: add the field (with its default as the initializer) to its section struct in
+// job_config.h, then one row here. Parsing, type checks, range/choice checks, --help and
+// --job.print_args all follow from the row. Key names follow torchtitan where it has them.
+#include <cmath>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+
+#include "float8/recipe.h"
+#include "model/args.h"
+#include "trainer/config/key_table.h"
+
+namespace titan::trainer::config::detail {
+
+namespace {
+
+// Canonical recipe names first, then the aliases users of the seed-era PR type.
+std::vector<std::string> float8_recipe_choices() {
+  std::vector<std::string> names = float8::recipe_names();
+  names.insert(names.end(), {"all_axiswise", "lw_axiswise_with_gw_hp"});
+  return names;
+}
+
+std::vector<SectionSpec> build_table() {
+  using J = JobConfig;
+  return {
+      section("job", &J::job, "Job identity and outputs.", {
+          key("config_file", &JobSection::config_file,
+              "TOML file to read; it overrides the defaults and the command line overrides it.")
+              .command_line_only(),
+          key("dump_folder", &JobSection::dump_folder, "Folder for the job's outputs.").non_empty(),
+          key("description", &JobSection::description, "Free-text description of the run."),
+          key("print_args", &JobSection::print_args,
+              "Print the effective config as TOML at start-up."),
+      }),
+      section("profiling", &J::profiling, "Profiler traces and memory snapshots.", {
+          key("enable_profiling", &ProfilingSection::enable_profiling,
+              "Write a Chrome/Perfetto trace (Kineto profiler) of one step every profile_freq "
+              "steps, per rank."),
+          key("save_traces_folder", &ProfilingSection::save_traces_folder,
+              "Folder under job.dump_folder for traces: iteration_N/rank{R}_trace.json."),
+          key("profile_freq", &ProfilingSection::profile_freq,
+              "Profile (and snapshot memory at) every this many steps.").count_at_least(1),
+          key("profiler_warmup", &ProfilingSection::profiler_warmup,
+              "Steps of each profile_freq cycle run before the traced ones (torch.profiler "
+              "schedule: wait = profile_freq - warmup - active).").count_at_least(0),
+          key("profiler_active", &ProfilingSection::profiler_active,
+              "Steps traced at the end of each profile_freq cycle; the trace holds one "
+              "ProfilerStep#N range per step.").count_at_least(1),
+          key("enable_memory_snapshot", &ProfilingSection::enable_memory_snapshot,
+              "Record every allocation and write a memory snapshot (PyTorch's pickle layout) "
+              "plus an HTML picture every profile_freq steps and on out-of-memory."),
+          key("save_memory_snapshot_folder", &ProfilingSection::save_memory_snapshot_folder,
+              "Folder under job.dump_folder for snapshots: "
+              "iteration_N/rank{R}_memory_snapshot.pickle (and .html)."),
+      }),
+      section("metrics", &J::metrics, "The per-step metrics log line.", {
+          key("log_freq", &MetricsSection::log_freq,
+              "Log metrics at step 1 and every this many steps.").count_at_least(1),
+          key("disable_color_printing", &MetricsSection::disable_color_printing,
+              "No ANSI colors in the log (they are only used on a terminal anyway)."),
+          key("enable_tensorboard", &MetricsSection::enable_tensorboard,
+              "Write TensorBoard event files (loss, grad_norm, lr, memory, tps, tflops, mfu per "
+              "logged step) under job.dump_folder/save_tb_folder."),
+          key("save_tb_folder", &MetricsSection::save_tb_folder,
+              "Folder under job.dump_folder for TensorBoard events (a timestamped subfolder per "
+              "run, rank_R inside it when every rank writes)."),
+          key("save_for_all_ranks", &MetricsSection::save_for_all_ranks,
+              "TensorBoard: every rank writes its own events; false = rank 0 only."),
+          key("peak_flops", &MetricsSection::peak_flops,
+              "Peak FLOP/s that MFU divides by; 0 = measure it with a GEMM probe at start-up "
+              "(CPU) or use the known peak of the GPU.").at_least(0),
+      }),
+      section("model", &J::model, "Which model to build and how to tokenize.", {
+          key("name", &ModelSection::name, "Model family.").one_of({"llama3"}),
+          key("flavor", &ModelSection::flavor, "Model size (debugmodel is CPU-sized).")
+              .one_of(model::llama3_flavor_names()),
+          key("tokenizer_path", &ModelSection::tokenizer_path,
+              "\"\" = byte-level tokenizer; a tiktoken-format BPE file (Llama 3's "
+              "original/tokenizer.model), a tokenizer.json or a folder holding one; when not "
+              "given, model.hf_assets_path."),
+          key("hf_assets_path", &ModelSection::hf_assets_path,
+              "Folder of Hugging Face assets with tokenizer.json (+ tokenizer_config.json for "
+              "BOS/EOS); used when tokenizer_path is \"\"."),
+          key("converters", &ModelSection::converters,
+              "Model rewrites applied after the model is built, in order.").one_of({"float8"})
+              .value_alias("quantize.linear.float8", "float8")
+              .unimplemented_value("mx", "MX (microscaling) training")
+              .unimplemented_value("quantize.linear.mx", "MX (microscaling) training")
+              .unimplemented_value("quantize.grouped_mm.float8", "float8 grouped GEMMs (MoE)")
+              .unimplemented_value("quantize.grouped_mm.mx", "MX grouped GEMMs (MoE)"),
+      }),
+      section("optimizer", &J::optimizer, "Optimizer and its hyper-parameters.", {
+          key("name", &OptimizerSection::name,
+              "AdamW = decoupled weight decay; Adam = weight decay added to the gradient.")
+              .one_of({"AdamW", "Adam"}),
+          key("lr", &OptimizerSection::lr, "Peak learning rate, reached at the end of warmup.")
+              .above(0),
+          key("eps", &OptimizerSection::eps, "Added to Adam's denominator.").above(0),
+          key("beta1", &OptimizerSection::beta1, "Adam first-moment decay.").in_half_open(0, 1),
+          key("beta2", &OptimizerSection::beta2, "Adam second-moment decay.").in_half_open(0, 1),
+          key("weight_decay", &OptimizerSection::weight_decay, "Weight decay coefficient.")
+              .at_least(0),
+      }),
+      section("lr_scheduler", &J::lr_scheduler, "Learning-rate warmup, plateau and decay.", {
+          key("warmup_steps", &LrSchedulerSection::warmup_steps,
+              "Steps of linear warmup up to optimizer.lr.").count_at_least(0),
+          key("decay_ratio", &LrSchedulerSection::decay_ratio,
+              "Fraction of training.steps spent decaying at the end (warmup-stable-decay); "
+              "-1 = decay over all steps after warmup.").in_closed(0, 1).or_exactly(-1),
+          key("decay_type", &LrSchedulerSection::decay_type, "Shape of the decay.")
+              .one_of({"linear", "sqrt", "cosine"}),
+          key("min_lr_factor", &LrSchedulerSection::min_lr_factor,
+              "Final learning rate as a fraction of optimizer.lr.").in_closed(0, 1),
+      }),
+      section("training", &J::training, "Data, batch shape, loop length and numerics.", {
+          key("dataset", &TrainingSection::dataset,
+              "Dataset to train on: c4 / c4_test stream a local copy at dataset_path (JSON "
+              "lines, plain or .json.gz, and Parquet files with a \"text\" column); titan ships "
+              "no third-party data.")
+              .one_of({"fortunes", "text", "jsonl", "c4", "c4_test", "tokens"})
+              .unimplemented_value("c4_mini", "the c4_mini dataset (use c4 with a local copy)")
+              .unimplemented_value("c4_validation", "the validation loop"),
+          key("dataset_path", &TrainingSection::dataset_path,
+              "Where the dataset lives; \"\" = the dataset's default location."),
+          key("local_batch_size", &TrainingSection::local_batch_size,
+              "Sequences per device per micro-batch.").count_at_least(1),
+          key("global_batch_size", &TrainingSection::global_batch_size,
+              "Sequences per optimizer step over all data-parallel ranks; -1 = local_batch_size "
+              "x data-parallel degree; a multiple of that accumulates gradients.")
+              .count_at_least(1).or_exactly(-1),
+          key("seq_len", &TrainingSection::seq_len, "Tokens per sequence.").count_at_least(1),
+          key("max_norm", &TrainingSection::max_norm,
+              "Clip the global gradient L2 norm to this; must be > 0 (clipping is always on, "
+              "a huge value makes it a no-op).").above(0),
+          key("steps", &TrainingSection::steps, "Optimizer steps to run.").count_at_least(1),
+          key("mixed_precision_param", &TrainingSection::mixed_precision_param,
+              "dtype parameters are computed in (master weights stay float32); when not given: "
+              "bfloat16 if the device is cuda (as torchtitan), float32 on the CPU.")
+              .one_of({"bfloat16", "float32"}),
+          key("mixed_precision_reduce", &TrainingSection::mixed_precision_reduce,
+              "dtype of data-parallel gradient reduction.").one_of({"float32"}),
+          key("compile", &TrainingSection::compile,
+              "torchtitan's torch.compile switch; accepted, has no effect in titan.")
+              .ignored("training.compile is accepted but ignored: titan has no JIT, its "
+                       "kernels are compiled ahead of time"),
+          key("seed", &TrainingSection::seed, "Random seed for weight init and data order.")
+              // Any int64: a negative seed means 2^64 + seed, as torch.manual_seed maps it.
+              .in_closed(-9223372036854775808.0, 9223372036854775808.0),
+          key("deterministic", &TrainingSection::deterministic,
+              "Use deterministic algorithms (slower; reruns are bit-identical)."),
+          key("skip_nonfinite_steps", &TrainingSection::skip_nonfinite_steps,
+              "A step whose loss or gradient norm is NaN/Inf skips its optimizer update (counted "
+              "in the step line and metrics) instead of stopping the run; 10 such steps in a "
+              "row still stop it."),
+          key("device", &TrainingSection::device,
+              "Where to train; when not given: cuda if a GPU is visible, else cpu.")
+              .one_of({"cpu", "cuda"}),
+          key("num_threads", &TrainingSection::num_threads,
+              "Intra-op CPU threads; 0 = all cores.").count_at_least(0),
+          key("cpu_memory_limit_gib", &TrainingSection::cpu_memory_limit_gib,
+              "Limit on live CPU tensor memory in GiB (the tracked allocator raises an "
+              "out-of-memory error above it); 0 = no limit.")
+              .in_closed(0, 8589934592.0),  // 2^33 GiB: the limit in bytes fits int64
+      }),
+      section("parallelism", &J::parallelism, "Data/tensor/pipeline-parallel layout.", {
+          key("data_parallel_replicate_degree", &ParallelismSection::data_parallel_replicate_degree,
+              "Data-parallel replicas (HSDP's outer dimension: gradients all-reduced across "
+              "them).").count_at_least(1),
+          key("data_parallel_shard_degree", &ParallelismSection::data_parallel_shard_degree,
+              "FSDP degree: parameters, gradients and optimizer state sharded across this many "
+              "ranks; -1 = WORLD_SIZE / (replicate x tensor parallel).").count_at_least(1).or_exactly(-1),
+          key("tensor_parallel_degree", &ParallelismSection::tensor_parallel_degree,
+              "Tensor + sequence parallel degree (must divide n_heads and n_kv_heads).")
+              .count_at_least(1),
+          key("fsdp_reshard_after_forward", &ParallelismSection::fsdp_reshard_after_forward,
+              "Free gathered parameters after forward: default = every group but the last "
+              "block and norm+output (torchtitan's choice), always, never.")
+              .one_of({"default", "always", "never"}),
+          key("disable_loss_parallel", &ParallelismSection::disable_loss_parallel,
+              "With tensor parallel: all-gather the logits and compute the loss on the full "
+              "vocabulary instead of on vocab shards."),
+          key("fsdp_overlap", &ParallelismSection::fsdp_overlap,
+              "FSDP issues the next group's all-gather before this group computes and waits for "
+              "gradient reduce-scatters while the next group's backward runs; false = wait for "
+              "every collective when it is issued (same numbers, all communication exposed)."),
+          key("enable_async_tensor_parallel", &ParallelismSection::enable_async_tensor_parallel,
+              "Async tensor parallel: the sequence all-gather before column-parallel linears and "
+              "the reduce-scatter after row-parallel ones travel in chunks overlapped with the "
+              "chunks' GEMMs (torchtitan needs torch.compile for this; titan does it natively)."),
+          key("async_tp_chunks", &ParallelismSection::async_tp_chunks,
+              "Chunks each sequence shard is split into under async tensor parallel (must divide "
+              "seq_len / tensor_parallel_degree).").count_at_least(1),
+          key("pipeline_parallel_degree", &ParallelismSection::pipeline_parallel_degree,
+              "Pipeline parallel degree; only 1 is supported.").count_at_least(1),
+          key("context_parallel_degree", &ParallelismSection::context_parallel_degree,
+              "Context parallel degree; only 1 is supported.").count_at_least(1),
+      }),
+      section("checkpoint", &J::checkpoint,
+              "Saving and resuming runs; initial and exported weights (docs/checkpoint.md).", {
+          key("enable_checkpoint", &CheckpointSection::enable_checkpoint,
+              "Save a checkpoint every `interval` steps and at the last step, and resume from "
+              "the latest complete one at start-up."),
+          key("folder", &CheckpointSection::folder,
+              "Checkpoint folder under job.dump_folder (one step-N/ folder per save)."),
+          key("interval", &CheckpointSection::interval, "Steps between checkpoints.").count_at_least(1),
+          key("keep_latest_k", &CheckpointSection::keep_latest_k,
+              "Keep this many complete checkpoints (older ones are deleted after a new one is "
+              "complete); 0 = keep all.").count_at_least(0),
+          key("async_mode", &CheckpointSection::async_mode,
+              "disabled = training waits for the save; async = shards are copied to host memory "
+              "and written by a background thread; async_with_pinned_mem = the same through "
+              "pinned host buffers (CUDA).")
+              .one_of({"disabled", "async", "async_with_pinned_mem"}),
+          key("load_step", &CheckpointSection::load_step,
+              "Resume from step-N; -1 = the latest complete checkpoint.").count_at_least(0).or_exactly(-1),
+          key("model_weights_only", &CheckpointSection::model_weights_only,
+              "The last checkpoint holds only the model weights, in export_dtype."),
+          key("exclude_from_loading", &CheckpointSection::exclude_from_loading,
+              "Parts of a checkpoint not restored on resume.")
+              .one_of({"model", "optimizer", "dataloader", "float8"}),
+          key("initial_load_path", &CheckpointSection::initial_load_path,
+              "Weights to start from when there is no checkpoint to resume: a safetensors file "
+              "(torchtitan names), a Hugging Face folder or model.safetensors.index.json, or a "
+              "titan step-N folder; \"\" = random init. A path that does not exist is an error."),
+          key("create_seed_checkpoint", &CheckpointSection::create_seed_checkpoint,
+              "Write step-0 (the initial weights) to the checkpoint folder and exit."),
+          key("commit_timeout_seconds", &CheckpointSection::commit_timeout_seconds,
+              "How long rank 0 waits for every rank's shards before it gives up on a save.")
+              .in_closed(1, kMaxTimeoutSeconds),
+          key("export_path", &CheckpointSection::export_path,
+              "Write the final weights here; \"\" = don't export."),
+          key("export_format", &CheckpointSection::export_format,
+              "torchtitan = one safetensors file with titan/torchtitan names; hf = a Hugging "
+              "Face LlamaForCausalLM folder (config.json, model.safetensors.index.json, shards).")
+              .one_of({"torchtitan", "hf"}),
+          key("export_dtype", &CheckpointSection::export_dtype,
+              "dtype of exported weights (and of a model_weights_only checkpoint).")
+              .one_of({"float32", "bfloat16", "float16"}),
+      }),
+      section("activation_checkpoint", &J::activation_checkpoint,
+              "Recomputing activations in backward to save memory.", {
+          key("mode", &ActivationCheckpointSection::mode,
+              "none = keep every activation; full = every block keeps only its input and is "
+              "recomputed in backward; selective = see selective_ac_option.")
+              .one_of({"none", "full", "selective"}),
+          key("selective_ac_option", &ActivationCheckpointSection::selective_ac_option,
+              "With mode = selective: \"op\" = per-op (keep matrix products except every "
+              "second one, attention, reduce-scatters, float8 amax; recompute the rest), or an "
+              "integer N = checkpoint every N-th block."),
+      }),
+      section("float8", &J::float8, "float8 training of the linears (torchao.float8 numerics).", {
+          key("enable_float8_linear", &Float8Section::enable_float8_linear,
+              "Train the model's linears with float8 GEMMs (emulated on the CPU)."),
+          key("recipe_name", &Float8Section::recipe_name,
+              "Scaling recipe: tensorwise (e4m3/e4m3/e5m2), rowwise (axiswise e4m3, power-of-2 "
+              "scales), rowwise_with_gw_hp (high-precision grad_weight GEMM), tensorwise_delayed "
+              "(scale from an amax history).")
+              .one_of(float8_recipe_choices()),
+          key("filter_fqns", &Float8Section::filter_fqns,
+              "Linears whose fully-qualified name contains one of these stay high precision."),
+          key("auto_filter_small_kn", &Float8Section::auto_filter_small_kn,
+              "Skip linears whose K/N are too small for float8 to be faster (torchao's table)."),
+          key("emulate", &Float8Section::emulate,
+              "Emulate the float8 GEMM in float32 (always the case on the CPU)."),
+          key("enable_fsdp_float8_all_gather", &Float8Section::enable_fsdp_float8_all_gather,
+              "FSDP all-gathers float8 weight shards (tensorwise recipes only)."),
+          key("precompute_float8_dynamic_scale_for_fsdp",
+              &Float8Section::precompute_float8_dynamic_scale_for_fsdp,
+              "Compute every weight scale for the next step in one all-reduce after the "
+              "optimizer step (needs enable_fsdp_float8_all_gather)."),
+          key("tp_input_all_gather", &Float8Section::tp_input_all_gather,
+              "Tensor parallel with a tensorwise recipe: all-gather the sequence shards of the "
+              "attention / feed_forward inputs already cast to float8 (one global-amax scale; "
+              "torchtitan's PrepareFloat8ModuleInput). false: gather high precision."),
+          key("amax_history_len", &Float8Section::amax_history_len,
+              "Length of the amax history of tensorwise_delayed.")
+              // 2^16: three float32 histories per linear; longer is memory, not smoothing.
+              .in_closed(1, 65536),
+      }),
+      section("int8", &J::int8, "INT8 mixed-precision training of the linears.", {
+          key("enable_int8_linear", &Int8Section::enable_int8_linear,
+              "Train the linears with int8 GEMMs (row-wise forward, column-wise backward)."),
+          key("filter_fqns", &Int8Section::filter_fqns,
+              "Linears whose fully-qualified name contains one of these stay high precision."),
+          key("output_gemm", &Int8Section::output_gemm, "Forward GEMM in int8."),
+          key("grad_input_gemm", &Int8Section::grad_input_gemm, "grad_input GEMM in int8."),
+          key("grad_weight_gemm", &Int8Section::grad_weight_gemm, "grad_weight GEMM in int8."),
+      }),
+      section("comm", &J::comm, "Collective timeouts and tracing.", {
+          key("init_timeout_seconds", &CommSection::init_timeout_seconds,
+              "How long rendezvous waits for every rank to join.").in_closed(1, kMaxTimeoutSeconds),
+          key("train_timeout_seconds", &CommSection::train_timeout_seconds,
+              "How long one collective may take during training before it fails.").in_closed(1, kMaxTimeoutSeconds),
+          key("debug_fail_at_step", &CommSection::debug_fail_at_step,
+              "Fault injection (tests): rank comm.debug_fail_rank fails at the start of this "
+              "step; 0 = never.").count_at_least(0),
+          key("debug_fail_rank", &CommSection::debug_fail_rank,
+              "The rank that comm.debug_fail_at_step makes fail.").count_at_least(0),
+          key("trace_buf_size", &CommSection::trace_buf_size,
+              "Flight recorder: the last this many collectives of each rank, written to "
+              "job.dump_folder/comm_trace/rank<N>.json when a collective fails or times out; "
+              "0 = off.").count_at_least(0),
+          key("debug_stall_at_step", &CommSection::debug_stall_at_step,
+              "Fault injection (tests): rank comm.debug_stall_rank stops (sleeps) at the start of "
+              "this step; 0 = never.").count_at_least(0),
+          key("debug_stall_rank", &CommSection::debug_stall_rank,
+              "The rank that comm.debug_stall_at_step stops.").count_at_least(0),
+          key("debug_link_latency_ms", &CommSection::debug_link_latency_ms,
+              "Simulated network (overlap tests, benchmarks): every collective completes no "
+              "sooner than this latency after the group's link is free; 0 = off.")
+              .in_closed(0, 3600e3),  // an hour: the simulated delay stays a finite clock duration
+          key("debug_link_bytes_per_second", &CommSection::debug_link_bytes_per_second,
+              "Simulated network: each group's link carries this many bytes per second, one "
+              "collective at a time (bytes = the gathered or scattered size); 0 = off.")
+              .in_closed(1, 1e15).or_exactly(0),  // >= 1 B/s: bytes / rate stays a finite duration
+      }),
+  };
+}
+
+// Binds alias and accepted rows (Note [torchtitan's schema in the key table]): an alias takes
+// its target's type, storage and choices; an accepted row stores its value by name.
+void bind_torchtitan_rows(std::vector<SectionSpec>& table) {
+  auto find_in = [&](const std::string& dotted) -> const KeySpec* {
+    for (const auto& s : table) {
+      for (const auto& k : s.keys) {
+        if (k.dotted() == dotted) return &k;
+      }
+    }
+    return nullptr;
+  };
+  for (auto& s : table) {
+    for (auto& k : s.keys) {
+      if (k.kind == KeyKind::kAccepted) {
+        k.type = static_cast<ValueType>(k.default_value->index());
+        k.ref = [dotted = k.dotted(), init = *k.default_value](JobConfig& c) -> ValueRef {
+          ConfigValue& v = c.torchtitan_values.try_emplace(dotted, init).first->second;
+          return std::visit([](auto& x) -> ValueRef { return &x; }, v);
+        };
+      }
+    }
+  }
+  for (auto& s : table) {
+    for (auto& k : s.keys) {
+      if (k.kind != KeyKind::kAlias) continue;
+      const KeySpec* target = find_in(k.alias_of);
+      if (target == nullptr || target->kind == KeyKind::kAlias) {
+        throw std::logic_error("config table: alias " + k.dotted() + " names " + k.alias_of +
+                               ", which is not a key");
+      }
+      k.type = target->type;
+      k.ref = target->ref;
+      k.choices = target->choices;
+      if (k.alias_negates && k.type != ValueType::kBool) {
+        throw std::logic_error("config table: negated alias " + k.dotted() + " is not a bool");
+      }
+      k.help = "torchtitan " + k.versions + " name of " + k.alias_of +
+               (k.alias_negates ? " with the opposite meaning" : "") + ".";
+    }
+  }
+}
+
+std::vector<SectionSpec> assemble_table() {
+  std::vector<SectionSpec> table = build_table();
+  for (auto& section : table) {
+    for (Row& row : torchtitan_rows(section.name)) {
+      // Note [checkpoint placeholders]: an implemented row of the same name wins.
+      bool implemented = false;
+      for (const auto& k : section.keys) implemented |= k.name == row.spec.name;
+      if (implemented) continue;
+      row.spec.section = section.name;
+      section.keys.push_back(std::move(row.spec));
+    }
+  }
+  for (auto& section : torchtitan_sections()) table.push_back(std::move(section));
+  std::set<std::string> seen;
+  for (const auto& s : table) {
+    for (const auto& k : s.keys) {
+      if (!seen.insert(k.dotted()).second) {
+        throw std::logic_error("config table: key " + k.dotted() + " is declared twice");
+      }
+    }
+  }
+  bind_torchtitan_rows(table);
+  return table;
+}
+
+}  // namespace
+
+SectionSpec torchtitan_section(const char* name, const char* help, std::vector<Row> rows) {
+  SectionSpec out{name, help, {}};
+  for (auto& row : rows) {
+    row.spec.section = name;
+    out.keys.push_back(std::move(row.spec));
+  }
+  return out;
+}
+
+const std::vector<SectionSpec>& config_table() {
+  static const std::vector<SectionSpec> table = assemble_table();
+  return table;
+}
+
+const KeySpec* find_key(const std::string& dotted) {
+  const size_t dot = dotted.rfind('.');
+  if (dot == std::string::npos) return nullptr;
+  return find_key(dotted.substr(0, dot), dotted.substr(dot + 1));
+}
+
+bool is_section_prefix(const std::string& prefix) {
+  for (const auto& s : config_table()) {
+    if (s.name.size() > prefix.size() && s.name.compare(0, prefix.size(), prefix) == 0 &&
+        s.name[prefix.size()] == '.') {
+      return true;
+    }
+  }
+  return false;
+}
+
+const SectionSpec* find_section(const std::string& name) {
+  for (const auto& s : config_table()) {
+    if (s.name == name) return &s;
+  }
+  return nullptr;
+}
+
+const KeySpec* find_key(const std::string& section, const std::string& name) {
+  const SectionSpec* s = find_section(section);
+  if (s == nullptr) return nullptr;
+  for (const auto& k : s->keys) {
+    if (k.name == name) return &k;
+  }
+  return nullptr;
+}
+
+bool Range::contains(double v) const {
+  if (sentinel && v == *sentinel) return true;
+  if (lo && (lo_open ? !(v > *lo) : !(v >= *lo))) return false;
+  if (hi && (hi_open ? !(v < *hi) : !(v <= *hi))) return false;
+  return true;
+}
+
+std::string Range::describe() const {
+  // Bounds as written in the table: 1, 0.5, -1, and whole numbers in full (2147483647, not
+  // 2.14748e+09), so that the message states the exact limit.
+  auto text = [](double v) {
+    if (v == std::floor(v) && std::fabs(v) < 9.0e18) return std::to_string(static_cast<int64_t>(v));
+    std::ostringstream os;
+    os << v;
+    return os.str();
+  };
+  std::string out;
+  if (sentinel) out += text(*sentinel) + " or ";
+  if (lo && hi) {
+    out += std::string("in ") + (lo_open ? "(" : "[") + text(*lo) + ", " + text(*hi) + (hi_open ? ")" : "]");
+  } else if (lo) {
+    out += (lo_open ? "> " : ">= ") + text(*lo);
+  } else if (hi) {
+    out += (hi_open ? "< " : "<= ") + text(*hi);
+  }
+  return out;
+}
+
+}  // namespace titan::trainer::config::detail

@@ -1,0 +1,109 @@
+// trainer/config/relations.cpp — checks that involve more than one key or the machine, run on
+// the merged config after every key passed its own check (trainer/config/job_config.cpp).
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "trainer/config/key_table.h"
+#include "trainer/optim/lr_schedule.h"
+
+namespace titan::trainer::config::detail {
+
+namespace {
+
+// Relations between keys that torchtitan resolves by clamping, with a warning (its
+// build_lr_schedulers): the run goes on with the clamped schedule, and the log says so.
+void warn_about_clamped_lr_phases(JobConfig& cfg) {
+  const int64_t steps = cfg.training.steps;
+  const auto& lr = cfg.lr_scheduler;
+  const optim::LrPhases phases = optim::lr_phases(steps, lr.warmup_steps, lr.decay_ratio);
+  if (phases.warmup_clamped) {
+    cfg.warnings.push_back("lr_scheduler.warmup_steps (" + std::to_string(lr.warmup_steps) +
+                           ") exceeds training.steps (" + std::to_string(steps) +
+                           "): warmup clamped to " + std::to_string(phases.warmup) +
+                           " steps, so the LR reaches optimizer.lr only on the last step");
+  }
+  if (phases.decay_clamped) {
+    cfg.warnings.push_back("lr_scheduler.warmup_steps (" + std::to_string(phases.warmup) +
+                           ") + decay steps (" + std::to_string(phases.requested_decay) +
+                           " = training.steps x lr_scheduler.decay_ratio) exceed training.steps (" +
+                           std::to_string(steps) + "): decay clamped to " +
+                           std::to_string(phases.decay) + " steps");
+  }
+}
+
+// Profiling and memory snapshots fire every profiling.profile_freq steps; a run shorter than
+// that writes none, which a user who switched them on should hear at start-up, not find out.
+void warn_about_unreached_profiling(JobConfig& cfg) {
+  const ProfilingSection& p = cfg.profiling;
+  if (p.profile_freq <= cfg.training.steps) return;
+  struct Feature {
+    bool on;
+    const char* key;
+    const char* output;
+  };
+  for (const Feature& f : {Feature{p.enable_profiling, "profiling.enable_profiling", "no trace"},
+                           Feature{p.enable_memory_snapshot, "profiling.enable_memory_snapshot",
+                                   "no memory snapshot (except on out-of-memory)"}}) {
+    if (!f.on) continue;
+    cfg.warnings.push_back(std::string(f.key) + " is on, but profiling.profile_freq (" +
+                           std::to_string(p.profile_freq) + ") > training.steps (" +
+                           std::to_string(cfg.training.steps) + "): this run writes " + f.output +
+                           "; set profiling.profile_freq to at most " +
+                           std::to_string(cfg.training.steps));
+  }
+}
+
+}  // namespace
+
+// Products of keys that the trainer and loader compute in int64 (rows x tokens per step), and
+// limits that depend on the machine. Each problem names the keys and the allowed range.
+std::vector<std::pair<std::string, std::string>> check_key_relations(
+    const JobConfig& cfg, const std::map<std::string, std::string>& origins, const MachineFacts& machine) {
+  std::vector<std::pair<std::string, std::string>> problems;
+  const TrainingSection& t = cfg.training;
+  auto where = [&](const char* key) {
+    auto it = origins.find(key);
+    return it == origins.end() ? std::string("default") : it->second;
+  };
+  if (machine.hardware_threads > 0 && t.num_threads > machine.hardware_threads) {
+    problems.emplace_back(where("training.num_threads"),
+                          "training.num_threads = " + std::to_string(t.num_threads) +
+                        " is more than this machine's " + std::to_string(machine.hardware_threads) +
+                        " hardware threads: must be in [0, " +
+                        std::to_string(machine.hardware_threads) + "] (0 = all of them)");
+  }
+  // Tokens of one optimizer step on one rank: rows (global batch, or local batch when it is
+  // derived) x seq_len; the loader and the token counters multiply them in int64, and
+  // attention's scores grow with seq_len^2. 2^40 tokens (a trillion) per step is far beyond any
+  // real batch and keeps every such product, and x vocab for the logits, inside int64.
+  constexpr int64_t kMaxTokensPerStep = int64_t{1} << 40;
+  const int64_t rows = std::max(t.global_batch_size, t.local_batch_size);
+  int64_t tokens = 0;
+  if (__builtin_mul_overflow(rows, t.seq_len, &tokens) || tokens > kMaxTokensPerStep) {
+    problems.emplace_back(where("training.seq_len"),
+                    "training.seq_len (" + std::to_string(t.seq_len) + ") x " +
+                        (t.global_batch_size > 0 ? "training.global_batch_size (" : "training.local_batch_size (") +
+                        std::to_string(rows) + ") is more than 2^40 tokens per step: make the "
+                        "product at most " + std::to_string(kMaxTokensPerStep));
+  }
+  const CommSection& c = cfg.comm;
+  if (c.debug_fail_at_step > t.steps) {
+    problems.emplace_back(where("comm.debug_fail_at_step"),
+                    "comm.debug_fail_at_step = " + std::to_string(c.debug_fail_at_step) +
+                        " is beyond training.steps (" + std::to_string(t.steps) +
+                        "): the injected failure would never happen; must be in [0, " +
+                        std::to_string(t.steps) + "]");
+  }
+  return problems;
+}
+
+void add_start_up_warnings(JobConfig& cfg) {
+  warn_about_clamped_lr_phases(cfg);
+  warn_about_unreached_profiling(cfg);
+}
+
+}  // namespace titan::trainer::config::detail

@@ -1,0 +1,37 @@
+// trainer/fault_injection.cpp — see fault_injection.h.
+#include "trainer/fault_injection.h"
+
+#include <chrono>
+#include <stdexcept>
+#include <string>
+#include <thread>
+
+#include "util/logging.h"
+
+namespace titan::trainer {
+
+FaultInjection::FaultInjection(const config::CommSection& comm, int rank, int world_size)
+    : comm_(comm), rank_(rank) {
+  auto check = [&](int64_t at_step, int64_t fault_rank, const char* key) {
+    if (at_step > 0 && fault_rank >= world_size)
+      throw config::ConfigError(std::string(key) + " = " + std::to_string(fault_rank) +
+                                " is not a rank of this job: must be in [0, " + std::to_string(world_size - 1) +
+                                "] (WORLD_SIZE " + std::to_string(world_size) + ")");
+  };
+  check(comm.debug_fail_at_step, comm.debug_fail_rank, "comm.debug_fail_rank");
+  check(comm.debug_stall_at_step, comm.debug_stall_rank, "comm.debug_stall_rank");
+}
+
+void FaultInjection::before_step(int64_t step) const {
+  if (comm_.debug_fail_at_step == step && comm_.debug_fail_rank == rank_)
+    throw std::runtime_error("rank " + std::to_string(rank_) + " fails on purpose at step " + std::to_string(step) +
+                             " (comm.debug_fail_at_step)");
+  if (comm_.debug_stall_at_step == step && comm_.debug_stall_rank == rank_) {
+    // A rank that stops, for the flight-recorder tests: the others time out in the next collective.
+    util::log_warn("rank " + std::to_string(rank_) + " stalls on purpose at step " + std::to_string(step) +
+                   " (comm.debug_stall_at_step)");
+    std::this_thread::sleep_for(std::chrono::hours(1));
+  }
+}
+
+}  // namespace titan::trainer

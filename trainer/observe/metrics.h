@@ -1,0 +1,98 @@
+// trainer/observe/metrics.h — the per-step line and its JSONL twin (the same fields as torchtitan's).
+//
+//   step: 20  loss:  8.4931  grad_norm:  1.2345  memory: 0.41GiB(1.71%)  tps: 5,760  tflops: 0.01  mfu: 6.73%
+//
+// loss: global token-average loss of the step. memory: peak since the previous line (see
+// memory.h for what is measured on each device). tps: tokens per second per device since the
+// previous line, divided by the non-data-parallel degree. tflops = flops_per_token * tps / 1e12;
+// mfu = 100 * tflops / peak TFLOP/s.
+//
+// Every JSONL line and TensorBoard record is written whole or not at all; a failed write does
+// not stop the step but the run then ends with "metrics lost from step N" (Note [Lost metrics]).
+#pragma once
+
+#include <memory>
+
+#include "trainer/observe/tensorboard.h"
+
+#include <c10/core/Device.h>
+
+#include <chrono>
+#include <cstdint>
+#include <fstream>
+#include <string>
+
+namespace titan::trainer::observe {
+
+// Achieved float32 GEMM FLOP/s on this CPU with the current intra-op threads: a short probe
+// (~0.3 s) used as the CPU "peak" for mfu when metrics.peak_flops is not given.
+double probe_cpu_matmul_flops();
+// Dense bf16 peak of a known GPU from its name, 0 if unknown (never guessed).
+double known_gpu_peak_flops(const std::string& device_name);
+
+// The FLOP/s that mfu divides by, and a few words saying where it came from (for the log).
+struct PeakFlops {
+  double flops_per_second = 0;  // 0 = unknown: the metrics line prints "mfu: n/a"
+  std::string source;
+};
+// In order: `configured_peak_flops` (metrics.peak_flops) if > 0; on a CUDA device, the dense
+// bf16 tensor-core peak of the device found by its name (torchtitan's mfu basis, used whatever
+// the compute dtype, so float32 / float8 / int8 runs compare with torchtitan's numbers); on the
+// CPU, probe_cpu_matmul_flops() with the current threads. A CUDA device in a build without
+// TITAN_WITH_CUDA, or a GPU missing from the table, gives 0.
+PeakFlops peak_flops_for_mfu(double configured_peak_flops, c10::Device device);
+
+struct StepMetrics {
+  int64_t step = 0;
+  double loss = 0;
+  double grad_norm = 0;
+  double lr = 0;
+  double comm_seconds = -1;  // time inside collectives since the last line; < 0 = not distributed
+  // Of comm_seconds, the time the training thread was blocked waiting on a collective (what
+  // overlap does not hide); < 0 = not distributed.
+  double comm_exposed_seconds = -1;
+  int64_t skipped_steps = 0;  // non-finite steps skipped so far (training.skip_nonfinite_steps)
+};
+
+class MetricsLogger {
+ public:
+  MetricsLogger(c10::Device device, double flops_per_token, double peak_flops,
+                int64_t non_data_parallel_size, const std::string& jsonl_path);
+
+  // Counts tokens processed by this rank since the last line.
+  void add_tokens(int64_t tokens) { tokens_since_last_ += tokens; }
+  // Prints the line (through the log) and appends the JSONL record; resets the window.
+  void log(const StepMetrics& m);
+  // metrics.enable_tensorboard: every logged step also goes to this writer (torchtitan's tags).
+  void set_tensorboard(std::unique_ptr<TensorBoardWriter> writer) { tensorboard_ = std::move(writer); }
+  // A run resumed from a checkpoint of `step`: the metrics file keeps its lines up to that step
+  // and continues after them (call before the first log).
+  void resume_after(int64_t step) { resume_step_ = step; }
+  // Resets the window without logging (e.g. after start-up work that should not count).
+  void reset_window();
+  // "" when every metrics record (JSONL line, TensorBoard events) was written; else "metrics
+  // lost from step N (...)". A failed write does not stop the step (Note [Lost metrics]).
+  std::string lost_metrics() const;
+  ~MetricsLogger();
+
+ private:
+  c10::Device device_;
+  double flops_per_token_;
+  double peak_flops_;
+  int64_t non_data_parallel_size_;
+  int64_t tokens_since_last_ = 0;
+  std::chrono::steady_clock::time_point window_start_;
+  void open_jsonl();
+  std::string jsonl_path_;
+  int64_t resume_step_ = 0;
+  int jsonl_fd_ = -1;  // O_APPEND; each line goes in with one write (util::append_whole_record)
+  int64_t first_lost_step_ = -1;
+  int64_t lost_records_ = 0;
+  void record_loss(int64_t step, const std::string& what);
+  std::unique_ptr<TensorBoardWriter> tensorboard_;
+};
+
+// 5760 -> "5,760"
+std::string with_thousands(int64_t value);
+
+}  // namespace titan::trainer::observe
