@@ -34,10 +34,10 @@ void log_report(const char* kind, const float8::ConversionReport& report) {
   };
   for (const auto& [how, names] : converted)
     util::log_info(std::string(kind) + ": converted " + std::to_string(names.size()) + " linear(s) to " +
-             how + ": " + join_unique(names));
+                   how + ": " + join_unique(names));
   for (const auto& [why, names] : skipped)
     util::log_info(std::string(kind) + ": kept " + std::to_string(names.size()) +
-             " linear(s) in high precision (" + why + "): " + join_unique(names));
+                   " linear(s) in high precision (" + why + "): " + join_unique(names));
 }
 
 }  // namespace

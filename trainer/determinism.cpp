@@ -29,11 +29,11 @@ void apply_determinism(bool deterministic) {
     workspace_note = " (was '" + std::string(previous) + "')";
   ::setenv("CUBLAS_WORKSPACE_CONFIG", kCublasWorkspaceConfig, /*overwrite=*/1);
   util::log_info(std::string("deterministic: ATen deterministic algorithms on (an op without a "
-                       "deterministic kernel is an error), cuDNN deterministic + benchmark off, "
-                       "oneDNN deterministic, CUBLAS_WORKSPACE_CONFIG=") +
-           kCublasWorkspaceConfig + workspace_note +
-           "; CPU results are bit-identical across reruns with the same thread count (now " +
-           std::to_string(at::get_num_threads()) + "); expect slower steps");
+                             "deterministic kernel is an error), cuDNN deterministic + benchmark off, "
+                             "oneDNN deterministic, CUBLAS_WORKSPACE_CONFIG=") +
+                 kCublasWorkspaceConfig + workspace_note +
+                 "; CPU results are bit-identical across reruns with the same thread count (now " +
+                 std::to_string(at::get_num_threads()) + "); expect slower steps");
 }
 
 }  // namespace titan::trainer

@@ -42,7 +42,7 @@ void Trainer::on_nonfinite_step(int64_t step, const data::Batch& batch, double l
     ++skipped_steps_;
     ++consecutive_skipped_steps_;
     util::log_warn(what + ": skipped, no optimizer update (training.skip_nonfinite_steps; " + std::to_string(skipped_steps_) +
-             " skipped so far)");
+                   " skipped so far)");
     return;
   }
   // Where it broke: the same batch again, every module's output and every gradient checked.

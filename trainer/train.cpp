@@ -131,7 +131,7 @@ Trainer::Trainer(config::JobConfig cfg) : cfg_(std::move(cfg)) {
   for (const auto& n : cfg_.notes) util::log_info("config: " + n);
   util::log_info("device: " + device_.str() + " (training.device = " + t.device + ")");
   util::log_info("dtypes: compute " + t.mixed_precision_param + ", master weights and optimizer state "
-           "float32, gradient reduction " + t.mixed_precision_reduce);
+                 "float32, gradient reduction " + t.mixed_precision_reduce);
   observe::set_cpu_memory_limit(static_cast<int64_t>(t.cpu_memory_limit_gib * double(1ll << 30)));
   // Before the model exists, so that a memory snapshot's record includes the parameters.
   profiler_ = std::make_unique<observe::StepProfiler>(cfg_.profiling, cfg_.job.dump_folder, env_rank(), device_);
@@ -173,10 +173,10 @@ Trainer::Trainer(config::JobConfig cfg) : cfg_(std::move(cfg)) {
     for (const auto& p : master_params()) param_bytes += p.nbytes();
     // Exact bytes of this rank's training state (scripts/bench_parallel.sh reads this line).
     util::log_info("memory bytes: parameters " + std::to_string(param_bytes) + ", gradients " +
-             std::to_string(param_bytes) + ", optimizer state " + std::to_string(optimizer_->state_bytes()));
+                   std::to_string(param_bytes) + ", optimizer state " + std::to_string(optimizer_->state_bytes()));
   }
   lr_schedule_ = optim::LrSchedule{t.steps, cfg_.lr_scheduler.warmup_steps, cfg_.lr_scheduler.decay_ratio,
-                            cfg_.lr_scheduler.decay_type, cfg_.lr_scheduler.min_lr_factor};
+                                   cfg_.lr_scheduler.decay_type, cfg_.lr_scheduler.min_lr_factor};
   init_checkpointing();
 
   // Peak FLOP/s for mfu: the config, else a known GPU, else a GEMM probe on this CPU.
@@ -212,9 +212,9 @@ Trainer::Trainer(config::JobConfig cfg) : cfg_(std::move(cfg)) {
     std::filesystem::create_symlink("metrics_rank0.jsonl", dump / "metrics.jsonl", ec);
   }
   util::log_info("training " + std::to_string(t.steps) + " steps: global batch " +
-           std::to_string(global_batch_size_) + " x seq_len " + std::to_string(t.seq_len) + " (" +
-           std::to_string(grad_accumulation_steps_) + " micro-batch(es) of " +
-           std::to_string(t.local_batch_size) + "), metrics -> " + jsonl);
+                 std::to_string(global_batch_size_) + " x seq_len " + std::to_string(t.seq_len) + " (" +
+                 std::to_string(grad_accumulation_steps_) + " micro-batch(es) of " +
+                 std::to_string(t.local_batch_size) + "), metrics -> " + jsonl);
 }
 
 void Trainer::build_model() {
@@ -224,7 +224,7 @@ void Trainer::build_model() {
   model_ = std::make_unique<model::Llama>(args);  // meta device: nothing allocated yet
   const model::ParamCount count = model::count_params(args);
   util::log_info("model llama3 " + cfg_.model.flavor + ": " + std::to_string(args.n_layers) +
-           " layers, dim " + std::to_string(args.dim) + ", vocab " + std::to_string(args.vocab_size) +
+                 " layers, dim " + std::to_string(args.dim) + ", vocab " + std::to_string(args.vocab_size) +
            ", " + observe::with_thousands(count.total) + " parameters, " +
            observe::with_thousands(static_cast<int64_t>(model::flops_per_token(args, cfg_.training.seq_len))) +
            " FLOPs/token");
@@ -232,7 +232,7 @@ void Trainer::build_model() {
   const ConvertedModel converted = apply_model_converters(*model_, cfg_, device_);
   if (converted.float8 && cfg_.float8.enable_fsdp_float8_all_gather && mesh_->size(parallel::MeshDim::kDpShardCp) == 1)
     util::log_info("float8: enable_fsdp_float8_all_gather has no effect without FSDP "
-             "(parallelism.data_parallel_shard_degree 1): each linear casts its own weight");
+                   "(parallelism.data_parallel_shard_degree 1): each linear casts its own weight");
 
   const parallel::ParallelOptions popt = parallel_options(cfg_, args, mesh_->dims(), device_, converted.float8);
   // Sharded or not, only this rank's shards are ever allocated: the plan runs on meta.
@@ -244,8 +244,8 @@ void Trainer::build_model() {
   int64_t param_bytes = 0;
   for (const auto& p : master_params()) param_bytes += p.nbytes();
   util::log_info(std::string("memory: ") + (world_.world_size > 1 ? "this rank's shards: " : "") + "parameters " +
-           gib(param_bytes) + " (float32 masters, compute in " +
-           cfg_.training.mixed_precision_param + "), gradients " + gib(param_bytes) +
+                 gib(param_bytes) + " (float32 masters, compute in " +
+                 cfg_.training.mixed_precision_param + "), gradients " + gib(param_bytes) +
            ", AdamW state " + gib(2 * param_bytes) + "; process RSS " + gib(observe::process_rss_bytes()));
 }
 
@@ -260,12 +260,12 @@ void Trainer::load_initial_weights(const std::string& path) {
     checkpoint::ModelState weights(*parallel_);
     checkpoint::CheckpointManager::load(reader, {{"model", &weights}}, model_shape(), {});
     util::log_info("loaded initial weights from titan checkpoint " + path + " (" + std::to_string(reader.bytes_read()) +
-             " bytes read by this rank)");
+                   " bytes read by this rank)");
     return;
   }
   const bool hf = checkpoint::is_hf_checkpoint(path);
   checkpoint::load_weights_file(path, model_->args(), param_names(),
-                    [&](const std::string& name, const at::Tensor& full) { parallel_->load_full(name, full); });
+                                [&](const std::string& name, const at::Tensor& full) { parallel_->load_full(name, full); });
   util::log_info(std::string("loaded initial weights from ") + (hf ? "Hugging Face checkpoint " : "") + path);
 }
 
@@ -303,12 +303,12 @@ TrainResult Trainer::train() {
   set_stop_at_step_boundary(true);  // from here a signal stops at the next step boundary
   if (start_step_ >= cfg_.training.steps)
     util::log_info("checkpoint step " + std::to_string(start_step_) + " >= training.steps " +
-             std::to_string(cfg_.training.steps) + ": nothing left to train");
+                   std::to_string(cfg_.training.steps) + ": nothing left to train");
   metrics_->reset_window();
   for (int64_t step = start_step_ + 1; step <= cfg_.training.steps; ++step) {
     if (stop_requested()) {
       util::log_warn("received signal " + std::to_string(stop_signal()) + ": stopping after step " +
-               std::to_string(step - 1));
+                     std::to_string(step - 1));
       result.stopped_by_signal = true;
       break;
     }
@@ -410,7 +410,7 @@ nlohmann::json Trainer::model_shape() const {
 }
 
 checkpoint::Holders Trainer::state_holders() {
-  holders_.clear();
+              holders_.clear();
   holders_.push_back(std::make_unique<checkpoint::ModelState>(*parallel_));
   holders_.push_back(std::make_unique<checkpoint::OptimizerState>(*optimizer_, *parallel_));
   holders_.push_back(std::make_unique<checkpoint::DataLoaderState>(*loader_));
@@ -435,8 +435,8 @@ void Trainer::save_checkpoint(int64_t step) {
   }
   const checkpoint::SaveStats stats = checkpointer_->save(step, holders, model_only);
   util::log_info("checkpoint: step " + std::to_string(step) + (cfg_.checkpoint.async_mode == "disabled" ? " saved" : " staged") +
-           " in " + std::to_string(stats.stage_seconds).substr(0, 6) + " s of training time (" +
-           cfg_.checkpoint.async_mode + ")");
+                 " in " + std::to_string(stats.stage_seconds).substr(0, 6) + " s of training time (" +
+                 cfg_.checkpoint.async_mode + ")");
 }
 
 void Trainer::init_checkpointing() {
@@ -488,9 +488,9 @@ void Trainer::init_checkpointing() {
   if (resume) parallel_->after_load();
   if (resume)
     util::log_info("checkpoint: resumed from " + *resume + " at step " + std::to_string(start_step_) + " (" +
-             std::to_string(bytes_read) + " bytes read by this rank in " +
-             std::to_string(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()).substr(0, 6) +
-             " s)");
+                   std::to_string(bytes_read) + " bytes read by this rank in " +
+                   std::to_string(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()).substr(0, 6) +
+                   " s)");
   checkpointer_->remove_incomplete();
   if (parallel::Comm* world = mesh_->world()) world->barrier();
   if (c.create_seed_checkpoint) {

@@ -438,8 +438,8 @@ void CheckpointManager::write(const std::shared_ptr<Staged>& staged) {
   staged->stats.write_seconds = seconds_since(start);
   if (rank_ == 0)
     util::log_info("checkpoint: step " + std::to_string(staged->step) + " written and committed in " +
-             std::to_string(staged->stats.write_seconds).substr(0, 6) + " s" +
-             (cfg_.async_mode == "disabled" ? "" : " (in the background)"));
+                   std::to_string(staged->stats.write_seconds).substr(0, 6) + " s" +
+                   (cfg_.async_mode == "disabled" ? "" : " (in the background)"));
 }
 
 void CheckpointManager::commit(const Staged& staged) {
@@ -495,7 +495,7 @@ void CheckpointManager::commit(const Staged& staged) {
   fs::rename(staged.tmp_dir, staged.final_dir);
   fsync_path(folder_, true);
   util::log_info("checkpoint: saved " + staged.final_dir + " (" + std::to_string(total_bytes) + " bytes in " +
-           std::to_string(files.size()) + " file(s))");
+                 std::to_string(files.size()) + " file(s))");
   if (cfg_.keep_latest_k > 0) {  // only now that the new one is complete
     auto complete = complete_checkpoints(folder_);
     for (size_t i = 0; i + static_cast<size_t>(cfg_.keep_latest_k) < complete.size(); ++i) {

@@ -82,11 +82,11 @@ StepProfiler::StepProfiler(const config::ProfilingSection& cfg, const std::strin
   if (cfg_.enable_memory_snapshot) {
     start_memory_recording(device_);
     util::log_info("memory snapshots every " + std::to_string(cfg_.profile_freq) + " steps -> " +
-             snapshot_dir("iteration_N"));
+                   snapshot_dir("iteration_N"));
   }
   if (cfg_.enable_profiling)
     util::log_info("profiler traces every " + std::to_string(cfg_.profile_freq) + " steps -> " +
-             (std::filesystem::path(dump_folder_) / cfg_.save_traces_folder / "iteration_N").string());
+                   (std::filesystem::path(dump_folder_) / cfg_.save_traces_folder / "iteration_N").string());
 }
 
 StepProfiler::~StepProfiler() {
