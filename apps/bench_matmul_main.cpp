@@ -6,6 +6,7 @@
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/cpu/Utils.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/randn.h>
 #include <torch/cuda.h>
@@ -72,7 +73,9 @@ int main(int argc, char** argv) {
               static_cast<long long>(scale), iters, at::get_num_threads());
   std::printf("%-4s %-6s %6s %6s %6s | %9s %8s | %-22s | %-22s | %-22s\n", "model", "linear", "M",
               "K", "N", "hp ms", "TFLOP/s", (std::string("f8 tensorwise") + f8_label).c_str(),
-              (std::string("f8 rowwise") + f8_label).c_str(), "int8 (_int_mm)");
+              (std::string("f8 rowwise") + f8_label).c_str(),
+              // Which exact int8 product Auto picks here (See Note [CPU int8 GEMM] in int8_linear.cpp).
+              cuda || at::cpu::is_avx512_vnni_supported() ? "int8 (_int_mm)" : "int8 (float64 exact)");
 
   at::manual_seed(0);
   for (const Shape& s : kShapes) {

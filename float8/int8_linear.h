@@ -30,7 +30,8 @@ Int8Tensor quantize_int8_rowwise(const at::Tensor& t);
 
 enum class Int8MmBackend { Auto, IntMm, Emulated };
 
-// Whether at::_int_mm accepts these operands: CPU always; CUDA needs M > 16 and K, N
+// Whether Auto uses at::_int_mm for these operands: on the CPU only with AVX512-VNNI (else the
+// float64 emulation is many times faster, See Note [CPU int8 GEMM]); CUDA needs M > 16 and K, N
 // multiples of 8.
 bool int_mm_supported(const at::Tensor& a, const at::Tensor& b);
 

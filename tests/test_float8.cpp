@@ -683,7 +683,8 @@ TEST_CASE("int8 GEMM accumulation is exact int32", "[int8]") {
   at::Tensor emu = int8_mm(a, b, Int8MmBackend::Emulated);
   CHECK(emu.scalar_type() == at::kInt);
   CHECK(at::equal(emu.to(at::kLong), ref));
-  CHECK(at::equal(int8_mm(a, b, Int8MmBackend::Auto).to(at::kLong), ref));  // at::_int_mm on CPU
+  CHECK(at::equal(int8_mm(a, b, Int8MmBackend::Auto).to(at::kLong), ref));   // either, by the CPU
+  CHECK(at::equal(int8_mm(a, b, Int8MmBackend::IntMm).to(at::kLong), ref));  // at::_int_mm itself
   // Worst case magnitude: 4096 products of (-128)^2 = 2^26.
   at::Tensor lo = at::full({4, 4096}, -128, at::kChar);
   at::Tensor acc = int8_mm(lo, lo.t(), Int8MmBackend::Emulated);
