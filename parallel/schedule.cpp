@@ -21,11 +21,11 @@ std::string Action::str() const {
 Action parse_action(const std::string& text) {
   auto fail = [&]() -> Action {
     throw std::invalid_argument("schedule action '" + text +
-                                "' is not <stage><F|B><micro-batch>, e.g. 0F1 (stage 0, forward of micro-batch 1)");
+                                "' is not <stage><F|B|I|W><micro-batch>, e.g. 0F1 (stage 0, forward of micro-batch 1)");
   };
   size_t i = 0;
   while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i]))) ++i;
-  if (i == 0 || i + 1 >= text.size() || (text[i] != 'F' && text[i] != 'B')) return fail();
+  if (i == 0 || i + 1 >= text.size() || std::string("FBIW").find(text[i]) == std::string::npos) return fail();
   for (size_t j = i + 1; j < text.size(); ++j)
     if (!std::isdigit(static_cast<unsigned char>(text[j]))) return fail();
   if (i > 6 || text.size() - i - 1 > 9) return fail();  // no overflow: stages and micro-batches are small
@@ -71,6 +71,8 @@ double SingleStageSchedule::step(const at::Tensor& inputs, const at::Tensor& lab
   double loss_sum = 0;
   for (const Action& action : actions_) {
     at::Tensor& loss = losses[static_cast<size_t>(action.microbatch)];
+    TORCH_CHECK(action.type == ActionType::kForward || action.type == ActionType::kBackward,
+                "the single-stage schedule runs F and B actions only, got ", action.str());
     if (action.type == ActionType::kForward) {
       loss = forward(inputs.narrow(0, action.microbatch * rows, rows), labels.narrow(0, action.microbatch * rows, rows));
     } else {

@@ -36,7 +36,10 @@ namespace titan::parallel {
 class DeviceMesh;
 class ParallelModel;
 
-enum class ActionType : char { kForward = 'F', kBackward = 'B' };
+// As torch.distributed.pipelining names them: B is a full backward; zero-bubble schedules split it
+// into I (the gradient of the stage's input, which the previous stage waits for) and W (the
+// gradient of the stage's weights, run where the schedule has a bubble to fill).
+enum class ActionType : char { kForward = 'F', kBackward = 'B', kBackwardInput = 'I', kBackwardWeight = 'W' };
 
 struct Action {
   int stage = 0;
@@ -48,7 +51,8 @@ struct Action {
     return stage == other.stage && type == other.type && microbatch == other.microbatch;
   }
 };
-// "0F1" -> {0, kForward, 1}. Throws std::invalid_argument quoting `text` and the valid form.
+// "0F1" -> {0, kForward, 1}; the types F, B, I, W. Throws std::invalid_argument quoting `text`
+// and the valid form.
 Action parse_action(const std::string& text);
 
 // The one-stage schedule's actions for `microbatches` micro-batches: 0F0 0B0 0F1 0B1 ...
