@@ -159,7 +159,8 @@ class ParallelModel {
 };
 
 // Applies, in this order: tensor/sequence parallel, activation checkpointing, FSDP/HSDP; then
-// allocates this rank's master parameters and sets the micro-batch schedule. The model must still be on the meta device; call
+// allocates this rank's master parameters and sets the micro-batch schedule. The model must
+// still be on the meta device; call
 // init_weights on the result next.
 std::unique_ptr<ParallelModel> parallelize_llama(model::Llama& model, DeviceMesh& mesh,
                                                  const ParallelOptions& options);

@@ -299,7 +299,8 @@ void check_pipeline_schedule(PipelineScheduleKind kind, int pp, int stages_per_r
   const std::string name = pipeline_schedule_name(kind);
   const int64_t num_stages = static_cast<int64_t>(pp) * stages_per_rank;
   if (pp < 1 || stages_per_rank < 1 || microbatches < 1)
-    throw std::invalid_argument("pipeline schedule " + name + " needs pp, stages per rank and micro-batches >= 1, got " +
+    throw std::invalid_argument("pipeline schedule " + name +
+                                " needs pp, stages per rank and micro-batches >= 1, got " +
                                 std::to_string(pp) + ", " + std::to_string(stages_per_rank) + ", " +
                                 std::to_string(microbatches));
   if (is_single_stage(kind) && stages_per_rank != 1)
@@ -309,7 +310,8 @@ void check_pipeline_schedule(PipelineScheduleKind kind, int pp, int stages_per_r
     throw std::invalid_argument(name + " is a multi-stage schedule: it runs at least 2 stages per rank, got " +
                                 std::to_string(stages_per_rank));
   if (uses_v_placement(kind) && stages_per_rank != 2)
-    throw std::invalid_argument(name + " requires exactly 2 stages per rank, but got " + std::to_string(stages_per_rank));
+    throw std::invalid_argument(name + " requires exactly 2 stages per rank, but got " +
+                                std::to_string(stages_per_rank));
   if (is_single_stage(kind) && microbatches < num_stages)
     throw std::invalid_argument(name + ": the number of microbatches (" + std::to_string(microbatches) +
                                 ") must be greater than or equal to the number of stages (" +
@@ -317,7 +319,8 @@ void check_pipeline_schedule(PipelineScheduleKind kind, int pp, int stages_per_r
   if (kind == PipelineScheduleKind::kInterleaved1F1B || kind == PipelineScheduleKind::kInterleavedZeroBubble) {
     const int64_t rounds = std::max<int64_t>(1, microbatches / pp);
     if (microbatches % rounds != 0)
-      throw std::invalid_argument(name + " requires the number of microbatches to be a multiple of the number of rounds (" +
+      throw std::invalid_argument(name +
+                                  " requires the number of microbatches to be a multiple of the number of rounds (" +
                                   std::to_string(rounds) + " = max(1, microbatches / pp " + std::to_string(pp) +
                                   ")), but got " + std::to_string(microbatches));
   }
@@ -435,7 +438,8 @@ PipelineOrder parse_pipeline_csv(const std::string& text, const std::string& ori
     order.push_back(std::move(actions));
     ++row;
   }
-  if (order.empty()) throw std::invalid_argument(origin + ": the schedule file is empty (one row per pipeline rank expected)");
+  if (order.empty())
+    throw std::invalid_argument(origin + ": the schedule file is empty (one row per pipeline rank expected)");
   return order;
 }
 

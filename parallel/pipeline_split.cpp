@@ -29,7 +29,8 @@ int pipeline_stage_count(PipelineScheduleKind kind, int pp, int64_t n_layers, in
                               " per stage (parallelism.pipeline_parallel_layers_per_stage): " + n(stages) +
                               " stages over " + n(pp) + " pipeline ranks)";
   if (stages % pp != 0)
-    throw std::invalid_argument("the number of pipeline stages must be a multiple of pipeline_parallel_degree" + context);
+    throw std::invalid_argument("the number of pipeline stages must be a multiple of pipeline_parallel_degree" +
+                                context);
   const int64_t per_rank = stages / pp;
   if (is_single_stage(kind) && per_rank != 1)
     throw std::invalid_argument(std::string(pipeline_schedule_name(kind)) +
@@ -41,7 +42,8 @@ int pipeline_stage_count(PipelineScheduleKind kind, int pp, int64_t n_layers, in
 }
 
 StageModules module_fqns_per_stage(int num_stages, int64_t n_layers, int64_t input_weight, int64_t output_weight) {
-  if (num_stages < 1) throw std::invalid_argument("the number of pipeline stages must be at least 1, got " + n(num_stages));
+  if (num_stages < 1)
+    throw std::invalid_argument("the number of pipeline stages must be at least 1, got " + n(num_stages));
   if (num_stages == 1) return {model_modules(n_layers)};
   const int64_t effective = n_layers + input_weight + output_weight;
   if (num_stages > effective)
@@ -82,8 +84,8 @@ StageModules module_fqns_from_split_points(const std::vector<std::string>& split
         point.find_first_not_of("0123456789", 7) == std::string::npos)
       layer = std::stoll(point.substr(7));
     if (layer < 0 || layer >= n_layers)
-      throw std::invalid_argument("pipeline_parallel_split_points: '" + point + "' is not a layer of the model (layers.0 .. layers." +
-                                  n(n_layers - 1) + ")");
+      throw std::invalid_argument("pipeline_parallel_split_points: '" + point +
+                                  "' is not a layer of the model (layers.0 .. layers." + n(n_layers - 1) + ")");
     if (layer <= previous)
       throw std::invalid_argument("pipeline_parallel_split_points: '" + point +
                                   "' does not come after the previous split point: each starts a new stage, in order");
@@ -101,18 +103,21 @@ void check_stage_modules(const StageModules& stages, int64_t n_layers) {
   const std::vector<std::string> expected = model_modules(n_layers);
   size_t next = 0;
   for (size_t s = 0; s < stages.size(); ++s) {
-    if (stages[s].empty()) throw std::invalid_argument("pipeline stage " + n(static_cast<int64_t>(s)) + " holds no module");
+    if (stages[s].empty())
+      throw std::invalid_argument("pipeline stage " + n(static_cast<int64_t>(s)) + " holds no module");
     for (const std::string& module : stages[s]) {
       if (next >= expected.size() || module != expected[next])
         throw std::invalid_argument("pipeline stage " + n(static_cast<int64_t>(s)) + ": '" + module + "' where '" +
                                     (next < expected.size() ? expected[next] : std::string("nothing more")) +
-                                    "' comes next: the stages, read in order, must hold tok_embeddings, layers.0 .. layers." +
+                                    "' comes next: the stages, read in order, must hold tok_embeddings, "
+                                    "layers.0 .. layers." +
                                     n(n_layers - 1) + ", norm, output, each once");
       ++next;
     }
   }
   if (next != expected.size())
-    throw std::invalid_argument("the pipeline stages leave out '" + expected[next] + "' and what follows it: every module must lie on a stage");
+    throw std::invalid_argument("the pipeline stages leave out '" + expected[next] +
+                                "' and what follows it: every module must lie on a stage");
 }
 
 }  // namespace titan::parallel

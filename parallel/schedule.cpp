@@ -74,7 +74,8 @@ double SingleStageSchedule::step(const at::Tensor& inputs, const at::Tensor& lab
     TORCH_CHECK(action.type == ActionType::kForward || action.type == ActionType::kBackward,
                 "the single-stage schedule runs F and B actions only, got ", action.str());
     if (action.type == ActionType::kForward) {
-      loss = forward(inputs.narrow(0, action.microbatch * rows, rows), labels.narrow(0, action.microbatch * rows, rows));
+      const int64_t first = action.microbatch * rows;
+      loss = forward(inputs.narrow(0, first, rows), labels.narrow(0, first, rows));
     } else {
       backward(loss, global_tokens);
       loss_sum += loss.item<double>();  // in micro-batch order: the same sum for every split of the work

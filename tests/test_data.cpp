@@ -1,4 +1,4 @@
-// Tests for trainer/data: tokenizers (byte-level, Llama-3 BPE), datasets, token shards and the
+// Tests for data/: tokenizers (byte-level, Llama-3 BPE), datasets, token shards and the
 // packing data loader (DP invariance, resume).
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/cat.h>

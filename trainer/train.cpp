@@ -184,7 +184,8 @@ Trainer::Trainer(config::JobConfig cfg) : cfg_(std::move(cfg)) {
   // on this CPU.
   const observe::PeakFlops peak = observe::peak_flops_for_mfu(cfg_.metrics.peak_flops, device_);
   if (peak.flops_per_second > 0)
-    util::log_info("mfu peak: " + std::to_string(peak.flops_per_second / 1e12).substr(0, 6) + " TFLOP/s from " + peak.source);
+    util::log_info("mfu peak: " + std::to_string(peak.flops_per_second / 1e12).substr(0, 6) + " TFLOP/s from " +
+                   peak.source);
   else
     util::log_warn("mfu: peak FLOP/s unknown (" + peak.source + "); set metrics.peak_flops to see mfu");
 
@@ -194,7 +195,8 @@ Trainer::Trainer(config::JobConfig cfg) : cfg_(std::move(cfg)) {
   const auto dump = std::filesystem::path(cfg_.job.dump_folder);
   const std::string jsonl =
       (dump / (distributed ? "metrics_rank" + std::to_string(world_.rank) + ".jsonl" : "metrics.jsonl")).string();
-  metrics_ = std::make_unique<observe::MetricsLogger>(device_, fpt, peak.flops_per_second, mesh_->dims().non_data_parallel_size(), jsonl);
+  metrics_ = std::make_unique<observe::MetricsLogger>(device_, fpt, peak.flops_per_second,
+                                                      mesh_->dims().non_data_parallel_size(), jsonl);
   if (start_step_ > 0) metrics_->resume_after(start_step_);  // the file continues the run
   if (cfg_.metrics.enable_tensorboard && (cfg_.metrics.save_for_all_ranks || world_.rank == 0)) {
     // torchtitan's layout: <dump_folder>/<save_tb_folder>/<start time>[/rank_<R>].
@@ -264,8 +266,8 @@ void Trainer::load_initial_weights(const std::string& path) {
     return;
   }
   const bool hf = checkpoint::is_hf_checkpoint(path);
-  checkpoint::load_weights_file(path, model_->args(), param_names(),
-                                [&](const std::string& name, const at::Tensor& full) { parallel_->load_full(name, full); });
+  auto load = [&](const std::string& name, const at::Tensor& full) { parallel_->load_full(name, full); };
+  checkpoint::load_weights_file(path, model_->args(), param_names(), load);
   util::log_info(std::string("loaded initial weights from ") + (hf ? "Hugging Face checkpoint " : "") + path);
 }
 
@@ -434,7 +436,8 @@ void Trainer::save_checkpoint(int64_t step) {
     holders = state_holders();
   }
   const checkpoint::SaveStats stats = checkpointer_->save(step, holders, model_only);
-  util::log_info("checkpoint: step " + std::to_string(step) + (cfg_.checkpoint.async_mode == "disabled" ? " saved" : " staged") +
+  util::log_info("checkpoint: step " + std::to_string(step) +
+                 (cfg_.checkpoint.async_mode == "disabled" ? " saved" : " staged") +
                  " in " + std::to_string(stats.stage_seconds).substr(0, 6) + " s of training time (" +
                  cfg_.checkpoint.async_mode + ")");
 }
@@ -444,7 +447,8 @@ void Trainer::init_checkpointing() {
   const parallel::ParallelDims& dims = mesh_->dims();
   nlohmann::json layout = {{"world_size", world_.world_size}, {"dp_replicate", dims.dp_replicate},
                            {"dp_shard", dims.dp_shard},       {"tp", dims.tp}};
-  checkpointer_ = std::make_unique<checkpoint::CheckpointManager>(cfg_, world_.rank, world_.world_size, layout, model_shape(), device_);
+  checkpointer_ = std::make_unique<checkpoint::CheckpointManager>(cfg_, world_.rank, world_.world_size, layout,
+                                                                  model_shape(), device_);
   if (!c.initial_load_path.empty() && !std::filesystem::exists(c.initial_load_path))
     throw config::ConfigError("checkpoint.initial_load_path '" + c.initial_load_path + "' does not exist");
   if (c.create_seed_checkpoint && !c.enable_checkpoint)
@@ -489,7 +493,8 @@ void Trainer::init_checkpointing() {
   if (resume)
     util::log_info("checkpoint: resumed from " + *resume + " at step " + std::to_string(start_step_) + " (" +
                    std::to_string(bytes_read) + " bytes read by this rank in " +
-                   std::to_string(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()).substr(0, 6) +
+                   std::to_string(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count())
+                       .substr(0, 6) +
                    " s)");
   checkpointer_->remove_incomplete();
   if (parallel::Comm* world = mesh_->world()) world->barrier();
