@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <cctype>
 #include <deque>
-#include <fstream>
 #include <iomanip>
 #include <map>
 #include <set>
@@ -15,7 +14,7 @@
 #include <stdexcept>
 #include <tuple>
 
-#include "util/file_kind.h"
+#include "util/read_file.h"
 
 namespace titan::parallel {
 namespace {
@@ -389,13 +388,9 @@ std::vector<int> validate_pipeline_order(const PipelineOrder& order, int pp, int
     if (static_cast<int64_t>(b + i) != microbatches)
       throw std::invalid_argument(stage + "expected " + std::to_string(microbatches) + " backwards, got B=" +
                                   std::to_string(b) + ", I=" + std::to_string(i) + ", W=" + std::to_string(w));
-  }
-  // A micro-batch's B and I are exclusive: its backward runs once, whole or split.
-  for (int s = 0; s < num_stages; ++s) {
-    auto& ran = seen[static_cast<size_t>(s)];
-    for (int64_t mb : ran['B'])
+    for (int64_t mb : ran['B'])  // a micro-batch's backward runs once, whole (B) or split (I + W)
       if (ran['I'].count(mb))
-        throw std::invalid_argument("stage " + std::to_string(s) + ": micro-batch " + std::to_string(mb) +
+        throw std::invalid_argument(stage + "micro-batch " + std::to_string(mb) +
                                     " has both a full backward (B) and an input backward (I)");
   }
   return owner;
@@ -444,20 +439,12 @@ PipelineOrder parse_pipeline_csv(const std::string& text, const std::string& ori
 }
 
 PipelineOrder read_pipeline_csv(const std::string& path) {
-  if (util::file_kind(path) != "a regular file")
-    throw std::invalid_argument("pipeline schedule file '" + path + "' is " + util::file_kind(path) +
-                                ", not a regular file");
-  constexpr std::streamoff kMaxBytes = std::streamoff{64} << 20;  // far above any real schedule
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
-  if (!in) throw std::invalid_argument("cannot read pipeline schedule file '" + path + "'");
-  const std::streamoff size = in.tellg();
-  if (size > kMaxBytes)
-    throw std::invalid_argument("pipeline schedule file '" + path + "' has " + std::to_string(size) +
-                                " bytes, more than the 64 MiB a schedule can need");
-  in.seekg(0);
-  std::string text(static_cast<size_t>(size), '\0');
-  in.read(text.data(), size);
-  return parse_pipeline_csv(text, "pipeline schedule file '" + path + "'");
+  constexpr size_t kMaxBytes = size_t{64} << 20;  // far above any real schedule
+  try {
+    return parse_pipeline_csv(util::read_regular_file(path, kMaxBytes), "pipeline schedule file '" + path + "'");
+  } catch (const util::ReadFileError& e) {
+    throw std::invalid_argument(std::string("pipeline schedule file ") + e.what());
+  }
 }
 
 std::string pipeline_order_csv(const PipelineOrder& order) {

@@ -76,7 +76,7 @@ std::vector<int> validate_pipeline_order(const PipelineOrder& order, int pp, int
 // the file in errors. Communication actions (SEND_F, RECV_B, ...) are refused: titan derives the
 // transfers from the compute order. Throws std::invalid_argument naming origin, row and column.
 PipelineOrder parse_pipeline_csv(const std::string& text, const std::string& origin);
-PipelineOrder read_pipeline_csv(const std::string& path);  // the file, within util's size limits
+PipelineOrder read_pipeline_csv(const std::string& path);  // a regular file of at most 64 MiB
 std::string pipeline_order_csv(const PipelineOrder& order);
 // torch's _format_pipeline_order table: one row per step, one column per rank.
 std::string format_pipeline_order(const PipelineOrder& order);

@@ -141,7 +141,6 @@ Trainer::Trainer(config::JobConfig cfg) : cfg_(std::move(cfg)) {
   // micro-batches of local_batch_size (gradient accumulation when there are several).
   const int64_t dp_degree = mesh_->dims().dp();
   global_batch_size_ = global_batch_size(cfg_, mesh_->dims());
-  grad_accumulation_steps_ = global_batch_size_ / (t.local_batch_size * dp_degree);
 
   tokenizer_ = data::make_tokenizer(cfg_.model.tokenizer_path);
   data::DataConfig data_cfg;
@@ -215,7 +214,8 @@ Trainer::Trainer(config::JobConfig cfg) : cfg_(std::move(cfg)) {
   }
   util::log_info("training " + std::to_string(t.steps) + " steps: global batch " +
                  std::to_string(global_batch_size_) + " x seq_len " + std::to_string(t.seq_len) + " (" +
-                 std::to_string(grad_accumulation_steps_) + " micro-batch(es) of " +
+                 std::to_string(global_batch_size_ / (t.local_batch_size * mesh_->dims().dp())) +
+                 " micro-batch(es) of " +
                  std::to_string(t.local_batch_size) + "), metrics -> " + jsonl);
 }
 

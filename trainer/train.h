@@ -102,7 +102,6 @@ class Trainer {
   std::unique_ptr<observe::MetricsLogger> metrics_;
   std::unique_ptr<observe::StepProfiler> profiler_;  // traces + memory snapshots ([profiling])
   int64_t global_batch_size_ = 0;
-  int64_t grad_accumulation_steps_ = 1;
   parallel::WorldInfo world_;                          // from the environment (torchrun-style)
   std::unique_ptr<parallel::DeviceMesh> mesh_;         // every run; size-1 dims have no Comm
   std::unique_ptr<parallel::ParallelModel> parallel_;  // masters, loss, grad reduction, clipping

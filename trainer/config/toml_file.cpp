@@ -2,18 +2,13 @@
 // limits] (trainer/config/toml_file.h).
 #include "trainer/config/toml_file.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
 #include <filesystem>
 #include <vector>
 
 #include "trainer/config/job_config.h"
 #include "util/file_kind.h"
+#include "util/read_file.h"
 
 namespace titan::trainer::config {
 
@@ -21,57 +16,31 @@ namespace {
 
 std::string quoted(const std::string& path) { return "config file '" + path + "'"; }
 
-// Closes the descriptor on every path out of read_config_file_text.
-struct FdCloser {
-  int fd;
-  ~FdCloser() {
-    if (fd >= 0) ::close(fd);
-  }
-};
-
 }  // namespace
 
 std::string read_config_file_text(const std::string& path) {
-  std::error_code ec;
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) {
-    std::string msg = quoted(path) + " (from --job.config_file) ";
-    msg += errno == ENOENT ? "does not exist" : std::string("cannot be read: ") + std::strerror(errno);
-    if (errno == ENOENT && std::filesystem::path(path).is_relative()) {
-      msg += "; relative paths start at the current directory " +
-             std::filesystem::current_path(ec).string();
+  using Problem = util::ReadFileError::Problem;
+  try {
+    return util::read_regular_file(path, kMaxConfigFileBytes);
+  } catch (const util::ReadFileError& e) {
+    switch (e.problem) {
+      case Problem::kMissing: {
+        std::string msg = quoted(path) + " (from --job.config_file) does not exist";
+        std::error_code ec;
+        if (std::filesystem::path(path).is_relative())
+          msg += "; relative paths start at the current directory " + std::filesystem::current_path(ec).string();
+        throw ConfigError(msg);
+      }
+      case Problem::kDirectory: throw ConfigError(quoted(path) + " is a directory; give a .toml file");
+      case Problem::kNotRegular:
+        throw ConfigError(quoted(path) + " is " + util::file_kind(path) + ", not a regular file; give a .toml file");
+      case Problem::kTooLarge:
+        throw ConfigError(quoted(path) + " is larger than " + std::to_string(kMaxConfigFileBytes >> 20) +
+                          " MiB, the limit for a config file (real configs are a few KiB)");
+      case Problem::kIo: break;
     }
-    throw ConfigError(msg);
+    throw ConfigError("cannot read " + quoted(path) + ": " + e.reason);
   }
-  if (S_ISDIR(st.st_mode)) throw ConfigError(quoted(path) + " is a directory; give a .toml file");
-  if (!S_ISREG(st.st_mode)) {
-    throw ConfigError(quoted(path) + " is " + util::file_kind(path) +
-                      ", not a regular file; give a .toml file");
-  }
-  // O_NONBLOCK: should the path turn into a FIFO between stat and open, open must not wait for
-  // a writer; the fstat below then refuses it.
-  FdCloser file{::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK)};
-  if (file.fd < 0) throw ConfigError("cannot open " + quoted(path) + ": " + std::strerror(errno));
-  if (::fstat(file.fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    throw ConfigError(quoted(path) + " is not a regular file; give a .toml file");
-  }
-  // st_size is not trusted (files under /proc report 0): read until end of file, stopping one
-  // byte past the limit.
-  std::string text;
-  char buffer[1 << 16];
-  while (true) {
-    const ssize_t n = ::read(file.fd, buffer, sizeof(buffer));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) throw ConfigError("cannot read " + quoted(path) + ": " + std::strerror(errno));
-    if (n == 0) break;
-    text.append(buffer, static_cast<size_t>(n));
-    if (text.size() > kMaxConfigFileBytes) {
-      throw ConfigError(quoted(path) + " is larger than " +
-                        std::to_string(kMaxConfigFileBytes >> 20) +
-                        " MiB, the limit for a config file (real configs are a few KiB)");
-    }
-  }
-  return text;
 }
 
 // A small TOML lexer that follows only what nests: table headers, keys (bare, quoted, dotted),
