@@ -281,20 +281,38 @@ std::vector<std::string> Llama::describe() const {
   return out;
 }
 
-at::Tensor Llama::forward(const at::Tensor& tokens, const RotaryTable& rope) {
-  TORCH_CHECK(tokens.dim() == 2, "Llama::forward expects tokens [batch, seq], got shape ",
-              tokens.sizes());
-  TORCH_CHECK(rope.cos.size(0) >= tokens.size(1), "Llama::forward: the RoPE table has ", rope.cos.size(0),
-              " positions for ", tokens.size(1), " tokens");
-  ForwardFn embed = [this](const at::Tensor& t) {
-    return embedding_compute_ ? embedding_compute_(t, tok_embeddings_weight_)
-                              : at::embedding(tok_embeddings_weight_, t);  // [B, S, D]
-  };
-  at::Tensor h = compose(std::move(embed), embedding_wrappers_)(tokens);
-  if (output_observer_) output_observer_("tok_embeddings", h);
+bool ModelPart::holds(const std::string& module) const {
+  if (module == "tok_embeddings") return embedding;
+  if (module == "norm" || module == "output") return head;
+  if (module.compare(0, 7, "layers.") != 0) return false;
+  const int64_t layer = std::stoll(module.substr(7));
+  return layer >= first_layer && (end_layer < 0 || layer < end_layer);
+}
+
+at::Tensor Llama::forward(const at::Tensor& tokens, const RotaryTable& rope) { return forward_part(tokens, rope, {}); }
+
+at::Tensor Llama::forward_part(const at::Tensor& input, const RotaryTable& rope, const ModelPart& part) {
+  const int64_t end_layer = part.end_layer < 0 ? args_.n_layers : part.end_layer;
+  TORCH_CHECK(part.first_layer >= 0 && part.first_layer <= end_layer && end_layer <= args_.n_layers,
+              "Llama::forward_part: layers [", part.first_layer, ", ", end_layer, ") of ", args_.n_layers);
+  at::Tensor h = input;
+  if (part.embedding) {
+    TORCH_CHECK(input.dim() == 2, "Llama::forward expects tokens [batch, seq], got shape ", input.sizes());
+    TORCH_CHECK(rope.cos.size(0) >= input.size(1), "Llama::forward: the RoPE table has ", rope.cos.size(0),
+                " positions for ", input.size(1), " tokens");
+    ForwardFn embed = [this](const at::Tensor& t) {
+      return embedding_compute_ ? embedding_compute_(t, tok_embeddings_weight_)
+                                : at::embedding(tok_embeddings_weight_, t);  // [B, S, D]
+    };
+    h = compose(std::move(embed), embedding_wrappers_)(input);
+    if (output_observer_) output_observer_("tok_embeddings", h);
+  } else {
+    TORCH_CHECK(input.dim() == 3 && input.size(2) == args_.dim, "Llama::forward_part expects hidden states [batch, seq, ",
+                args_.dim, "], got shape ", input.sizes());
+  }
   static const std::vector<ForwardWrapper> kNoWrappers;
-  for (auto& layer : layers_) {
-    TransformerBlock* block = layer.get();
+  for (int64_t i = part.first_layer; i < end_layer; ++i) {
+    TransformerBlock* block = layers_[static_cast<size_t>(i)].get();
     const size_t id = static_cast<size_t>(block->layer_id);
     // The table by value: activation checkpointing calls `run` again in backward, after the
     // caller's table may be gone.
@@ -303,6 +321,7 @@ at::Tensor Llama::forward(const at::Tensor& tokens, const RotaryTable& rope) {
     h = compose(std::move(run), id < block_wrappers_.size() ? block_wrappers_[id] : kNoWrappers)(h);
     if (output_observer_) output_observer_("layers." + std::to_string(block->layer_id), h);
   }
+  if (!part.head) return h;
   ForwardFn head = [this](const at::Tensor& x) { return output_.forward(norm_.forward(x)); };
   NamedScope scope("output");
   at::Tensor logits = compose(std::move(head), head_wrappers_)(h);  // [B, S, vocab]

@@ -101,6 +101,17 @@ using EmbeddingCompute = std::function<at::Tensor(const at::Tensor& tokens, cons
 // norm + output projection). FSDP wraps them as parameter groups of their own.
 enum class Stage { kEmbedding, kHead };
 
+// A contiguous run of the model's modules (a pipeline stage holds one or two): the embedding
+// (tokens in) or not (hidden states in), blocks [first_layer, end_layer), the final norm and
+// output projection (logits out) or not (hidden states out). The default is the whole model.
+struct ModelPart {
+  bool embedding = true;
+  int64_t first_layer = 0;
+  int64_t end_layer = -1;  // -1: to the last block
+  bool head = true;
+  bool holds(const std::string& module) const;  // "tok_embeddings", "layers.3", "norm", "output"
+};
+
 class Llama {
  public:
   // Builds every parameter on the meta device: no memory is allocated.
@@ -122,6 +133,9 @@ class Llama {
   // of the tokens, row s for tokens[:, s] (at least S rows): rope_table() for a whole sequence from
   // position 0; a rank's share of it under context parallelism (parallel/sequence_shard.h).
   at::Tensor forward(const at::Tensor& tokens, const RotaryTable& rope);
+  // One part's forward: tokens [B, S] int64 when it has the embedding, else hidden states
+  // [B, S', D]; returns logits when it has the head, else hidden states.
+  at::Tensor forward_part(const at::Tensor& input, const RotaryTable& rope, const ModelPart& part);
   // The RoPE table of positions 0 .. max_seq_len - 1 (after materialize / materialize_buffers).
   const RotaryTable& rope_table() const { return rope_; }
 

@@ -397,7 +397,7 @@ void Fsdp::prefetch(int g) {
 
 void Fsdp::on_grad_ready(int g) {
   Group& group = *groups_[static_cast<size_t>(g)];
-  if (++group.grads_ready < group.params.size()) return;
+  if (++group.grads_ready < group.params.size() || defer_reduce_scatter_) return;
   reduce_scatter_grads(g);
 }
 

@@ -122,6 +122,11 @@ class Fsdp {
   // Runs `run(x)` as group g's forward (gather, prefetch, run, reshard, backward hooks).
   at::Tensor run_group(int g, const at::Tensor& x, const std::function<at::Tensor(const at::Tensor&)>& run);
 
+  // Under pipeline parallelism: the gradients of every micro-batch accumulate in the gathered
+  // parameters and each group is reduce-scattered once, by finish_backward at the end of the
+  // step (no reshard after backward before that).
+  void set_defer_reduce_scatter(bool defer) { defer_reduce_scatter_ = defer; }
+
   // After each backward: reduce-scatters any group whose gradients were not all produced
   // (missing ones count as zero) and reshards everything. Normally a no-op.
   void finish_backward();
@@ -163,6 +168,7 @@ class Fsdp {
   c10::Device device_;
   Comm* float8_amax_tp_;
   bool overlap_;
+  bool defer_reduce_scatter_ = false;
   int max_groups_gathered_ = 0;
   std::vector<std::unique_ptr<Group>> groups_;
   std::vector<at::Tensor> masters_;

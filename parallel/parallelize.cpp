@@ -22,6 +22,7 @@
 
 #include "float8/float8_linear.h"
 #include "parallel/async_tp.h"
+#include "parallel/pipeline_runner.h"
 #include "parallel/tensor_parallel.h"
 
 namespace titan::parallel {
@@ -169,9 +170,11 @@ void apply_tp(ParallelModel& pm, Comm& tp) {
     }
   };
   for (model::TransformerBlock* block : model.blocks())
-    for (const auto& [name, style] : kBlockTpPlan)
-      apply("layers." + std::to_string(block->layer_id) + "." + name, style, block);
-  for (const auto& [name, style] : kModelTpPlan) apply(name, style, nullptr);
+    if (pm.holds("layers." + std::to_string(block->layer_id)))
+      for (const auto& [name, style] : kBlockTpPlan)
+        apply("layers." + std::to_string(block->layer_id) + "." + name, style, block);
+  for (const auto& [name, style] : kModelTpPlan)
+    if (pm.holds(name)) apply(name, style, nullptr);
   pm.log_.push_back("tensor parallel " + std::to_string(tp.size()) + ": sequence parallel, loss " +
                     (pm.options_.loss_parallel ? "on vocab shards" : "on all-gathered logits") +
                     (float8_gathers ? ", " + std::to_string(float8_gathers) + " module inputs all-gathered in float8"
@@ -190,6 +193,12 @@ void apply_fsdp(ParallelModel& pm, Comm& dp_shard_cp) {
   const ParallelOptions& o = pm.options_;
   pm.fsdp_ = std::make_unique<Fsdp>(dp_shard_cp, o.compute_dtype, o.device, pm.mesh_.comm(MeshDim::kTp),
                                     o.fsdp_overlap);
+  // Under pp a step runs many micro-batches through each stage, interleaved with the other
+  // stages' work: each group is gathered once and its gradients reduce-scattered once, after
+  // the last micro-batch (torchtitan keeps the gathered parameters under PP by default too).
+  const bool pipelined = o.pipeline.has_value();
+  pm.fsdp_->set_defer_reduce_scatter(pipelined);
+  const std::string reshard_policy = pipelined && o.reshard_after_forward == "default" ? "never" : o.reshard_after_forward;
   Fsdp& fsdp = *pm.fsdp_;
   std::map<std::string, model::Linear*> by_weight;
   for (model::Linear* l : model.linears()) by_weight[l->fqn() + ".weight"] = l;
@@ -205,7 +214,7 @@ void apply_fsdp(ParallelModel& pm, Comm& dp_shard_cp) {
                                        &l->second->weight_cast};
       specs.push_back(std::move(spec));
     }
-    const bool reshard = o.reshard_after_forward == "always" || (o.reshard_after_forward == "default" && !last);
+    const bool reshard = reshard_policy == "always" || (reshard_policy == "default" && !last);
     const int g = fsdp.add_group(name, specs, reshard);
     // The wrapper of group g: "fsdp" frees its gathered parameters after forward, "fsdp(kept)"
     // keeps them for backward.
@@ -214,19 +223,25 @@ void apply_fsdp(ParallelModel& pm, Comm& dp_shard_cp) {
                                    return fsdp.run_group(g, x, inner);
                                  }};
   };
-  model.wrap_stage(model::Stage::kEmbedding, add_group("tok_embeddings", {"tok_embeddings.weight"}, false));
+  if (pm.holds("tok_embeddings"))
+    model.wrap_stage(model::Stage::kEmbedding, add_group("tok_embeddings", {"tok_embeddings.weight"}, false));
   const int64_t n_layers = model.args().n_layers;
   for (model::TransformerBlock* block : model.blocks()) {
     const std::string name = "layers." + std::to_string(block->layer_id);
+    if (!pm.holds(name)) continue;
     std::vector<std::string> fqns;
     for (const auto& p : pm.params_)
       if (p.fqn.compare(0, name.size() + 1, name + ".") == 0) fqns.push_back(p.fqn);
     model.wrap_block(block->layer_id, add_group(name, fqns, block->layer_id == n_layers - 1));
   }
-  model.wrap_stage(model::Stage::kHead, add_group("norm+output", {"norm.weight", "output.weight"}, true));
+  if (pm.holds("norm"))
+    model.wrap_stage(model::Stage::kHead, add_group("norm+output", {"norm.weight", "output.weight"}, true));
   std::ostringstream os;
   os << (pm.mesh_.size(MeshDim::kDpReplicate) > 1 ? "HSDP " : "FSDP ") << dp_shard_cp.size() << ": "
-     << fsdp.num_groups() << " groups (tok_embeddings, one per block, norm+output), reshard_after_forward " << o.reshard_after_forward
+     << fsdp.num_groups() << " groups (tok_embeddings, one per block, norm+output"
+     << (pipelined ? "; this rank's stages only), gathered once per step, gradients reduce-scattered once per step"
+                   : ")")
+     << ", reshard_after_forward " << reshard_policy
      << ", largest gathered group " << fsdp.unsharded_bytes_max() << " bytes"
      << (o.fsdp_overlap ? ", overlapped (prefetch + deferred reduce-scatter)" : ", blocking");
   if (fsdp.num_float8_params() > 0)
@@ -255,20 +270,47 @@ std::unique_ptr<ParallelModel> parallelize_llama(model::Llama& model, DeviceMesh
                        ": gradients all-reduced across them once per step");
   // 4. This rank's master parameters (the ones FSDP does not own) and the model's buffers.
   pm->finalize();
-  // 5. The micro-batch schedule: without pipeline parallelism, the whole model is one stage and
-  //    the schedule is gradient accumulation.
-  pm->schedule_ = std::make_unique<SingleStageSchedule>(model, *pm, mesh, options.microbatches, options.device);
+  // 5. The micro-batch schedule: the pipeline's order over this rank's stages, or without
+  //    pipeline parallelism the whole model as one stage (gradient accumulation).
+  if (options.pipeline) {
+    for (const std::string& line : options.pipeline->describe()) pm->log_.push_back(line);
+    int64_t boundary_seq = options.seq_len / mesh.size(MeshDim::kCp);
+    if (mesh.size(MeshDim::kTp) > 1) boundary_seq /= mesh.size(MeshDim::kTp);  // sequence parallel
+    const bool split_weights = options.ac.mode == AcMode::kNone;  // See Note [Pipeline execution]
+    pm->schedule_ = std::make_unique<PipelineSchedule>(model, *pm, mesh, *options.pipeline, options.device,
+                                                       options.compute_dtype, boundary_seq, split_weights);
+  } else {
+    pm->schedule_ = std::make_unique<SingleStageSchedule>(model, *pm, mesh, options.microbatches, options.device);
+  }
   pm->log_.push_back(pm->schedule_->describe());
   return pm;
 }
 
 // ---------------------------------------------------------------- ParallelModel
 
+namespace {
+// "layers.3.attention.wq.weight" -> "layers.3"; "norm.weight" -> "norm".
+std::string module_of(const std::string& fqn) {
+  const size_t dot = fqn.find('.');
+  if (fqn.compare(0, 7, "layers.") == 0) return fqn.substr(0, fqn.find('.', 7));
+  return fqn.substr(0, dot);
+}
+}  // namespace
+
 ParallelModel::ParallelModel(model::Llama& model, DeviceMesh& mesh, ParallelOptions options)
     : model_(model), mesh_(mesh), options_(std::move(options)) {
+  if (options_.pipeline) {
+    for (int s : options_.pipeline->stages_of(mesh_.local_rank(MeshDim::kPp)))
+      held_parts_.push_back(options_.pipeline->stage_parts[static_cast<size_t>(s)]);
+  } else {
+    held_parts_.push_back(model::ModelPart{});
+  }
   model_.visit_params([&](const std::string& fqn, at::Tensor& slot) {
     TORCH_CHECK(slot.is_meta(), "parallelize_llama: parameter ", fqn,
                 " is already materialized; build the model on the meta device");
+    all_names_.push_back(fqn);
+    all_shapes_.push_back(slot.sizes().vec());
+    if (!holds(module_of(fqn))) return;  // another pipeline stage's
     Param p;
     p.fqn = fqn;
     p.slot = &slot;
@@ -279,6 +321,22 @@ ParallelModel::ParallelModel(model::Llama& model, DeviceMesh& mesh, ParallelOpti
 }
 
 ParallelModel::~ParallelModel() = default;
+
+bool ParallelModel::holds(const std::string& module) const {
+  for (const auto& part : held_parts_)
+    if (part.holds(module)) return true;
+  return false;
+}
+
+bool ParallelModel::holds_param(const std::string& fqn) const { return holds(module_of(fqn)); }
+
+std::vector<std::string> ParallelModel::all_param_names() const { return all_names_; }
+
+std::vector<int64_t> ParallelModel::full_shape(const std::string& fqn) const {
+  for (size_t i = 0; i < all_names_.size(); ++i)
+    if (all_names_[i] == fqn) return all_shapes_[i];
+  throw std::runtime_error("the model has no parameter '" + fqn + "'");
+}
 
 ParallelModel::Param& ParallelModel::param(const std::string& fqn) {
   for (auto& p : params_)
@@ -330,6 +388,22 @@ void ParallelModel::load_full(const std::string& fqn, const at::Tensor& full) {
 
 at::Tensor ParallelModel::full_param(const std::string& fqn) {
   at::NoGradGuard no_grad;
+  if (Comm* pp = mesh_.comm(MeshDim::kPp)) {  // the stage that holds it gathers, then broadcasts
+    const PipelinePlan& plan = *options_.pipeline;
+    int owner = -1;
+    for (int s = 0; s < plan.num_stages() && owner < 0; ++s)
+      if (plan.stage_parts[static_cast<size_t>(s)].holds(module_of(fqn))) owner = plan.stage_rank[static_cast<size_t>(s)];
+    TORCH_CHECK(owner >= 0, "no pipeline stage holds parameter '", fqn, "'");
+    at::Tensor full = owner == pp->rank()
+                          ? local_full_param(fqn)
+                          : at::empty(full_shape(fqn), at::TensorOptions().dtype(at::kFloat).device(options_.device));
+    pp->broadcast(full, owner);
+    return full;
+  }
+  return local_full_param(fqn);
+}
+
+at::Tensor ParallelModel::local_full_param(const std::string& fqn) {
   size_t i = 0;
   while (i < names_.size() && names_[i] != fqn) ++i;
   TORCH_CHECK(i < names_.size(), "the model has no parameter '", fqn, "'");

@@ -13,6 +13,7 @@
 #include <c10/core/Device.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,7 @@
 #include "parallel/activation_checkpoint.h"
 #include "parallel/fsdp.h"
 #include "parallel/mesh.h"
+#include "parallel/pipeline_plan.h"
 #include "parallel/schedule.h"
 
 namespace titan::parallel {
@@ -46,6 +48,9 @@ struct ParallelOptions {
   // float8.tp_input_all_gather: under TP, modules whose input linears are all float8 tensorwise
   // gather that input in float8 (Note [Float8 operands from the producer] in float8_linear.h).
   bool float8_tp_input_all_gather = true;
+  // Pipeline parallelism (pp > 1): the stages, their ranks and the order (pipeline_plan.h). This
+  // rank's model holds only its stages' modules; the schedule runs the plan's order.
+  std::optional<PipelinePlan> pipeline;
 };
 
 // Whether the TP degree divides the heads, kv heads, feed-forward hidden dim and seq_len: throws
@@ -84,7 +89,14 @@ class ParallelModel {
   // std::runtime_error naming the parameter when it does not exist or has another shape.
   void load_full(const std::string& fqn, const at::Tensor& full);
 
+  // This rank's parameters (its pipeline stages' under pp; all of them otherwise).
   const std::vector<std::string>& param_names() const { return names_; }
+  // Every parameter of the model, in model order, and its full shape (whatever rank holds it).
+  std::vector<std::string> all_param_names() const;
+  std::vector<int64_t> full_shape(const std::string& fqn) const;
+  // Whether this rank holds module `module` ("tok_embeddings", "layers.3", "norm", "output").
+  bool holds(const std::string& module) const;
+  bool holds_param(const std::string& fqn) const;  // "layers.3.attention.wq.weight"
   const std::vector<at::Tensor>& master_params() const { return masters_; }
 
   // Where each master lies in its full parameter, in param_names() order (See Note [Checkpoint
@@ -97,7 +109,9 @@ class ParallelModel {
   void after_load();
 
   // The full value of parameter `fqn` (float32, on the device): all-gathers the FSDP shards,
-  // then the TP shards, and drops the padding. Collective: every rank calls it, same order.
+  // then the TP shards, and drops the padding; under pp the stage that holds it broadcasts it
+  // over the pp group. Collective: every rank calls it, same order, for every fqn of
+  // all_param_names().
   at::Tensor full_param(const std::string& fqn);
 
   // How one step's micro-batches run forward and backward (See Note [Schedules as data] in
@@ -143,6 +157,7 @@ class ParallelModel {
     at::Tensor master;                // without FSDP: float32 [tp_shape], requires_grad
   };
   Param& param(const std::string& fqn);
+  at::Tensor local_full_param(const std::string& fqn);  // full_param within this stage's groups
   at::Tensor tp_local(const Param& p, const at::Tensor& full) const;
   void finalize();  // allocates the masters FSDP does not own, and the buffers
 
@@ -150,6 +165,9 @@ class ParallelModel {
   DeviceMesh& mesh_;
   ParallelOptions options_;
   std::vector<Param> params_;
+  std::vector<std::string> all_names_;                // every parameter of the model
+  std::vector<std::vector<int64_t>> all_shapes_;
+  std::vector<model::ModelPart> held_parts_;          // this rank's pipeline stages (the whole model without pp)
   std::vector<std::string> names_;
   std::vector<at::Tensor> masters_;   // what the optimizer steps, in names_ order
   std::vector<bool> tp_replicated_;   // per master

@@ -216,21 +216,24 @@ void Comm::fail(const std::string& what, const std::string& reason) const {
 // Owns the sequence numbering and the record of every collective; each public collective is a
 // check plus one c10d call. The handle's wait() owns the timing and the error capture.
 template <typename Launch>
-CommWork Comm::issue(std::string op, const at::Tensor& tensor, Launch&& launch, int64_t link_bytes) {
+CommWork Comm::issue(std::string op, const at::Tensor& tensor, Launch&& launch, int64_t link_bytes, bool p2p) {
   if (!backend_) fail(op, "this group has no transport (backend 'none', the start-up dry run)");
   CommWork w;
   w.comm_ = this;
-  last_.seq += 1;
-  last_.op = std::move(op);
-  last_.bytes = tensor.defined() ? static_cast<int64_t>(tensor.numel() * tensor.element_size()) : 0;
-  total_bytes_ += last_.bytes;
-  w.record_ = last_;
+  CollectiveRecord record;
+  record.seq = p2p ? ++p2p_seq_ : last_.seq + 1;  // See Note [Point-to-point]
+  record.op = std::move(op);
+  record.bytes = tensor.defined() ? static_cast<int64_t>(tensor.numel() * tensor.element_size()) : 0;
+  record.group = last_.group;
+  if (!p2p) last_ = record;
+  total_bytes_ += record.bytes;
+  w.record_ = record;
   w.tensor_desc_ = describe_tensor(tensor);
   // A named range in profiler traces; memory allocated inside counts as communication buffers.
-  model::NamedScope scope("collective " + last_.op, model::MemoryCategory::kCommunication);
+  model::NamedScope scope("collective " + w.record_.op, model::MemoryCategory::kCommunication);
   w.start_ = Clock::now();
   if (options_.debug_link_latency_ms > 0 || options_.debug_link_bytes_per_second > 0) {
-    const double bytes = static_cast<double>(link_bytes >= 0 ? link_bytes : last_.bytes);
+    const double bytes = static_cast<double>(link_bytes >= 0 ? link_bytes : w.record_.bytes);
     const double seconds = options_.debug_link_latency_ms / 1e3 +
                            (options_.debug_link_bytes_per_second > 0 ? bytes / options_.debug_link_bytes_per_second : 0);
     const auto begin = std::max(w.start_, link_free_);
@@ -383,6 +386,30 @@ CommWork Comm::broadcast_async(const at::Tensor& tensor, int root) {
 
 CommWork Comm::barrier_async() {
   return issue("barrier", at::Tensor(), [&] { return backend_->barrier(); });
+}
+
+CommWork Comm::send_async(const at::Tensor& tensor, int peer, int tag) {
+  std::string name = "send(to " + std::to_string(peer) + ", tag " + std::to_string(tag) + ")";
+  if (peer < 0 || peer >= size_ || peer == rank_)
+    fail(name, "the peer must be another group rank in [0, " + std::to_string(size_) + ")");
+  if (!tensor.defined() || !tensor.is_contiguous())
+    fail(name, "tensor must be defined and contiguous, got " + describe_tensor(tensor));
+  return issue(name, tensor, [&] {
+    std::vector<at::Tensor> tensors = {tensor};
+    return backend_->send(tensors, peer, tag);
+  }, -1, /*p2p=*/true);
+}
+
+CommWork Comm::recv_async(const at::Tensor& tensor, int peer, int tag) {
+  std::string name = "recv(from " + std::to_string(peer) + ", tag " + std::to_string(tag) + ")";
+  if (peer < 0 || peer >= size_ || peer == rank_)
+    fail(name, "the peer must be another group rank in [0, " + std::to_string(size_) + ")");
+  if (!tensor.defined() || !tensor.is_contiguous())
+    fail(name, "tensor must be defined and contiguous, got " + describe_tensor(tensor));
+  return issue(name, tensor, [&] {
+    std::vector<at::Tensor> tensors = {tensor};
+    return backend_->recv(tensors, peer, tag);
+  }, -1, /*p2p=*/true);
 }
 
 std::unique_ptr<Comm> init_process_group(const WorldInfo& world, CommOptions options) {

@@ -154,6 +154,14 @@ class Comm {
   // In place: every rank's tensor = root's tensor (root is a group rank).
   CommWork broadcast_async(const at::Tensor& tensor, int root);
   CommWork barrier_async();
+  // Note [Point-to-point]: one tensor to / from one peer (a group rank), matched by `tag`
+  // (unique among this pair's transfers in flight), so the two sides may post in any order.
+  // These are not collectives: only two members take part, so they have a sequence of their
+  // own (p2p_sequence_number) and leave the collectives' numbering, which every member shares,
+  // alone. Gloo completes a send once the peer has posted the matching receive; the peer's
+  // death or the timeout surfaces in wait() like a collective's.
+  CommWork send_async(const at::Tensor& tensor, int peer, int tag);
+  CommWork recv_async(const at::Tensor& tensor, int peer, int tag);
 
   // The blocking forms: issue, then wait.
   void all_reduce(const at::Tensor& tensor, ReduceOp op = ReduceOp::kSum) { all_reduce_async(tensor, op).wait(); }
@@ -173,6 +181,7 @@ class Comm {
   const std::string& name() const { return name_; }
   const CommOptions& options() const { return options_; }
   uint64_t sequence_number() const { return last_.seq; }  // collectives issued so far
+  uint64_t p2p_sequence_number() const { return p2p_seq_; }  // sends and receives issued so far
   const CollectiveRecord& last_collective() const { return last_; }
   int64_t total_bytes() const { return total_bytes_; }
   // Seconds of this Comm's collectives from issue to the end of their wait(), summed; and of
@@ -184,7 +193,8 @@ class Comm {
  private:
   friend class CommWork;
   template <typename Launch>
-  CommWork issue(std::string op, const at::Tensor& tensor, Launch&& launch, int64_t link_bytes = -1);
+  CommWork issue(std::string op, const at::Tensor& tensor, Launch&& launch, int64_t link_bytes = -1,
+                 bool p2p = false);
   [[noreturn]] void fail(const std::string& what, const std::string& reason) const;
   std::string where() const;
   std::string describe_tensor(const at::Tensor& t) const;
@@ -197,6 +207,7 @@ class Comm {
   CommOptions options_;
   std::vector<int> global_ranks_;
   CollectiveRecord last_;
+  uint64_t p2p_seq_ = 0;
   int64_t total_bytes_ = 0;
   double total_seconds_ = 0;
   double exposed_seconds_ = 0;

@@ -188,7 +188,10 @@ TEST_CASE("parallel dims resolve -1 and reject bad products with the numbers", "
                     "Invalid parallel dims: dp_replicate(2) * dp_shard(2) * cp(1) * tp(2) * pp(1) != WORLD_SIZE(10)");
   CHECK_THROWS_WITH(tp::resolve_parallel_dims(1, -1, 3, 1, 1, 4),
                     Contains("WORLD_SIZE(4) is not divisible by dp_replicate(1) * cp(1) * tp(3) * pp(1)"));
-  CHECK_THROWS_WITH(tp::resolve_parallel_dims(1, -1, 1, 2, 1, 2), Contains("pipeline_parallel_degree = 2 is not supported"));
+  d = tp::resolve_parallel_dims(1, -1, 2, 2, 1, 8);  // dp_shard takes what pp x tp leave
+  CHECK((d.pp == 2 && d.tp == 2 && d.dp_shard == 2));
+  CHECK_THROWS_WITH(tp::resolve_parallel_dims(1, 1, 1, 3, 1, 4),
+                    "Invalid parallel dims: dp_replicate(1) * dp_shard(1) * cp(1) * tp(1) * pp(3) != WORLD_SIZE(4)");
   CHECK_THROWS_WITH(tp::resolve_parallel_dims(1, -1, 1, 1, 2, 2), Contains("context_parallel_degree = 2 is not supported"));
 }
 

@@ -13,8 +13,8 @@
 #include <cstdlib>
 #include <ctime>
 #include <filesystem>
-#include <sstream>
 #include <set>
+#include <sstream>
 #include <thread>
 #include <tuple>
 
@@ -72,6 +72,32 @@ parallel::ParallelDims parallel_dims(const config::JobConfig& cfg, int world_siz
   }
 }
 
+std::optional<parallel::PipelinePlan> pipeline_plan(const config::JobConfig& cfg, const parallel::ParallelDims& dims) {
+  if (dims.pp <= 1) return std::nullopt;
+  const auto& p = cfg.parallelism;
+  parallel::PipelineConfig pc;
+  pc.schedule = p.pipeline_parallel_schedule;
+  pc.schedule_csv = p.pipeline_parallel_schedule_csv;
+  pc.microbatch_size = p.pipeline_parallel_microbatch_size;
+  pc.num_microbatches = p.num_pp_microbatches;
+  pc.layers_per_stage = p.pipeline_parallel_layers_per_stage;
+  pc.first_stage_less_layers = p.pipeline_parallel_first_stage_less_layers;
+  pc.last_stage_less_layers = p.pipeline_parallel_last_stage_less_layers;
+  pc.split_points = p.pipeline_parallel_split_points;
+  for (const std::string& stage : p.module_fqns_per_model_part) {  // "tok_embeddings layers.0"
+    std::vector<std::string> modules;
+    std::istringstream words(stage);
+    for (std::string m; words >> m;) modules.push_back(m);
+    pc.module_fqns.push_back(modules);
+  }
+  try {
+    const int64_t n_layers = model::llama3_flavor(cfg.model.flavor).n_layers;
+    return parallel::plan_pipeline(pc, dims.pp, n_layers, cfg.training.local_batch_size);
+  } catch (const std::invalid_argument& e) {
+    throw config::ConfigError(std::string("pipeline parallel (parallelism.pipeline_parallel_*): ") + e.what());
+  }
+}
+
 int64_t global_batch_size(const config::JobConfig& cfg, const parallel::ParallelDims& dims) {
   const auto& t = cfg.training;
   const int64_t dp_degree = dims.dp();
@@ -100,6 +126,7 @@ parallel::ParallelOptions parallel_options(const config::JobConfig& cfg, const m
   popt.float8_fsdp_all_gather = float8 && cfg.float8.enable_fsdp_float8_all_gather;
   popt.float8_precompute_fsdp_scales = float8 && cfg.float8.precompute_float8_dynamic_scale_for_fsdp;
   popt.float8_tp_input_all_gather = cfg.float8.tp_input_all_gather;
+  popt.pipeline = pipeline_plan(cfg, dims);
   // The user's choices are checked here, as config errors (exit 2); anything parallelize_llama
   // throws after that is a bug, reported as such.
   try {
@@ -266,8 +293,10 @@ void Trainer::load_initial_weights(const std::string& path) {
     return;
   }
   const bool hf = checkpoint::is_hf_checkpoint(path);
-  auto load = [&](const std::string& name, const at::Tensor& full) { parallel_->load_full(name, full); };
-  checkpoint::load_weights_file(path, model_->args(), param_names(), load);
+  auto load = [&](const std::string& name, const at::Tensor& full) {
+    if (parallel_->holds_param(name)) parallel_->load_full(name, full);  // under pp: this rank's stages
+  };
+  checkpoint::load_weights_file(path, model_->args(), parallel_->all_param_names(), load);
   util::log_info(std::string("loaded initial weights from ") + (hf ? "Hugging Face checkpoint " : "") + path);
 }
 
@@ -357,6 +386,7 @@ void Trainer::init_mesh() {
   }
   faults_ = std::make_unique<FaultInjection>(cfg_.comm, world_.rank, world_.world_size);
   const parallel::ParallelDims dims = parallel_dims(cfg_, world_.world_size);
+  pipeline_plan(cfg_, dims);  // a config error now, before any rank connects
   std::unique_ptr<parallel::Comm> world;  // a single process needs none
   if (world_.world_size > 1) {
 #ifdef TITAN_WITH_CUDA
@@ -383,17 +413,18 @@ void Trainer::init_mesh() {
 void Trainer::export_weights(const std::string& path) {
   const at::ScalarType dtype = dtype_from_name(cfg_.checkpoint.export_dtype, "checkpoint.export_dtype");
   if (cfg_.checkpoint.export_format == "hf") {
+    const std::vector<std::string> names = parallel_->all_param_names();
     std::vector<std::vector<int64_t>> shapes;
-    for (const auto& r : parallel_->shard_regions()) shapes.push_back(r.global_shape);
+    for (const auto& name : names) shapes.push_back(parallel_->full_shape(name));
     const int64_t bytes = checkpoint::write_hf_folder(
-        path, param_names(), shapes, model_->args(), dtype,
+        path, names, shapes, model_->args(), dtype,
         [&](const std::string& fqn) { return parallel_->full_param(fqn); }, world_.rank == 0);
     if (world_.rank == 0)
       util::log_info("exported weights in Hugging Face's layout to " + path + " (" + std::to_string(bytes) + " bytes)");
     return;
   }
   std::vector<std::pair<std::string, at::Tensor>> tensors;
-  for (const std::string& name : param_names()) {
+  for (const std::string& name : parallel_->all_param_names()) {
     // Every rank joins the gathers of each full parameter; rank 0 writes the file.
     at::Tensor full = parallel_->full_param(name);
     if (world_.rank == 0) tensors.emplace_back(name, full.to(at::kCPU).to(dtype));

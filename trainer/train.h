@@ -11,12 +11,14 @@
 #include <c10/core/Device.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "data/loader.h"
 #include "data/tokenizer.h"
 #include "model/llama.h"
+#include "parallel/pipeline_plan.h"
 #include "parallel/world.h"
 #include "trainer/checkpoint/manager.h"
 #include "trainer/config/job_config.h"
@@ -49,6 +51,11 @@ parallel::ParallelOptions parallel_options(const config::JobConfig& cfg, const m
 // The rows one optimizer step consumes over all data-parallel ranks: training.global_batch_size,
 // or local_batch_size x dp when unset; not a multiple of local_batch_size x dp is a config error.
 int64_t global_batch_size(const config::JobConfig& cfg, const parallel::ParallelDims& dims);
+
+// The pipeline plan (parallel/pipeline_plan.h) from the config's pipeline keys when
+// pipeline_parallel_degree > 1, else nullopt; an impossible one is a config error (exit 2). Pure:
+// the trainer checks it before any process group starts.
+std::optional<parallel::PipelinePlan> pipeline_plan(const config::JobConfig& cfg, const parallel::ParallelDims& dims);
 
 // The config's parallelism degrees resolved for `world_size` ranks (data_parallel_shard_degree
 // -1 = the rest); an impossible layout is a config error (exit 2) saying why.

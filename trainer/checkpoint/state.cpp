@@ -64,9 +64,8 @@ StateDict ModelState::state_dict() {
 void ModelState::load_state_dict(StateSource& source) {
   at::NoGradGuard no_grad;
   const auto regions = model_.shard_regions();
-  std::vector<std::string> fqns;
-  for (const auto& r : regions) fqns.push_back(r.fqn);
-  check_names(source, fqns, "the model's parameters");
+  // Every parameter of the model (under pp this rank reads only its stages' regions).
+  check_names(source, model_.all_param_names(), "the model's parameters");
   for (size_t i = 0; i < regions.size(); ++i) {
     read_region(source, regions[i].fqn, model_.master_params()[i], regions[i]);
     // This rank's region only: every rank checks its own, and the load's all-reduced error flag

@@ -171,6 +171,22 @@ bool apply_toml_value(ParseState& st, const KeySpec& spec, const toml::node& nod
       if (!node.is_array()) return type_problem();
       std::vector<std::string> items;
       for (const toml::node& item : *node.as_array()) {
+        // module_fqns_per_model_part is a list of lists (one per stage): a stage's modules are
+        // held as one item, separated by spaces.
+        if (item.is_array() && spec.dotted() == "parallelism.module_fqns_per_model_part") {
+          std::string stage;
+          for (const toml::node& module : *item.as_array()) {
+            if (!module.is_string()) {
+              st.problems.add(where, spec.dotted() + " expects lists of module names, but stage " +
+                                         std::to_string(items.size()) + " holds " + toml_type_phrase(module) +
+                                         " (" + toml_value_text(module) + ")");
+              return false;
+            }
+            stage += (stage.empty() ? "" : " ") + module.as_string()->get();
+          }
+          items.push_back(stage);
+          continue;
+        }
         if (!item.is_string()) {
           st.problems.add(where, spec.dotted() + " expects a list of strings, but item " +
                                      std::to_string(items.size()) + " is " +

@@ -144,7 +144,17 @@ struct ParallelismSection {
   bool fsdp_overlap = true;                 // prefetch gathers, defer reduce-scatter waits
   bool enable_async_tensor_parallel = false;  // chunked all-gather/GEMM and GEMM/reduce-scatter
   int64_t async_tp_chunks = 2;              // chunks per sequence shard under async TP
-  int64_t pipeline_parallel_degree = 1;  // > 1 not supported
+  int64_t pipeline_parallel_degree = 1;
+  std::string pipeline_parallel_schedule = "1F1B";
+  std::string pipeline_parallel_schedule_csv;  // "" = generated from the schedule name
+  int64_t pipeline_parallel_microbatch_size = 1;
+  int64_t num_pp_microbatches = 0;  // 0 = local_batch_size / pipeline_parallel_microbatch_size
+  int64_t pipeline_parallel_layers_per_stage = 0;  // 0 = unset
+  int64_t pipeline_parallel_first_stage_less_layers = 1;
+  int64_t pipeline_parallel_last_stage_less_layers = 1;
+  std::vector<std::string> pipeline_parallel_split_points;
+  // One item per stage: its module names separated by spaces (TOML: a list of lists).
+  std::vector<std::string> module_fqns_per_model_part;
   int64_t context_parallel_degree = 1;   // > 1 not supported
 };
 

@@ -194,7 +194,34 @@ std::vector<SectionSpec> build_table() {
               "Chunks each sequence shard is split into under async tensor parallel (must divide "
               "seq_len / tensor_parallel_degree).").count_at_least(1),
           key("pipeline_parallel_degree", &ParallelismSection::pipeline_parallel_degree,
-              "Pipeline parallel degree; only 1 is supported.").count_at_least(1),
+              "Pipeline parallel degree: the model's layers split into stages over this many ranks "
+              "(docs/pipeline.md).").count_at_least(1),
+          key("pipeline_parallel_schedule", &ParallelismSection::pipeline_parallel_schedule,
+              "GPipe, 1F1B, Interleaved1F1B, LoopedBFS, InterleavedZeroBubble or ZBVZeroBubble "
+              "(case-insensitive, as torch matches them)."),
+          key("pipeline_parallel_schedule_csv", &ParallelismSection::pipeline_parallel_schedule_csv,
+              "A schedule from a CSV file in torchtitan's format (one row per rank, actions such as "
+              "0F1, 1B0, 2I0, 2W0; an empty cell is idle); \"\" = generated from the schedule name."),
+          key("pipeline_parallel_microbatch_size", &ParallelismSection::pipeline_parallel_microbatch_size,
+              "Rows per pipeline micro-batch: training.local_batch_size / this micro-batches per pass.")
+              .count_at_least(1),
+          key("num_pp_microbatches", &ParallelismSection::num_pp_microbatches,
+              "Pipeline micro-batches per pass (torchtitan main's key); 0 = from "
+              "pipeline_parallel_microbatch_size.").count_at_least(0),
+          key("pipeline_parallel_layers_per_stage", &ParallelismSection::pipeline_parallel_layers_per_stage,
+              "Layers per stage (the embedding and the output count as first/last_stage_less_layers); "
+              "0 = one stage per rank for GPipe/1F1B, two for the others.").count_at_least(0),
+          key("pipeline_parallel_first_stage_less_layers",
+              &ParallelismSection::pipeline_parallel_first_stage_less_layers,
+              "Layers the embedding counts as on the first stage.").count_at_least(0),
+          key("pipeline_parallel_last_stage_less_layers",
+              &ParallelismSection::pipeline_parallel_last_stage_less_layers,
+              "Layers the final norm + output count as on the last stage.").count_at_least(0),
+          key("pipeline_parallel_split_points", &ParallelismSection::pipeline_parallel_split_points,
+              "torchtitan v0.1's split: each layers.<k> starts a new stage."),
+          key("module_fqns_per_model_part", &ParallelismSection::module_fqns_per_model_part,
+              "The split module by module: one list per stage (on the command line: stages separated "
+              "by commas, modules by spaces)."),
           key("context_parallel_degree", &ParallelismSection::context_parallel_degree,
               "Context parallel degree; only 1 is supported.").count_at_least(1),
       }),

@@ -15,9 +15,6 @@ namespace {
 
 using Strings = std::vector<std::string>;
 
-constexpr const char* kOnlyWithPipeline =
-    "it is read only with pipeline parallelism, and titan refuses "
-    "parallelism.pipeline_parallel_degree > 1";
 constexpr const char* kOnlyWithContextParallel =
     "it is read only with context parallelism, and titan refuses "
     "parallelism.context_parallel_degree > 1";
@@ -110,20 +107,7 @@ std::vector<Row> rows_of(const std::string& section) {
     return {
         accepted_any("enable_compiled_autograd", false,
                      "titan has no JIT; its backward is compiled ahead of time", "v0.1.0, v0.2.0"),
-        accepted_any("pipeline_parallel_split_points", Strings{}, kOnlyWithPipeline,
-                     "v0.1.0"),
-        accepted_any("module_fqns_per_model_part", Strings{}, kOnlyWithPipeline, "v0.2.0+"),
-        accepted_any("pipeline_parallel_first_stage_less_layers", int64_t{1}, kOnlyWithPipeline,
-                     "v0.2.0+"),
-        accepted_any("pipeline_parallel_last_stage_less_layers", int64_t{1}, kOnlyWithPipeline,
-                     "v0.2.0+"),
-        accepted_any("pipeline_parallel_layers_per_stage", int64_t{0}, kOnlyWithPipeline,
-                     "v0.1.0+"),
-        accepted_any("pipeline_parallel_schedule", "1F1B", kOnlyWithPipeline, "v0.1.0+"),
-        accepted_any("pipeline_parallel_schedule_csv", "", kOnlyWithPipeline, "v0.1.0+"),
-        accepted_any("pipeline_parallel_microbatch_size", int64_t{1}, kOnlyWithPipeline,
-                     "v0.1.0+"),
-        accepted_any("pipeline_parallel_expert_parallel_overlap", true, kOnlyWithPipeline,
+        accepted_any("pipeline_parallel_expert_parallel_overlap", true, kOnlyWithMoE,
                      "v0.2.1+"),
         accepted_any("context_parallel_rotate_method", "allgather", kOnlyWithContextParallel,
                      "v0.1.0+"),
@@ -223,8 +207,7 @@ std::vector<SectionSpec> torchtitan_sections() {
                 "early-2025"),
           alias("pipeline_parallel_schedule_csv", "parallelism.pipeline_parallel_schedule_csv",
                 "early-2025"),
-          accepted_any("pipeline_parallel_microbatches", int64_t{0}, kOnlyWithPipeline,
-                       "early-2025"),
+          alias("pipeline_parallel_microbatches", "parallelism.num_pp_microbatches", "early-2025"),
           alias("enable_compiled_autograd", "parallelism.enable_compiled_autograd", "early-2025"),
           alias("context_parallel_degree", "parallelism.context_parallel_degree", "early-2025"),
           alias("context_parallel_rotate_method", "parallelism.context_parallel_rotate_method",
