@@ -16,6 +16,16 @@ std::string join(const std::vector<std::string>& items) {
   return out;
 }
 
+// Runs `f`, adding `context` (the keys the numbers came from) in front of its error.
+template <class F>
+auto with_context(const std::string& context, F&& f) {
+  try {
+    return f();
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(context + ": " + e.what());
+  }
+}
+
 }  // namespace
 
 model::ModelPart model_part_of(const std::vector<std::string>& modules, int stage) {
@@ -81,7 +91,7 @@ std::vector<std::string> PipelinePlan::describe() const {
 PipelinePlan plan_pipeline(const PipelineConfig& c, int pp, int64_t n_layers, int64_t local_batch_size) {
   PipelinePlan plan;
   plan.pp = pp;
-  plan.kind = pipeline_schedule_from_name(c.schedule);
+  plan.kind = with_context("parallelism.pipeline_parallel_schedule", [&] { return pipeline_schedule_from_name(c.schedule); });
   plan.schedule_name = c.schedule_csv.empty() ? pipeline_schedule_name(plan.kind) : "CSV " + c.schedule_csv;
   // Micro-batches: torchtitan's v0.1 - v0.2 key gives their size, main's their count.
   if (c.num_microbatches > 0) {
@@ -103,30 +113,55 @@ PipelinePlan plan_pipeline(const PipelineConfig& c, int pp, int64_t n_layers, in
   if (!c.module_fqns.empty() && !c.split_points.empty())
     throw std::invalid_argument(
         "parallelism.module_fqns_per_model_part and parallelism.pipeline_parallel_split_points both set: give one");
-  if (!c.module_fqns.empty()) {
-    plan.stage_modules = c.module_fqns;
-  } else if (!c.split_points.empty()) {
-    plan.stage_modules = module_fqns_from_split_points(c.split_points, n_layers);
-  } else {
-    const int stages = pipeline_stage_count(plan.kind, pp, n_layers, c.layers_per_stage, c.first_stage_less_layers,
-                                            c.last_stage_less_layers);
-    plan.stage_modules = module_fqns_per_stage(stages, n_layers, c.first_stage_less_layers, c.last_stage_less_layers);
-  }
-  check_stage_modules(plan.stage_modules, n_layers);
+  const std::string split_keys =
+      !c.module_fqns.empty()    ? "parallelism.module_fqns_per_model_part"
+      : !c.split_points.empty() ? "parallelism.pipeline_parallel_split_points"
+                                : "the stage split (parallelism.pipeline_parallel_layers_per_stage " +
+                                      n(c.layers_per_stage) + ", pipeline_parallel_first_stage_less_layers " +
+                                      n(c.first_stage_less_layers) + ", pipeline_parallel_last_stage_less_layers " +
+                                      n(c.last_stage_less_layers) + ", " + n(n_layers) + " layers)";
+  with_context(split_keys, [&] {
+    if (!c.module_fqns.empty()) {
+      plan.stage_modules = c.module_fqns;
+    } else if (!c.split_points.empty()) {
+      plan.stage_modules = module_fqns_from_split_points(c.split_points, n_layers);
+    } else {
+      const int stages = pipeline_stage_count(plan.kind, pp, n_layers, c.layers_per_stage, c.first_stage_less_layers,
+                                              c.last_stage_less_layers);
+      plan.stage_modules = module_fqns_per_stage(stages, n_layers, c.first_stage_less_layers, c.last_stage_less_layers);
+    }
+    check_stage_modules(plan.stage_modules, n_layers);
+    for (int s = 0; s < plan.num_stages(); ++s)
+      plan.stage_parts.push_back(model_part_of(plan.stage_modules[static_cast<size_t>(s)], s));
+    return 0;
+  });
   const int num_stages = plan.num_stages();
   if (num_stages % pp != 0)
     throw std::invalid_argument("the split gives " + n(num_stages) + " pipeline stages, not a multiple of "
                                 "parallelism.pipeline_parallel_degree (" + n(pp) + ")");
   const int per_rank = num_stages / pp;
-  for (int s = 0; s < num_stages; ++s)
-    plan.stage_parts.push_back(model_part_of(plan.stage_modules[static_cast<size_t>(s)], s));
+  const std::string microbatch_keys =
+      n(plan.microbatches) + " micro-batches per pass (training.local_batch_size " + n(local_batch_size) +
+      (c.num_microbatches > 0 ? " over parallelism.num_pp_microbatches"
+                              : " / parallelism.pipeline_parallel_microbatch_size " + n(c.microbatch_size)) +
+      ") and " + n(num_stages) + " stages over " + n(pp) + " ranks from " + split_keys;
   if (c.schedule_csv.empty()) {
-    check_pipeline_schedule(plan.kind, pp, per_rank, plan.microbatches);
-    plan.order = pipeline_order(plan.kind, pp, per_rank, plan.microbatches);
-  } else {
-    plan.order = read_pipeline_csv(c.schedule_csv);
+    with_context("parallelism.pipeline_parallel_schedule " + std::string(pipeline_schedule_name(plan.kind)) +
+                     " with " + microbatch_keys,
+                 [&] {
+                   check_pipeline_schedule(plan.kind, pp, per_rank, plan.microbatches);
+                   plan.order = pipeline_order(plan.kind, pp, per_rank, plan.microbatches);
+                   return 0;
+                 });
   }
-  plan.stage_rank = validate_pipeline_order(plan.order, pp, num_stages, plan.microbatches);
+  with_context(c.schedule_csv.empty() ? "the generated schedule"
+                                      : "parallelism.pipeline_parallel_schedule_csv '" + c.schedule_csv + "' with " +
+                                            microbatch_keys,
+               [&] {
+                 if (!c.schedule_csv.empty()) plan.order = read_pipeline_csv(c.schedule_csv);
+                 plan.stage_rank = validate_pipeline_order(plan.order, pp, num_stages, plan.microbatches);
+                 return 0;
+               });
   for (int r = 0; r < pp; ++r)
     if (static_cast<int>(plan.stages_of(r).size()) != per_rank)
       throw std::invalid_argument("the pipeline schedule " + plan.schedule_name + " gives pp rank " + n(r) + " " +

@@ -94,7 +94,7 @@ std::optional<parallel::PipelinePlan> pipeline_plan(const config::JobConfig& cfg
     const int64_t n_layers = model::llama3_flavor(cfg.model.flavor).n_layers;
     return parallel::plan_pipeline(pc, dims.pp, n_layers, cfg.training.local_batch_size);
   } catch (const std::invalid_argument& e) {
-    throw config::ConfigError(std::string("pipeline parallel (parallelism.pipeline_parallel_*): ") + e.what());
+    throw config::ConfigError(std::string("pipeline parallel: ") + e.what());
   }
 }
 

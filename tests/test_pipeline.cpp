@@ -1,0 +1,152 @@
+// Pipeline parallelism end to end: real titan-train ranks under titan-run, every schedule at PP 2
+// and PP 4 (and a CSV schedule), composed with FSDP, TP, async TP, float8 and activation
+// checkpointing, checked against the single-process run with the same global batch and the same
+// micro-batches (tests/layout_check.h); the pipeline keys' config errors.
+//
+// Exactness: a schedule whose stages run their backwards in micro-batch order accumulates every
+// gradient in the order the one-process run accumulates its micro-batches, and each stage runs
+// the very operations the one-process model runs (a stage boundary only detaches the hidden
+// states and hands their gradient back), so the losses are identical to the bit. The grad norm
+// adds the per-rank sums of squares in another order (an all-reduce of float64 partial sums):
+// a few float64 ulps, bounded here by 1e-12 relative. LoopedBFS runs the backwards in reverse
+// micro-batch order, so its float32 gradient sums differ by reduction order (the layout
+// tolerance, 1e-5).
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "tests/job_runs.h"
+#include "tests/layout_check.h"
+
+using namespace titan::testing::layout;
+using Catch::Matchers::Contains;
+
+namespace {
+
+// PP over `pp` ranks: the local batch (8 rows) is the global batch; micro-batches of 2 rows, as
+// the reference's gradient accumulation (train_args: local batch 2, global batch 8).
+std::string pp_args(int pp, const std::string& schedule) {
+  return "--parallelism.pipeline_parallel_degree " + std::to_string(pp) +
+         " --parallelism.data_parallel_shard_degree 1 --training.local_batch_size 8"
+         " --parallelism.pipeline_parallel_microbatch_size 2 --parallelism.pipeline_parallel_schedule " +
+         schedule;
+}
+
+// The runs whose losses must equal the reference's exactly (See the note at the top).
+void check_bitwise_pp(const std::string& name, int nproc, const std::string& overrides) {
+  Tolerance exact;
+  exact.loss = 0;
+  exact.first_loss = 0;
+  exact.grad_norm = 1e-12;
+  check_layout(name, nproc, overrides, 8, "", exact);
+}
+
+}  // namespace
+
+TEST_CASE("PP 2: every schedule reproduces the single-process run", "[parallel][dist][pipeline]") {
+  for (const char* schedule : {"GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble"})
+    check_bitwise_pp(std::string("pp2_") + schedule, 2, pp_args(2, schedule));
+  check_layout("pp2_LoopedBFS", 2, pp_args(2, "LoopedBFS"));
+}
+
+TEST_CASE("PP 4: single-stage and interleaved and V schedules reproduce the single-process run",
+          "[parallel][dist][pipeline]") {
+  // debugmodel: 6 layers + embedding + output = 8 effective layers, 4 stages (1F1B, GPipe) or 8.
+  for (const char* schedule : {"1F1B", "GPipe", "Interleaved1F1B", "ZBVZeroBubble", "InterleavedZeroBubble"})
+    check_bitwise_pp(std::string("pp4_") + schedule, 4, pp_args(4, schedule));
+}
+
+TEST_CASE("PP 2: a schedule from a CSV file runs as written", "[parallel][dist][pipeline]") {
+  // torchtitan's format: one row per rank; GPipe written by hand with idle cells.
+  const fs::path csv = root() / "gpipe_by_hand.csv";
+  std::ofstream(csv) << "0F0,0F1,0F2,0F3,,,0B0,0B1,0B2,0B3\n,1F0,1F1,1F2,1F3,1B0,1B1,1B2,1B3,\n";
+  check_bitwise_pp("pp2_csv", 2, pp_args(2, "GPipe") + " --parallelism.pipeline_parallel_schedule_csv " + csv.string());
+}
+
+TEST_CASE("PP 2 composes with FSDP and TP and async TP and activation checkpointing", "[parallel][dist][pipeline]") {
+  // FSDP under PP reduce-scatters once per step (the reference: once per micro-batch), TP sums in
+  // another order: the layout tolerance.
+  check_layout("pp2_fsdp2", 4, pp_args(2, "1F1B") + " --parallelism.data_parallel_shard_degree 2"
+                                " --training.local_batch_size 4");
+  check_layout("pp2_tp2", 4, pp_args(2, "Interleaved1F1B") + " --parallelism.tensor_parallel_degree 2");
+  check_layout("pp2_async_tp2_zb", 4, pp_args(2, "InterleavedZeroBubble") +
+                                         " --parallelism.tensor_parallel_degree 2"
+                                         " --parallelism.enable_async_tensor_parallel");
+  // Under AC the zero-bubble I runs the whole backward: still exact.
+  check_bitwise_pp("pp2_zbv_full_ac", 2, pp_args(2, "ZBVZeroBubble") + " --activation_checkpoint.mode full");
+}
+
+TEST_CASE("PP 2 x FSDP 2 x TP 2 with float8 rowwise and per-op AC reproduces the float8 run",
+          "[parallel][dist][pipeline][float8]") {
+  // As in test_parallel's float8 layouts: later steps inherit reduction-order differences that
+  // can flip an e4m3 rounding (2^-3 relative per element); measured 2.5e-5 loss and 1.2e-4 grad
+  // norm relative over 10 steps, the same as FSDP 2 x TP 2 without PP.
+  Tolerance f8;
+  f8.loss = 5e-4;
+  f8.grad_norm = 2e-3;
+  const std::string float8 = "--float8.enable_float8_linear --float8.recipe_name rowwise "
+                             "--activation_checkpoint.mode selective --activation_checkpoint.selective_ac_option op";
+  check_layout("pp2_fsdp2_tp2_float8", 8,
+               pp_args(2, "1F1B") + " --parallelism.data_parallel_shard_degree 2 --parallelism.tensor_parallel_degree 2"
+                                    " --training.local_batch_size 4",
+               8, float8, f8);
+}
+
+TEST_CASE("impossible pipeline configs end before any process group and name the keys", "[parallel][dist][pipeline]") {
+  const fs::path dir = root() / "pp_bad";
+  fs::create_directories(dir);
+  const fs::path twice = dir / "stage_twice.csv", backward_first = dir / "backward_first.csv";
+  std::ofstream(twice) << "0F0,1F0,0B0,1B0\n1F0,1B0,,\n";  // stage 1 on both ranks
+  std::ofstream(backward_first) << "0F0,0B0\n1B0,1F0\n";   // 1B0 before 1F0
+  struct Bad {
+    const char* what;
+    std::string overrides;
+    std::string message;
+    std::string key = "parallelism.pipeline_parallel_schedule";  // the key the message names
+  };
+  const std::vector<Bad> rows = {
+      {"an unknown schedule", pp_args(2, "Zigzag"), "unknown pipeline schedule 'Zigzag' (valid: GPipe, 1F1B, Interleaved1F1B"},
+      {"DualPipeV", pp_args(2, "DualPipeV"), "DualPipeV"},
+      {"a microbatch size that does not divide the local batch",
+       pp_args(2, "1F1B") + " --parallelism.pipeline_parallel_microbatch_size 3",
+       "training.local_batch_size (8) must be divisible by parallelism.pipeline_parallel_microbatch_size (3)",
+       "training.local_batch_size"},
+      {"1F1B with fewer micro-batches than stages",
+       pp_args(2, "1F1B") + " --training.local_batch_size 2 --training.global_batch_size 2",
+       "the number of microbatches (1) must be greater than or equal to the number of stages (2)"},
+      {"Interleaved1F1B with a micro-batch count not a multiple of its rounds",
+       pp_args(2, "Interleaved1F1B") + " --training.local_batch_size 10 --training.global_batch_size 10",
+       "multiple of the number of rounds"},
+      {"ZBVZeroBubble with four stages per rank",
+       pp_args(2, "ZBVZeroBubble") + " --parallelism.pipeline_parallel_layers_per_stage 1", "stages per rank",
+       "parallelism.pipeline_parallel_layers_per_stage 1"},
+      {"norm and output on different stages",
+       pp_args(2, "1F1B") + " --parallelism.module_fqns_per_model_part "
+                           "'tok_embeddings layers.0 layers.1 layers.2 layers.3 layers.4 layers.5 norm,output'",
+       "holds norm but not output", "parallelism.module_fqns_per_model_part"},
+      {"a CSV that puts a stage on two ranks",
+       pp_args(2, "1F1B") + " --parallelism.pipeline_parallel_schedule_csv " + twice.string(), "1F0: runs a second time",
+       "parallelism.pipeline_parallel_schedule_csv"},
+      {"a CSV with a backward before its forward",
+       pp_args(2, "1F1B") + " --parallelism.pipeline_parallel_schedule_csv " + backward_first.string(),
+       "1B0: a backward of stage 1, micro-batch 0 without first running its forward",
+       "parallelism.pipeline_parallel_schedule_csv"},
+      {"a CSV that does not exist",
+       pp_args(2, "1F1B") + " --parallelism.pipeline_parallel_schedule_csv " + (dir / "missing.csv").string(),
+       "missing.csv' does not exist", "parallelism.pipeline_parallel_schedule_csv"},
+  };
+  int n = 0;
+  for (const Bad& row : rows) {
+    const fs::path dump = dir / ("row" + std::to_string(n++));
+    const Run r = run_job("timeout -s KILL 120 " + std::string(TITAN_RUN_PATH) + " --nproc-per-node 2 -- " +
+                              TITAN_TRAIN_PATH + " " + train_args(dump) + " " + row.overrides,
+                          dump.string() + ".log");
+    INFO(row.what << ":\n" << r.log);
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.log, Contains(row.message));
+    CHECK_THAT(r.log, Contains("bad config: pipeline parallel: ") && Contains(row.key));
+    CHECK_THAT(r.log, !Contains("distributed: "));  // no rank got as far as the process group
+  }
+}
