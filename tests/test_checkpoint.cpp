@@ -479,3 +479,21 @@ TEST_CASE("a run SIGKILLed at a random moment resumes with the same loss lines",
   CHECK((steps.front().step - 1) % 5 == 0);
   check_steps(src.steps, steps, 0);
 }
+
+TEST_CASE("PP 2 resumes bitwise and reshards into 1 process and FSDP 2 and PP 4", "[checkpoint][dist][slow][pipeline]") {
+  // A checkpoint holds each parameter's regions whatever stage saved them (Note [Checkpoint
+  // shards]), so any layout reads it. 1 process and PP 4 accumulate the same 4 micro-batches of 2
+  // rows in the same order: the same numbers as the PP 2 run up to the grad norm's float64 sum order.
+  const std::vector<std::string> pp2 = {"--parallelism.pipeline_parallel_degree", "2",
+                                        "--parallelism.pipeline_parallel_schedule", "Interleaved1F1B",
+                                        "--training.local_batch_size", "8",
+                                        "--parallelism.pipeline_parallel_microbatch_size", "2"};
+  const Source& src = source("pp2", 2, pp2);
+  resume_from(src, "pp2_resumed", 2, pp2, 0);
+  resume_from(src, "pp2_to_1", 1, {}, 1e-12);
+  resume_from(src, "pp2_to_fsdp2", 2, {"--parallelism.data_parallel_shard_degree", "2"}, 1e-5);
+  resume_from(src, "pp2_to_pp4", 4,
+              {"--parallelism.pipeline_parallel_degree", "4", "--parallelism.data_parallel_shard_degree", "1",
+               "--training.local_batch_size", "8", "--parallelism.pipeline_parallel_microbatch_size", "2"},
+              1e-12);
+}

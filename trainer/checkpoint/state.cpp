@@ -85,6 +85,12 @@ StateDict OptimizerState::state_dict() {
     // A float32 count of steps: an integer, exact in JSON.
     steps[regions[i].fqn] = optimizer_.step_count(i).item<float>();
   }
+  // The extras are rank 0's. Under pipeline parallelism it holds only its stages' parameters; every
+  // parameter steps together (each has a gradient every step, a skipped step skips all), so the
+  // others' counts are its own.
+  if (!regions.empty())
+    for (const std::string& fqn : model_.all_param_names())
+      if (!steps.contains(fqn)) steps[fqn] = optimizer_.step_count(0).item<float>();
   sd.extras = {{"name", optimizer_.options().name}, {"steps", steps}};
   return sd;
 }
