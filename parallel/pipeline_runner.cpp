@@ -117,7 +117,41 @@ double PipelineSchedule::step(const at::Tensor& inputs, const at::Tensor& labels
     pp->all_reduce(t, ReduceOp::kSum);
     loss_sum = t.item<double>();
   }
+  step_seconds_ = seconds_between(step_start_, Clock::now());
   return loss_sum;
+}
+
+// Note [Pipeline timeline]: one row of 100 columns spans this rank's last step; each action
+// fills the columns of its time with its type letter (F, B, I, W; lower case for odd micro-batches so
+// neighbours stay apart), '.' is idle (waiting for a neighbour, or the step's final
+// reductions). The measured idle fraction is 1 - (time computing actions, after their inputs arrived) / (step time); the
+// theoretical bubble is the schedule's in the model of equal forward and backward slots:
+// (p - 1) / (m + p - 1) for one stage per rank, (p - 1) / (v m + p - 1) for v stages per rank.
+std::vector<std::string> PipelineSchedule::timeline() const {
+  if (timings_.empty() || step_seconds_ <= 0) return {};
+  constexpr int kColumns = 100;
+  std::string row(kColumns, '.');
+  double busy = 0;
+  for (const ActionTiming& t : timings_) {
+    busy += t.end_seconds - t.start_seconds;
+    const int from = static_cast<int>(t.start_seconds / step_seconds_ * kColumns);
+    const int to = std::max(from + 1, static_cast<int>(t.end_seconds / step_seconds_ * kColumns));
+    char c = static_cast<char>(t.action.type);
+    if (t.action.microbatch % 2) c = static_cast<char>(c - 'A' + 'a');
+    for (int i = from; i < std::min(to, kColumns); ++i) row[static_cast<size_t>(i)] = c;
+  }
+  const int p = plan_.pp;
+  const int64_t v = plan_.num_stages() / p, m = plan_.microbatches;
+  const double theory = static_cast<double>(p - 1) / static_cast<double>(v * m + p - 1);
+  std::ostringstream head;
+  head.precision(3);
+  head << "pipeline timeline, pp rank " << pp_rank_ << " (" << plan_.schedule_name << ", " << timings_.size()
+       << " actions in " << step_seconds_ * 1e3 << " ms): idle " << 100.0 * (1.0 - busy / step_seconds_)
+       << "% measured, bubble " << 100.0 * theory << "% in theory ((p-1)/(" << (v > 1 ? "v m" : "m") << "+p-1), p "
+       << p << (v > 1 ? ", v " + std::to_string(v) : std::string()) << ", m " << m << ")";
+  std::string order = "  order:";
+  for (const ActionTiming& t : timings_) order += " " + t.action.str();
+  return {head.str(), "  |" + row + "|", order};
 }
 
 void PipelineSchedule::run_pass(Pass& pass) {
@@ -125,11 +159,14 @@ void PipelineSchedule::run_pass(Pass& pass) {
     post_receives(pass, i);
     const Action& a = actions_[i];
     const auto start = Clock::now();
+    waited_seconds_ = 0;
     if (a.type == ActionType::kForward)
       forward(pass, a);
     else
       backward(pass, a);
-    timings_.push_back({a, seconds_between(step_start_, start), seconds_between(step_start_, Clock::now())});
+    // The action's compute starts once its input arrived: the wait counts as idle.
+    timings_.push_back({a, seconds_between(step_start_, start) + waited_seconds_,
+                        seconds_between(step_start_, Clock::now())});
   }
   for (auto& out : pass.outgoing) {
     try {
@@ -183,6 +220,7 @@ at::Tensor PipelineSchedule::take_input(Pass& pass, const Action& a, bool gradie
               " of micro-batch ", a.microbatch, " from stage ", peer_stage,
               " were never produced (the schedule runs this action before its producer)");
   at::Tensor buffer = it->second.buffer;
+  const auto wait_start = Clock::now();
   try {
     it->second.work.wait();
   } catch (const CommError& e) {
@@ -190,6 +228,7 @@ at::Tensor PipelineSchedule::take_input(Pass& pass, const Action& a, bool gradie
                     std::to_string(a.microbatch) + " from stage " + std::to_string(peer_stage) + " (pp rank " +
                     std::to_string(plan_.stage_rank[static_cast<size_t>(peer_stage)]) + ") failed: " + e.what());
   }
+  waited_seconds_ += seconds_between(wait_start, Clock::now());
   pass.incoming.erase(it);
   return buffer;
 }

@@ -57,6 +57,8 @@ class PipelineSchedule : public Schedule {
   std::string describe() const override;
   double step(const at::Tensor& inputs, const at::Tensor& labels, double global_tokens) override;
 
+  // See Note [Pipeline timeline] in pipeline_runner.cpp.
+  std::vector<std::string> timeline() const override;
   const PipelinePlan& plan() const { return plan_; }
   const std::vector<ActionTiming>& last_step_timings() const { return timings_; }
 
@@ -85,6 +87,8 @@ class PipelineSchedule : public Schedule {
   int pp_rank_;
   std::vector<ActionTiming> timings_;
   std::chrono::steady_clock::time_point step_start_;
+  double step_seconds_ = 0;
+  double waited_seconds_ = 0;  // the current action's wait for its input  // the last step's schedule, first action to the loss all-reduce
 };
 
 }  // namespace titan::parallel

@@ -69,6 +69,9 @@ class Schedule {
   // global batch, on any device; the rows are split into equal micro-batches). Returns this
   // rank's sum of token losses (See Note [Loss scaling]).
   virtual double step(const at::Tensor& inputs, const at::Tensor& labels, double global_tokens) = 0;
+  // What this rank ran in the last step, as text lines (the pipeline's timeline); empty when the
+  // schedule has nothing to show (gradient accumulation).
+  virtual std::vector<std::string> timeline() const { return {}; }
 
  protected:
   std::vector<Action> actions_;

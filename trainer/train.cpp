@@ -353,6 +353,8 @@ TrainResult Trainer::train() {
       throw;
     }
     profiler_->step_end(step);
+    if (cfg_.job.print_pipeline_schedule && (step == start_step_ + 2 || step == cfg_.training.steps))
+      for (const std::string& line : parallel_->schedule().timeline()) util::log_info(line);
     result.losses.push_back(loss);
     result.grad_norms.push_back(grad_norm);
     result.steps_completed = step;

@@ -47,6 +47,7 @@ struct JobSection {
   std::string dump_folder = "./outputs";
   std::string description = "titan training job";
   bool print_args = false;
+  bool print_pipeline_schedule = false;  // each rank's timeline of the last step (pipeline parallel)
 };
 
 struct MetricsSection {

@@ -34,6 +34,10 @@ std::vector<SectionSpec> build_table() {
           key("description", &JobSection::description, "Free-text description of the run."),
           key("print_args", &JobSection::print_args,
               "Print the effective config as TOML at start-up."),
+          key("print_pipeline_schedule", &JobSection::print_pipeline_schedule,
+              "Under pipeline parallelism: after the second and the last step, each rank prints the "
+              "actions it ran as a timeline, with its measured idle fraction beside the schedule's "
+              "theoretical bubble (docs/pipeline.md)."),
       }),
       section("profiling", &J::profiling, "Profiler traces and memory snapshots.", {
           key("enable_profiling", &ProfilingSection::enable_profiling,
