@@ -116,6 +116,13 @@ void run_dry_run(const trainer::config::JobConfig& cfg, const DryRunRequest& req
                 static_cast<long long>(local), 100.0 * static_cast<double>(local) / static_cast<double>(total),
                 gib(bytes).c_str());
   out << line;
+  if (popt.pipeline) {  // which stages this rank materialized
+    const int pp_rank = mesh.local_rank(parallel::MeshDim::kPp);
+    for (const std::string& plan_line : popt.pipeline->describe())
+      if (plan_line.find("pp rank " + std::to_string(pp_rank) + ":") != std::string::npos)
+        out << "this rank's stages (" << popt.pipeline->schedule_name << "):" << plan_line.substr(plan_line.find(':') + 1)
+            << "\n";
+  }
   std::snprintf(line, sizeof line, "| %-42s | %9s | %10s | %10s |\n", "phase", "seconds", "RSS", "peak RSS");
   out << line << "|" << std::string(44, '-') << "|" << std::string(11, '-') << "|"
       << std::string(12, '-') << "|" << std::string(12, '-') << "|\n";
