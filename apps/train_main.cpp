@@ -87,8 +87,11 @@ int run(int argc, char** argv) {
   if (cfg.job.print_args) std::cout << config_to_toml(cfg) << std::flush;
   if (estimate_only) {
     try {
-      const EstimateInputs in = estimate_inputs_from_config(cfg);
-      std::cout << format_memory_estimate(in, estimate_memory(in)) << std::flush;
+      EstimateInputs in = estimate_inputs_from_config(cfg);
+      // Pipeline parallel: one report per pp rank (each holds other stages).
+      const int pp_ranks = in.pipeline ? in.pipeline->pp : 1;
+      for (in.pp_rank = 0; in.pp_rank < pp_ranks; ++in.pp_rank)
+        std::cout << format_memory_estimate(in, estimate_memory(in)) << std::flush;
       return 0;
     } catch (const std::exception& e) {
       std::fprintf(stderr, "titan-train: error: %s\n", e.what());

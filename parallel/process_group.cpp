@@ -388,27 +388,20 @@ CommWork Comm::barrier_async() {
   return issue("barrier", at::Tensor(), [&] { return backend_->barrier(); });
 }
 
-CommWork Comm::send_async(const at::Tensor& tensor, int peer, int tag) {
-  std::string name = "send(to " + std::to_string(peer) + ", tag " + std::to_string(tag) + ")";
-  if (peer < 0 || peer >= size_ || peer == rank_)
-    fail(name, "the peer must be another group rank in [0, " + std::to_string(size_) + ")");
-  if (!tensor.defined() || !tensor.is_contiguous())
-    fail(name, "tensor must be defined and contiguous, got " + describe_tensor(tensor));
-  return issue(name, tensor, [&] {
-    std::vector<at::Tensor> tensors = {tensor};
-    return backend_->send(tensors, peer, tag);
-  }, -1, /*p2p=*/true);
-}
+CommWork Comm::send_async(const at::Tensor& tensor, int peer, int tag) { return point_to_point(tensor, peer, tag, true); }
 
-CommWork Comm::recv_async(const at::Tensor& tensor, int peer, int tag) {
-  std::string name = "recv(from " + std::to_string(peer) + ", tag " + std::to_string(tag) + ")";
+CommWork Comm::recv_async(const at::Tensor& tensor, int peer, int tag) { return point_to_point(tensor, peer, tag, false); }
+
+CommWork Comm::point_to_point(const at::Tensor& tensor, int peer, int tag, bool send) {
+  std::string name = std::string(send ? "send(to " : "recv(from ") + std::to_string(peer) + ", tag " +
+                     std::to_string(tag) + ")";
   if (peer < 0 || peer >= size_ || peer == rank_)
     fail(name, "the peer must be another group rank in [0, " + std::to_string(size_) + ")");
   if (!tensor.defined() || !tensor.is_contiguous())
     fail(name, "tensor must be defined and contiguous, got " + describe_tensor(tensor));
   return issue(name, tensor, [&] {
     std::vector<at::Tensor> tensors = {tensor};
-    return backend_->recv(tensors, peer, tag);
+    return send ? backend_->send(tensors, peer, tag) : backend_->recv(tensors, peer, tag);
   }, -1, /*p2p=*/true);
 }
 

@@ -195,6 +195,7 @@ class Comm {
   template <typename Launch>
   CommWork issue(std::string op, const at::Tensor& tensor, Launch&& launch, int64_t link_bytes = -1,
                  bool p2p = false);
+  CommWork point_to_point(const at::Tensor& tensor, int peer, int tag, bool send);
   [[noreturn]] void fail(const std::string& what, const std::string& reason) const;
   std::string where() const;
   std::string describe_tensor(const at::Tensor& t) const;

@@ -28,6 +28,7 @@
 #include "trainer/checkpoint/safetensors.h"
 #include "trainer/checkpoint/weights_check.h"
 #include "trainer/config/agreement.h"
+#include "trainer/config/pipeline_keys.h"
 #include "trainer/converters.h"
 #include "trainer/determinism.h"
 #include "trainer/observe/memory.h"
@@ -74,22 +75,7 @@ parallel::ParallelDims parallel_dims(const config::JobConfig& cfg, int world_siz
 
 std::optional<parallel::PipelinePlan> pipeline_plan(const config::JobConfig& cfg, const parallel::ParallelDims& dims) {
   if (dims.pp <= 1) return std::nullopt;
-  const auto& p = cfg.parallelism;
-  parallel::PipelineConfig pc;
-  pc.schedule = p.pipeline_parallel_schedule;
-  pc.schedule_csv = p.pipeline_parallel_schedule_csv;
-  pc.microbatch_size = p.pipeline_parallel_microbatch_size;
-  pc.num_microbatches = p.num_pp_microbatches;
-  pc.layers_per_stage = p.pipeline_parallel_layers_per_stage;
-  pc.first_stage_less_layers = p.pipeline_parallel_first_stage_less_layers;
-  pc.last_stage_less_layers = p.pipeline_parallel_last_stage_less_layers;
-  pc.split_points = p.pipeline_parallel_split_points;
-  for (const std::string& stage : p.module_fqns_per_model_part) {  // "tok_embeddings layers.0"
-    std::vector<std::string> modules;
-    std::istringstream words(stage);
-    for (std::string m; words >> m;) modules.push_back(m);
-    pc.module_fqns.push_back(modules);
-  }
+  const parallel::PipelineConfig pc = config::pipeline_config(cfg);
   try {
     const int64_t n_layers = model::llama3_flavor(cfg.model.flavor).n_layers;
     return parallel::plan_pipeline(pc, dims.pp, n_layers, cfg.training.local_batch_size);

@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <sstream>
 #include <stdexcept>
 
 #include "data/tokenizer.h"
 #include "float8/recipe.h"
+#include "trainer/config/pipeline_keys.h"
 #include "trainer/observe/memory.h"
 
 namespace titan::trainer::observe {
@@ -88,6 +90,78 @@ std::string gib(double bytes) {
   return buf;
 }
 
+// Note [Pipeline memory]: a pp rank holds its stages' parameters (the embedding on the first
+// stage, norm + output on the last) with their gradients and AdamW state, FSDP-sharded as
+// without pp; under FSDP every group of its stages stays gathered for the whole step and their
+// unsharded gradients accumulate until the step's one reduce-scatter (Note [Pipeline execution]).
+// Activations: each micro-batch a stage has run forward but not yet backward (B, or W after a
+// split I) keeps that stage's saved activations for micro-batch-sized tokens; the rank's order is
+// replayed and the largest sum, plus the transients of the backward running at that moment, is
+// the peak. So 1F1B holds at most (p - stage) micro-batches and GPipe all m.
+MemoryEstimate estimate_pipeline_rank(const EstimateInputs& in, const BlockTerms& bt) {
+  const auto& a = in.args;
+  const parallel::PipelinePlan& plan = *in.pipeline;
+  const model::ParamCount pc = model::count_params(a);
+  const double e = static_cast<double>(in.compute_bytes), tp = static_cast<double>(in.tp);
+  const double shard = static_cast<double>(in.dp_shard) * tp;
+  const double d = static_cast<double>(a.dim), vocab = static_cast<double>(a.vocab_size);
+  const double tokens = static_cast<double>(plan.microbatch_rows) * static_cast<double>(in.seq_len);
+  const std::vector<int> stages = plan.stages_of(in.pp_rank);
+  double params = 0;
+  std::map<int, double> saved;      // per stage: bytes one micro-batch keeps
+  std::map<int, double> transient;  // per stage: what its backward adds while it runs
+  const double full_block = sum_terms(bt.full) * tokens;
+  for (int s : stages) {
+    const model::ModelPart& part = plan.stage_parts[static_cast<size_t>(s)];
+    double keep = 0;
+    for (int64_t i = part.first_layer; i < part.end_layer; ++i) {
+      params += static_cast<double>(pc.per_layer);
+      keep += !parallel::block_is_checkpointed(in.ac, i) ? full_block
+              : (in.ac.mode == parallel::AcMode::kSelectiveOp ? bt.kept_op : bt.input) * tokens;
+    }
+    double back = bt.backward_transient * tokens + tokens * d * e;
+    if (part.embedding) params += static_cast<double>(pc.embedding);
+    if (part.head) {
+      params += d * vocab + d;
+      keep += tokens * (d * e * (1 + kNormSaved) + vocab / tp * 4);
+      back = std::max(back, tokens * (2 * vocab / tp * 4 + (in.compute_bytes != 4 ? vocab / tp * e : 0)));
+    }
+    if (!part.embedding) keep += tokens * d * e / tp;  // the received hidden states (a leaf)
+    saved[s] = keep;
+    transient[s] = back;
+  }
+  double live = 0, peak_acts = 0;
+  for (const auto& slot : plan.order[static_cast<size_t>(in.pp_rank)]) {
+    if (!slot) continue;
+    const parallel::Action& act = *slot;
+    if (act.type == parallel::ActionType::kForward) {
+      live += saved[act.stage];
+      peak_acts = std::max(peak_acts, live);
+    } else if (act.type == parallel::ActionType::kBackwardWeight) {
+      peak_acts = std::max(peak_acts, live + transient[act.stage]);
+      live -= saved[act.stage];
+    } else {
+      peak_acts = std::max(peak_acts, live + transient[act.stage]);
+      if (act.type == parallel::ActionType::kBackward) live -= saved[act.stage];
+    }
+  }
+  MemoryEstimate est;
+  const double masters = params * 4 / shard;
+  est.parameters = static_cast<int64_t>(masters + ((in.compute_bytes != 4 && in.dp_shard == 1) ? params * e / tp : 0));
+  est.optimizer_state = static_cast<int64_t>(params * 8 / shard);
+  est.gradients = static_cast<int64_t>(params * 4 / shard);
+  // FSDP: the stages' gathered parameters and their unsharded gradients, all step long.
+  est.communication = static_cast<int64_t>(in.dp_shard > 1 ? params * e / tp + params * 4 / tp : 0) +
+                      static_cast<int64_t>(in.tp > 1 ? 2 * tokens * d * e : 0);
+  est.activations = static_cast<int64_t>(peak_acts);
+  est.total = est.parameters + est.optimizer_state + est.gradients + est.communication + est.activations;
+  est.peak_phase = "pp rank " + std::to_string(in.pp_rank) + ": the most micro-batches in flight on its stages";
+  for (int s : stages)
+    est.activation_detail.push_back({"stage " + std::to_string(s) + ", one micro-batch in flight",
+                                     static_cast<int64_t>(saved[s])});
+  return est;
+}
+
 }  // namespace
 
 MemoryEstimate estimate_memory(const EstimateInputs& in) {
@@ -131,6 +205,7 @@ MemoryEstimate estimate_memory(const EstimateInputs& in) {
   if (in.tp > 1) comm += 2 * tokens * d * e;
 
   const BlockTerms bt = block_terms(in);
+  if (in.pipeline) return estimate_pipeline_rank(in, bt);
   const double full_block = sum_terms(bt.full) * tokens;
   auto saved = [&](int64_t layer) {
     if (!parallel::block_is_checkpointed(in.ac, layer)) return full_block;
@@ -250,9 +325,13 @@ EstimateInputs estimate_inputs_from_config(const config::JobConfig& cfg) {
   const int64_t world = ws ? std::max<int64_t>(1, std::atoll(ws)) : 1;
   in.tp = cfg.parallelism.tensor_parallel_degree;
   const int64_t replicate = cfg.parallelism.data_parallel_replicate_degree;
+  const int64_t pp = cfg.parallelism.pipeline_parallel_degree;
   in.dp_shard = cfg.parallelism.data_parallel_shard_degree > 0
                     ? cfg.parallelism.data_parallel_shard_degree
-                    : std::max<int64_t>(1, world / (replicate * in.tp));
+                    : std::max<int64_t>(1, world / (replicate * in.tp * pp * cfg.parallelism.context_parallel_degree));
+  if (pp > 1)
+    in.pipeline = parallel::plan_pipeline(config::pipeline_config(cfg), static_cast<int>(pp), in.args.n_layers,
+                                          cfg.training.local_batch_size);
   const int64_t dp = in.dp_shard * replicate;
   const int64_t global = cfg.training.global_batch_size > 0 ? cfg.training.global_batch_size
                                                             : cfg.training.local_batch_size * dp;
@@ -283,7 +362,11 @@ std::string format_memory_estimate(const EstimateInputs& in, const MemoryEstimat
      << parallel::describe_ac(in.ac) << "; float8 "
      << (in.float8_recipe.empty() ? std::string("off") : in.float8_recipe)
      << (in.float8_all_gather && in.dp_shard > 1 ? " (float8 all-gather)" : "") << "; FSDP " << in.dp_shard
-     << " x TP " << in.tp << "\n";
+     << " x TP " << in.tp;
+  if (in.pipeline)
+    os << " x PP " << in.pipeline->pp << " (" << in.pipeline->schedule_name << ", pp rank " << in.pp_rank << ", "
+       << in.pipeline->microbatches << " micro-batches of " << in.pipeline->microbatch_rows << " rows)";
+  os << "\n";
   os << "  parameters       " << gib(e.parameters) << "\n"
      << "  gradients        " << gib(e.gradients) << "   (at the peak)\n"
      << "  optimizer state  " << gib(e.optimizer_state) << "\n"

@@ -9,12 +9,14 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "model/args.h"
 #include "parallel/activation_checkpoint.h"
+#include "parallel/pipeline_plan.h"
 #include "trainer/config/job_config.h"
 
 namespace titan::trainer::observe {
@@ -31,6 +33,10 @@ struct EstimateInputs {
   bool float8_tp_input_all_gather = false;  // tensorwise + float8.tp_input_all_gather (under TP)
   int64_t dp_shard = 1;           // FSDP degree: parameters/grads/optimizer state sharded
   int64_t tp = 1;                 // tensor (+ sequence) parallel degree
+  // Pipeline parallel: the plan, and which pp rank the estimate is for (See Note [Pipeline
+  // memory] in memory_estimate.cpp). Unset: the rank holds the whole model.
+  std::optional<parallel::PipelinePlan> pipeline;
+  int pp_rank = 0;
   bool cuda = false;
   int64_t device_capacity = 0;    // bytes; 0 = unknown
   std::string device_name = "cpu";
