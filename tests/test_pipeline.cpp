@@ -38,12 +38,14 @@ std::string pp_args(int pp, const std::string& schedule) {
 }
 
 // The runs whose losses must equal the reference's exactly (See the note at the top).
-void check_bitwise_pp(const std::string& name, int nproc, const std::string& overrides) {
+// `shared`: overrides the reference runs too (a low-precision recipe).
+void check_bitwise_pp(const std::string& name, int nproc, const std::string& overrides,
+                      const std::string& shared = "") {
   Tolerance exact;
   exact.loss = 0;
   exact.first_loss = 0;
   exact.grad_norm = 1e-12;
-  check_layout(name, nproc, overrides, 8, "", exact);
+  check_layout(name, nproc, overrides, 8, shared, exact);
 }
 
 }  // namespace
@@ -79,6 +81,34 @@ TEST_CASE("PP 2 composes with FSDP and TP and async TP and activation checkpoint
                                          " --parallelism.enable_async_tensor_parallel");
   // Under AC the zero-bubble I runs the whole backward: still exact.
   check_bitwise_pp("pp2_zbv_full_ac", 2, pp_args(2, "ZBVZeroBubble") + " --activation_checkpoint.mode full");
+  check_layout("pp2_hsdp2x2", 8, pp_args(2, "1F1B") + " --parallelism.data_parallel_replicate_degree 2"
+                                   " --parallelism.data_parallel_shard_degree 2 --training.local_batch_size 2"
+                                   " --parallelism.pipeline_parallel_microbatch_size 1");
+  // int8 and delayed float8 scaling (one amax-history update per step, over all ranks): exact too.
+  check_bitwise_pp("pp2_int8", 2, pp_args(2, "1F1B"), "--int8.enable_int8_linear");
+  check_bitwise_pp("pp2_float8_delayed", 2, pp_args(2, "Interleaved1F1B"),
+                   "--float8.enable_float8_linear --float8.recipe_name tensorwise_delayed");
+}
+
+TEST_CASE("the weights exported from a pipelined run are the single-process run's", "[parallel][dist][pipeline]") {
+  // Each parameter is gathered on its stage and broadcast over pp to rank 0; after 3 identical
+  // steps the files hold the same bytes.
+  std::string exported[2];
+  for (int pp : {1, 2}) {
+    const fs::path dump = root() / ("pp_export_" + std::to_string(pp));
+    const std::string path = (dump / "weights.safetensors").string();
+    const std::string args = train_args(dump, 8, 3) + " --checkpoint.export_path " + path;
+    const Run r = pp == 1 ? run_job(std::string(TITAN_TRAIN_PATH) + " " + args, dump.string() + ".log")
+                          : run_job(std::string(TITAN_RUN_PATH) + " --nproc-per-node 2 -- " + TITAN_TRAIN_PATH + " " +
+                                        args + " " + pp_args(2, "ZBVZeroBubble"),
+                                    dump.string() + ".log");
+    INFO(r.log);
+    REQUIRE(r.exit_code == 0);
+    std::ifstream in(path, std::ios::binary);
+    exported[pp - 1].assign(std::istreambuf_iterator<char>(in), {});
+  }
+  CHECK(exported[0].size() > 1000000);
+  CHECK(exported[0] == exported[1]);
 }
 
 TEST_CASE("PP 2 x FSDP 2 x TP 2 with float8 rowwise and per-op AC reproduces the float8 run",
