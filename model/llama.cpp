@@ -236,7 +236,8 @@ void Llama::set_embedding_compute(std::string name, EmbeddingCompute compute) {
   embedding_compute_ = std::move(compute);
 }
 
-std::vector<std::string> Llama::describe() const {
+std::vector<std::string> Llama::describe(const std::function<bool(const std::string& module)>& holds) const {
+  auto held = [&](const std::string& module) { return !holds || holds(module); };
   // (line with the layer number replaced by '#', layer ids) in first-seen order.
   std::vector<std::pair<std::string, std::vector<int64_t>>> lines;
   auto add = [&](int64_t layer, const std::string& line) {
@@ -246,8 +247,9 @@ std::vector<std::string> Llama::describe() const {
   };
   std::string embedding = "tok_embeddings: " + embedding_compute_name_;
   if (!embedding_wrappers_.empty()) embedding += " > " + chain(embedding_wrappers_);
-  add(-1, embedding);
+  if (held("tok_embeddings")) add(-1, embedding);
   for (const auto& layer : layers_) {
+    if (!held("layers." + std::to_string(layer->layer_id))) continue;
     const size_t id = static_cast<size_t>(layer->layer_id);
     if (id < block_wrappers_.size() && !block_wrappers_[id].empty())
       add(layer->layer_id, "layers.#: " + chain(block_wrappers_[id]));
@@ -260,7 +262,7 @@ std::vector<std::string> Llama::describe() const {
   }
   std::string head = "output: " + output_.compute()->describe();
   if (!head_wrappers_.empty()) head = "norm+output: " + chain(head_wrappers_) + "; " + head;
-  add(-1, head);
+  if (held("output")) add(-1, head);
   std::vector<std::string> out;
   for (const auto& [line, ids] : lines) {
     const size_t hash = line.find('#');

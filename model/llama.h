@@ -157,7 +157,8 @@ class Llama {
   // log: each linear's compute chain ("layers.3.attention.wq: colwise(float8[rowwise])") and each
   // block's and stage's wrappers, outermost first ("layers.3: fsdp(group 4) > ac(full)"). Lines
   // that differ only in the layer number are merged ("layers.0-5.attention.wq: ...").
-  std::vector<std::string> describe() const;
+  // `holds` (when set) keeps the lines of the modules this rank holds (a pipeline stage's).
+  std::vector<std::string> describe(const std::function<bool(const std::string& module)>& holds = {}) const;
   RMSNorm& norm() { return norm_; }
   Linear& output() { return output_; }
 

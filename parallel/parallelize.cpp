@@ -606,7 +606,8 @@ double ParallelModel::sum_over_dp_cp(double local) {
 std::vector<std::string> ParallelModel::describe() const {
   std::vector<std::string> lines = {"mesh " + mesh_.dims().describe()};
   lines.insert(lines.end(), log_.begin(), log_.end());
-  for (const std::string& line : model_.describe()) lines.push_back("  " + line);
+  for (const std::string& line : model_.describe([this](const std::string& m) { return holds(m); }))
+    lines.push_back("  " + line);
   return lines;
 }
 

@@ -228,9 +228,11 @@ CommWork Comm::issue(std::string op, const at::Tensor& tensor, Launch&& launch, 
   if (!p2p) last_ = record;
   total_bytes_ += record.bytes;
   w.record_ = record;
+  w.p2p_ = p2p;
   w.tensor_desc_ = describe_tensor(tensor);
+  const std::string kind = p2p ? "point-to-point " : "collective ";
   // A named range in profiler traces; memory allocated inside counts as communication buffers.
-  model::NamedScope scope("collective " + w.record_.op, model::MemoryCategory::kCommunication);
+  model::NamedScope scope(kind + w.record_.op, model::MemoryCategory::kCommunication);
   w.start_ = Clock::now();
   if (options_.debug_link_latency_ms > 0 || options_.debug_link_bytes_per_second > 0) {
     const double bytes = static_cast<double>(link_bytes >= 0 ? link_bytes : w.record_.bytes);
@@ -246,7 +248,7 @@ CommWork Comm::issue(std::string op, const at::Tensor& tensor, Launch&& launch, 
   } catch (const std::exception& e) {
     w.work_.reset();
     comm_trace().on_state(w.trace_id_, CollectiveState::kFailed);
-    throw CommError(where() + ": collective " + w.record_.op + " #" + std::to_string(w.record_.seq) + " (" +
+    throw CommError(where() + ": " + kind + w.record_.op + " #" + std::to_string(w.record_.seq) + " (" +
                     std::to_string(w.record_.bytes) + " bytes, " + w.tensor_desc_ +
                     ") could not be issued: " + error_text(e));
   }
@@ -272,6 +274,7 @@ CommWork& CommWork::operator=(CommWork&& other) noexcept {
     tensor_desc_ = std::move(other.tensor_desc_);
     start_ = other.start_;
     trace_id_ = other.trace_id_;
+    p2p_ = other.p2p_;
   }
   return *this;
 }
@@ -300,7 +303,8 @@ void CommWork::wait() {
     const bool timed_out = ms >= comm_->options_.timeout;
     comm_trace().on_state(trace_id_, timed_out ? CollectiveState::kTimedOut : CollectiveState::kFailed);
     std::ostringstream os;
-    os << "collective " << record_.op << " #" << record_.seq << " (" << record_.bytes << " bytes, "
+    os << (p2p_ ? "point-to-point " : "collective ") << record_.op << " #" << record_.seq << " (" << record_.bytes
+       << " bytes, "
        << tensor_desc_ << ") " << (timed_out ? "timed out" : "failed") << " after " << ms.count()
        << " ms (timeout " << comm_->options_.timeout.count() << " ms): " << error_text(e);
     const std::string message = comm_->where() + ": " + os.str();

@@ -89,6 +89,7 @@ class CommWork {
   std::chrono::steady_clock::time_point start_;
   std::chrono::steady_clock::time_point simulated_done_;  // See Note [Simulated link]
   uint64_t trace_id_ = 0;  // its entry in comm_trace() (0: not recorded)
+  bool p2p_ = false;       // a send or receive (See Note [Point-to-point]), not a collective
 };
 
 struct CommOptions {
