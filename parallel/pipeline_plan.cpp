@@ -91,7 +91,8 @@ std::vector<std::string> PipelinePlan::describe() const {
 PipelinePlan plan_pipeline(const PipelineConfig& c, int pp, int64_t n_layers, int64_t local_batch_size) {
   PipelinePlan plan;
   plan.pp = pp;
-  plan.kind = with_context("parallelism.pipeline_parallel_schedule", [&] { return pipeline_schedule_from_name(c.schedule); });
+  plan.kind = with_context("parallelism.pipeline_parallel_schedule",
+                           [&] { return pipeline_schedule_from_name(c.schedule); });
   plan.schedule_name = c.schedule_csv.empty() ? pipeline_schedule_name(plan.kind) : "CSV " + c.schedule_csv;
   // Micro-batches: torchtitan's v0.1 - v0.2 key gives their size, main's their count.
   if (c.num_microbatches > 0) {

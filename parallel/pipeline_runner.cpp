@@ -49,7 +49,6 @@ struct PipelineSchedule::Pass {
   std::map<std::tuple<int, int64_t, bool>, Incoming> incoming;     // (to stage, micro-batch, gradient)
   std::vector<Outgoing> outgoing;
   std::vector<double> losses;  // per micro-batch, on the last stage
-  std::vector<bool> has_loss;
 };
 
 PipelineSchedule::PipelineSchedule(model::Llama& model, ParallelModel& parallel, DeviceMesh& mesh,
@@ -105,7 +104,6 @@ double PipelineSchedule::step(const at::Tensor& inputs, const at::Tensor& labels
     pass.labels = labels.narrow(0, first, pass_rows);
     pass.global_tokens = global_tokens;
     pass.losses.assign(static_cast<size_t>(plan_.microbatches), 0.0);
-    pass.has_loss.assign(static_cast<size_t>(plan_.microbatches), false);
     run_pass(pass);
     // In micro-batch order, as the one-stage schedule adds them: the same double for every split.
     if (last_stage_here)
@@ -122,11 +120,12 @@ double PipelineSchedule::step(const at::Tensor& inputs, const at::Tensor& labels
 }
 
 // Note [Pipeline timeline]: one row of 100 columns spans this rank's last step; each action
-// fills the columns of its time with its type letter (F, B, I, W; lower case for odd micro-batches so
-// neighbours stay apart), '.' is idle (waiting for a neighbour, or the step's final
-// reductions). The measured idle fraction is 1 - (time computing actions, after their inputs arrived) / (step time); the
-// theoretical bubble is the schedule's in the model of equal forward and backward slots:
-// (p - 1) / (m + p - 1) for one stage per rank, (p - 1) / (v m + p - 1) for v stages per rank.
+// fills the columns of its time with its type letter (F, B, I, W; lower case for odd
+// micro-batches so neighbours stay apart), '.' is idle (waiting for a neighbour, or the step's
+// final reductions). The measured idle fraction is 1 - (time computing actions, after their
+// inputs arrived) / (step time); the theoretical bubble is the schedule's in the model of equal
+// forward and backward slots: (p - 1) / (m + p - 1) for one stage per rank, (p - 1) / (v m +
+// p - 1) for v stages per rank.
 std::vector<std::string> PipelineSchedule::timeline() const {
   if (timings_.empty() || step_seconds_ <= 0) return {};
   constexpr int kColumns = 100;
@@ -270,7 +269,6 @@ void PipelineSchedule::forward(Pass& pass, const Action& a) {
   if (part.head) {
     at::Tensor loss = parallel_.loss_sum(out, shard.labels);  // sum over this rank's tokens
     pass.losses[static_cast<size_t>(a.microbatch)] = loss.item<double>();
-    pass.has_loss[static_cast<size_t>(a.microbatch)] = true;
     st.output = loss / pass.global_tokens;  // See Note [Loss scaling]
   } else {
     st.output = out;

@@ -200,11 +200,11 @@ TEST_CASE("impossible pipeline configs end before any process group and name the
 TEST_CASE("a stage that stalls mid-step ends the job naming the stage and the action waited on",
           "[parallel][dist][pipeline]") {
   // Rank 1 (stage 1) sleeps at the start of step 3; rank 0 has sent its activations and waits for
-  // the first gradient back, until comm.train_timeout_seconds.
+  // the first gradient back, until comm.train_timeout_seconds (3 s).
   const fs::path dump = root() / "pp_stall";
   const Run r = run_job(std::string(TITAN_RUN_PATH) + " --nproc-per-node 2 -- " + TITAN_TRAIN_PATH + " " +
                             train_args(dump, 8, 1000) + " " + pp_args(2, "1F1B") +
-                            " --comm.debug_stall_rank 1 --comm.debug_stall_at_step 3 --comm.train_timeout_seconds 5",
+                            " --comm.debug_stall_rank 1 --comm.debug_stall_at_step 3 --comm.train_timeout_seconds 3",
                         dump.string() + ".log");
   INFO(r.log);
   CHECK(r.exit_code == 1);
@@ -212,7 +212,7 @@ TEST_CASE("a stage that stalls mid-step ends the job naming the stage and the ac
                              "micro-batch 0 from stage 1 (pp rank 1) failed") &&
                         Contains("timed out"));
   CHECK_THAT(r.log, Contains("titan-run: FAILED: rank 0"));
-  CHECK(r.seconds < 90);  // 1000 steps would take many minutes; the timeout is 5 s
+  CHECK(r.seconds < 90);  // 1000 steps would take many minutes; the timeout is 3 s
 }
 
 TEST_CASE("the memory estimate follows each pipeline stage: GPipe holds every micro-batch and 1F1B at most p",

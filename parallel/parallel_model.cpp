@@ -1,0 +1,352 @@
+// parallel/parallel_model.cpp — see parallelize.h: ParallelModel, the handle parallelize_llama
+// returns: this rank's masters and where they lie in the full parameters, the loss, gradient
+// reductions and clipping, full parameters for export, float8's post-step work.
+#include "parallel/parallelize.h"
+
+#include <ATen/core/Reduction.h>
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/_foreach_mul.h>
+#include <ATen/ops/_foreach_norm.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/cross_entropy_loss.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/stack.h>
+#include <ATen/ops/tensor.h>
+#include <ATen/ops/zeros.h>
+#include <c10/util/Exception.h>
+
+#include <cmath>
+#include <map>
+#include <sstream>
+#include <stdexcept>
+
+#include "float8/float8_linear.h"
+#include "parallel/tensor_parallel.h"
+
+namespace titan::parallel {
+
+namespace {
+// "layers.3.attention.wq.weight" -> "layers.3"; "norm.weight" -> "norm".
+std::string module_of(const std::string& fqn) {
+  const size_t dot = fqn.find('.');
+  if (fqn.compare(0, 7, "layers.") == 0) return fqn.substr(0, fqn.find('.', 7));
+  return fqn.substr(0, dot);
+}
+}  // namespace
+
+ParallelModel::ParallelModel(model::Llama& model, DeviceMesh& mesh, ParallelOptions options)
+    : model_(model), mesh_(mesh), options_(std::move(options)) {
+  if (options_.pipeline) {
+    for (int s : options_.pipeline->stages_of(mesh_.local_rank(MeshDim::kPp)))
+      held_parts_.push_back(options_.pipeline->stage_parts[static_cast<size_t>(s)]);
+  } else {
+    held_parts_.push_back(model::ModelPart{});
+  }
+  model_.visit_params([&](const std::string& fqn, at::Tensor& slot) {
+    TORCH_CHECK(slot.is_meta(), "parallelize_llama: parameter ", fqn,
+                " is already materialized; build the model on the meta device");
+    all_names_.push_back(fqn);
+    all_shapes_.push_back(slot.sizes().vec());
+    if (!holds(module_of(fqn))) return;  // another pipeline stage's
+    Param p;
+    p.fqn = fqn;
+    p.slot = &slot;
+    p.full_shape = slot.sizes().vec();
+    p.tp_shape = p.full_shape;
+    params_.push_back(std::move(p));
+  });
+}
+
+ParallelModel::~ParallelModel() = default;
+
+bool ParallelModel::holds(const std::string& module) const {
+  for (const auto& part : held_parts_)
+    if (part.holds(module)) return true;
+  return false;
+}
+
+bool ParallelModel::holds_param(const std::string& fqn) const { return holds(module_of(fqn)); }
+
+std::vector<std::string> ParallelModel::all_param_names() const { return all_names_; }
+
+std::vector<int64_t> ParallelModel::full_shape(const std::string& fqn) const {
+  for (size_t i = 0; i < all_names_.size(); ++i)
+    if (all_names_[i] == fqn) return all_shapes_[i];
+  throw std::runtime_error("the model has no parameter '" + fqn + "'");
+}
+
+ParallelModel::Param& ParallelModel::param(const std::string& fqn) {
+  for (auto& p : params_)
+    if (p.fqn == fqn) return p;
+  throw std::runtime_error("the model has no parameter '" + fqn + "'");
+}
+
+void ParallelModel::finalize() {
+  const int tp = mesh_.size(MeshDim::kTp);
+  std::map<std::string, const Param*> by_fqn;
+  for (const auto& p : params_) by_fqn[p.fqn] = &p;
+  if (fsdp_) {
+    names_ = fsdp_->master_fqns();
+    masters_ = fsdp_->masters();
+    TORCH_CHECK(names_.size() == params_.size(), "FSDP groups cover ", names_.size(), " of ",
+                params_.size(), " parameters");
+  } else {
+    for (auto& p : params_) {
+      p.master = at::zeros(p.tp_shape, at::TensorOptions().dtype(at::kFloat).device(options_.device));
+      p.master.requires_grad_(true);
+      names_.push_back(p.fqn);
+      masters_.push_back(p.master);
+    }
+  }
+  for (const auto& name : names_) tp_replicated_.push_back(tp > 1 && by_fqn.at(name)->tp_dim < 0);
+  model_.materialize_buffers(options_.device);
+}
+
+at::Tensor ParallelModel::tp_local(const Param& p, const at::Tensor& full) const {
+  if (p.tp_dim < 0) return full;
+  return padded_chunk(full, p.tp_dim, mesh_.local_rank(MeshDim::kTp), mesh_.size(MeshDim::kTp));
+}
+
+void ParallelModel::load_full(const std::string& fqn, const at::Tensor& full) {
+  at::NoGradGuard no_grad;
+  Param& p = param(fqn);
+  if (full.sizes().vec() != p.full_shape) {
+    std::ostringstream os;
+    os << "parameter '" << fqn << "' has shape " << full.sizes() << " but the model expects "
+       << c10::IntArrayRef(p.full_shape);
+    throw std::runtime_error(os.str());
+  }
+  at::Tensor local = tp_local(p, full.to(at::kFloat));
+  if (fsdp_)
+    fsdp_->load_full(fqn, local);
+  else
+    p.master.copy_(local);
+}
+
+at::Tensor ParallelModel::full_param(const std::string& fqn) {
+  at::NoGradGuard no_grad;
+  if (Comm* pp = mesh_.comm(MeshDim::kPp)) {  // the stage that holds it gathers, then broadcasts
+    const PipelinePlan& plan = *options_.pipeline;
+    int owner = -1;
+    for (int s = 0; s < plan.num_stages() && owner < 0; ++s)
+      if (plan.stage_parts[static_cast<size_t>(s)].holds(module_of(fqn)))
+        owner = plan.stage_rank[static_cast<size_t>(s)];
+    TORCH_CHECK(owner >= 0, "no pipeline stage holds parameter '", fqn, "'");
+    at::Tensor full = owner == pp->rank()
+                          ? local_full_param(fqn)
+                          : at::empty(full_shape(fqn), at::TensorOptions().dtype(at::kFloat).device(options_.device));
+    pp->broadcast(full, owner);
+    return full;
+  }
+  return local_full_param(fqn);
+}
+
+at::Tensor ParallelModel::local_full_param(const std::string& fqn) {
+  size_t i = 0;
+  while (i < names_.size() && names_[i] != fqn) ++i;
+  TORCH_CHECK(i < names_.size(), "the model has no parameter '", fqn, "'");
+  const Param* p = &param(fqn);
+  at::Tensor local = masters_[i].detach().contiguous();
+  if (Comm* shard = fsdp_ ? mesh_.comm(MeshDim::kDpShardCp) : nullptr) {  // [d0p/N, ...] -> [d0, ...]
+    at::Tensor out = at::empty({shard->size() * local.numel()}, local.options());
+    shard->all_gather_into_tensor(out, local.view({-1}));
+    std::vector<int64_t> padded = p->tp_shape;
+    padded[0] = local.size(0) * shard->size();
+    local = out.view(padded).narrow(0, 0, p->tp_shape[0]).contiguous();
+  }
+  if (Comm* tp = p->tp_dim >= 0 ? mesh_.comm(MeshDim::kTp) : nullptr) {  // TP chunks along tp_dim
+    at::Tensor out = at::empty({tp->size() * local.numel()}, local.options());
+    tp->all_gather_into_tensor(out, local.view({-1}));
+    std::vector<int64_t> shape = local.sizes().vec();
+    shape.insert(shape.begin(), tp->size());
+    local = at::cat(out.view(shape).unbind(0), p->tp_dim)
+                .narrow(p->tp_dim, 0, p->full_shape[static_cast<size_t>(p->tp_dim)])
+                .contiguous();
+  }
+  return local;
+}
+
+int64_t ShardRegion::numel() const {
+  int64_t n = 1;
+  for (int64_t l : lengths) n *= l;
+  return n;
+}
+
+at::Tensor region_view(const at::Tensor& local, const ShardRegion& region) {
+  TORCH_CHECK(local.dim() == static_cast<int64_t>(region.lengths.size()), "region_view: ", region.fqn,
+              " has ", region.lengths.size(), " dims, the tensor ", local.dim());
+  at::Tensor view = local;
+  for (size_t d = 0; d < region.lengths.size(); ++d)
+    view = view.narrow(static_cast<int64_t>(d), 0, region.lengths[d]);
+  return view;
+}
+
+std::vector<ShardRegion> ParallelModel::shard_regions() const {
+  const int tp = mesh_.size(MeshDim::kTp), tp_rank = mesh_.local_rank(MeshDim::kTp);
+  const int shards = fsdp_ ? mesh_.size(MeshDim::kDpShardCp) : 1;
+  const int shard_rank = fsdp_ ? mesh_.local_rank(MeshDim::kDpShardCp) : 0;
+  const bool replica0 = mesh_.local_rank(MeshDim::kDpReplicate) == 0;
+  std::vector<ShardRegion> regions;
+  for (const std::string& name : names_) {
+    const Param* p = nullptr;
+    for (const auto& q : params_)
+      if (q.fqn == name) p = &q;
+    ShardRegion r;
+    r.fqn = name;
+    r.global_shape = p->full_shape;
+    r.offsets.assign(p->full_shape.size(), 0);
+    r.lengths = p->full_shape;
+    // TP: chunk tp_rank of the padded dim; its real elements are a prefix.
+    int64_t dim0_real = p->tp_shape[0];  // real rows of the TP-local tensor
+    if (p->tp_dim >= 0) {
+      const auto d = static_cast<size_t>(p->tp_dim);
+      r.offsets[d] = tp_rank * p->tp_shape[d];
+      r.lengths[d] = valid_in_chunk(p->full_shape[d], tp_rank, tp);
+      if (d == 0) dim0_real = r.lengths[0];
+    }
+    // FSDP: dim-0 chunk shard_rank of the TP-local tensor (its padding included).
+    const ShardLayout layout = shard_layout(p->tp_shape[0], shard_rank, shards);
+    const int64_t first = shard_rank * layout.shard_rows;
+    r.offsets[0] += first;
+    r.lengths[0] = std::max<int64_t>(0, std::min(dim0_real, first + layout.shard_rows) - first);
+    r.owner = replica0 && (p->tp_dim >= 0 || tp_rank == 0) && r.numel() > 0;
+    regions.push_back(std::move(r));
+  }
+  return regions;
+}
+
+void ParallelModel::after_load() {
+  if (fsdp_ && options_.float8_precompute_fsdp_scales) fsdp_->precompute_float8_scales();
+  bind_compute_params();
+}
+
+void ParallelModel::init_weights(uint64_t seed) {
+  at::NoGradGuard no_grad;
+  // Each master's real elements are one box of the full parameter (Note [Checkpoint shards]):
+  // only that box is generated (Note [Counter-based init] in model/init_philox.h); the padding
+  // keeps the zeros the masters were allocated with (finalize, Fsdp), which nothing else writes.
+  // HSDP replicas and TP-replicated weights compute the same box independently.
+  const std::vector<ShardRegion> regions = shard_regions();
+  for (size_t i = 0; i < masters_.size(); ++i) {
+    const ShardRegion& region = regions[i];
+    model::fill_init_box(region_view(masters_[i], region), model_.init_spec(region.fqn), seed,
+                         region.fqn, region.global_shape, region.offsets);
+  }
+  if (fsdp_) fsdp_->attach_params();
+  bind_compute_params();
+}
+
+void ParallelModel::bind_compute_params() {
+  if (fsdp_) return;  // FSDP's gathers produce compute-dtype views
+  for (auto& p : params_)
+    *p.slot = options_.compute_dtype == at::kFloat ? p.master : p.master.to(options_.compute_dtype);
+}
+
+at::Tensor ParallelModel::loss_sum(const at::Tensor& logits, const at::Tensor& labels) {
+  Comm* tp = mesh_.comm(MeshDim::kTp);
+  if (tp && options_.loss_parallel)
+    return vocab_parallel_cross_entropy_sum(logits.flatten(0, 1), labels.flatten(),
+                                            model_.args().vocab_size, *tp);
+  return at::cross_entropy_loss(logits.flatten(0, 1).to(at::kFloat), labels.flatten(),
+                                /*weight=*/std::nullopt, at::Reduction::Sum);
+}
+
+void ParallelModel::after_optimizer_step() {
+  if (fsdp_ && options_.float8_precompute_fsdp_scales) fsdp_->precompute_float8_scales();
+  // tensorwise_delayed: every linear's amax history advances once per step, with ONE
+  // all-reduce(max) over all ranks so every replica scales identically.
+  std::function<void(at::Tensor&)> all_reduce_max;
+  if (Comm* world = mesh_.world()) all_reduce_max = [world](at::Tensor& t) { world->all_reduce(t, ReduceOp::kMax); };
+  float8::sync_amax_history(float8::float8_computes(model_.linears()), all_reduce_max);
+}
+
+void ParallelModel::after_backward() {
+  if (fsdp_) fsdp_->finish_backward();
+}
+
+namespace {
+// One all-reduce (sum) over `comm` for a list of gradients: flattened into one buffer.
+void all_reduce_grads(const std::vector<at::Tensor>& grads, Comm& comm) {
+  if (grads.empty()) return;
+  std::vector<at::Tensor> flat;
+  for (const auto& g : grads) flat.push_back(g.reshape({-1}));
+  at::Tensor buffer = at::cat(flat);
+  comm.all_reduce(buffer, ReduceOp::kSum);
+  int64_t offset = 0;
+  for (const auto& g : grads) {
+    g.copy_(buffer.narrow(0, offset, g.numel()).view(g.sizes()));
+    offset += g.numel();
+  }
+}
+}  // namespace
+
+void ParallelModel::reduce_grads() {
+  at::NoGradGuard no_grad;
+  // Sequence-parallel norms see only their sequence shard: their gradients are partial sums.
+  if (Comm* tp = mesh_.comm(MeshDim::kTp)) {
+    std::vector<at::Tensor> grads;
+    for (size_t i = 0; i < masters_.size(); ++i)
+      if (tp_replicated_[i] && masters_[i].grad().defined()) grads.push_back(masters_[i].grad());
+    all_reduce_grads(grads, *tp);
+  }
+  // HSDP / replicated data parallel: replicas sum their (already shard-reduced) gradients.
+  // Once per step after accumulation: the sum is linear, so this equals per-backward reduction.
+  if (Comm* rep = mesh_.comm(MeshDim::kDpReplicate)) {
+    std::vector<at::Tensor> grads;
+    for (const auto& m : masters_)
+      if (m.grad().defined()) grads.push_back(m.grad());
+    all_reduce_grads(grads, *rep);
+  }
+}
+
+double ParallelModel::clip_grad_norm(double max_norm) {
+  // Each gradient element must be counted once over the mesh: FSDP shards and TP shards are
+  // disjoint; HSDP replicas count only on replica 0, TP-replicated weights only on TP rank 0.
+  const bool replica0 = mesh_.local_rank(MeshDim::kDpReplicate) == 0;
+  const bool tp0 = mesh_.local_rank(MeshDim::kTp) == 0;
+  std::vector<at::Tensor> grads;
+  std::vector<bool> counted;
+  for (size_t i = 0; i < masters_.size(); ++i) {
+    if (!masters_[i].grad().defined()) continue;
+    grads.push_back(masters_[i].grad());
+    counted.push_back(replica0 && (!tp_replicated_[i] || tp0));
+  }
+  return parallel::clip_grad_norm(grads, counted, max_norm, mesh_.world());
+}
+
+double clip_grad_norm(const std::vector<at::Tensor>& grads, const std::vector<bool>& counted,
+                      double max_norm, Comm* world) {
+  TORCH_CHECK(grads.size() == counted.size(), "clip_grad_norm: ", grads.size(), " gradients but ",
+              counted.size(), " flags");
+  at::NoGradGuard no_grad;
+  const auto f64 = at::TensorOptions().dtype(at::kDouble);
+  at::Tensor sum_sq = at::zeros({1}, f64.device(grads.empty() ? c10::Device(c10::kCPU) : grads[0].device()));
+  if (!grads.empty()) {
+    std::vector<double> weights(counted.begin(), counted.end());  // 1 or 0: exact products
+    at::Tensor w = at::tensor(weights, f64).to(grads[0].device());
+    sum_sq = (at::stack(at::_foreach_norm(grads, 2)).to(at::kDouble).pow(2) * w).sum().reshape({1});
+  }
+  if (world) world->all_reduce(sum_sq, ReduceOp::kSum);
+  const double total = std::sqrt(sum_sq.item<double>());
+  const double coef = max_norm / (total + 1e-6);
+  if (coef < 1.0 && !grads.empty()) at::_foreach_mul_(grads, coef);
+  return total;
+}
+
+double ParallelModel::sum_over_dp_cp(double local) {
+  Comm* dp = mesh_.comm(MeshDim::kDpCp);
+  if (!dp) return local;
+  at::Tensor t = at::tensor({local}, at::TensorOptions().dtype(at::kDouble)).to(options_.device);
+  dp->all_reduce(t, ReduceOp::kSum);
+  return t.item<double>();
+}
+
+std::vector<std::string> ParallelModel::describe() const {
+  std::vector<std::string> lines = {"mesh " + mesh_.dims().describe()};
+  lines.insert(lines.end(), log_.begin(), log_.end());
+  for (const std::string& line : model_.describe([this](const std::string& m) { return holds(m); }))
+    lines.push_back("  " + line);
+  return lines;
+}
+
+}  // namespace titan::parallel
