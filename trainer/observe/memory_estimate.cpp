@@ -90,6 +90,25 @@ std::string gib(double bytes) {
   return buf;
 }
 
+// Bytes block `layer` keeps from its forward to its backward for `tokens` tokens, by its AC mode.
+double block_saved_bytes(const EstimateInputs& in, const BlockTerms& bt, int64_t layer, double tokens) {
+  if (!parallel::block_is_checkpointed(in.ac, layer)) return sum_terms(bt.full) * tokens;
+  return (in.ac.mode == parallel::AcMode::kSelectiveOp ? bt.kept_op : bt.input) * tokens;
+}
+
+// The head: final norm (x * rstd and the normed output the output projection keeps) and the
+// float32 log-softmax the loss keeps (the logits themselves are freed once it exists); its
+// backward briefly holds two [T, V] float32 gradients (+ the compute-dtype logits grad).
+struct HeadBytes {
+  double saved = 0;     // kept from forward to backward
+  double backward = 0;  // alive during its backward
+};
+HeadBytes head_bytes(const EstimateInputs& in, double tokens) {
+  const double e = static_cast<double>(in.compute_bytes), d = static_cast<double>(in.args.dim);
+  const double vloc = static_cast<double>(in.args.vocab_size) / static_cast<double>(in.tp);
+  return {tokens * (d * e * (1 + kNormSaved) + vloc * 4), tokens * (2 * vloc * 4 + (in.compute_bytes != 4 ? vloc * e : 0))};
+}
+
 // Note [Pipeline memory]: a pp rank holds its stages' parameters (the embedding on the first
 // stage, norm + output on the last) with their gradients and AdamW state, FSDP-sharded as
 // without pp; under FSDP every group of its stages stays gathered for the whole step and their
@@ -110,21 +129,20 @@ MemoryEstimate estimate_pipeline_rank(const EstimateInputs& in, const BlockTerms
   double params = 0;
   std::map<int, double> saved;      // per stage: bytes one micro-batch keeps
   std::map<int, double> transient;  // per stage: what its backward adds while it runs
-  const double full_block = sum_terms(bt.full) * tokens;
+  const HeadBytes head = head_bytes(in, tokens);
   for (int s : stages) {
     const model::ModelPart& part = plan.stage_parts[static_cast<size_t>(s)];
     double keep = 0;
     for (int64_t i = part.first_layer; i < part.end_layer; ++i) {
       params += static_cast<double>(pc.per_layer);
-      keep += !parallel::block_is_checkpointed(in.ac, i) ? full_block
-              : (in.ac.mode == parallel::AcMode::kSelectiveOp ? bt.kept_op : bt.input) * tokens;
+      keep += block_saved_bytes(in, bt, i, tokens);
     }
     double back = bt.backward_transient * tokens + tokens * d * e;
     if (part.embedding) params += static_cast<double>(pc.embedding);
     if (part.head) {
       params += d * vocab + d;
-      keep += tokens * (d * e * (1 + kNormSaved) + vocab / tp * 4);
-      back = std::max(back, tokens * (2 * vocab / tp * 4 + (in.compute_bytes != 4 ? vocab / tp * e : 0)));
+      keep += head.saved;
+      back = std::max(back, head.backward);
     }
     if (!part.embedding) keep += tokens * d * e / tp;  // the received hidden states (a leaf)
     saved[s] = keep;
@@ -207,19 +225,12 @@ MemoryEstimate estimate_memory(const EstimateInputs& in) {
   const BlockTerms bt = block_terms(in);
   if (in.pipeline) return estimate_pipeline_rank(in, bt);
   const double full_block = sum_terms(bt.full) * tokens;
-  auto saved = [&](int64_t layer) {
-    if (!parallel::block_is_checkpointed(in.ac, layer)) return full_block;
-    return (in.ac.mode == parallel::AcMode::kSelectiveOp ? bt.kept_op : bt.input) * tokens;
-  };
+  auto saved = [&](int64_t layer) { return block_saved_bytes(in, bt, layer, tokens); };
   double acts_all = 0;
   for (int64_t i = 0; i < a.n_layers; ++i) acts_all += saved(i);
 
-  // The head: final norm (x * rstd and the normed output the output projection keeps) and the
-  // float32 log-softmax the loss keeps (the logits themselves are freed once it exists); its
-  // backward briefly holds two [T, V] float32 gradients (+ the compute-dtype logits grad).
-  const double vloc = vocab / tp;
-  const double head_fwd = tokens * (d * e * (1 + kNormSaved) + vloc * 4);
-  const double head_bwd = tokens * (2 * vloc * 4 + (in.compute_bytes != 4 ? vloc * e : 0));
+  const HeadBytes head = head_bytes(in, tokens);
+  const double head_fwd = head.saved, head_bwd = head.backward;
   // float8: the 1-byte data of both operands of the largest linear coexist (the high-precision
   // x and W are what the linear saves, as without float8). Casts make no operand-sized
   // temporaries: on the CPU they run in 64 Ki-element slices (Note [Chunked CPU casts]) and the
