@@ -95,8 +95,9 @@ at::Tensor Attention::forward(const at::Tensor& x_in, const RotaryTable& rope) c
   q = apply_rotary(q, rope).transpose(1, 2);                      // [B, H, S, hd]
   k = apply_rotary(k, rope).transpose(1, 2);
   v = v.transpose(1, 2);
-  // Causal SDPA through the op layer, so per-op selective AC can keep its output.
-  at::Tensor out = attention_op(q, k, v);  // [B, H, S, hd]
+  // Causal SDPA through the op layer, so per-op selective AC can keep its output; under context
+  // parallelism, attention over the whole sequence with keys and values from the other ranks.
+  at::Tensor out = sdpa ? sdpa(q, k, v) : attention_op(q, k, v);  // [B, H, S, hd]
   return wo.forward(out.transpose(1, 2).reshape({batch, seq, -1}));  // [B, S, D]
 }
 
@@ -259,6 +260,7 @@ std::vector<std::string> Llama::describe(const std::function<bool(const std::str
       const std::string& fqn = l->fqn();
       add(layer->layer_id, "layers.#" + fqn.substr(fqn.find('.', 7)) + ": " + l->compute()->describe());
     }
+    if (!a.sdpa_name.empty()) add(layer->layer_id, "layers.#.attention.sdpa: " + a.sdpa_name);
   }
   std::string head = "output: " + output_.compute()->describe();
   if (!head_wrappers_.empty()) head = "norm+output: " + chain(head_wrappers_) + "; " + head;

@@ -52,6 +52,11 @@ at::Tensor apply_rotary(const at::Tensor& x, const RotaryTable& table);
 // already cast to float8 (See Note [Linear operands as data] in model/linear.h).
 using ModuleInputHook = std::function<LinearOperand(const at::Tensor& x)>;
 
+// Causal attention of the positions this rank holds: q [B, H, S, hd], k/v [B, KV, S, hd] ->
+// [B, H, S, hd]. Context parallelism installs one that exchanges keys and values with the other
+// ranks of its group (parallel/context_parallel.h); empty: attention_op over the local sequence.
+using AttentionCompute = std::function<at::Tensor(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v)>;
+
 struct Attention {
   Attention(const std::string& prefix, const ModelArgs& args);
   at::Tensor forward(const at::Tensor& x, const RotaryTable& rope) const;  // [B, S, D]
@@ -60,6 +65,8 @@ struct Attention {
   int64_t n_heads, n_kv_heads, head_dim;
   Linear wq, wk, wv, wo;  // wq [H*hd, D], wk/wv [KV*hd, D], wo [D, H*hd]
   ModuleInputHook prepare_input;  // empty: identity
+  AttentionCompute sdpa;          // empty: attention_op
+  std::string sdpa_name;          // what describe() prints for it ("ring(cp 2, alltoall)")
 };
 
 struct FeedForward {

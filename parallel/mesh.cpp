@@ -62,9 +62,6 @@ std::string ParallelDims::describe() const {
 
 ParallelDims resolve_parallel_dims(int64_t dp_replicate, int64_t dp_shard, int64_t tp,
                                    int64_t pp, int64_t cp, int world_size) {
-  if (cp > 1)
-    throw std::invalid_argument("parallelism.context_parallel_degree = " + std::to_string(cp) +
-                                " is not supported by titan (only 1)");
   auto product = [&](int64_t shard) {
     std::ostringstream os;
     os << "dp_replicate(" << dp_replicate << ") * dp_shard(" << shard << ") * cp(" << cp << ") * tp(" << tp

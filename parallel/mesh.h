@@ -47,7 +47,6 @@ struct ParallelDims {
 // Resolves data_parallel_shard_degree -1 ("the rest") and checks the product against the world
 // size. Throws std::invalid_argument with the numbers, as torchtitan words it:
 //   "Invalid parallel dims: dp_replicate(2) * dp_shard(2) * cp(1) * tp(2) * pp(1) != WORLD_SIZE(10)".
-// pipeline / context parallel degrees > 1 are rejected as not supported.
 ParallelDims resolve_parallel_dims(int64_t dp_replicate, int64_t dp_shard, int64_t tp,
                                    int64_t pp, int64_t cp, int world_size);
 

@@ -245,8 +245,19 @@ std::unique_ptr<ParallelModel> parallelize_llama(model::Llama& model, DeviceMesh
   // 1. Tensor + sequence parallel first: it decides the local shapes FSDP shards and rebuilds
   //    the float8 computes with their TP sharding.
   if (Comm* tp = mesh.comm(MeshDim::kTp)) {
-    check_tp_degree(model.args(), tp->size(), options.seq_len);
+    check_tp_degree(model.args(), tp->size(), options.seq_len / mesh.size(MeshDim::kCp));
     apply_tp(*pm, *tp);
+  }
+  // 1b. Context parallel: attention exchanges K/V (or heads) over cp; everything else is per token
+  //     and runs on the rank's share of the sequence (See Note [Context parallelism]).
+  if (Comm* cp = mesh.comm(MeshDim::kCp)) {
+    check_cp_degree(model.args(), cp->size(), mesh.size(MeshDim::kTp), options.seq_len, options.cp_rotate_method);
+    apply_cp(model, *cp, options.cp_rotate_method, [&pm](const std::string& m) { return pm->holds(m); });
+    pm->log_.push_back("context parallel " + std::to_string(cp->size()) + ": rank " +
+                       std::to_string(cp->rank()) + " computes sequence chunks " + std::to_string(cp->rank()) +
+                       " and " + std::to_string(2 * cp->size() - 1 - cp->rank()) + " of " +
+                       std::to_string(2 * cp->size()) + "; attention " +
+                       cp_rotate_method_name(options.cp_rotate_method));
   }
   // 2. Activation checkpointing wraps each checkpointed block's forward...
   apply_ac(model, options.ac);

@@ -19,6 +19,7 @@
 
 #include "model/llama.h"
 #include "parallel/activation_checkpoint.h"
+#include "parallel/context_parallel.h"
 #include "parallel/fsdp.h"
 #include "parallel/mesh.h"
 #include "parallel/pipeline_plan.h"
@@ -51,6 +52,9 @@ struct ParallelOptions {
   // Pipeline parallelism (pp > 1): the stages, their ranks and the order (pipeline_plan.h). This
   // rank's model holds only its stages' modules; the schedule runs the plan's order.
   std::optional<PipelinePlan> pipeline;
+  // parallelism.context_parallel_rotate_method: how attention exchanges keys and values when cp > 1
+  // (context_parallel.h).
+  CpRotateMethod cp_rotate_method = CpRotateMethod::kAllGather;
 };
 
 // Whether the TP degree divides the heads, kv heads, feed-forward hidden dim and seq_len: throws

@@ -372,6 +372,22 @@ CommWork Comm::reduce_scatter_tensor_async(const at::Tensor& output, const at::T
   });
 }
 
+CommWork Comm::all_to_all_single_async(const at::Tensor& output, const at::Tensor& input) {
+  const char* name = "all_to_all_single";
+  if (!input.defined() || !output.defined() || !input.is_contiguous() || !output.is_contiguous() ||
+      output.scalar_type() != input.scalar_type() || output.numel() != input.numel() ||
+      input.numel() % size_ != 0) {
+    fail(name, "need contiguous tensors of one dtype and equal sizes divisible by " + std::to_string(size_) +
+                   "; got input " + describe_tensor(input) + ", output " + describe_tensor(output));
+  }
+  return issue(name, input, [&] {
+    at::Tensor out = output.view({-1});
+    at::Tensor in = input.view({-1});
+    std::vector<int64_t> equal_splits;  // empty: size_ equal slices
+    return backend_->alltoall_base(out, in, equal_splits, equal_splits);
+  });
+}
+
 CommWork Comm::broadcast_async(const at::Tensor& tensor, int root) {
   std::string name = "broadcast(root " + std::to_string(root) + ")";
   if (root < 0 || root >= size_) {

@@ -152,6 +152,10 @@ class Comm {
   // output [N] = sum over ranks of input[rank * N : (rank + 1) * N]. SUM only: Gloo rejects
   // AVG, so averaging callers divide afterwards. (Gloo emulates this with a full all-reduce.)
   CommWork reduce_scatter_tensor_async(const at::Tensor& output, const at::Tensor& input);
+  // output = the rank-th slice of every rank's input, in rank order: input and output [size * N]
+  // (flat views, equal slices), slice j of the input goes to rank j, slice j of the output came
+  // from rank j (c10d's all_to_all_single with equal splits).
+  CommWork all_to_all_single_async(const at::Tensor& output, const at::Tensor& input);
   // In place: every rank's tensor = root's tensor (root is a group rank).
   CommWork broadcast_async(const at::Tensor& tensor, int root);
   CommWork barrier_async();

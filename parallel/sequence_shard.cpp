@@ -4,6 +4,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "parallel/context_parallel.h"
 #include "parallel/mesh.h"
 
 namespace titan::parallel {
@@ -14,9 +15,10 @@ SequenceShard shard_sequence(const DeviceMesh& mesh, const at::Tensor& inputs, c
   if (seq_len > rope.cos.size(0))
     throw std::invalid_argument("sequence length " + std::to_string(seq_len) + " exceeds the RoPE table (" +
                                 std::to_string(rope.cos.size(0)) + " positions = model max_seq_len)");
-  // cp = 1 (resolve_parallel_dims refuses more): every position on every rank.
-  (void)mesh;
-  return {inputs, labels, {rope.cos.narrow(0, 0, seq_len), rope.sin.narrow(0, 0, seq_len)}};
+  // Load-balanced chunks i and 2cp-1-i of everything indexed by position (identity at cp 1).
+  const int cp = mesh.size(MeshDim::kCp), rank = mesh.local_rank(MeshDim::kCp);
+  return {cp_shard(inputs, 1, cp, rank), cp_shard(labels, 1, cp, rank),
+          {cp_shard(rope.cos.narrow(0, 0, seq_len), 0, cp, rank), cp_shard(rope.sin.narrow(0, 0, seq_len), 0, cp, rank)}};
 }
 
 }  // namespace titan::parallel

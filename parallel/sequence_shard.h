@@ -3,10 +3,10 @@
 // Note [Sequence split]: the sequence is a dimension the plan may shard. Everything indexed by
 // position is split here, in one function, the same way: the input tokens and the labels
 // (dim 1 of [b, S]) and the RoPE table (dim 0 of [S, head_dim / 2]), so each token keeps its own
-// position whatever rank computes it. Today every rank computes the whole sequence (no context
-// parallelism: the identity). Context parallelism changes this function (rank i of cp keeping the
-// load-balanced chunks i and 2 cp - 1 - i) and the attention op; the step and the model do not
-// change. (Sequence parallelism under TP is another matter: it shards activations between the
+// position whatever rank computes it. Without context parallelism every rank computes the whole
+// sequence (the identity); with it, rank i of cp keeps the load-balanced chunks i and 2 cp - 1 - i
+// of 2 cp (See Note [Context parallelism] in context_parallel.h), and only attention, which mixes
+// positions, exchanges anything; the step and the model do not change. (Sequence parallelism under TP is another matter: it shards activations between the
 // blocks' matmuls inside the TP group, and attention still sees every position.)
 #pragma once
 

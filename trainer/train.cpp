@@ -84,6 +84,17 @@ std::optional<parallel::PipelinePlan> pipeline_plan(const config::JobConfig& cfg
   }
 }
 
+parallel::CpRotateMethod context_parallel_method(const config::JobConfig& cfg, const parallel::ParallelDims& dims) {
+  try {
+    const parallel::CpRotateMethod method =
+        parallel::cp_rotate_method_from_name(cfg.parallelism.context_parallel_rotate_method);
+    parallel::check_cp_degree(model::llama3_flavor(cfg.model.flavor), dims.cp, dims.tp, cfg.training.seq_len, method);
+    return method;
+  } catch (const std::invalid_argument& e) {
+    throw config::ConfigError(e.what());
+  }
+}
+
 int64_t global_batch_size(const config::JobConfig& cfg, const parallel::ParallelDims& dims) {
   const auto& t = cfg.training;
   const int64_t dp_degree = dims.dp();
@@ -118,7 +129,9 @@ parallel::ParallelOptions parallel_options(const config::JobConfig& cfg, const m
   try {
     popt.ac = parallel::parse_ac_options(cfg.activation_checkpoint.mode,
                                          cfg.activation_checkpoint.selective_ac_option);
-    if (tp_degree > 1) parallel::check_tp_degree(args, tp_degree, cfg.training.seq_len);
+    popt.cp_rotate_method = context_parallel_method(cfg, dims);
+    // Under context parallelism the sequence-parallel share is checked with the cp split.
+    if (tp_degree > 1) parallel::check_tp_degree(args, tp_degree, dims.cp > 1 ? 0 : cfg.training.seq_len);
   } catch (const std::invalid_argument& e) {
     throw config::ConfigError(e.what());
   }
@@ -374,7 +387,8 @@ void Trainer::init_mesh() {
   }
   faults_ = std::make_unique<FaultInjection>(cfg_.comm, world_.rank, world_.world_size);
   const parallel::ParallelDims dims = parallel_dims(cfg_, world_.world_size);
-  pipeline_plan(cfg_, dims);  // a config error now, before any rank connects
+  pipeline_plan(cfg_, dims);  // config errors now, before any rank connects
+  context_parallel_method(cfg_, dims);
   std::unique_ptr<parallel::Comm> world;  // a single process needs none
   if (world_.world_size > 1) {
 #ifdef TITAN_WITH_CUDA

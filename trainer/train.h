@@ -56,6 +56,9 @@ int64_t global_batch_size(const config::JobConfig& cfg, const parallel::Parallel
 // pipeline_parallel_degree > 1, else nullopt; an impossible one is a config error (exit 2). Pure:
 // the trainer checks it before any process group starts.
 std::optional<parallel::PipelinePlan> pipeline_plan(const config::JobConfig& cfg, const parallel::ParallelDims& dims);
+// parallelism.context_parallel_rotate_method, after checking that the context-parallel degree can
+// split this model's sequences (parallel/context_parallel.h); throws ConfigError naming the keys.
+parallel::CpRotateMethod context_parallel_method(const config::JobConfig& cfg, const parallel::ParallelDims& dims);
 
 // The config's parallelism degrees resolved for `world_size` ranks (data_parallel_shard_degree
 // -1 = the rest); an impossible layout is a config error (exit 2) saying why.

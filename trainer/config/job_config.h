@@ -156,7 +156,8 @@ struct ParallelismSection {
   std::vector<std::string> pipeline_parallel_split_points;
   // One item per stage: its module names separated by spaces (TOML: a list of lists).
   std::vector<std::string> module_fqns_per_model_part;
-  int64_t context_parallel_degree = 1;   // > 1 not supported
+  int64_t context_parallel_degree = 1;
+  std::string context_parallel_rotate_method = "allgather";  // allgather|alltoall|titan_ulysses
 };
 
 struct ActivationCheckpointSection {

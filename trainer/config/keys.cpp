@@ -227,7 +227,12 @@ std::vector<SectionSpec> build_table() {
               "The split module by module: one list per stage (on the command line: stages separated "
               "by commas, modules by spaces)."),
           key("context_parallel_degree", &ParallelismSection::context_parallel_degree,
-              "Context parallel degree; only 1 is supported.").count_at_least(1),
+              "Context parallel degree: ranks that split each sequence (load-balanced chunks, ring "
+              "attention; docs/context_parallel.md).").count_at_least(1),
+          key("context_parallel_rotate_method", &ParallelismSection::context_parallel_rotate_method,
+              "How attention exchanges keys and values under context parallelism: allgather (all at once), "
+              "alltoall (passed around the ring), titan_ulysses (titan's own: heads re-sharded by all-to-all).")
+              .one_of({"allgather", "alltoall", "titan_ulysses"}),  // parallel::cp_rotate_method_names()
       }),
       section("checkpoint", &J::checkpoint,
               "Saving and resuming runs; initial and exported weights (docs/checkpoint.md).", {

@@ -15,9 +15,6 @@ namespace {
 
 using Strings = std::vector<std::string>;
 
-constexpr const char* kOnlyWithContextParallel =
-    "it is read only with context parallelism, and titan refuses "
-    "parallelism.context_parallel_degree > 1";
 constexpr const char* kOnlyWithMoE = "it only concerns mixture-of-experts models; Llama 3 is dense";
 constexpr const char* kNoPython = "it configures Python-side machinery titan does not have";
 constexpr const char* kOnlyWithValidation =
@@ -109,10 +106,8 @@ std::vector<Row> rows_of(const std::string& section) {
                      "titan has no JIT; its backward is compiled ahead of time", "v0.1.0, v0.2.0"),
         accepted_any("pipeline_parallel_expert_parallel_overlap", true, kOnlyWithMoE,
                      "v0.2.1+"),
-        accepted_any("context_parallel_rotate_method", "allgather", kOnlyWithContextParallel,
-                     "v0.1.0+"),
-        accepted_any("context_parallel_load_balancer", "headtail", kOnlyWithContextParallel,
-                     "v0.2.2"),
+        accepted_if("context_parallel_load_balancer", "headtail",
+                    "other context-parallel load balancers (titan splits head + tail chunks)", "v0.2.2"),
         accepted_if("expert_parallel_degree", int64_t{1},
                     "expert parallelism (Llama 3 has no experts)", "v0.2.0+"),
         accepted_if("expert_tensor_parallel_degree", int64_t{1},

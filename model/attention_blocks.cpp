@@ -1,0 +1,118 @@
+// model/attention_blocks.cpp — see attention_blocks.h.
+#include "model/attention_blocks.h"
+
+#include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu.h>
+#include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_backward.h>
+#include <ATen/ops/exp.h>
+#include <ATen/ops/logaddexp.h>
+#include <ATen/ops/logsumexp.h>
+#include <ATen/ops/matmul.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/repeat_interleave.h>
+#include <ATen/ops/triu.h>
+#include <c10/util/Exception.h>
+
+#include <cmath>
+#include <limits>
+
+namespace titan::model {
+
+namespace {
+
+bool cpu_flash(const at::Tensor& q) {
+  const auto dt = q.scalar_type();
+  return q.device().is_cpu() && (dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf);
+}
+
+// k/v [B, KV, S, hd] -> [B, H, S, hd]: each kv head repeated for its group of query heads.
+at::Tensor repeat_kv(const at::Tensor& kv, int64_t heads) {
+  return kv.size(1) == heads ? kv : kv.repeat_interleave(heads / kv.size(1), 1);
+}
+
+// The gradient of repeat_kv: [B, H, S, hd] -> [B, KV, S, hd], each group's heads summed.
+at::Tensor sum_kv_groups(const at::Tensor& grad, int64_t kv_heads) {
+  if (grad.size(1) == kv_heads) return grad;
+  const auto s = grad.sizes();
+  return grad.view({s[0], kv_heads, s[1] / kv_heads, s[2], s[3]}).sum(2);
+}
+
+void check_shapes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.sizes() == k.sizes(), "attention block: q [B, H, Sq, hd], k/v [B, KV, Sk, hd] expected, got ",
+              q.sizes(), ", ", k.sizes(), ", ", v.sizes());
+  TORCH_CHECK(q.size(1) % k.size(1) == 0, "attention block: ", q.size(1), " query heads are not a multiple of ",
+              k.size(1), " kv heads");
+  TORCH_CHECK(!causal || q.size(2) == k.size(2), "attention block: a causal block must be square, got ", q.size(2),
+              " queries and ", k.size(2), " keys");
+}
+
+at::ScalarType opmath(const at::Tensor& q) { return q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat; }
+
+// Scores [B, H, Sq, Sk] in opmath, masked above the diagonal when causal.
+at::Tensor scores(const at::Tensor& q, const at::Tensor& k_rep, bool causal) {
+  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
+  at::Tensor s = at::matmul(q.to(opmath(q)), k_rep.to(opmath(q)).transpose(-1, -2)).mul_(scale);
+  if (causal) {
+    const at::Tensor above = at::triu(at::ones({s.size(2), s.size(3)}, s.options().dtype(at::kBool)), 1);
+    s.masked_fill_(above, -std::numeric_limits<double>::infinity());
+  }
+  return s;
+}
+
+}  // namespace
+
+AttentionBlockResult attention_block_forward_math(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                  bool causal) {
+  check_shapes(q, k, v, causal);
+  const at::Tensor s = scores(q, repeat_kv(k, q.size(1)), causal);
+  const at::Tensor lse = at::logsumexp(s, {-1});
+  const at::Tensor p = at::exp(s - lse.unsqueeze(-1));
+  const at::Tensor out = at::matmul(p, repeat_kv(v, q.size(1)).to(opmath(q)));
+  return {out.to(q.scalar_type()), lse.to(at::kFloat).contiguous()};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_block_backward_math(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& out, const at::Tensor& lse, bool causal) {
+  check_shapes(q, k, v, causal);
+  const auto om = opmath(q);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
+  const at::Tensor k_rep = repeat_kv(k, q.size(1)).to(om), v_rep = repeat_kv(v, q.size(1)).to(om);
+  const at::Tensor p = at::exp(scores(q, k_rep, causal) - lse.to(om).unsqueeze(-1));  // [B, H, Sq, Sk]
+  const at::Tensor dout = grad_out.to(om);
+  const at::Tensor dp = at::matmul(dout, v_rep.transpose(-1, -2));
+  const at::Tensor d = (dout * out.to(om)).sum(-1, /*keepdim=*/true);  // rowsum(dout * out)
+  const at::Tensor ds = p * (dp - d);
+  const at::Tensor dq = at::matmul(ds, k_rep).mul_(scale);
+  const at::Tensor dk = at::matmul(ds.transpose(-1, -2), q.to(om)).mul_(scale);
+  const at::Tensor dv = at::matmul(p.transpose(-1, -2), dout);
+  const int64_t kv_heads = k.size(1);
+  return {dq.to(at::kFloat), sum_kv_groups(dk, kv_heads).to(at::kFloat), sum_kv_groups(dv, kv_heads).to(at::kFloat)};
+}
+
+AttentionBlockResult attention_block_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                             bool causal) {
+  if (!cpu_flash(q)) return attention_block_forward_math(q, k, v, causal);
+  check_shapes(q, k, v, causal);
+  auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(q, repeat_kv(k, q.size(1)),
+                                                                    repeat_kv(v, q.size(1)), 0.0, causal);
+  return {out, lse.contiguous()};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_block_backward(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& out, const at::Tensor& lse, bool causal) {
+  if (!cpu_flash(q)) return attention_block_backward_math(grad_out, q, k, v, out, lse, causal);
+  check_shapes(q, k, v, causal);
+  auto [dq, dk, dv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
+      grad_out.contiguous(), q, repeat_kv(k, q.size(1)), repeat_kv(v, q.size(1)), out, lse, 0.0, causal);
+  const int64_t kv_heads = k.size(1);
+  return {dq.to(at::kFloat), sum_kv_groups(dk.to(at::kFloat), kv_heads), sum_kv_groups(dv.to(at::kFloat), kv_heads)};
+}
+
+void merge_attention_block(at::Tensor& acc_out, at::Tensor& acc_lse, const AttentionBlockResult& block) {
+  const at::Tensor lse = at::logaddexp(acc_lse, block.lse);
+  acc_out.mul_(at::exp(acc_lse - lse).unsqueeze(-1)).add_(block.out.to(at::kFloat) * at::exp(block.lse - lse).unsqueeze(-1));
+  acc_lse.copy_(lse);
+}
+
+}  // namespace titan::model
