@@ -92,7 +92,8 @@ TEST_CASE("parallel dims resolve -1 and reject bad products with the numbers", "
   CHECK((d.pp == 2 && d.tp == 2 && d.dp_shard == 2));
   CHECK_THROWS_WITH(tp::resolve_parallel_dims(1, 1, 1, 3, 1, 4),
                     "Invalid parallel dims: dp_replicate(1) * dp_shard(1) * cp(1) * tp(1) * pp(3) != WORLD_SIZE(4)");
-  CHECK_THROWS_WITH(tp::resolve_parallel_dims(1, -1, 1, 1, 2, 2), Contains("context_parallel_degree = 2 is not supported"));
+  const tp::ParallelDims cp2 = tp::resolve_parallel_dims(1, -1, 1, 1, 2, 4);  // dp_shard takes the rest
+  CHECK((cp2.cp == 2 && cp2.dp_shard == 2 && cp2.dp_shard_cp() == 4 && cp2.dp_cp() == 4 && cp2.dp() == 2));
 }
 
 TEST_CASE("mesh coordinates and groups: tp innermost, then dp_shard, then dp_replicate", "[parallel]") {

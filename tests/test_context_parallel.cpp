@@ -1,0 +1,266 @@
+// Context parallelism: the attention kernels by blocks, ring and head-parallel attention of one
+// layer on threads standing in for ranks, and whole runs under titan-run against one process.
+//
+// Tolerances. One attention layer split over ranks computes the same float32 sums in another
+// order: the softmax of each query row is merged from per-block partial results (a rescale by
+// exp(lse_block - lse) per block) and dK/dV are summed over ranks. Outputs and gradients here are
+// O(1) (standard normal inputs), float32's ulp there is ~1.2e-7, and the reorderings over at most
+// 8 blocks of <= 64 keys stay within ~20 ulps: 1e-5 absolute is a margin of ~4x, while a wrong
+// block, mask or chunk order is off by O(0.1). Whole runs use the layout tolerance of
+// tests/layout_check.h (1e-5 relative on loss and grad norm; measured: 1.1e-7 and 3.4e-6).
+#include <catch2/catch.hpp>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/ops/randn.h>
+#include <ATen/ops/scaled_dot_product_attention.h>
+#include <ATen/core/grad_mode.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <chrono>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "model/attention_blocks.h"
+#include "model/checkpoint_ops.h"
+#include "parallel/activation_checkpoint.h"
+#include "parallel/context_parallel.h"
+#include "parallel/cp_attention.h"
+#include "parallel/process_group.h"
+#include "tests/layout_check.h"
+#include "tests/rank_threads.h"
+
+namespace tp = titan::parallel;
+namespace tmod = titan::model;
+using Catch::Matchers::Contains;
+
+namespace {
+
+constexpr double kAbsTol = 1e-5;  // See the file comment
+
+double max_abs_diff(const at::Tensor& a, const at::Tensor& b) {
+  return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
+}
+
+// Reproducible inputs on every thread: the generator is seeded per tensor.
+at::Tensor normal(std::vector<int64_t> shape, uint64_t seed) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  return at::randn(shape, gen, at::TensorOptions().dtype(at::kFloat));
+}
+
+struct Unsplit {
+  at::Tensor out, dq, dk, dv;
+};
+
+// The unsplit causal attention and its gradients (LibTorch's own SDPA autograd).
+Unsplit unsplit_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& dout) {
+  at::Tensor q1 = q.clone().requires_grad_(true), k1 = k.clone().requires_grad_(true), v1 = v.clone().requires_grad_(true);
+  at::Tensor out = at::scaled_dot_product_attention(q1, k1, v1, std::nullopt, 0.0, true, std::nullopt,
+                                                    /*enable_gqa=*/q.size(1) != k.size(1));
+  torch::autograd::backward({out}, {dout});
+  return {out.detach(), q1.grad(), k1.grad(), v1.grad()};
+}
+
+}  // namespace
+
+TEST_CASE("attention blocks merged by their log-sum-exp equal one attention, forward and backward", "[parallel][cp]") {
+  // q [1, 4, 16, 8] against 16 keys of 2 kv heads (GQA), split into keys 0-7 (unmasked for
+  // queries 8-15) and the causal diagonal blocks; the CPU flash kernel and the math form agree.
+  const at::Tensor q = normal({1, 4, 16, 8}, 1), k = normal({1, 2, 16, 8}, 2), v = normal({1, 2, 16, 8}, 3);
+  const at::Tensor dout = normal({1, 4, 16, 8}, 4);
+  const Unsplit want = unsplit_attention(q, k, v, dout);
+  for (bool math : {false, true}) {
+    INFO((math ? "math" : "cpu flash") << " kernels");
+    auto fwd = math ? tmod::attention_block_forward_math : tmod::attention_block_forward;
+    auto bwd = math ? tmod::attention_block_backward_math : tmod::attention_block_backward;
+    const auto whole = fwd(q, k, v, true);
+    CHECK(max_abs_diff(whole.out, want.out) < kAbsTol);
+    // Rows 8-15: the past block (keys 0-7, no mask) merged with the diagonal block (keys 8-15).
+    at::Tensor out = at::zeros({1, 4, 8, 8}), lse = at::full({1, 4, 8}, -INFINITY);
+    const at::Tensor q2 = q.narrow(2, 8, 8);
+    tmod::merge_attention_block(out, lse, fwd(q2, k.narrow(2, 0, 8), v.narrow(2, 0, 8), false));
+    tmod::merge_attention_block(out, lse, fwd(q2, k.narrow(2, 8, 8), v.narrow(2, 8, 8), true));
+    CHECK(max_abs_diff(out, want.out.narrow(2, 8, 8)) < kAbsTol);
+    CHECK(max_abs_diff(lse, whole.lse.narrow(2, 8, 8)) < kAbsTol);
+    // The gradients of the blocks, each from the merged out and lse, add up to the whole's.
+    const at::Tensor d2 = dout.narrow(2, 8, 8), o2 = out.to(at::kFloat);
+    auto [dq_past, dk_past, dv_past] = bwd(d2, q2, k.narrow(2, 0, 8), v.narrow(2, 0, 8), o2, lse, false);
+    auto [dq_diag, dk_diag, dv_diag] = bwd(d2, q2, k.narrow(2, 8, 8), v.narrow(2, 8, 8), o2, lse, true);
+    auto [dq_first, dk_first, dv_first] =
+        bwd(dout.narrow(2, 0, 8), q.narrow(2, 0, 8), k.narrow(2, 0, 8), v.narrow(2, 0, 8),
+            whole.out.narrow(2, 0, 8), whole.lse.narrow(2, 0, 8), true);
+    CHECK(max_abs_diff(dq_past + dq_diag, want.dq.narrow(2, 8, 8)) < kAbsTol);
+    CHECK(max_abs_diff(dq_first, want.dq.narrow(2, 0, 8)) < kAbsTol);
+    CHECK(max_abs_diff(dk_past + dk_first, want.dk.narrow(2, 0, 8)) < kAbsTol);
+    CHECK(max_abs_diff(dv_diag, want.dv.narrow(2, 8, 8)) < kAbsTol);
+  }
+}
+
+TEST_CASE("the load-balanced split gives rank i chunks i and 2cp-1-i", "[parallel][cp]") {
+  CHECK(tp::cp_positions(16, 2, 0) == std::vector<int64_t>{0, 1, 2, 3, 12, 13, 14, 15});
+  CHECK(tp::cp_positions(16, 2, 1) == std::vector<int64_t>{4, 5, 6, 7, 8, 9, 10, 11});
+  CHECK(tp::cp_positions(8, 4, 3) == std::vector<int64_t>{3, 4});
+  const at::Tensor seq = at::arange(16).view({1, 16});
+  CHECK(tp::cp_shard(seq, 1, 4, 1).equal(at::tensor(std::vector<int64_t>{2, 3, 12, 13}).view({1, 4})));
+  CHECK(tp::cp_shard(seq, 1, 1, 0).equal(seq));
+  CHECK_THROWS_WITH(tp::cp_shard(seq, 1, 3, 0), Contains("cannot be cut into 2 x 3 equal chunks"));
+  tmod::ModelArgs args;
+  args.n_heads = 6;
+  CHECK_THROWS_WITH(tp::check_cp_degree(args, 4, 1, 36, tp::CpRotateMethod::kAllGather),
+                    Contains("training.seq_len 36 is not divisible by 2 x parallelism.context_parallel_degree = 8"));
+  CHECK_THROWS_WITH(tp::check_cp_degree(args, 2, 4, 36, tp::CpRotateMethod::kAllToAll),
+                    Contains("18, is not divisible by parallelism.tensor_parallel_degree 4"));
+  CHECK_THROWS_WITH(tp::check_cp_degree(args, 4, 1, 64, tp::CpRotateMethod::kUlysses),
+                    Contains("6 heads (n_heads 6) are not divisible by parallelism.context_parallel_degree 4"));
+  CHECK_NOTHROW(tp::check_cp_degree(args, 2, 1, 64, tp::CpRotateMethod::kUlysses));
+  CHECK_THROWS_WITH(tp::cp_rotate_method_from_name("ring"),
+                    Contains("'ring' (valid: allgather, alltoall, titan_ulysses)"));
+}
+
+TEST_CASE("ring and head-parallel attention over 2 and 4 ranks equal the unsplit attention", "[parallel][cp]") {
+  // Batch 2, 8 query heads, 4 kv heads (GQA), 32 positions, head dim 8.
+  const at::Tensor q = normal({2, 8, 32, 8}, 11), k = normal({2, 4, 32, 8}, 12), v = normal({2, 4, 32, 8}, 13);
+  const at::Tensor dout = normal({2, 8, 32, 8}, 14);
+  const Unsplit want = unsplit_attention(q, k, v, dout);
+  for (int n : {2, 4}) {
+    for (tp::CpRotateMethod method : {tp::CpRotateMethod::kAllGather, tp::CpRotateMethod::kAllToAll,
+                                      tp::CpRotateMethod::kUlysses}) {
+      INFO("cp " << n << ", " << tp::cp_rotate_method_name(method));
+      const auto errors = titan::testing::run_ranks_on_threads(
+          n, std::chrono::seconds(60), [&](int rank, const c10::intrusive_ptr<c10d::Store>& store) {
+            tp::CommOptions options;
+            options.timeout = std::chrono::seconds(60);
+            tp::Comm comm(store, rank, n, "cp_" + std::to_string(n) + "_" + tp::cp_rotate_method_name(method), options);
+            tp::RingTags tags;
+            auto attend = [&](const at::Tensor& a, const at::Tensor& b, const at::Tensor& c) {
+              if (method == tp::CpRotateMethod::kUlysses) return tp::head_parallel_attention(a, b, c, comm);
+              const auto exchange = method == tp::CpRotateMethod::kAllGather ? tp::KvExchange::kAllGather
+                                                                              : tp::KvExchange::kRing;
+              return tp::ring_attention(a, b, c, comm, exchange, tags);
+            };
+            auto share = [&](const at::Tensor& x) { return tp::cp_shard(x, 2, n, rank); };
+            auto expect_close = [&](const at::Tensor& got, const at::Tensor& full, const char* what) {
+              const double d = max_abs_diff(got, share(full));
+              if (!(d < kAbsTol)) {
+                std::ostringstream os;
+                os << what << " differs from the unsplit attention's by " << d;
+                throw std::runtime_error(os.str());
+              }
+            };
+            // Per-op AC's record (no grad) then replay: the replay must exchange nothing and
+            // return the recorded output; its backward then runs the exchange of the backward.
+            tmod::OpCheckpointStore store_ops(tp::selective_ac_save_list());
+            at::Tensor recorded;
+            {
+              at::NoGradGuard no_grad;
+              tmod::OpCheckpointScope record(&store_ops, tmod::OpCheckpointPhase::kRecord);
+              recorded = attend(share(q), share(k), share(v));
+            }
+            const uint64_t collectives = comm.sequence_number(), transfers = comm.p2p_sequence_number();
+            at::Tensor ql = share(q).requires_grad_(true), kl = share(k).requires_grad_(true),
+                       vl = share(v).requires_grad_(true);
+            at::Tensor out;
+            {
+              tmod::OpCheckpointScope replay(&store_ops, tmod::OpCheckpointPhase::kReplay);
+              out = attend(ql, kl, vl);
+            }
+            if (comm.sequence_number() != collectives || comm.p2p_sequence_number() != transfers)
+              throw std::runtime_error("the per-op AC replay communicated");
+            if (!out.equal(recorded)) throw std::runtime_error("the replay's output is not the recorded one");
+            torch::autograd::backward({out}, {share(dout)});
+            expect_close(out, want.out, "output");
+            expect_close(ql.grad(), want.dq, "dq");
+            expect_close(kl.grad(), want.dk, "dk");
+            expect_close(vl.grad(), want.dv, "dv");
+          });
+      for (size_t r = 0; r < errors.size(); ++r)
+        if (!errors[r].empty()) FAIL_CHECK("rank " << r << ": " << errors[r]);
+    }
+  }
+}
+
+// ---------------------------------------------------------------- whole runs
+
+using namespace titan::testing::layout;
+
+namespace {
+
+std::string cp_args(int cp, const std::string& method) {
+  return "--parallelism.context_parallel_degree " + std::to_string(cp) +
+         " --parallelism.context_parallel_rotate_method " + method;
+}
+
+}  // namespace
+
+TEST_CASE("CP 2 and CP 4 with every rotate method reproduce the single-process run", "[parallel][dist][cp]") {
+  // The cp ranks of a group share their batch (dp 1): each accumulates the reference's 4
+  // micro-batches of 2 x 32 tokens, computing 32 / cp positions of each.
+  for (int cp : {2, 4})
+    for (const char* method : {"allgather", "alltoall", "titan_ulysses"})
+      check_layout("cp" + std::to_string(cp) + "_" + method, cp, cp_args(cp, method));
+}
+
+TEST_CASE("CP composes with FSDP and TP and async TP and activation checkpointing and PP", "[parallel][dist][cp]") {
+  // FSDP shards over dp_shard x cp = 4 ranks; the batch splits over dp_shard 2 only.
+  check_layout("cp2_fsdp2", 4, cp_args(2, "alltoall") + " --parallelism.data_parallel_shard_degree 2");
+  // TP shards the heads of each cp rank's 16 positions (sequence parallel: 8 per TP rank).
+  check_layout("cp2_tp2_async", 4,
+               cp_args(2, "titan_ulysses") + " --parallelism.tensor_parallel_degree 2"
+                                             " --parallelism.enable_async_tensor_parallel true");
+  check_layout("cp2_full_ac", 2, cp_args(2, "allgather") + " --activation_checkpoint.mode full");
+  // Two stages of three blocks, each stage's attention a ring over its own cp pair.
+  check_layout("cp2_pp2", 4,
+               cp_args(2, "alltoall") +
+                   " --parallelism.pipeline_parallel_degree 2 --parallelism.data_parallel_shard_degree 1"
+                   " --training.local_batch_size 8 --parallelism.pipeline_parallel_microbatch_size 2"
+                   " --parallelism.pipeline_parallel_schedule 1F1B");
+}
+
+TEST_CASE("CP 2 x FSDP 2 x TP 2 with float8 rowwise and per-op AC reproduces the float8 run", "[parallel][dist][cp]") {
+  // The reference runs the same float8 recipe; rowwise scales are per row of each operand, so the
+  // layouts agree as closely as the float8 layouts without CP (measured there: 2.6e-5 loss,
+  // 1.9e-4 grad norm): the float8 rounding of a value that moved by one float32 ulp can flip.
+  const std::string f8 = "--model.converters float8 --float8.recipe_name rowwise";
+  Tolerance tol;
+  tol.loss = 1e-4;
+  tol.grad_norm = 1e-3;
+  check_layout("cp2_fsdp2_tp2_f8", 8,
+               cp_args(2, "alltoall") +
+                   " --parallelism.data_parallel_shard_degree 2 --parallelism.tensor_parallel_degree 2"
+                   " --activation_checkpoint.mode selective --activation_checkpoint.selective_ac_option op",
+               8, f8, tol);
+}
+
+TEST_CASE("impossible context-parallel configs end before any process group and name the keys",
+          "[parallel][dist][cp]") {
+  struct Bad {
+    const char* what;
+    int nproc;
+    std::string overrides;
+    std::string message;
+  };
+  const std::vector<Bad> rows = {
+      {"a seq_len not divisible by 2 cp", 4, cp_args(4, "alltoall") + " --training.seq_len 36",
+       "training.seq_len 36 is not divisible by 2 x parallelism.context_parallel_degree = 8"},
+      {"titan_ulysses with heads not divisible by cp", 3, cp_args(3, "titan_ulysses") + " --training.seq_len 36",
+       "16 heads (n_heads 16) are not divisible by parallelism.context_parallel_degree 3"},
+      {"a rotate method titan does not have", 2, cp_args(2, "ring"),
+       "parallelism.context_parallel_rotate_method"},
+      {"a load balancer titan does not have", 2, cp_args(2, "alltoall") + " --parallelism.context_parallel_load_balancer ptrr",
+       "parallelism.context_parallel_load_balancer"},
+      {"degrees whose product is not the world size", 2, cp_args(4, "alltoall") + " --parallelism.data_parallel_shard_degree 1",
+       "Invalid parallel dims: dp_replicate(1) * dp_shard(1) * cp(4) * tp(1) * pp(1) != WORLD_SIZE(2)"},
+  };
+  int n = 0;
+  for (const Bad& row : rows) {
+    const fs::path dump = root() / ("cp_bad" + std::to_string(n++));
+    const Run r = run_job("timeout -s KILL 120 " + std::string(TITAN_RUN_PATH) + " --nproc-per-node " +
+                              std::to_string(row.nproc) + " -- " + TITAN_TRAIN_PATH + " " + train_args(dump) + " " +
+                              row.overrides,
+                          dump.string() + ".log");
+    INFO(row.what << ":\n" << r.log);
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.log, Contains(row.message));
+    CHECK_THAT(r.log, !Contains("distributed: "));  // no rank got as far as the process group
+  }
+}
