@@ -117,6 +117,28 @@ HeadBytes head_bytes(const EstimateInputs& in, double tokens) {
 // split I) keeps that stage's saved activations for micro-batch-sized tokens; the rank's order is
 // replayed and the largest sum, plus the transients of the backward running at that moment, is
 // the peak. So 1F1B holds at most (p - stage) micro-batches and GPipe all m.
+// Note [Context parallel memory]: a cp rank keeps every per-token term for its seq_len / cp
+// positions only, and while one attention runs it holds the exchange's buffers on top, per
+// layer in flight (local K/V = 2 x tokens x kv dim x compute bytes):
+//   allgather: every rank's K/V (cp x), in the backward again plus their float32 gradients;
+//   alltoall:  two K/V blocks (the current and the arriving one) and float32 gradient
+//              accumulators (the own, the outgoing and the incoming);
+//   titan_ulysses: q, k, v and the output re-sharded (sent and received copies).
+double context_parallel_buffers(const EstimateInputs& in, double tokens) {
+  if (in.cp <= 1) return 0;
+  const auto& a = in.args;
+  const double e = static_cast<double>(in.compute_bytes), tp = static_cast<double>(in.tp);
+  const double cp = static_cast<double>(in.cp);
+  const double kv = 2 * tokens * static_cast<double>(a.kv_heads() * a.head_dim()) / tp * e;
+  const double q = tokens * static_cast<double>(a.n_heads * a.head_dim()) / tp * e;
+  switch (in.cp_rotate_method) {
+    case parallel::CpRotateMethod::kAllGather: return cp * kv * (1 + 4 / e);
+    case parallel::CpRotateMethod::kAllToAll: return 2 * kv + 3 * kv * 4 / e;
+    case parallel::CpRotateMethod::kUlysses: return 2 * (2 * q + kv);
+  }
+  return 0;
+}
+
 MemoryEstimate estimate_pipeline_rank(const EstimateInputs& in, const BlockTerms& bt) {
   const auto& a = in.args;
   const parallel::PipelinePlan& plan = *in.pipeline;
@@ -124,7 +146,7 @@ MemoryEstimate estimate_pipeline_rank(const EstimateInputs& in, const BlockTerms
   const double e = static_cast<double>(in.compute_bytes), tp = static_cast<double>(in.tp);
   const double shard = static_cast<double>(in.dp_shard) * tp;
   const double d = static_cast<double>(a.dim), vocab = static_cast<double>(a.vocab_size);
-  const double tokens = static_cast<double>(plan.microbatch_rows) * static_cast<double>(in.seq_len);
+  const double tokens = static_cast<double>(plan.microbatch_rows) * static_cast<double>(in.seq_len / in.cp);
   const std::vector<int> stages = plan.stages_of(in.pp_rank);
   double params = 0;
   std::map<int, double> saved;      // per stage: bytes one micro-batch keeps
@@ -170,7 +192,8 @@ MemoryEstimate estimate_pipeline_rank(const EstimateInputs& in, const BlockTerms
   est.gradients = static_cast<int64_t>(params * 4 / shard);
   // FSDP: the stages' gathered parameters and their unsharded gradients, all step long.
   est.communication = static_cast<int64_t>(in.dp_shard > 1 ? params * e / tp + params * 4 / tp : 0) +
-                      static_cast<int64_t>(in.tp > 1 ? 2 * tokens * d * e : 0);
+                      static_cast<int64_t>(in.tp > 1 ? 2 * tokens * d * e : 0) +
+                      static_cast<int64_t>(context_parallel_buffers(in, tokens));
   est.activations = static_cast<int64_t>(peak_acts);
   est.total = est.parameters + est.optimizer_state + est.gradients + est.communication + est.activations;
   est.peak_phase = "pp rank " + std::to_string(in.pp_rank) + ": the most micro-batches in flight on its stages";
@@ -185,12 +208,14 @@ MemoryEstimate estimate_pipeline_rank(const EstimateInputs& in, const BlockTerms
 MemoryEstimate estimate_memory(const EstimateInputs& in) {
   const auto& a = in.args;
   const model::ParamCount pc = model::count_params(a);
-  if (in.local_batch_size < 1 || in.seq_len < 1 || in.grad_accumulation_steps < 1 || in.dp_shard < 1 || in.tp < 1)
+  if (in.local_batch_size < 1 || in.seq_len < 1 || in.grad_accumulation_steps < 1 || in.dp_shard < 1 || in.tp < 1 ||
+      in.cp < 1)
     throw std::invalid_argument("memory estimate: batch size, seq_len, gradient accumulation steps and parallel "
                                 "degrees must be >= 1");
   // In double: local_batch_size x seq_len may exceed int64 (seq_len 2^62); bytes() refuses
   // what does not fit below.
-  const double tokens = static_cast<double>(in.local_batch_size) * static_cast<double>(in.seq_len);
+  // The positions this rank computes: a 1/cp share under context parallelism.
+  const double tokens = static_cast<double>(in.local_batch_size) * static_cast<double>(in.seq_len / in.cp);
   const double e = static_cast<double>(in.compute_bytes);
   const double dp = static_cast<double>(in.dp_shard), tp = static_cast<double>(in.tp);
   const double shard = dp * tp;  // every parameter is split over FSDP and TP ranks
@@ -221,6 +246,7 @@ MemoryEstimate estimate_memory(const EstimateInputs& in) {
     comm += 2 * gathered / tp + block_params * 4 / tp;
   }
   if (in.tp > 1) comm += 2 * tokens * d * e;
+  comm += context_parallel_buffers(in, tokens);  // See Note [Context parallel memory]
 
   const BlockTerms bt = block_terms(in);
   if (in.pipeline) return estimate_pipeline_rank(in, bt);
@@ -337,13 +363,20 @@ EstimateInputs estimate_inputs_from_config(const config::JobConfig& cfg) {
   in.tp = cfg.parallelism.tensor_parallel_degree;
   const int64_t replicate = cfg.parallelism.data_parallel_replicate_degree;
   const int64_t pp = cfg.parallelism.pipeline_parallel_degree;
-  in.dp_shard = cfg.parallelism.data_parallel_shard_degree > 0
-                    ? cfg.parallelism.data_parallel_shard_degree
-                    : std::max<int64_t>(1, world / (replicate * in.tp * pp * cfg.parallelism.context_parallel_degree));
+  in.cp = cfg.parallelism.context_parallel_degree;
+  try {
+    in.cp_rotate_method = parallel::cp_rotate_method_from_name(cfg.parallelism.context_parallel_rotate_method);
+  } catch (const std::invalid_argument&) {
+    // the key table admits only valid names; keep the default for a hand-built config
+  }
+  const int64_t dp_shard = cfg.parallelism.data_parallel_shard_degree > 0
+                               ? cfg.parallelism.data_parallel_shard_degree
+                               : std::max<int64_t>(1, world / (replicate * in.tp * pp * in.cp));
+  in.dp_shard = dp_shard * in.cp;  // FSDP's group: dp_shard x cp
   if (pp > 1)
     in.pipeline = parallel::plan_pipeline(config::pipeline_config(cfg), static_cast<int>(pp), in.args.n_layers,
                                           cfg.training.local_batch_size);
-  const int64_t dp = in.dp_shard * replicate;
+  const int64_t dp = dp_shard * replicate;  // the batch splits over dp only, not cp
   const int64_t global = cfg.training.global_batch_size > 0 ? cfg.training.global_batch_size
                                                             : cfg.training.local_batch_size * dp;
   in.grad_accumulation_steps = std::max<int64_t>(1, global / (cfg.training.local_batch_size * dp));
@@ -374,6 +407,7 @@ std::string format_memory_estimate(const EstimateInputs& in, const MemoryEstimat
      << (in.float8_recipe.empty() ? std::string("off") : in.float8_recipe)
      << (in.float8_all_gather && in.dp_shard > 1 ? " (float8 all-gather)" : "") << "; FSDP " << in.dp_shard
      << " x TP " << in.tp;
+  if (in.cp > 1) os << " x CP " << in.cp << " (" << parallel::cp_rotate_method_name(in.cp_rotate_method) << ")";
   if (in.pipeline)
     os << " x PP " << in.pipeline->pp << " (" << in.pipeline->schedule_name << ", pp rank " << in.pp_rank << ", "
        << in.pipeline->microbatches << " micro-batches of " << in.pipeline->microbatch_rows << " rows)";

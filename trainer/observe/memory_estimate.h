@@ -16,6 +16,7 @@
 
 #include "model/args.h"
 #include "parallel/activation_checkpoint.h"
+#include "parallel/context_parallel.h"
 #include "parallel/pipeline_plan.h"
 #include "trainer/config/job_config.h"
 
@@ -33,6 +34,11 @@ struct EstimateInputs {
   bool float8_tp_input_all_gather = false;  // tensorwise + float8.tp_input_all_gather (under TP)
   int64_t dp_shard = 1;           // FSDP degree: parameters/grads/optimizer state sharded
   int64_t tp = 1;                 // tensor (+ sequence) parallel degree
+  // Context parallel: each rank computes seq_len / cp positions of every sequence (activations
+  // fall ~1/cp) and holds the exchange's K/V buffers. dp_shard above already includes cp (FSDP
+  // shards over dp_shard x cp).
+  int64_t cp = 1;
+  parallel::CpRotateMethod cp_rotate_method = parallel::CpRotateMethod::kAllGather;
   // Pipeline parallel: the plan, and which pp rank the estimate is for (See Note [Pipeline
   // memory] in memory_estimate.cpp). Unset: the rank holds the whole model.
   std::optional<parallel::PipelinePlan> pipeline;
