@@ -15,6 +15,7 @@
 #include "data/tokenizer.h"
 #include "model/args.h"
 #include "model/llama.h"
+#include "parallel/context_parallel.h"
 #include "parallel/mesh.h"
 #include "parallel/parallelize.h"
 #include "parallel/process_group.h"
@@ -122,6 +123,14 @@ void run_dry_run(const trainer::config::JobConfig& cfg, const DryRunRequest& req
       if (plan_line.find("pp rank " + std::to_string(pp_rank) + ":") != std::string::npos)
         out << "this rank's stages (" << popt.pipeline->schedule_name << "):" << plan_line.substr(plan_line.find(':') + 1)
             << "\n";
+  }
+  if (dims.cp > 1) {  // the positions this rank computes (See Note [Sequence split])
+    const int cp_rank = mesh.local_rank(parallel::MeshDim::kCp);
+    const std::vector<int64_t> pos = parallel::cp_positions(t.seq_len, dims.cp, cp_rank);
+    const size_t half = pos.size() / 2;
+    out << "this rank's share of each sequence (cp rank " << cp_rank << " of " << dims.cp << ", attention "
+        << parallel::cp_rotate_method_name(popt.cp_rotate_method) << "): positions " << pos.front() << "-"
+        << pos[half - 1] << " and " << pos[half] << "-" << pos.back() << " of " << t.seq_len << "\n";
   }
   std::snprintf(line, sizeof line, "| %-42s | %9s | %10s | %10s |\n", "phase", "seconds", "RSS", "peak RSS");
   out << line << "|" << std::string(44, '-') << "|" << std::string(11, '-') << "|"
