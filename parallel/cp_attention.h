@@ -17,7 +17,8 @@
 //           first chunk sees none of it: skipped.
 // So every rank computes the same amount: one causal L x L block and n-1 unmasked blocks of
 // L x c positions. Blocks are merged in float32 by their log-sum-exp, in the order j = r, r-1, ...
-// (mod n) for both exchanges, so "allgather" and "alltoall" give the same bits.
+// (mod n) for both exchanges, so "allgather" and "alltoall" forwards give the same bits (their
+// backwards sum a block's dK/dV over ranks in different orders: a reduce-scatter vs the ring).
 //   allgather: one all-gather of every rank's K/V (n x the local K/V in memory), then the blocks;
 //              the backward re-gathers and returns dK/dV with one reduce-scatter.
 //   alltoall:  (torchtitan's name) K/V passed around the ring, n-1 point-to-point steps, each
