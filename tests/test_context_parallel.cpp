@@ -185,6 +185,13 @@ using namespace titan::testing::layout;
 
 namespace {
 
+// Global batch 4 (two micro-batches of 2 x 32 tokens per step at dp 1): CI time goes to the number
+// of rows, and attention's split does not depend on it.
+constexpr int64_t kCpBatch = 4;
+// The compositions run 5 steps (the reference too): a layout differs from the first step on if at
+// all, and CI time goes to the number of runs.
+const std::string kCompositionSteps = " --training.steps 5";
+
 std::string cp_args(int cp, const std::string& method) {
   return "--parallelism.context_parallel_degree " + std::to_string(cp) +
          " --parallelism.context_parallel_rotate_method " + method;
@@ -193,27 +200,31 @@ std::string cp_args(int cp, const std::string& method) {
 }  // namespace
 
 TEST_CASE("CP 2 and CP 4 with every rotate method reproduce the single-process run", "[parallel][dist][cp]") {
-  // The cp ranks of a group share their batch (dp 1): each accumulates the reference's 4
-  // micro-batches of 2 x 32 tokens, computing 32 / cp positions of each.
+  // The cp ranks of a group share their batch (dp 1): each accumulates the reference's 2
+  // micro-batches of 2 x 32 tokens, computing 32 / cp positions of each; 10 steps.
   for (int cp : {2, 4})
     for (const char* method : {"allgather", "alltoall", "titan_ulysses"})
-      check_layout("cp" + std::to_string(cp) + "_" + method, cp, cp_args(cp, method));
+      check_layout("cp" + std::to_string(cp) + "_" + method, cp, cp_args(cp, method), kCpBatch);
 }
 
 TEST_CASE("CP composes with FSDP and TP and async TP and activation checkpointing and PP", "[parallel][dist][cp]") {
   // FSDP shards over dp_shard x cp = 4 ranks; the batch splits over dp_shard 2 only.
-  check_layout("cp2_fsdp2", 4, cp_args(2, "alltoall") + " --parallelism.data_parallel_shard_degree 2");
+  check_layout("cp2_fsdp2", 4, cp_args(2, "alltoall") + " --parallelism.data_parallel_shard_degree 2", kCpBatch,
+               kCompositionSteps);
   // TP shards the heads of each cp rank's 16 positions (sequence parallel: 8 per TP rank).
   check_layout("cp2_tp2_async", 4,
                cp_args(2, "titan_ulysses") + " --parallelism.tensor_parallel_degree 2"
-                                             " --parallelism.enable_async_tensor_parallel true");
-  check_layout("cp2_full_ac", 2, cp_args(2, "allgather") + " --activation_checkpoint.mode full");
+                                             " --parallelism.enable_async_tensor_parallel true",
+               kCpBatch, kCompositionSteps);
+  check_layout("cp2_full_ac", 2, cp_args(2, "allgather") + " --activation_checkpoint.mode full", kCpBatch,
+               kCompositionSteps);
   // Two stages of three blocks, each stage's attention a ring over its own cp pair.
   check_layout("cp2_pp2", 4,
                cp_args(2, "alltoall") +
                    " --parallelism.pipeline_parallel_degree 2 --parallelism.data_parallel_shard_degree 1"
-                   " --training.local_batch_size 8 --parallelism.pipeline_parallel_microbatch_size 2"
-                   " --parallelism.pipeline_parallel_schedule 1F1B");
+                   " --training.local_batch_size 4 --parallelism.pipeline_parallel_microbatch_size 2"
+                   " --parallelism.pipeline_parallel_schedule 1F1B",
+               kCpBatch, kCompositionSteps);
 }
 
 TEST_CASE("CP 2 x FSDP 2 x TP 2 with float8 rowwise and per-op AC reproduces the float8 run", "[parallel][dist][cp]") {
@@ -228,7 +239,7 @@ TEST_CASE("CP 2 x FSDP 2 x TP 2 with float8 rowwise and per-op AC reproduces the
                cp_args(2, "alltoall") +
                    " --parallelism.data_parallel_shard_degree 2 --parallelism.tensor_parallel_degree 2"
                    " --activation_checkpoint.mode selective --activation_checkpoint.selective_ac_option op",
-               8, f8, tol);
+               kCpBatch, f8 + kCompositionSteps, tol);
 }
 
 TEST_CASE("impossible context-parallel configs end before any process group and name the keys",
