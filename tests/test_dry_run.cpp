@@ -28,6 +28,20 @@ TEST_CASE("dry run: one rank of HSDP 2 x TP 2 holds half of the debug model", "[
   CHECK_THAT(r.log, Catch::Contains("this rank: 2625280 elements"));
 }
 
+TEST_CASE("dry run: a rank of FSDP 2 x CP 4 holds 1/8 of the model and names its positions", "[dry_run][cp]") {
+  const auto r = dry_run("--dry-run-rank 5 --dry-run-world 8 --parallelism.data_parallel_shard_degree 2 "
+                         "--parallelism.context_parallel_degree 4 --training.seq_len 64", "fsdp_cp");
+  INFO(r.log);
+  REQUIRE(r.exit_code == 0);
+  CHECK_THAT(r.log, Catch::Contains("rank 5 of pp 1 x dp_replicate 1 x dp_shard 2 x cp 4 x tp 1 = 8 ranks"));
+  // FSDP shards over dp_shard x cp = 8 ranks, dim 0 padded to a multiple of 8: the embedding and
+  // output (258 rows -> 264) hold 33 x 256 each, everything else divides:
+  // (5,247,232 - 2 x 66,048) / 8 + 2 x 8,448 = 656,288 elements.
+  CHECK_THAT(r.log, Catch::Contains("this rank: 656288 elements"));
+  // cp rank 1 of 4: chunks 1 and 6 of 8 chunks of 8 positions.
+  CHECK_THAT(r.log, Catch::Contains("(cp rank 1 of 4, attention allgather): positions 8-15 and 48-55 of 64"));
+}
+
 TEST_CASE("dry run: bad ranks and layouts are one error each, exit 2", "[dry_run]") {
   struct Case { const char* args; const char* message; };
   for (const Case& c : {Case{"--dry-run-rank 4 --dry-run-world 4", "--dry-run-rank 4: must be in [0, 4)"},
