@@ -11,6 +11,8 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <limits>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "model/attention_blocks.h"
@@ -36,6 +38,23 @@ struct RingState : torch::CustomClassHolder {
 enum TagSlot { kKvForward = 0, kKvBackward = 1, kGradKv = 2 };
 int ring_tag(int64_t call, TagSlot slot, int step) {
   return static_cast<int>(((call & 0xFFFF) << 12) | (static_cast<int64_t>(slot) << 10) | (step & 0x3FF));
+}
+
+// One ring step's transfers: `outgoing` to the next rank, `incoming` from the previous one.
+// Posted in an order that cannot deadlock where a pair's transfers are matched in issue order on
+// one stream (NCCL; at cp 2 the next and the previous rank are the same peer): even ranks send
+// first, odd ranks receive first. Gloo matches by tag and would accept either order.
+std::pair<CommWork, CommWork> ring_step(Comm& comm, const at::Tensor& outgoing, const at::Tensor& incoming, int tag) {
+  const int r = comm.rank(), n = comm.size();
+  CommWork send, recv;
+  if (r % 2 == 0) {
+    send = comm.send_async(outgoing, (r + 1) % n, tag);
+    recv = comm.recv_async(incoming, (r - 1 + n) % n, tag);
+  } else {
+    recv = comm.recv_async(incoming, (r - 1 + n) % n, tag);
+    send = comm.send_async(outgoing, (r + 1) % n, tag);
+  }
+  return {std::move(send), std::move(recv)};
 }
 
 // Rank j's K/V block in this rank's ring order: step s holds rank (r - s) mod n's.
@@ -85,8 +104,7 @@ std::vector<at::Tensor> ring_forward(const at::Tensor& q, const at::Tensor& k, c
       CommWork recv, send;
       if (s + 1 < n) {  // the next block travels while this one computes
         next = at::empty_like(kv);
-        recv = comm.recv_async(next, (r - 1 + n) % n, ring_tag(call, kKvForward, s));
-        send = comm.send_async(current, (r + 1) % n, ring_tag(call, kKvForward, s));
+        std::tie(send, recv) = ring_step(comm, current, next, ring_tag(call, kKvForward, s));
       }
       block(block_at(r, s, n), current);
       recv.wait();
@@ -171,8 +189,7 @@ struct RingAttention : public torch::autograd::Function<RingAttention> {
         CommWork recv, send;
         if (s + 1 < n) {
           next = at::empty_like(kv);
-          recv = comm.recv_async(next, (r - 1 + n) % n, ring_tag(call, kKvBackward, s));
-          send = comm.send_async(current, (r + 1) % n, ring_tag(call, kKvBackward, s));
+          std::tie(send, recv) = ring_step(comm, current, next, ring_tag(call, kKvBackward, s));
         }
         at::Tensor g = block_grads(block_at(r, s, n), r, current, dout, q, out, lse, dq);
         if (s > 0) {
@@ -183,8 +200,7 @@ struct RingAttention : public torch::autograd::Function<RingAttention> {
         acc_sent = g;
         acc_in = at::empty_like(g);
         if (n > 1) {
-          acc_recv = comm.recv_async(acc_in, (r - 1 + n) % n, ring_tag(call, kGradKv, s));
-          acc_send = comm.send_async(acc_sent, (r + 1) % n, ring_tag(call, kGradKv, s));
+          std::tie(acc_send, acc_recv) = ring_step(comm, acc_sent, acc_in, ring_tag(call, kGradKv, s));
         }
         recv.wait();
         send.wait();
