@@ -224,7 +224,10 @@ else
     step multi_single 300 0 train multi_single llama3_debugmodel.toml "${L[@]}" --training.global_batch_size 8
     # The overlap table of docs/performance.md on GPUs: blocking vs overlapped FSDP, sync vs
     # async TP (float8 tensorwise too); comm_exposed_s in each run's metrics JSONL.
-    for layout in fsdp2 fsdp2_blocking tp2 tp2_async tp2_float8 tp2_float8_async fsdp2_float8_all_gather; do
+    # Pipeline and context parallelism (never run on GPUs before: NCCL's in-order send/recv
+    # matching, the ring's explicit-softmax blocks on CUDA) close the list.
+    for layout in fsdp2 fsdp2_blocking tp2 tp2_async tp2_float8 tp2_float8_async fsdp2_float8_all_gather \
+                  pp2_1f1b pp2_interleaved cp2_allgather cp2_alltoall cp2_titan_ulysses; do
       case $layout in
         fsdp2) p=(--parallelism.data_parallel_shard_degree 2) ;;
         fsdp2_blocking) p=(--parallelism.data_parallel_shard_degree 2 --parallelism.fsdp_overlap false) ;;
@@ -239,13 +242,18 @@ else
         fsdp2_float8_all_gather) p=(--parallelism.data_parallel_shard_degree 2 --float8.enable_float8_linear
              --float8.recipe_name tensorwise --float8.enable_fsdp_float8_all_gather
              --float8.precompute_float8_dynamic_scale_for_fsdp) ;;
+        pp2_1f1b|pp2_interleaved) p=(--parallelism.pipeline_parallel_degree 2 --parallelism.data_parallel_shard_degree 1
+             --training.local_batch_size 8 --parallelism.pipeline_parallel_microbatch_size 2
+             --parallelism.pipeline_parallel_schedule "$([[ $layout == pp2_1f1b ]] && echo 1F1B || echo Interleaved1F1B)") ;;
+        cp2_*) p=(--parallelism.context_parallel_degree 2 --parallelism.data_parallel_shard_degree 1
+             --parallelism.context_parallel_rotate_method "${layout#cp2_}") ;;
       esac
       step "multi_$layout" 300 0 "$B/titan-run" --nproc-per-node 2 -- "$B/titan-train" \
         --job.config_file "$BUNDLE/configs/llama3_debugmodel.toml" "${DATA[@]}" "${L[@]}" \
         --training.global_batch_size 8 --metrics.log_freq 1 --job.dump_folder "$WORK/runs/multi_$layout" "${p[@]}"
     done
   else
-    not_run multi_gpu "needs 2+ GPUs (FSDP 2, TP 2, float8 all-gather vs 1 GPU); this machine has $NG"
+    not_run multi_gpu "needs 2+ GPUs (FSDP 2, TP 2, float8 all-gather, PP 2, CP 2 vs 1 GPU); this machine has $NG"
   fi
 fi
 
