@@ -36,12 +36,12 @@ if [[ "${TITAN_TEST_CUDA_BUILD:-1}" == 1 && "${TITAN_TEST_GPU_REHEARSAL:-1}" == 
 fi
 # --- end GPU bundle + rehearsal ---------------------------------------------------------------
 # --- fuzz targets (scripts/fuzz.sh; docs/reliability.md): a time-boxed libFuzzer run of each
-# reader (build + 15 s per target, about 2 min). On by default for the full run (no ctest
+# reader (build + 10 s per target, under 2 min). On by default for the full run (no ctest
 # arguments); TITAN_TEST_FUZZ=0/1 overrides. A crash fails the run after the ctest below.
 fuzz_rc=0
 if [[ "${TITAN_TEST_FUZZ:-$(( $# == 0 ))}" == 1 ]]; then
   fuzz_start=$(date +%s)
-  "$ROOT/scripts/fuzz.sh" "${TITAN_FUZZ_SECONDS:-15}" || fuzz_rc=$?
+  "$ROOT/scripts/fuzz.sh" "${TITAN_FUZZ_SECONDS:-10}" || fuzz_rc=$?
   echo "[test] fuzz stage took $(( $(date +%s) - fuzz_start )) s (exit $fuzz_rc)"
 fi
 # --- end fuzz targets -------------------------------------------------------------------------

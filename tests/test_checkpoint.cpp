@@ -501,14 +501,16 @@ TEST_CASE("PP 2 resumes bitwise and reshards into 1 process and FSDP 2 and PP 4"
 TEST_CASE("CP 2 resumes bitwise and reshards into 1 process and CP 4", "[checkpoint][dist][slow][cp]") {
   // Context parallelism changes no saved tensor: FSDP's shards over dp_shard x cp are regions of
   // each parameter like any other (Note [Checkpoint shards]). CP 1 and CP 4 compute the same
-  // steps in another float32 order (the layout tolerance).
+  // steps in another float32 order (the layout tolerance). Global batch 4 (CI time: the cp ranks
+  // share their rows, so each would otherwise accumulate 4 micro-batches per step).
   const std::vector<std::string> cp2 = {"--parallelism.context_parallel_degree", "2",
-                                        "--parallelism.context_parallel_rotate_method", "alltoall"};
+                                        "--parallelism.context_parallel_rotate_method", "alltoall",
+                                        "--training.global_batch_size", "4"};
   const Source& src = source("cp2", 2, cp2);
   resume_from(src, "cp2_resumed", 2, cp2, 0);
-  resume_from(src, "cp2_to_1", 1, {}, 1e-5);
+  resume_from(src, "cp2_to_1", 1, {"--training.global_batch_size", "4"}, 1e-5);
   resume_from(src, "cp2_to_cp4", 4,
               {"--parallelism.context_parallel_degree", "4", "--parallelism.context_parallel_rotate_method",
-               "titan_ulysses"},
+               "titan_ulysses", "--training.global_batch_size", "4"},
               1e-5);
 }
