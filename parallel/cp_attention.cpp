@@ -181,7 +181,7 @@ struct RingAttention : public torch::autograd::Function<RingAttention> {
       // Step s: this rank holds block j = r - s and the accumulator of j's gradient from ranks
       // j .. r-1; it adds its own and passes both on. After n steps each accumulator has every
       // rank's part and sits one hop before its owner: the last transfer delivers it.
-      at::Tensor current = kv, acc;
+      at::Tensor current = kv;
       CommWork acc_recv, acc_send;
       at::Tensor acc_in, acc_sent;
       for (int s = 0; s < n; ++s) {
