@@ -1,5 +1,7 @@
 // titan-bench-linear: forward + backward time of one linear, high precision vs Float8Linear
-// (every recipe) vs Int8Linear, over a grid of (M, K, N) (torchao's bench_linear_float8.py).
+// (every recipe) vs Int8Linear, over a grid of (M, K, N) (torchao's bench_linear_float8.py);
+// then the block-scaled recipes (MXFP8, MXFP4, blockwise float8) on the square shapes: time and
+// each GEMM's SQNR against float64.
 // The "faster?" column against the auto-filter prediction is the evidence behind
 // float8.auto_filter_small_kn: on CUDA the small-K/N shapes the filter skips should read "no".
 // On the CPU float8 is an emulation (labelled so) and --scale shrinks the shapes; the filter
@@ -13,6 +15,7 @@
 #include <CLI/CLI.hpp>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <functional>
 #include <memory>
@@ -20,6 +23,7 @@
 #include <vector>
 
 #include "apps/bench_common.h"
+#include "float8/block_scaled_linear.h"
 #include "float8/convert.h"
 #include "float8/float8_linear.h"
 #include "float8/int8_linear.h"
@@ -30,6 +34,61 @@ namespace {
 
 using titan::bench::scaled;
 using titan::bench::time_ms;
+
+double sqnr_db(const at::Tensor& ref, const at::Tensor& actual) {
+  const at::Tensor r = ref.detach().to(at::kDouble).cpu(), a = actual.detach().to(at::kDouble).cpu();
+  const double noise = (r - a).norm().item<double>();
+  return noise == 0.0 ? INFINITY : 20.0 * std::log10(r.norm().item<double>() / noise);
+}
+
+// The block-scaled table: per recipe fwd+bwd ms and the SQNR (dB) of output / grad_input /
+// grad_weight against float64 products of the same operands.
+void block_scaled_table(const std::vector<int64_t>& dims, int64_t tokens, int64_t scale, int iters, bool cuda,
+                        const at::TensorOptions& opts) {
+  std::vector<std::string> recipes = titan::float8::mx_recipe_names();
+  recipes.push_back(titan::float8::kBlockwiseRecipeName);
+  std::printf("\nblock-scaled recipes: cell = fwd+bwd ms / SQNR dB of output, grad_input, grad_weight vs float64\n");
+  std::printf("%5s %5s %5s | %8s", "M", "K", "N", "hp ms");
+  for (const auto& r : recipes) std::printf(" | %-26s", r.c_str());
+  std::printf("\n");
+  for (int64_t D0 : dims) {
+    const int64_t M = scaled(tokens, scale), K = scaled(D0, scale), N = K;
+    at::Tensor x = at::randn({M, K}, opts).requires_grad_(true);
+    at::Tensor w = (at::randn({N, K}, opts) * 0.05).detach().requires_grad_(true);
+    at::Tensor g = at::randn({M, N}, opts) * 1e-3;
+    const at::Tensor xd = x.detach().to(at::kDouble), wd = w.detach().to(at::kDouble), gd = g.to(at::kDouble);
+    const at::Tensor out64 = xd.mm(wd.t()), gi64 = gd.mm(wd), gw64 = gd.t().mm(xd);
+    auto step = [&](titan::model::LinearCompute& c) {
+      return time_ms([&] {
+        x.mutable_grad().reset();
+        w.mutable_grad().reset();
+        c.forward(x, w).backward(g);
+      }, iters, cuda);
+    };
+    titan::model::HighPrecisionLinearCompute hp;
+    std::printf("%5lld %5lld %5lld | %8.2f", static_cast<long long>(M), static_cast<long long>(K),
+                static_cast<long long>(N), step(hp));
+    for (const auto& r : recipes) {
+      char cell[96];
+      try {
+        titan::float8::BlockScaledLinearCompute c(titan::float8::block_scaled_recipe_from_name(r));
+        const double ms = step(c);
+        x.mutable_grad().reset();
+        w.mutable_grad().reset();
+        const at::Tensor y = c.forward(x, w);
+        y.backward(g);
+        std::snprintf(cell, sizeof(cell), "%7.2f %4.1f %4.1f %4.1f", ms, sqnr_db(out64, y), sqnr_db(gi64, x.grad()),
+                      sqnr_db(gw64, w.grad()));
+      } catch (const std::exception& e) {
+        // e.g. MXFP8's hardware GEMM on a pre-Blackwell GPU: say so in the cell.
+        std::snprintf(cell, sizeof(cell), "n/a: %.21s", e.what());
+      }
+      std::printf(" | %-26s", cell);
+    }
+    std::printf("\n");
+  }
+  if (!cuda) std::printf("CPU block-scaled GEMMs are emulations (dequantize + float32 GEMM): the times measure the casts.\n");
+}
 
 }  // namespace
 
@@ -98,5 +157,6 @@ int main(int argc, char** argv) {
   }
   if (!cuda) std::printf("CPU float8 is an emulation: 'no' everywhere is expected; run on CUDA to "
                          "check the auto filter thresholds.\n");
+  block_scaled_table(dims, tokens, scale, iters, cuda, opts);
   return 0;
 }

@@ -1,8 +1,10 @@
 #include "float8/convert.h"
 
+#include <algorithm>
 #include <memory>
 #include <stdexcept>
 
+#include "float8/block_scaled_linear.h"
 #include "float8/float8_linear.h"
 #include "float8/recipe.h"
 
@@ -31,7 +33,45 @@ std::string common_skip_reason(const titan::model::Linear& linear,
 
 }  // namespace
 
+namespace {
+
+// Block-scaled installation shared by MX and blockwise float8.
+ConversionReport convert_block_scaled(const std::vector<titan::model::Linear*>& linears, const BlockScaledRecipe& recipe,
+                                      const std::vector<std::string>& filter_fqns, bool emulate,
+                                      bool fused_dim1_cast = true) {
+  const int64_t block = std::max(recipe.activation.block_cols, recipe.weight.block_cols);
+  const BlockGemmBackend backend = emulate ? BlockGemmBackend::Emulated : BlockGemmBackend::Auto;
+  ConversionReport report;
+  for (titan::model::Linear* linear : linears) {
+    std::string reason = common_skip_reason(*linear, filter_fqns);
+    if (reason.empty() && (linear->in_features() % block != 0 || linear->out_features() % block != 0))
+      reason = "in_features " + std::to_string(linear->in_features()) + " or out_features " +
+               std::to_string(linear->out_features()) + " not divisible by the block length " + std::to_string(block);
+    if (!reason.empty()) {
+      report.skipped.emplace_back(linear->fqn(), reason);
+      continue;
+    }
+    auto compute = std::make_shared<BlockScaledLinearCompute>(recipe, backend, fused_dim1_cast);
+    report.converted.emplace_back(linear->fqn(), compute->describe());
+    linear->set_compute(std::move(compute));
+  }
+  return report;
+}
+
+}  // namespace
+
 void validate_float8_options(const Float8Options& options) {
+  if (options.recipe_name == kBlockwiseRecipeName) {
+    if (options.enable_fsdp_float8_all_gather)
+      throw std::invalid_argument(
+          "float8.enable_fsdp_float8_all_gather needs a tensorwise dynamic recipe, but recipe_name = "
+          "'blockwise' scales each 128 x 128 weight tile itself (FSDP gathers the high-precision "
+          "weight, so no tile straddles two shards). Disable the float8 all-gather.");
+    if (options.precompute_float8_dynamic_scale_for_fsdp)
+      throw std::invalid_argument("float8.precompute_float8_dynamic_scale_for_fsdp needs the tensorwise "
+                                  "float8 all-gather; recipe_name = 'blockwise' has none");
+    return;
+  }
   const Float8Recipe recipe = recipe_from_name(options.recipe_name);  // throws for bad names
   if (options.amax_history_len < 1) {
     throw std::invalid_argument("float8.amax_history_len = " +
@@ -61,7 +101,8 @@ void validate_float8_options(const Float8Options& options) {
 }
 
 std::string auto_filter_skip_reason(const std::string& recipe_name, int64_t K, int64_t N) {
-  const Float8Recipe recipe = recipe_from_name(recipe_name);
+  // torchao publishes no table for blockwise float8; its per-tile scales cost what rowwise's do.
+  const Float8Recipe recipe = recipe_from_name(recipe_name == kBlockwiseRecipeName ? "rowwise" : recipe_name);
   const std::string kn = "K=" + std::to_string(K) + ", N=" + std::to_string(N);
   if (!recipe_uses_axiswise(recipe)) {
     if (K <= 4096 && N <= 1024) {
@@ -81,6 +122,22 @@ std::string auto_filter_skip_reason(const std::string& recipe_name, int64_t K, i
 ConversionReport convert_to_float8_training(std::vector<titan::model::Linear*> linears,
                                             const Float8Options& options) {
   validate_float8_options(options);
+  if (options.recipe_name == kBlockwiseRecipeName) {
+    std::vector<titan::model::Linear*> kept;
+    ConversionReport filtered;
+    for (titan::model::Linear* linear : linears) {
+      const std::string reason = options.auto_filter_small_kn
+                                     ? auto_filter_skip_reason(options.recipe_name, linear->in_features(),
+                                                               linear->out_features())
+                                     : "";
+      if (reason.empty()) kept.push_back(linear);
+      else filtered.skipped.emplace_back(linear->fqn(), reason);
+    }
+    ConversionReport report = convert_block_scaled(
+        kept, block_scaled_recipe_from_name(kBlockwiseRecipeName), options.filter_fqns, options.emulate);
+    report.skipped.insert(report.skipped.end(), filtered.skipped.begin(), filtered.skipped.end());
+    return report;
+  }
   Float8Recipe recipe = recipe_from_name(options.recipe_name);
   recipe.amax_history_len = options.amax_history_len;
   ConversionReport report;
@@ -99,6 +156,13 @@ ConversionReport convert_to_float8_training(std::vector<titan::model::Linear*> l
     linear->set_compute(std::move(compute));
   }
   return report;
+}
+
+ConversionReport convert_to_mx_training(std::vector<titan::model::Linear*> linears, const MxOptions& options) {
+  if (options.recipe_name == kBlockwiseRecipeName)
+    throw std::invalid_argument("mx.recipe_name = 'blockwise' is a float8 recipe: use --float8.recipe_name blockwise");
+  return convert_block_scaled(linears, block_scaled_recipe_from_name(options.recipe_name), options.filter_fqns,
+                              options.emulate, options.fused_dim1_cast);
 }
 
 ConversionReport convert_to_int8_training(std::vector<titan::model::Linear*> linears,

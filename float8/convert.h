@@ -19,7 +19,8 @@
 namespace titan::float8 {
 
 struct Float8Options {
-  std::string recipe_name = "tensorwise";  // tensorwise | rowwise | rowwise_with_gw_hp | tensorwise_delayed (+ aliases)
+  // tensorwise | rowwise | rowwise_with_gw_hp | tensorwise_delayed (+ aliases) | blockwise
+  std::string recipe_name = "tensorwise";
   std::vector<std::string> filter_fqns = {"output"};  // skip linears whose fqn contains one
   bool auto_filter_small_kn = false;  // skip (K, N) where float8 is slower than bf16
   bool emulate = false;               // emulated GEMMs even on CUDA (the CPU always emulates)
@@ -32,6 +33,14 @@ struct Int8Options {
   std::vector<std::string> filter_fqns = {"output"};
   Int8GemmSwitches gemms;  // which of the three GEMMs run in int8
   bool emulate = false;    // exact emulated int32 accumulation instead of at::_int_mm
+};
+
+// MX training (torchtitan's [mx] / [quantize.linear.mx]): a recipe of mx_recipe_names().
+struct MxOptions {
+  std::string recipe_name = "mxfp8_cublas";
+  std::vector<std::string> filter_fqns = {"output"};
+  bool emulate = false;  // emulated GEMMs even on CUDA (the CPU always emulates)
+  bool fused_dim1_cast = true;  // mxfp8_dim1_cast_kernel_choice "torch": false
 };
 
 struct ConversionReport {
@@ -56,6 +65,11 @@ std::string auto_filter_skip_reason(const std::string& recipe_name, int64_t K, i
 // or wrapped), so conversion must run before tensor parallelism wraps computes.
 ConversionReport convert_to_float8_training(std::vector<titan::model::Linear*> linears,
                                             const Float8Options& options);
+
+// Installs one BlockScaledLinearCompute per eligible linear: the float8 filters, and in/out
+// features divisible by the block length (32 for MX, 128 for blockwise: torchao never pads a
+// block). Throws std::invalid_argument for an unknown recipe name.
+ConversionReport convert_to_mx_training(std::vector<titan::model::Linear*> linears, const MxOptions& options);
 
 // Same filters (fqn, divisibility by 16 for the int8 GEMM alignment) with Int8LinearCompute.
 ConversionReport convert_to_int8_training(std::vector<titan::model::Linear*> linears,

@@ -70,6 +70,12 @@ Float8Recipe recipe_from_name(const std::string& name) {
                               "rowwise_with_gw_hp)");
 }
 
+const std::vector<std::string>& mx_recipe_names() {
+  static const std::vector<std::string> names = {"mxfp8_cublas", "mxfp8_cublas_rceil", "mxfp8_emulated",
+                                                 "mxfp4_emulated"};
+  return names;
+}
+
 const char* granularity_name(ScalingGranularity granularity) {
   return granularity == ScalingGranularity::Tensorwise ? "tensorwise" : "axiswise";
 }

@@ -51,6 +51,14 @@ const std::vector<std::string>& recipe_names();
 // rowwise_with_gw_hp). Throws std::invalid_argument naming the bad value and every valid name.
 Float8Recipe recipe_from_name(const std::string& name);
 
+// torchao's MX training recipe names, in the order error messages list them (the recipes
+// themselves are in block_scaled_linear.h): mxfp8_cublas (FLOOR scales), mxfp8_cublas_rceil
+// (RCEIL), mxfp8_emulated (FLOOR, emulated GEMM), mxfp4_emulated (e2m1 elements, emulated GEMM).
+const std::vector<std::string>& mx_recipe_names();
+// The float8 recipe name of blockwise float8 (1 x 128 activation tiles, 128 x 128 weight tiles),
+// a block-scaled recipe outside recipe_names().
+constexpr const char* kBlockwiseRecipeName = "blockwise";
+
 // "tensorwise" / "axiswise".
 const char* granularity_name(ScalingGranularity granularity);
 

@@ -6,9 +6,11 @@
 #include <c10/util/Exception.h>
 
 #include <map>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 
+#include "float8/block_scaled_linear.h"
 #include "float8/float8_linear.h"
 #include "parallel/async_tp.h"
 #include "parallel/pipeline_runner.h"
@@ -46,6 +48,39 @@ const std::vector<std::pair<std::string, TpStyle>> kModelTpPlan = {
     {"norm", TpStyle::kSequenceParallel},
     {"output", TpStyle::kVocabParallelOutput},
 };
+
+}  // namespace
+
+void check_block_scaled_tp(const std::vector<model::Linear*>& linears, int tp) {
+  if (tp <= 1) return;
+  auto style_of = [](const std::string& fqn) -> std::optional<TpStyle> {
+    for (const auto& [name, style] : kModelTpPlan)
+      if (fqn == name) return style;
+    for (const auto& [name, style] : kBlockTpPlan)
+      if (fqn.size() > name.size() && fqn.compare(fqn.size() - name.size(), name.size(), name) == 0 &&
+          fqn[fqn.size() - name.size() - 1] == '.')
+        return style;
+    return std::nullopt;
+  };
+  for (const model::Linear* l : linears) {
+    const auto* c = dynamic_cast<const float8::BlockScaledLinearCompute*>(model::innermost(l->compute()));
+    const std::optional<TpStyle> style = style_of(l->fqn());
+    if (!c || !style) continue;
+    const bool rows = *style == TpStyle::kRowwise;
+    const int64_t full = rows ? l->in_features() : l->out_features();
+    const int64_t block = c->block_alignment();
+    if (full % (static_cast<int64_t>(tp) * block) != 0) {
+      std::ostringstream os;
+      os << l->fqn() << " (" << c->describe() << ", " << (rows ? "row" : "column") << "-parallel): "
+         << (rows ? "in_features " : "out_features ") << full << " split over tensor_parallel_degree " << tp
+         << " is not whole blocks of " << block << " per rank, so a block would straddle two ranks; "
+         << "use a degree that divides " << full / block << " or filter the linear (filter_fqns)";
+      throw std::invalid_argument(os.str());
+    }
+  }
+}
+
+namespace {
 
 // The float8 compute at the bottom of `linear`'s chain, or nullptr.
 float8::Float8LinearCompute* float8_compute(const model::Linear& linear) {

@@ -61,6 +61,12 @@ struct ParallelOptions {
 // std::invalid_argument with the numbers and what to choose (a config error).
 void check_tp_degree(const model::ModelArgs& args, int tp, int64_t seq_len);
 
+// Throws std::invalid_argument when a block-scaled (MX, blockwise float8) linear would have a
+// block straddle two tensor-parallel shards: the sharded dimension of each column-parallel
+// (out_features) or row-parallel (in_features) linear must split into whole blocks per rank,
+// so every rank's block scales are the ones one process computes.
+void check_block_scaled_tp(const std::vector<model::Linear*>& linears, int tp);
+
 // Note [Checkpoint shards]: where this rank's master of one parameter lies in the full
 // tensor, so a checkpoint stores only real elements and any layout can read them back. A master
 // is the TP chunk (along tp_dim, zero-padded at the end of the full dim), then FSDP's dim-0

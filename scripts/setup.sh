@@ -59,6 +59,17 @@ if [[ "$(cat "$HTA_DIR/.installed" 2>/dev/null)" != "${HTA_PACKAGES[*]}" ]]; the
   "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps --target "$HTA_DIR" "${HTA_PACKAGES[@]}"
   echo "${HTA_PACKAGES[*]}" > "$HTA_DIR/.installed"
 fi
+# torchao's MX emulation is the reference of titan's block-scaled casts and GEMMs
+# (tests/test_block_scaled.cpp runs scripts/reference/block_scaled_reference.py). Only its Python
+# sources are imported, so it goes without dependencies into its own folder (PYTHONPATH).
+TORCHAO_VERSION="0.18.0"
+TORCHAO_DIR="$ROOT/.deps/torchao"
+if [[ "$(cat "$TORCHAO_DIR/.installed" 2>/dev/null)" != "$TORCHAO_VERSION" ]]; then
+  log "installing torchao==$TORCHAO_VERSION into $TORCHAO_DIR"
+  rm -rf "$TORCHAO_DIR"
+  "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps --target "$TORCHAO_DIR" "torchao==$TORCHAO_VERSION"
+  echo "$TORCHAO_VERSION" > "$TORCHAO_DIR/.installed"
+fi
 TORCH_DIR="$("$VENV/bin/python" -c 'import torch,os; print(os.path.dirname(torch.__file__))' 2>/dev/null)"
 
 [[ "${TITAN_SETUP_NO_BUILD:-0}" == 1 ]] && exit 0

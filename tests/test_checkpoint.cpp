@@ -414,6 +414,14 @@ TEST_CASE("TP 2 + float8 tensorwise_delayed: bitwise resume", "[checkpoint][dist
   resume_from(source("tp2_delayed", 2, layout), "tp2_delayed_resumed", 2, layout, 0);
 }
 
+// MX keeps no state between steps (block scales are recomputed from the weights every time), so
+// the checkpoint holds what a high-precision run's does and the resume is bitwise all the same.
+TEST_CASE("TP 2 + MXFP8 (rceil scales): bitwise resume", "[checkpoint][dist][slow]") {
+  const std::vector<std::string> layout = {"--parallelism.tensor_parallel_degree", "2", "--model.converters", "mx",
+                                           "--mx.recipe_name", "mxfp8_cublas_rceil"};
+  resume_from(source("tp2_mxfp8", 2, layout), "tp2_mxfp8_resumed", 2, layout, 0);
+}
+
 TEST_CASE("HSDP 2x2 + float8 all-gather with precomputed scales: bitwise resume", "[checkpoint][dist][slow]") {
   const std::vector<std::string> layout = {
       "--parallelism.data_parallel_replicate_degree", "2", "--parallelism.data_parallel_shard_degree", "2",

@@ -63,6 +63,9 @@ const std::map<std::string, std::string>& renames() {
        "float8.precompute_float8_dynamic_scale_for_fsdp"},
       {"quantize.linear.float8.filter_fqns", "float8.filter_fqns"},
       {"quantize.linear.float8.recipe_name", "float8.recipe_name"},
+      {"quantize.linear.mx.recipe_name", "mx.recipe_name"},
+      {"quantize.linear.mx.filter_fqns", "mx.filter_fqns"},
+      {"quantize.linear.mx.mxfp8_dim1_cast_kernel_choice", "mx.mxfp8_dim1_cast_kernel_choice"},
   };
   return table;
 }
@@ -201,6 +204,15 @@ TEST_CASE("torchtitan command lines run unchanged", "[config][torchtitan]") {
       kCpuMachine);
   CHECK(v02.model.converters == std::vector<std::string>{"float8"});
   CHECK(v02.float8.recipe_name == "rowwise");
+  // MX by both of torchtitan's spellings: v0.1's [mx] (recipe "mxfp8") and v0.2's section name.
+  const JobConfig mx01 = parse_job_config({"--model.converters", "mx", "--mx.recipe_name", "mxfp8"}, kCpuMachine);
+  CHECK(mx01.model.converters == std::vector<std::string>{"mx"});
+  CHECK(mx01.mx.recipe_name == "mxfp8_cublas");
+  const JobConfig mx02 = parse_job_config(
+      {"--model.converters", "quantize.linear.mx", "--quantize.linear.mx.recipe_name", "mxfp8_cublas_rceil"},
+      kCpuMachine);
+  CHECK(mx02.model.converters == std::vector<std::string>{"mx"});
+  CHECK(mx02.mx.recipe_name == "mxfp8_cublas_rceil");
   CHECK(v02.training.compile);
   CHECK(v02.job.print_args);
   CHECK(v02.training.seed == 7);
@@ -224,8 +236,8 @@ TEST_CASE("a torchtitan key asking for a feature titan lacks is refused by name"
   CHECK_THAT(error_of({"--validation.enable"}), Contains("titan does not implement the validation"));
   CHECK_THAT(error_of({"--parallelism.expert_parallel_degree", "2"}),
              Contains("titan does not implement expert parallelism"));
-  CHECK_THAT(error_of({"--model.converters", "mx"}),
-             Contains("titan does not implement MX (microscaling) training yet: model.converters"));
+  CHECK_THAT(error_of({"--model.converters", "mx", "--mx.recipe_name", "mxfp4_cutlass"}),
+             Contains("titan does not implement the MXFP4 hardware GEMM"));
   CHECK_THAT(error_of({"--checkpoint.initial_load_in_hf"}),
              Contains("titan does not implement loading Hugging Face checkpoints"));
   CHECK_THAT(error_of({"--training.dtype", "bfloat16"}),

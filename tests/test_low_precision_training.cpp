@@ -1,4 +1,4 @@
-// float8 / int8 training end to end through the Trainer: config errors, conversion, and the
+// float8 / int8 / MX / blockwise training end to end through the Trainer: config errors, conversion, and the
 // debug model's loss with every recipe against the high-precision run: close to it, yet not
 // equal to it (a converter that did nothing must fail).
 #include <unistd.h>
@@ -54,6 +54,10 @@ TEST_CASE("every low-precision recipe tracks the high-precision loss over 200 st
       {"--float8.enable_float8_linear", "--float8.recipe_name", "rowwise_with_gw_hp"},
       {"--float8.enable_float8_linear", "--float8.recipe_name", "tensorwise_delayed"},
       {"--int8.enable_int8_linear"},
+      {"--float8.enable_float8_linear", "--float8.recipe_name", "blockwise"},
+      {"--model.converters", "mx", "--mx.recipe_name", "mxfp8_cublas"},
+      {"--model.converters", "mx", "--mx.recipe_name", "mxfp8_cublas_rceil"},
+      {"--model.converters", "mx", "--mx.recipe_name", "mxfp4_emulated"},
   };
   for (const auto& extra : runs) {
     Trainer lp(job(extra));
@@ -63,7 +67,11 @@ TEST_CASE("every low-precision recipe tracks the high-precision loss over 200 st
     // The requirement (docs/float8.md): within 2% of the high-precision run. Per-step losses of a
     // 2x64-token batch are noisy (~5%), the 20-step mean much less so; quantization error itself is
     // 25-40 dB SQNR per GEMM, far below that.
-    CHECK(std::abs(loss - hp_loss) <= 0.02 * hp_loss);
+    // MXFP4 keeps one mantissa bit (e2m1: 0.5, 1, 1.5, 2, 3, 4, 6): ~14-18 dB per GEMM instead of
+    // ~30, an error ~6x float8's in amplitude, so its bound is 6 x 2% (torchao ships it as an
+    // emulated research recipe for this reason).
+    const double bound = extra.back() == "mxfp4_emulated" ? 0.12 : 0.02;
+    CHECK(std::abs(loss - hp_loss) <= bound * hp_loss);
     CHECK(r.losses.front() > loss);  // it learns
     // ...and it really ran in low precision: a converter that silently left the linears alone
     // gives bit-identical losses, and one that swapped in another float32 GEMM differs only by

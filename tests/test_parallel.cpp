@@ -311,6 +311,40 @@ TEST_CASE("float8 under FSDP and TP reproduces the single-process float8 losses"
                "--activation_checkpoint.mode full", f8);
 }
 
+TEST_CASE("block-scaled recipes under FSDP, TP, async TP and AC reproduce the single-process runs",
+          "[parallel][dist][float8]") {
+  // FSDP gathers the float32 master weights, so every block is cast from the whole weight, as in
+  // one process; TP splits each sharded dimension into whole blocks per rank (checked at
+  // start-up: parallel::check_block_scaled_tp), so every rank casts the blocks one process casts.
+  // What differs is float32 reduction order (gradient reduce-scatters, TP partial sums), which
+  // may move an element across an e4m3 rounding boundary after step 1: the float8 tolerance of
+  // the test above applies (one e4m3 step is 2^-3 relative, the same element format).
+  Tolerance f8;
+  f8.loss = 5e-4;
+  f8.grad_norm = 2e-3;
+  check_layout("fsdp2_mxfp8", 2, "--parallelism.data_parallel_shard_degree 2", 8,
+               "--model.converters mx --mx.recipe_name mxfp8_cublas", f8);
+  check_layout("tp2_async_mxfp8_rceil_op_ac", 2,
+               "--parallelism.tensor_parallel_degree 2 --parallelism.enable_async_tensor_parallel "
+               "--activation_checkpoint.mode selective --activation_checkpoint.selective_ac_option op", 8,
+               "--model.converters mx --mx.recipe_name mxfp8_cublas_rceil", f8);
+  check_layout("tp2_blockwise_full_ac", 2,
+               "--parallelism.tensor_parallel_degree 2 --activation_checkpoint.mode full", 8,
+               "--float8.enable_float8_linear --float8.recipe_name blockwise", f8);
+}
+
+TEST_CASE("a block straddling two TP shards is a config error naming the linear", "[parallel][dist][float8]") {
+  // The debug model's wq has 256 output features: TP 4 leaves 64 per rank, half a 128 x 128 tile.
+  const fs::path dump = root() / "tp4_blockwise_refused";
+  const Run r = run_job(std::string(TITAN_RUN_PATH) + " --nproc-per-node 4 -- " + TITAN_TRAIN_PATH + " " +
+                            train_args(dump, 8) + " --parallelism.tensor_parallel_degree 4 "
+                            "--float8.enable_float8_linear --float8.recipe_name blockwise",
+                        dump.string() + ".log");
+  INFO(r.log);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.log, Contains("layers.0.attention.wq") && Contains("would straddle two ranks"));
+}
+
 TEST_CASE("FSDP float8 all-gather (and precomputed scales) reproduces the float8 runs", "[parallel][dist][float8]") {
   // Note [FSDP float8 all-gather]: each float32 master shard is cast to e4m3 with the scale of
   // the global amax (one MAX all-reduce, or the precomputed one from after the optimizer step,

@@ -48,10 +48,29 @@ ConvertedModel apply_model_converters(model::Llama& model, const config::JobConf
       cfg.float8.enable_float8_linear ||
       std::find(cfg.model.converters.begin(), cfg.model.converters.end(), "float8") !=
           cfg.model.converters.end();
-  if (float8_requested && cfg.int8.enable_int8_linear)
+  const bool mx_requested = std::find(cfg.model.converters.begin(), cfg.model.converters.end(), "mx") !=
+                            cfg.model.converters.end();
+  if (int(float8_requested) + int(cfg.int8.enable_int8_linear) + int(mx_requested) > 1)
     throw config::ConfigError(
-        "float8.enable_float8_linear and int8.enable_int8_linear are both set: a linear trains in "
-        "one low precision; choose one");
+        std::string("more than one low-precision training is requested (") +
+        (float8_requested ? "float8 " : "") + (cfg.int8.enable_int8_linear ? "int8.enable_int8_linear " : "") +
+        (mx_requested ? "model.converters = mx" : "") + "): a linear trains in one low precision; choose one");
+  if (mx_requested) {
+    float8::MxOptions options;
+    options.recipe_name = cfg.mx.recipe_name;
+    options.filter_fqns = cfg.mx.filter_fqns;
+    options.emulate = cfg.mx.emulate || device.is_cpu();
+    options.fused_dim1_cast = cfg.mx.mxfp8_dim1_cast_kernel_choice != "torch";
+    float8::ConversionReport report;
+    try {
+      report = float8::convert_to_mx_training(model.linears(), options);
+    } catch (const std::invalid_argument& e) {
+      throw config::ConfigError(e.what());
+    }
+    log_report("mx", report);
+    result.mx = true;
+    if (options.emulate) util::log_info("mx: GEMMs are emulated (dequantized operands, the same numerics as torchao's emulation)");
+  }
 
   if (float8_requested) {
     float8::Float8Options options;

@@ -14,6 +14,7 @@ namespace titan::trainer {
 struct ConvertedModel {
   bool float8 = false;
   bool int8 = false;
+  bool mx = false;  // MX block-scaled training ([mx])
 };
 
 // Validates the float8/int8 options (bad combinations throw ConfigError saying why), converts

@@ -262,6 +262,11 @@ void Trainer::build_model() {
     util::log_info("float8: enable_fsdp_float8_all_gather has no effect without FSDP "
                    "(parallelism.data_parallel_shard_degree 1): each linear casts its own weight");
 
+  try {
+    parallel::check_block_scaled_tp(model_->linears(), mesh_->dims().tp);
+  } catch (const std::invalid_argument& e) {
+    throw config::ConfigError(e.what());
+  }
   const parallel::ParallelOptions popt = parallel_options(cfg_, args, mesh_->dims(), device_, converted.float8);
   // Sharded or not, only this rank's shards are ever allocated: the plan runs on meta.
   model::NamedScope scope("model init", model::MemoryCategory::kParameters);

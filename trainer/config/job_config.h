@@ -176,6 +176,14 @@ struct Float8Section {
   int64_t amax_history_len = 16;  // tensorwise_delayed only
 };
 
+// MX training (torchtitan's [mx] and [quantize.linear.mx]); on with model.converters = ["mx"].
+struct MxSection {
+  std::string recipe_name = "mxfp8_cublas";
+  std::vector<std::string> filter_fqns = {"output"};
+  std::string mxfp8_dim1_cast_kernel_choice = "cuda";  // "torch": transpose, then the dim0 cast
+  bool emulate = false;  // the CPU always emulates; on CUDA this forces the emulated GEMM
+};
+
 struct Int8Section {
   bool enable_int8_linear = false;
   std::vector<std::string> filter_fqns = {"output"};
@@ -215,6 +223,7 @@ struct JobConfig {
   ActivationCheckpointSection activation_checkpoint;
   Float8Section float8;
   Int8Section int8;
+  MxSection mx;
   CommSection comm;
   // torchtitan keys accepted without an effect (their value asks for nothing titan lacks),
   // by dotted name; filled with the key's default on first use.

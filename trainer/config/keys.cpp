@@ -19,7 +19,7 @@ namespace {
 // Canonical recipe names first, then the aliases users of the seed-era PR type.
 std::vector<std::string> float8_recipe_choices() {
   std::vector<std::string> names = float8::recipe_names();
-  names.insert(names.end(), {"all_axiswise", "lw_axiswise_with_gw_hp"});
+  names.insert(names.end(), {"all_axiswise", "lw_axiswise_with_gw_hp", float8::kBlockwiseRecipeName});
   return names;
 }
 
@@ -89,10 +89,10 @@ std::vector<SectionSpec> build_table() {
               "Folder of Hugging Face assets with tokenizer.json (+ tokenizer_config.json for "
               "BOS/EOS); used when tokenizer_path is \"\"."),
           key("converters", &ModelSection::converters,
-              "Model rewrites applied after the model is built, in order.").one_of({"float8"})
+              "Model rewrites applied after the model is built, in order: float8 ([float8]) or mx "
+              "(MX block-scaled training, [mx]).").one_of({"float8", "mx"})
               .value_alias("quantize.linear.float8", "float8")
-              .unimplemented_value("mx", "MX (microscaling) training")
-              .unimplemented_value("quantize.linear.mx", "MX (microscaling) training")
+              .value_alias("quantize.linear.mx", "mx")
               .unimplemented_value("quantize.grouped_mm.float8", "float8 grouped GEMMs (MoE)")
               .unimplemented_value("quantize.grouped_mm.mx", "MX grouped GEMMs (MoE)"),
       }),
@@ -293,7 +293,8 @@ std::vector<SectionSpec> build_table() {
           key("recipe_name", &Float8Section::recipe_name,
               "Scaling recipe: tensorwise (e4m3/e4m3/e5m2), rowwise (axiswise e4m3, power-of-2 "
               "scales), rowwise_with_gw_hp (high-precision grad_weight GEMM), tensorwise_delayed "
-              "(scale from an amax history).")
+              "(scale from an amax history), blockwise (DeepSeek-V3: e4m3 with one float32 scale per "
+              "1 x 128 activation tile and 128 x 128 weight tile).")
               .one_of(float8_recipe_choices()),
           key("filter_fqns", &Float8Section::filter_fqns,
               "Linears whose fully-qualified name contains one of these stay high precision."),
@@ -315,6 +316,24 @@ std::vector<SectionSpec> build_table() {
               "Length of the amax history of tensorwise_delayed.")
               // 2^16: three float32 histories per linear; longer is memory, not smoothing.
               .in_closed(1, 65536),
+      }),
+      section("mx", &J::mx, "MX block-scaled training of the linears (torchao.prototype.mx_formats "
+              "numerics); on with model.converters = [\"mx\"].", {
+          key("recipe_name", &MxSection::recipe_name,
+              "mxfp8_cublas (e4m3 elements, one E8M0 scale per 32, FLOOR scales), mxfp8_cublas_rceil "
+              "(scales rounded up), mxfp8_emulated (FLOOR, emulated GEMM), mxfp4_emulated (e2m1 "
+              "elements, emulated GEMM). The CPU emulates every one.")
+              .one_of(float8::mx_recipe_names())
+              .value_alias("mxfp8", "mxfp8_cublas")
+              .unimplemented_value("mxfp4_cutlass", "the MXFP4 hardware GEMM (mxfp4_emulated has its numerics)"),
+          key("filter_fqns", &MxSection::filter_fqns,
+              "Linears whose fully-qualified name contains one of these stay high precision."),
+          key("mxfp8_dim1_cast_kernel_choice", &MxSection::mxfp8_dim1_cast_kernel_choice,
+              "How a CUDA run casts the transposed (dim1) operands: cuda/triton = titan's fused "
+              "cast-and-transpose kernel, torch = transpose, then the dim0 cast. The same bits either way.")
+              .one_of({"cuda", "triton", "torch"}),
+          key("emulate", &MxSection::emulate,
+              "Emulate the MX GEMM (always the case on the CPU; the *_emulated recipes always do)."),
       }),
       section("int8", &J::int8, "INT8 mixed-precision training of the linears.", {
           key("enable_int8_linear", &Int8Section::enable_int8_linear,

@@ -23,7 +23,6 @@ constexpr const char* kOnlyWithCheckpointing =
     "it is read only when checkpoint saving is on, which titan refuses (checkpoint.enable)";
 constexpr const char* kOnlyWithFaultTolerance =
     "it is read only by torchft, which titan refuses (fault_tolerance.enable)";
-constexpr const char* kOnlyWithMX = "it is read only by the MX converters, which titan refuses";
 constexpr const char* kLoaderWorkers =
     "titan's loader runs in the training process (no DataLoader workers, no pinned-memory "
     "copies); the batches are the same";
@@ -46,6 +45,13 @@ std::vector<Row> rows_of(const std::string& section) {
         accepted_if("enable_wandb", false, "Weights & Biases logging", "")
             .advising("W&B has no C++ client to write offline runs for `wandb sync`; "
                       "metrics.enable_tensorboard writes the same metrics as TensorBoard events"),
+    };
+  }
+  if (section == "mx") {
+    return {
+        accepted_any("use_fp8_dim1_cast_triton_kernel", true,
+                     "titan's dim1 cast is its own fused kernel on CUDA either way, with the same bits",
+                     "v0.1.0"),
     };
   }
   if (section == "model") {
@@ -231,10 +237,10 @@ std::vector<SectionSpec> torchtitan_sections() {
           alias("filter_fqns", "float8.filter_fqns", "v0.2.0+"),
           alias("emulate", "float8.emulate", "v0.2.0+"),
       }),
-      torchtitan_section("quantize.linear.mx", "torchtitan's MX linear settings (v0.2.0+).", {
-          accepted_any("mxfp8_dim1_cast_kernel_choice", "triton", kOnlyWithMX, "v0.2.0+"),
-          accepted_any("recipe_name", "mxfp8_cublas", kOnlyWithMX, "v0.2.0+"),
-          accepted_any("filter_fqns", Strings{"output"}, kOnlyWithMX, "v0.2.0+"),
+      torchtitan_section("quantize.linear.mx", "torchtitan's MX linear settings (v0.2.0+); titan's [mx].", {
+          alias("mxfp8_dim1_cast_kernel_choice", "mx.mxfp8_dim1_cast_kernel_choice", "v0.2.0+"),
+          alias("recipe_name", "mx.recipe_name", "v0.2.0+"),
+          alias("filter_fqns", "mx.filter_fqns", "v0.2.0+"),
       }),
       torchtitan_section("quantize.grouped_mm.float8",
                          "torchtitan's float8 grouped GEMMs for MoE (v0.2.0+).", {
@@ -243,11 +249,6 @@ std::vector<SectionSpec> torchtitan_sections() {
       torchtitan_section("quantize.grouped_mm.mx", "torchtitan's MX grouped GEMMs (v0.2.0+).", {
           accepted_any("recipe_name", "mxfp8", kOnlyWithMoE, "v0.2.0+"),
           accepted_any("fqns", Strings{}, kOnlyWithMoE, "v0.2.0+"),
-      }),
-      torchtitan_section("mx", "torchtitan v0.1.0's MX settings.", {
-          accepted_any("use_fp8_dim1_cast_triton_kernel", true, kOnlyWithMX, "v0.1.0"),
-          accepted_any("recipe_name", "mxfp8", kOnlyWithMX, "v0.1.0"),
-          accepted_any("filter_fqns", Strings{"output"}, kOnlyWithMX, "v0.1.0"),
       }),
       torchtitan_section("training.dataloader", "torchtitan's DataLoader worker settings.", {
           accepted_any("num_workers", int64_t{0}, kLoaderWorkers, "v0.2.1+"),
