@@ -11,10 +11,13 @@
 # python whose torch is used; default python3), GPU_CHECK_DEADLINE_S (default 540: later steps
 # are reported NOT RUN instead of overrunning a 10-minute command).
 # What it measures (docs/development.md, "GPU check"): every [cuda] test (fused casts vs the CPU
-# reference bit for bit, _scaled_mm and cuBLASLt vs emulation, int8 _int_mm), one-rank NCCL
-# collectives through Comm, titan-bench-matmul (8192^3 float8 vs bf16) and titan-bench-linear
-# (M=K=N=8192 fwd+bwd), Llama 3 8B-shaped training (8B_4layers, seq_len 8192, per-op AC) in
-# bf16 and three float8 recipes beside eager PyTorch and torch.compile, a CUDA memory snapshot
+# reference bit for bit, _scaled_mm and cuBLASLt vs emulation, int8 _int_mm, the MX / blockwise
+# dim0 and dim1 cast kernels vs the CPU casts, cuBLASLt block-scaled GEMMs vs the emulation),
+# one-rank NCCL collectives through Comm, titan-bench-matmul (8192^3 float8 vs bf16) and
+# titan-bench-linear (M=K=N=8192 fwd+bwd, the block-scaled recipes' time and SQNR too), Llama 3
+# 8B-shaped training (8B_4layers, seq_len 8192, per-op AC) in bf16, three float8 recipes and the
+# block-scaled ones the GPU multiplies natively (blockwise on sm90+, MXFP8 on sm100+) beside
+# eager PyTorch and torch.compile, a CUDA memory snapshot
 # opened with torch.cuda._memory_viz, and on 2+ GPUs FSDP 2 / TP 2 against one GPU.
 # Results (at most 8 files): summary.txt (the table), results.json (every number),
 # logs.tar.gz (every log, metrics and snapshot), memory_viz.html.
@@ -172,7 +175,7 @@ if ((REHEARSE)); then
   step bench_linear 300 0 "$B/titan-bench-linear" --device cpu --scale 16 --tokens 256 --dims 1024 --iters 1
   step eager_cpu 300 0 eager eager_cpu --flavor debugmodel --steps 1 --warmup 1 --batch 1 --seq-len 32 --ac op
   step memory_snapshot 300 0 snapshot cpu
-  for s in test_model_cuda test_float8_cuda test_float8_all train_8B_4layers_{bf16,tensorwise,rowwise,rowwise_with_gw_hp} \
+  for s in test_model_cuda test_float8_cuda test_float8_all train_8B_4layers_{bf16,tensorwise,rowwise,rowwise_with_gw_hp,blockwise} \
            eager_8B_4layers compile_8B_4layers debugmodel_recipes multi_gpu; do
     not_run "$s" "needs a GPU"
   done
@@ -189,8 +192,16 @@ else
     step bench_linear 300 0 "$B/titan-bench-linear" --device cuda --tokens 8192 --dims 1024 4096 8192
   fi
   # Llama 3 8B-shaped: 8B's layers (4 of 32) and vocabulary, seq_len 8192, per-op AC, bf16.
-  for recipe in bf16 tensorwise rowwise rowwise_with_gw_hp; do
-    f8=(); [[ $recipe == bf16 ]] || f8=(--float8.enable_float8_linear --float8.recipe_name "$recipe")
+  # Block-scaled recipes by what the GPU multiplies natively: blockwise float8 on sm90+ (cuBLASLt
+  # VEC128 / BLK128x128 scales), MXFP8 on sm100+ (VEC32_UE8M0); never an emulated throughput.
+  CC=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d .)
+  BLOCK_SCALED=(blockwise); ((CC >= 100)) && BLOCK_SCALED+=(mxfp8_cublas mxfp8_cublas_rceil)
+  for recipe in bf16 tensorwise rowwise rowwise_with_gw_hp "${BLOCK_SCALED[@]}"; do
+    case $recipe in
+      bf16) f8=() ;;
+      mxfp8*) f8=(--model.converters mx --mx.recipe_name "$recipe") ;;
+      *) f8=(--float8.enable_float8_linear --float8.recipe_name "$recipe") ;;
+    esac
     step "train_8B_4layers_$recipe" 400 0 train "train_8B_4layers_$recipe" llama3_8b.toml \
       --model.flavor 8B_4layers --model.tokenizer_path "$VOCAB" --training.steps "$STEPS" \
       --lr_scheduler.warmup_steps 2 "${f8[@]}"
@@ -206,10 +217,11 @@ else
     not_run test_float8_all "--quick"; not_run debugmodel_recipes "--quick"
   else
     step test_float8_all 400 0 "$B/test_float8"
-    for recipe in bf16 tensorwise rowwise rowwise_with_gw_hp tensorwise_delayed int8; do
+    for recipe in bf16 tensorwise rowwise rowwise_with_gw_hp tensorwise_delayed int8 "${BLOCK_SCALED[@]}" mxfp8_emulated; do
       case $recipe in
         bf16) q=() ;;
         int8) q=(--int8.enable_int8_linear) ;;
+        mx*) q=(--model.converters mx --mx.recipe_name "$recipe") ;;
         *) q=(--float8.enable_float8_linear --float8.recipe_name "$recipe") ;;
       esac
       step "debugmodel_$recipe" 300 0 train "debugmodel_$recipe" llama3_debugmodel.toml \
