@@ -330,8 +330,9 @@ std::vector<SectionSpec> build_table() {
               "Linears whose fully-qualified name contains one of these stay high precision."),
           key("mxfp8_dim1_cast_kernel_choice", &MxSection::mxfp8_dim1_cast_kernel_choice,
               "How a CUDA run casts the transposed (dim1) operands: cuda/triton = titan's fused "
-              "cast-and-transpose kernel, torch = transpose, then the dim0 cast. The same bits either way.")
-              .one_of({"cuda", "triton", "torch"}),
+              "cast-and-transpose kernel (so are torchao's cutedsl and flydsl), torch = transpose, then "
+              "the dim0 cast. The same bits either way.")
+              .one_of({"cuda", "triton", "cutedsl", "flydsl", "torch"}),
           key("emulate", &MxSection::emulate,
               "Emulate the MX GEMM (always the case on the CPU; the *_emulated recipes always do)."),
       }),
