@@ -7,7 +7,8 @@
 //   jsonl     one .jsonl file, or a folder of *.jsonl files (not recursive): one JSON object per
 //             line, its string field "text" is a document; blank lines are skipped.
 // Files are read in sorted path order, so the document list is the same on every rank and run.
-// Empty documents (whitespace-only for fortunes) are dropped: they would only add BOS/EOS pairs.
+// Empty fortunes (whitespace-only) and empty .txt files are dropped; an empty jsonl "text" is a
+// document (BOS EOS), as in torchtitan's dataset and titan's c4 reader.
 #pragma once
 
 #include <string>

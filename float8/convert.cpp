@@ -12,6 +12,21 @@ namespace titan::float8 {
 
 namespace {
 
+// torchtitan 0.2.x spells the auto filter as an entry of filter_fqns: "auto_filter_small_kn"
+// turns it on and is not a module name.
+constexpr const char* kAutoFilterEntry = "auto_filter_small_kn";
+
+std::vector<std::string> without_auto_filter_entry(const std::vector<std::string>& filter_fqns) {
+  std::vector<std::string> out;
+  for (const std::string& f : filter_fqns)
+    if (f != kAutoFilterEntry) out.push_back(f);
+  return out;
+}
+
+bool asks_auto_filter(const std::vector<std::string>& filter_fqns, bool auto_filter) {
+  return auto_filter || std::find(filter_fqns.begin(), filter_fqns.end(), kAutoFilterEntry) != filter_fqns.end();
+}
+
 // The reason a linear may not be converted at all, or "".
 std::string common_skip_reason(const titan::model::Linear& linear,
                                const std::vector<std::string>& filter_fqns) {
@@ -37,16 +52,20 @@ namespace {
 
 // Block-scaled installation shared by MX and blockwise float8.
 ConversionReport convert_block_scaled(const std::vector<titan::model::Linear*>& linears, const BlockScaledRecipe& recipe,
-                                      const std::vector<std::string>& filter_fqns, bool emulate,
+                                      const std::vector<std::string>& filter_fqns, bool emulate, bool auto_filter,
                                       bool fused_dim1_cast = true) {
   const int64_t block = std::max(recipe.activation.block_cols, recipe.weight.block_cols);
   const BlockGemmBackend backend = emulate ? BlockGemmBackend::Emulated : BlockGemmBackend::Auto;
+  auto_filter = asks_auto_filter(filter_fqns, auto_filter);
+  const std::vector<std::string> names = without_auto_filter_entry(filter_fqns);
   ConversionReport report;
   for (titan::model::Linear* linear : linears) {
-    std::string reason = common_skip_reason(*linear, filter_fqns);
+    std::string reason = common_skip_reason(*linear, names);
     if (reason.empty() && (linear->in_features() % block != 0 || linear->out_features() % block != 0))
       reason = "in_features " + std::to_string(linear->in_features()) + " or out_features " +
                std::to_string(linear->out_features()) + " not divisible by the block length " + std::to_string(block);
+    if (reason.empty() && auto_filter)
+      reason = auto_filter_skip_reason(recipe.name, linear->in_features(), linear->out_features());
     if (!reason.empty()) {
       report.skipped.emplace_back(linear->fqn(), reason);
       continue;
@@ -101,8 +120,9 @@ void validate_float8_options(const Float8Options& options) {
 }
 
 std::string auto_filter_skip_reason(const std::string& recipe_name, int64_t K, int64_t N) {
-  // torchao publishes no table for blockwise float8; its per-tile scales cost what rowwise's do.
-  const Float8Recipe recipe = recipe_from_name(recipe_name == kBlockwiseRecipeName ? "rowwise" : recipe_name);
+  // torchao publishes no table for the block-scaled recipes (MX, blockwise); their per-block
+  // scales and casts along both dimensions cost what rowwise's per-row ones do, so they use its.
+  const Float8Recipe recipe = recipe_from_name(is_block_scaled_recipe_name(recipe_name) ? "rowwise" : recipe_name);
   const std::string kn = "K=" + std::to_string(K) + ", N=" + std::to_string(N);
   if (!recipe_uses_axiswise(recipe)) {
     if (K <= 4096 && N <= 1024) {
@@ -122,28 +142,17 @@ std::string auto_filter_skip_reason(const std::string& recipe_name, int64_t K, i
 ConversionReport convert_to_float8_training(std::vector<titan::model::Linear*> linears,
                                             const Float8Options& options) {
   validate_float8_options(options);
-  if (options.recipe_name == kBlockwiseRecipeName) {
-    std::vector<titan::model::Linear*> kept;
-    ConversionReport filtered;
-    for (titan::model::Linear* linear : linears) {
-      const std::string reason = options.auto_filter_small_kn
-                                     ? auto_filter_skip_reason(options.recipe_name, linear->in_features(),
-                                                               linear->out_features())
-                                     : "";
-      if (reason.empty()) kept.push_back(linear);
-      else filtered.skipped.emplace_back(linear->fqn(), reason);
-    }
-    ConversionReport report = convert_block_scaled(
-        kept, block_scaled_recipe_from_name(kBlockwiseRecipeName), options.filter_fqns, options.emulate);
-    report.skipped.insert(report.skipped.end(), filtered.skipped.begin(), filtered.skipped.end());
-    return report;
-  }
+  if (options.recipe_name == kBlockwiseRecipeName)
+    return convert_block_scaled(linears, block_scaled_recipe_from_name(kBlockwiseRecipeName), options.filter_fqns,
+                                options.emulate, options.auto_filter_small_kn);
   Float8Recipe recipe = recipe_from_name(options.recipe_name);
   recipe.amax_history_len = options.amax_history_len;
+  const bool auto_filter = asks_auto_filter(options.filter_fqns, options.auto_filter_small_kn);
+  const std::vector<std::string> names = without_auto_filter_entry(options.filter_fqns);
   ConversionReport report;
   for (titan::model::Linear* linear : linears) {
-    std::string reason = common_skip_reason(*linear, options.filter_fqns);
-    if (reason.empty() && options.auto_filter_small_kn) {
+    std::string reason = common_skip_reason(*linear, names);
+    if (reason.empty() && auto_filter) {
       reason = auto_filter_skip_reason(recipe.name, linear->in_features(),
                                        linear->out_features());
     }
@@ -162,7 +171,7 @@ ConversionReport convert_to_mx_training(std::vector<titan::model::Linear*> linea
   if (options.recipe_name == kBlockwiseRecipeName)
     throw std::invalid_argument("mx.recipe_name = 'blockwise' is a float8 recipe: use --float8.recipe_name blockwise");
   return convert_block_scaled(linears, block_scaled_recipe_from_name(options.recipe_name), options.filter_fqns,
-                              options.emulate, options.fused_dim1_cast);
+                              options.emulate, options.auto_filter_small_kn, options.fused_dim1_cast);
 }
 
 ConversionReport convert_to_int8_training(std::vector<titan::model::Linear*> linears,

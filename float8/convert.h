@@ -21,7 +21,9 @@ namespace titan::float8 {
 struct Float8Options {
   // tensorwise | rowwise | rowwise_with_gw_hp | tensorwise_delayed (+ aliases) | blockwise
   std::string recipe_name = "tensorwise";
-  std::vector<std::string> filter_fqns = {"output"};  // skip linears whose fqn contains one
+  // Skip linears whose fqn contains one; the entry "auto_filter_small_kn" (torchtitan 0.2.x's
+  // spelling) turns on the auto filter instead (float8 and MX alike).
+  std::vector<std::string> filter_fqns = {"output"};
   bool auto_filter_small_kn = false;  // skip (K, N) where float8 is slower than bf16
   bool emulate = false;               // emulated GEMMs even on CUDA (the CPU always emulates)
   int64_t amax_history_len = 16;      // delayed recipes: history entries per operand
@@ -41,6 +43,7 @@ struct MxOptions {
   std::vector<std::string> filter_fqns = {"output"};
   bool emulate = false;  // emulated GEMMs even on CUDA (the CPU always emulates)
   bool fused_dim1_cast = true;  // mxfp8_dim1_cast_kernel_choice "torch": false
+  bool auto_filter_small_kn = false;  // float8 rowwise's table (torchao has none for MX)
 };
 
 struct ConversionReport {

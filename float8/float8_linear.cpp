@@ -1,5 +1,6 @@
 #include "float8/float8_linear.h"
 
+#include <ATen/core/grad_mode.h>
 #include <ATen/ops/amax.h>
 #include <ATen/ops/maximum.h>
 #include <ATen/ops/mm.h>
@@ -26,6 +27,12 @@ namespace {
 Float8Tensor delayed_cast(AmaxHistory& h, const at::Tensor& x, at::ScalarType dtype,
                           const Float8Recipe& recipe) {
   at::Tensor current = amax(x, ScalingGranularity::Tensorwise, 0);  // [] float32
+  // A forward without autograd (validation) reads the scaling state and never writes it, so
+  // validating changes no later training step: the history's scale, or before the first
+  // training step a dynamic scale from the current amax.
+  if (!at::GradMode::is_enabled())
+    return to_float8_with_scale(
+        x, h.initialized ? h.scale.clone() : scale_from_amax(current, dtype, recipe.round_scales_to_power_of_2), dtype);
   if (!h.initialized) {
     auto opts = current.options();
     h.amax = at::zeros({}, opts);

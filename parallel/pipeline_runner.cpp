@@ -1,6 +1,8 @@
 // parallel/pipeline_runner.cpp — see pipeline_runner.h.
 #include "parallel/pipeline_runner.h"
 
+#include <ATen/core/grad_mode.h>
+
 #include <ATen/ops/empty.h>
 #include <ATen/ops/tensor.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -43,6 +45,8 @@ struct PipelineSchedule::Pass {
     int to_stage;
     bool gradient;
   };
+  const std::vector<Action>* actions = nullptr;  // what this pass runs: the schedule's, or validation's
+  bool evaluate = false;      // forward only, no autograd: nothing is kept for a backward
   at::Tensor inputs, labels;  // this pass's rows
   double global_tokens = 0;
   std::map<std::pair<int, int64_t>, MicrobatchState> states;        // (stage, micro-batch)
@@ -102,6 +106,7 @@ double PipelineSchedule::step(const at::Tensor& inputs, const at::Tensor& labels
     Pass pass;
     pass.inputs = inputs.narrow(0, first, pass_rows);
     pass.labels = labels.narrow(0, first, pass_rows);
+    pass.actions = &actions_;
     pass.global_tokens = global_tokens;
     pass.losses.assign(static_cast<size_t>(plan_.microbatches), 0.0);
     run_pass(pass);
@@ -153,10 +158,44 @@ std::vector<std::string> PipelineSchedule::timeline() const {
   return {head.str(), "  |" + row + "|", order};
 }
 
+double PipelineSchedule::evaluate(const at::Tensor& inputs, const at::Tensor& labels) {
+  at::NoGradGuard no_grad;
+  const int64_t rows = plan_.microbatch_rows;
+  TORCH_CHECK(inputs.size(0) % rows == 0, "pipeline validation: ", inputs.size(0),
+              " rows do not split into micro-batches of ", rows, " rows");
+  Pass pass;
+  std::vector<Action> actions;
+  const int64_t microbatches = inputs.size(0) / rows;
+  for (int64_t m = 0; m < microbatches; ++m)
+    for (int stage = 0; stage < plan_.num_stages(); ++stage)
+      if (plan_.stage_rank[static_cast<size_t>(stage)] == pp_rank_) actions.push_back({stage, ActionType::kForward, m});
+  pass.actions = &actions;
+  pass.evaluate = true;
+  pass.inputs = inputs;
+  pass.labels = labels;
+  pass.global_tokens = 1;  // unused without a backward
+  pass.losses.assign(static_cast<size_t>(microbatches), 0.0);
+  const std::vector<ActionTiming> step_timings = timings_;  // the timeline shows training steps
+  step_start_ = Clock::now();
+  run_pass(pass);
+  timings_ = step_timings;
+  const bool last_stage_here = plan_.stage_rank.back() == pp_rank_;
+  double loss_sum = 0;
+  if (last_stage_here)
+    for (double l : pass.losses) loss_sum += l;
+  if (Comm* pp = mesh_.comm(MeshDim::kPp)) {
+    at::Tensor t = at::tensor({last_stage_here ? loss_sum : 0.0}, at::TensorOptions().dtype(at::kDouble)).to(device_);
+    pp->all_reduce(t, ReduceOp::kSum);
+    loss_sum = t.item<double>();
+  }
+  return loss_sum;
+}
+
 void PipelineSchedule::run_pass(Pass& pass) {
-  for (size_t i = 0; i < actions_.size(); ++i) {
+  const std::vector<Action>& actions = *pass.actions;
+  for (size_t i = 0; i < actions.size(); ++i) {
     post_receives(pass, i);
-    const Action& a = actions_[i];
+    const Action& a = actions[i];
     const auto start = Clock::now();
     waited_seconds_ = 0;
     // A named range per action: profiler traces show each rank's schedule as run, memory
@@ -188,8 +227,9 @@ void PipelineSchedule::run_pass(Pass& pass) {
 void PipelineSchedule::post_receives(Pass& pass, size_t from) {
   Comm* pp = mesh_.comm(MeshDim::kPp);
   int posted = 0;
-  for (size_t j = from; j < actions_.size() && posted < 2; ++j) {
-    const Action& a = actions_[j];
+  const std::vector<Action>& actions = *pass.actions;
+  for (size_t j = from; j < actions.size() && posted < 2; ++j) {
+    const Action& a = actions[j];
     bool gradient;
     int peer_stage;
     if (a.type == ActionType::kForward && a.stage > 0) {
@@ -274,6 +314,7 @@ void PipelineSchedule::forward(Pass& pass, const Action& a) {
     st.output = out;
     hand_over(pass, out, a.stage + 1, a.microbatch, false, a);
   }
+  if (pass.evaluate) pass.states.erase({a.stage, a.microbatch});  // no backward will read it
 }
 
 void PipelineSchedule::backward(Pass& pass, const Action& a) {

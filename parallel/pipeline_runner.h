@@ -56,6 +56,10 @@ class PipelineSchedule : public Schedule {
                    bool split_backward_weights);
   std::string describe() const override;
   double step(const at::Tensor& inputs, const at::Tensor& labels, double global_tokens) override;
+  // Validation: the rows in micro-batches of the plan's size, each run forward through this
+  // rank's stages in stage order (a forward-only schedule cannot deadlock: every stage's input
+  // comes from a lower stage), without autograd; the loss sum all-reduced over pp.
+  double evaluate(const at::Tensor& inputs, const at::Tensor& labels) override;
 
   // See Note [Pipeline timeline] in pipeline_runner.cpp.
   std::vector<std::string> timeline() const override;

@@ -1,6 +1,8 @@
 // parallel/schedule.cpp — see schedule.h.
 #include "parallel/schedule.h"
 
+#include <ATen/core/grad_mode.h>
+
 #include <torch/csrc/autograd/autograd.h>
 
 #include <cctype>
@@ -83,6 +85,11 @@ double SingleStageSchedule::step(const at::Tensor& inputs, const at::Tensor& lab
     }
   }
   return loss_sum;
+}
+
+double SingleStageSchedule::evaluate(const at::Tensor& inputs, const at::Tensor& labels) {
+  at::NoGradGuard no_grad;
+  return forward(inputs, labels).item<double>();
 }
 
 at::Tensor SingleStageSchedule::forward(const at::Tensor& inputs, const at::Tensor& labels) {

@@ -69,6 +69,12 @@ class Schedule {
   // global batch, on any device; the rows are split into equal micro-batches). Returns this
   // rank's sum of token losses (See Note [Loss scaling]).
   virtual double step(const at::Tensor& inputs, const at::Tensor& labels, double global_tokens) = 0;
+  // Forward only, without autograd (validation): this rank's sum of token losses over inputs /
+  // labels [rows, S], split as the schedule splits a step's rows (the pipeline: into its
+  // micro-batches, every one run forward through this rank's stages in order). Touches no
+  // gradient and no optimizer state; activation checkpointing and FSDP's kept parameters do not
+  // apply without autograd.
+  virtual double evaluate(const at::Tensor& inputs, const at::Tensor& labels) = 0;
   // What this rank ran in the last step, as text lines (the pipeline's timeline); empty when the
   // schedule has nothing to show (gradient accumulation).
   virtual std::vector<std::string> timeline() const { return {}; }
@@ -84,6 +90,7 @@ class SingleStageSchedule : public Schedule {
                       c10::Device device);
   std::string describe() const override;
   double step(const at::Tensor& inputs, const at::Tensor& labels, double global_tokens) override;
+  double evaluate(const at::Tensor& inputs, const at::Tensor& labels) override;
 
  private:
   // Forward of one micro-batch: its loss sum (a scalar with its autograd graph).

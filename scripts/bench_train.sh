@@ -1,37 +1,83 @@
 #!/usr/bin/env bash
-# titan vs plain PyTorch eager and torch.compile (Python, same wheel, same threads, same model and
-# batch shape) on the CPU: steady-state tokens/s, time to first step and peak memory (resident
-# set) for the debug model and a ~100M model.
-#   scripts/bench_train.sh [threads]          # ENGINES="titan eager compile" by default
+# titan vs Python peers (same wheel, same threads, same model shapes and batch shape) on the CPU:
+# steady-state tokens/s, time to first step, peak memory (resident set) and the share of the step
+# spent in GEMMs, for the debug model and a ~100M model.
+#   scripts/bench_train.sh [threads]
+#   ENGINES="titan eager compile"            (default) the hand-written eager Llama
+#                                            (scripts/bench/eager_llama.py), plain and torch.compile
+#   ENGINES="titan torchtitan torchtitan_compile"   torchtitan 0.2.2's own Llama 3 Transformer
+#                                            (scripts/bench/torchtitan_llama.py), eager and compiled
+#                                            per TransformerBlock as torchtitan's apply_compile
+#   DTYPE=float32 (default) | bfloat16 | "float32 bfloat16"   bfloat16: titan gets
+#                                            --training.mixed_precision_param bfloat16, the Python
+#                                            engines run forward + loss under torch.autocast
+#   GEMM_SHARE=1 (default) | 0               profile one extra step per engine (titan: a separate
+#                                            3-step run with --profiling.enable_profiling) and report
+#                                            the GEMM share of its self CPU time (not for eager/compile)
 # Time to first step: from process start to the end of the first optimizer step (Python: from
 # before `import torch`; includes torch.compile's warm-up; titan: the process's wall time minus
 # its timed steps, so it also counts titan's exit). Steady state: tokens/s over the timed steps
 # after the warm-up steps (2; torch.compile: 3, its backward graph compiles in step 1).
+# GEMM share: self time of aten::mm/addmm/bmm/baddbmm/matmul/linear over the self time of all CPU
+# events of the profiled step (trace_gemm_share in scripts/bench/torchtitan_llama.py).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 THREADS="${1:-$(nproc)}"
 ENGINES="${ENGINES:-titan eager compile}"
+DTYPES="${DTYPE:-float32}"
+GEMM_SHARE="${GEMM_SHARE:-1}"
+for engine in $ENGINES; do
+  case "$engine" in
+    titan | eager | compile | torchtitan | torchtitan_compile) ;;
+    *) echo "bench_train.sh: unknown engine '$engine' in ENGINES (choose from: titan eager compile" \
+            "torchtitan torchtitan_compile)" >&2; exit 2 ;;
+  esac
+done
+for dtype in $DTYPES; do
+  case "$dtype" in
+    float32 | bfloat16) ;;
+    *) echo "bench_train.sh: DTYPE '$dtype': choose float32 or bfloat16" >&2; exit 2 ;;
+  esac
+done
 "$ROOT/scripts/setup.sh" >/dev/null
 PY="$ROOT/.deps/venv/bin/python"
 TRAIN="$ROOT/build/apps/titan-train"
+BENCH="$ROOT/scripts/bench"
 OUT="$(mktemp -d)"
 trap 'rm -rf "$OUT"' EXIT
+
+# torchtitan's model files only (the wheel without its dependencies, as .deps/torchao in
+# scripts/setup.sh); torchtitan_llama.py imports them without torchtitan's training stack.
+TORCHTITAN_VERSION="0.2.2"
+export TORCHTITAN_DIR="$ROOT/.deps/torchtitan"
+if [[ " $ENGINES " == *" torchtitan"* &&
+      "$(cat "$TORCHTITAN_DIR/.installed" 2>/dev/null)" != "$TORCHTITAN_VERSION" ]]; then
+  echo "[bench] installing torchtitan==$TORCHTITAN_VERSION into $TORCHTITAN_DIR" >&2
+  rm -rf "$TORCHTITAN_DIR"
+  "$ROOT/.deps/venv/bin/pip" install -q --disable-pip-version-check --no-deps --target "$TORCHTITAN_DIR" \
+    "torchtitan==$TORCHTITAN_VERSION"
+  echo "$TORCHTITAN_VERSION" > "$TORCHTITAN_DIR/.installed"
+fi
 
 # name flavor batch seq_len timed_steps
 CASES=("debug debugmodel 4 128 30" "100M 100M 2 256 8")
 
+for dtype in $DTYPES; do
 for c in "${CASES[@]}"; do
   read -r name flavor batch seq steps <<<"$c"
   for engine in $ENGINES; do
     warmup=2
+    res="$OUT/$name.$dtype.$engine.json"
     case "$engine" in
       titan)
+        titan_flags=(--model.flavor "$flavor" --training.local_batch_size "$batch" --training.seq_len "$seq"
+                     --training.num_threads "$THREADS" --training.mixed_precision_param "$dtype"
+                     --metrics.log_freq 1 --metrics.peak_flops 1e12)
         start=$(date +%s.%N)
-        "$TRAIN" --model.flavor "$flavor" --training.local_batch_size "$batch" --training.seq_len "$seq" \
-          --training.steps $((steps + warmup)) --training.num_threads "$THREADS" --metrics.log_freq 1 \
-          --metrics.peak_flops 1e12 --job.dump_folder "$OUT/$name" >"$OUT/$name.log" 2>&1
+        "$TRAIN" "${titan_flags[@]}" --training.steps $((steps + warmup)) --job.dump_folder "$OUT/$name.$dtype" \
+          >"$OUT/$name.$dtype.log" 2>&1 || { cat "$OUT/$name.$dtype.log" >&2; exit 1; }
         end=$(date +%s.%N)
-        "$PY" - "$OUT/$name/metrics.jsonl" "$warmup" "$start" "$end" >"$OUT/$name.$engine.json" <<'PY'
+        "$PY" - "$OUT/$name.$dtype/metrics.jsonl" "$warmup" "$start" "$end" >"$res" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 warmup, wall = int(sys.argv[2]), float(sys.argv[4]) - float(sys.argv[3])
@@ -40,32 +86,65 @@ after_first = sum(r["elapsed_s"] for r in rows if r["step"] > 1)
 print(json.dumps({"tps": sum(r["tokens"] for r in timed) / sum(r["elapsed_s"] for r in timed),
                   "first_step_s": wall - after_first, "peak_rss_bytes": rows[-1]["peak_rss_bytes"]}))
 PY
+        if [[ "$GEMM_SHARE" == 1 ]]; then
+          # A separate run (so the trace export costs neither the timing nor the first step): the
+          # step after the warm-up steps traced, as torch.profiler's schedule (1 warmup, 1 active).
+          prof="$OUT/$name.$dtype.prof"
+          "$TRAIN" "${titan_flags[@]}" --training.steps $((warmup + 1)) --job.dump_folder "$prof" \
+            --profiling.enable_profiling true --profiling.profile_freq $((warmup + 1)) \
+            --profiling.profiler_warmup 1 --profiling.profiler_active 1 \
+            >"$prof.log" 2>&1 || { cat "$prof.log" >&2; exit 1; }
+          trace="$(find "$prof" -name 'rank0_trace.json' | head -1)"
+          [[ -n "$trace" ]] || { echo "bench_train.sh: titan wrote no profiler trace in $prof" >&2; exit 1; }
+          "$PY" "$BENCH/torchtitan_llama.py" --gemm-share-of-trace "$trace" >"$prof.json"
+          "$PY" - "$res" "$prof.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1])); r.update(json.load(open(sys.argv[2])))
+json.dump(r, open(sys.argv[1], "w"))
+PY
+        fi
         ;;
-      eager | compile)
-        flags=()
-        if [[ "$engine" == compile ]]; then flags=(--compile); warmup=3; fi
-        OMP_NUM_THREADS=$THREADS "$PY" "$ROOT/scripts/bench/eager_llama.py" --flavor "$flavor" \
+      eager | compile | torchtitan | torchtitan_compile)
+        script="$BENCH/eager_llama.py"; flags=()
+        [[ "$engine" == torchtitan* ]] && script="$BENCH/torchtitan_llama.py"
+        if [[ "$engine" == torchtitan* && "$GEMM_SHARE" != 1 ]]; then flags+=(--no-profile); fi
+        if [[ "$engine" == *compile ]]; then flags+=(--compile); warmup=3; fi
+        OMP_NUM_THREADS=$THREADS "$PY" "$script" --flavor "$flavor" --dtype "$dtype" \
           --batch "$batch" --seq-len "$seq" --steps "$steps" --warmup "$warmup" --threads "$THREADS" \
-          "${flags[@]}" 2>"$OUT/$name.$engine.err" >"$OUT/$name.$engine.json" ||
-          { cat "$OUT/$name.$engine.err" >&2; exit 1; }
+          "${flags[@]}" 2>"$OUT/$name.$dtype.$engine.err" >"$res" ||
+          { cat "$OUT/$name.$dtype.$engine.err" >&2; exit 1; }
         ;;
-      *) echo "bench_train.sh: unknown engine '$engine' in ENGINES (choose from: titan eager compile)" >&2; exit 2 ;;
     esac
   done
 done
+done
 
-"$PY" - "$OUT" "$THREADS" "$ENGINES" "${CASES[@]}" <<'PY'
+"$PY" - "$OUT" "$THREADS" "$ENGINES" "$DTYPES" "${CASES[@]}" <<'PY'
 import json, os, sys
-out, threads, engines, cases = sys.argv[1], sys.argv[2], sys.argv[3].split(), sys.argv[4:]
+out, threads, engines, dtypes, cases = sys.argv[1], sys.argv[2], sys.argv[3].split(), sys.argv[4].split(), sys.argv[5:]
+peers = [e for e in engines if e != "titan"]
 print(f"threads: {threads}")
-print("| case | engine | tok/s | vs eager | first step s | peak RSS GiB |")
-print("|---|---|---|---|---|---|")
-for c in cases:
-    name = c.split()[0]
-    res = {e: json.load(open(os.path.join(out, f"{name}.{e}.json"))) for e in engines}
-    for e in engines:
-        r = res[e]
-        ratio = f"{r['tps'] / res['eager']['tps']:.2f}x" if "eager" in res else "-"
-        print(f"| {name} | {e} | {r['tps']:,.0f} | {ratio} | {r['first_step_s']:.1f} | "
-              f"{r['peak_rss_bytes'] / 2**30:.3f} |")
+print("| case | dtype | engine | tok/s | " + "".join(f"vs {p} | " for p in peers)
+      + "first step s | peak RSS GiB | GEMM share |")
+print("|---|---|---|---|" + "---|" * len(peers) + "---|---|---|")
+verdicts = []
+for dtype in dtypes:
+    for c in cases:
+        name = c.split()[0]
+        res = {e: json.load(open(os.path.join(out, f"{name}.{dtype}.{e}.json"))) for e in engines}
+        for e in engines:
+            r = res[e]
+            ratios = "".join(f"{r['tps'] / res[p]['tps']:.2f}x | " for p in peers)
+            share = r.get("gemm_share")
+            share = f"{100 * share:.1f}%" if share is not None else "n/a"
+            print(f"| {name} | {dtype} | {e} | {r['tps']:,.0f} | {ratios}{r['first_step_s']:.1f} | "
+                  f"{r['peak_rss_bytes'] / 2**30:.3f} | {share} |")
+        if "titan" in res:
+            for p in peers:
+                if p.startswith("torchtitan"):
+                    x = res["titan"]["tps"] / res[p]["tps"]
+                    verdicts.append(f"{name} {dtype}: titan / {p} = {x:.2f}x "
+                                    f"({'meets' if x >= 1.1 else 'MISSES'} the 1.1x target)")
+for v in verdicts:
+    print(v)
 PY

@@ -3,6 +3,11 @@
 
     hf_llama_check.py HF_FOLDER TITAN_LOGITS.safetensors     # compare (exit 0 = match)
     hf_llama_check.py --install-transformers                 # pinned transformers into .deps/hf-python
+    hf_llama_check.py --mean-ce HF_FOLDER BATCHES.safetensors  # prints {"mean_ce": ..., "tokens": ...}
+
+--mean-ce: BATCHES holds "inputs" and "labels" [N, S] int64; the mean over all N x S tokens of
+the cross entropy of the HF-layout Llama's logits (this file's re-implementation, float32 logits,
+the sum in float64): the validation loss titan must report for the same tokens.
 
 TITAN_LOGITS holds "tokens" [B, S] int64 and "logits" [B, S, V] float32 that titan computed
 from the exported weights. The HF side is `transformers.LlamaForCausalLM.from_pretrained` when
@@ -119,7 +124,21 @@ def transformers_logits(folder, tokens):
         return model(tokens).logits, "transformers " + transformers.__version__
 
 
+def mean_cross_entropy(folder, batches):
+    data = read_safetensors(batches)
+    inputs, labels = data["inputs"], data["labels"]
+    total = 0.0
+    with torch.no_grad():
+        for i in range(inputs.shape[0]):  # one sequence at a time: small memory
+            logits = hf_llama_logits(folder, inputs[i : i + 1]).float()
+            total += torch.nn.functional.cross_entropy(logits[0], labels[i], reduction="sum").double().item()
+    print(json.dumps({"mean_ce": total / labels.numel(), "tokens": labels.numel()}))
+    return 0
+
+
 def main():
+    if len(sys.argv) == 4 and sys.argv[1] == "--mean-ce":
+        return mean_cross_entropy(sys.argv[2], sys.argv[3])
     if sys.argv[1:] == ["--install-transformers"]:
         return subprocess.call([sys.executable, "-m", "pip", "install", "-q", "--target", HF_PYTHON, TRANSFORMERS])
     folder, probe = sys.argv[1], sys.argv[2]

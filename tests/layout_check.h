@@ -64,7 +64,8 @@ using titan::testing::run_job;
 inline std::vector<Step> read_metrics(const fs::path& path) {
   std::vector<Step> steps;
   for (const auto& j : titan::testing::read_metrics_lines(path))
-    steps.push_back({j.at("loss").get<double>(), j.at("grad_norm").get<double>()});
+    if (j.contains("loss"))  // training lines (validation lines carry validation_metrics/*)
+      steps.push_back({j.at("loss").get<double>(), j.at("grad_norm").get<double>()});
   return steps;
 }
 

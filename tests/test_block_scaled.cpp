@@ -247,4 +247,10 @@ TEST_CASE("block-scaled shapes and recipes are checked with errors that name the
   CHECK(report.converted[0].first == "layers.0.attention.wk");
   REQUIRE(report.skipped.size() == 1);
   CHECK_THAT(report.skipped[0].second, Catch::Contains("not divisible by the block length 32"));
+  // The auto filter (float8 rowwise's table: torchao has none for MX) skips small K/N.
+  titan::model::Linear small("layers.0.attention.wq", 256, 256);
+  options.auto_filter_small_kn = true;
+  const ConversionReport filtered = convert_to_mx_training({&small}, options);
+  REQUIRE(filtered.skipped.size() == 1);
+  CHECK_THAT(filtered.skipped[0].second, Catch::Contains("auto_filter_small_kn"));
 }

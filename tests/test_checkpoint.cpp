@@ -365,6 +365,35 @@ TEST_CASE("Hugging Face export loads back bitwise and gives HF Llama's logits", 
     INFO(first.param_names()[i]);
     CHECK(at::equal(first.master_params()[i], second.master_params()[i]));
   }
+  {
+    // torchtitan's spellings: last_save_in_hf writes the last checkpoint as an HF folder
+    // (step-3, model only, export dtype), initial_load_in_hf reads one from initial_load_path
+    // or, when that is empty, model.hf_assets_path; the masters come back bitwise again.
+    const fs::path tt = dump / "torchtitan_hf";
+    std::vector<std::string> save = {"--training.seq_len", "32", "--training.local_batch_size", "2",
+                                     "--training.steps", "3", "--training.num_threads", "1", "--metrics.peak_flops",
+                                     "1e12", "--job.dump_folder", tt.string(), "--checkpoint.enable",
+                                     "--checkpoint.interval", "100", "--checkpoint.last_save_model_only",
+                                     "--checkpoint.last_save_in_hf"};
+    Trainer saver(parse_job_config(save));
+    saver.train();
+    const fs::path step3 = tt / "checkpoint" / "step-3";
+    CHECK(fs::exists(step3 / "model.safetensors.index.json"));
+    CHECK(!fs::exists(tt / "checkpoint" / "step-3.tmp"));
+    std::vector<std::string> load = {"--training.seq_len", "32", "--training.steps", "3", "--metrics.peak_flops",
+                                     "1e12", "--job.dump_folder", (dump / "tt_load").string(),
+                                     "--model.tokenizer_path", "", "--checkpoint.initial_load_in_hf",
+                                     "--model.hf_assets_path", step3.string()};
+    Trainer loaded(parse_job_config(load));
+    for (size_t i = 0; i < saver.master_params().size(); ++i) {
+      INFO(saver.param_names()[i]);
+      CHECK(at::equal(saver.master_params()[i], loaded.master_params()[i]));
+    }
+    // A folder that is not an HF checkpoint is refused naming the key that pointed to it.
+    load.back() = (dump / "tt_load").string();
+    CHECK_THROWS_WITH(Trainer(parse_job_config(load)),
+                      Contains("model.hf_assets_path") && Contains("is not a Hugging Face checkpoint"));
+  }
   {  // an HF config whose numerics differ from titan's model is refused by name
     const fs::path other = dump / "hf_other";
     fs::copy(hf, other, fs::copy_options::recursive);

@@ -434,6 +434,12 @@ TEST_CASE("jsonl dataset: documents from \"text\", bad lines name file and line"
   REQUIRE(docs.size() == 2);
   CHECK(docs[0] == "first doc");
   CHECK(docs[1] == "second \xC3\xBC");
+  // An empty "text" is a document (torchtitan's dataset yields BOS EOS for it), blank lines are not.
+  const std::string with_empty = dir.file("empty.jsonl");
+  write_file(with_empty, "{\"text\": \"a\"}\n{\"text\": \"\"}\n\n{\"text\": \"b\"}\n");
+  docs = read_jsonl_documents(with_empty);
+  REQUIRE(docs.size() == 3);
+  CHECK(docs[1].empty());
 
   const std::string bad = dir.file("bad.jsonl");
   write_file(bad, "{\"text\": \"ok\"}\n{\"text\": \"ok\"}\n{\"text\": broken}\n");

@@ -620,6 +620,16 @@ TEST_CASE("convert_to_float8_training: filters and their reasons", "[float8][con
   CHECK(ar.skipped[0].first == "layers.1.attention.wk");
   CHECK(ar.skipped[0].second.find("auto_filter_small_kn") != std::string::npos);
   CHECK(ar.converted.at(0).second == "float8[rowwise]");
+  // torchtitan 0.2.x spells the switch as a filter_fqns entry: the same filter, and no linear
+  // is skipped for "containing" it.
+  Float8Options entry;
+  entry.recipe_name = "rowwise";
+  entry.filter_fqns = {"output", "auto_filter_small_kn"};
+  Linear small2("layers.1.attention.wk", 4096, 1024), big2("layers.1.feed_forward.w1", 4096, 14336);
+  ConversionReport er = convert_to_float8_training({&small2, &big2}, entry);
+  REQUIRE(er.skipped.size() == 1);
+  CHECK(er.skipped[0].second.find("auto_filter_small_kn: K=4096, N=1024") != std::string::npos);
+  CHECK(er.converted.size() == 1);
 }
 
 TEST_CASE("validate_float8_options rejects impossible combinations", "[float8][convert]") {

@@ -21,6 +21,7 @@
 #include <future>
 #include <map>
 #include <thread>
+#include <tuple>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <stdexcept>
@@ -343,6 +344,78 @@ TEST_CASE("a block straddling two TP shards is a config error naming the linear"
   INFO(r.log);
   CHECK(r.exit_code == 2);
   CHECK_THAT(r.log, Contains("layers.0.attention.wq") && Contains("would straddle two ranks"));
+}
+
+TEST_CASE("bfloat16 compute under FSDP, TP and PP reproduces the single-process bfloat16 run", "[parallel][dist][bf16]") {
+  // float32 masters and optimizer state, bf16 compute copies (FSDP casts while it gathers),
+  // gradient reduction in float32 (training.mixed_precision_reduce). FSDP and PP change only
+  // float32 reduction order, as in float32; TP sums row-parallel partial products that are
+  // rounded to bf16 (8 significant bits) before the sum, where one process rounds the whole sum
+  // once: a 2^-9 relative difference in those activations from step 1 on. BF16_TOLERANCE below.
+  Tolerance bf16;
+  bf16.first_loss = 1e-3;  // MEASURE
+  bf16.loss = 1e-3;  // MEASURE
+  bf16.grad_norm = 1e-2;  // MEASURE
+  const std::string shared = "--training.mixed_precision_param bfloat16";
+  check_layout("fsdp2_bf16", 2, "--parallelism.data_parallel_shard_degree 2", 8, shared, bf16);
+  check_layout("tp2_bf16", 2, "--parallelism.tensor_parallel_degree 2", 8, shared, bf16);
+  check_layout("pp2_bf16", 2, "--parallelism.pipeline_parallel_degree 2", 8, shared, bf16);
+}
+
+TEST_CASE("validation under FSDP, TP, FSDP x TP, PP and CP equals one process", "[parallel][dist][validation]") {
+  // See Note [Validation] in trainer/validate.h. The validation batch is held at 4 sequences in
+  // every layout (local_batch_size 4 / data-parallel degree), so every run evaluates the same
+  // tokens; after 4 training steps the weights differ by float32 reduction order only, and the
+  // validation loss (a sum of token losses over every data-parallel rank) gets the layouts'
+  // reduction-order tolerance (tests/layout_check.h: 1e-5 relative, ~10x what such reorderings
+  // give).
+  const fs::path corpus = root() / "validation.jsonl";
+  {
+    std::ofstream out(corpus);
+    for (int i = 0; i < 40; ++i)
+      out << "{\"text\": \"validation document " << i << " with some words " << i * 7 << " in it\"}\n";
+  }
+  auto validation_args = [&](int local_batch) {
+    return " --validation.enable --validation.dataset jsonl --validation.dataset_path " + corpus.string() +
+           " --validation.local_batch_size " + std::to_string(local_batch) + " --validation.seq_len 32 " +
+           "--validation.freq 2 --training.steps 4";
+  };
+  auto validation_losses = [](const fs::path& metrics) {
+    std::vector<double> out;
+    for (const auto& j : titan::testing::read_metrics_lines(metrics))
+      if (j.contains("validation_metrics/loss")) out.push_back(j["validation_metrics/loss"].get<double>());
+    return out;
+  };
+  const fs::path single = root() / "validation_single";
+  const Run ref = run_job(std::string(TITAN_TRAIN_PATH) + " " + train_args(single, 8) + validation_args(4),
+                          single.string() + ".log");
+  INFO(ref.log);
+  REQUIRE(ref.exit_code == 0);
+  const std::vector<double> want = validation_losses(single / "metrics.jsonl");
+  REQUIRE(want.size() == 2);  // after steps 2 and 4
+  const std::vector<std::tuple<std::string, int, std::string, int>> layouts = {
+      {"fsdp2", 2, "--parallelism.data_parallel_shard_degree 2", 2},
+      {"tp2", 2, "--parallelism.tensor_parallel_degree 2", 4},
+      {"fsdp2_tp2", 4, "--parallelism.data_parallel_shard_degree 2 --parallelism.tensor_parallel_degree 2", 2},
+      {"pp2", 2, "--parallelism.pipeline_parallel_degree 2", 4},
+      {"cp2", 2, "--parallelism.context_parallel_degree 2", 4},
+  };
+  for (const auto& [name, nproc, layout, local_batch] : layouts) {
+    const fs::path dump = root() / ("validation_" + name);
+    const Run r = run_job(std::string(TITAN_RUN_PATH) + " --nproc-per-node " + std::to_string(nproc) + " -- " +
+                              TITAN_TRAIN_PATH + " " + train_args(dump, 8) + " " + layout + validation_args(local_batch),
+                          dump.string() + ".log");
+    INFO(name << ":\n" << r.log);
+    REQUIRE(r.exit_code == 0);
+    for (int rank = 0; rank < nproc; ++rank) {
+      const std::vector<double> got = validation_losses(dump / ("metrics_rank" + std::to_string(rank) + ".jsonl"));
+      REQUIRE(got.size() == want.size());
+      for (size_t i = 0; i < got.size(); ++i) {
+        INFO(name << " rank " << rank << " validation " << i);
+        CHECK(got[i] == Approx(want[i]).epsilon(kLossRelTol));
+      }
+    }
+  }
 }
 
 TEST_CASE("FSDP float8 all-gather (and precomputed scales) reproduces the float8 runs", "[parallel][dist][float8]") {

@@ -145,7 +145,11 @@ TEST_CASE("mfu's peak: config, else the GPU by name, else the CPU probe", "[trai
   CHECK(configured.source == "metrics.peak_flops");
   const PeakFlops cpu = peak_flops_for_mfu(0, c10::Device(c10::kCPU));
   CHECK(cpu.flops_per_second > 0);
-  CHECK_THAT(cpu.source, Catch::Contains("GEMM probe on this CPU"));
+  CHECK_THAT(cpu.source, Catch::Contains("Float GEMM probe on this CPU"));
+  // The probe runs in the compute dtype and says so; low-precision linears are named.
+  const PeakFlops bf16 = peak_flops_for_mfu(0, c10::Device(c10::kCPU), at::kBFloat16, "float8");
+  CHECK(bf16.flops_per_second > 0);
+  CHECK_THAT(bf16.source, Catch::Contains("BFloat16 GEMM probe on this CPU") && Catch::Contains("float8 GEMMs"));
 #ifndef TITAN_WITH_CUDA
   const PeakFlops cuda = peak_flops_for_mfu(0, c10::Device(c10::kCUDA, 0));
   CHECK(cuda.flops_per_second == 0);

@@ -61,6 +61,7 @@ ConvertedModel apply_model_converters(model::Llama& model, const config::JobConf
     options.filter_fqns = cfg.mx.filter_fqns;
     options.emulate = cfg.mx.emulate || device.is_cpu();
     options.fused_dim1_cast = cfg.mx.mxfp8_dim1_cast_kernel_choice != "torch";
+    options.auto_filter_small_kn = cfg.mx.auto_filter_small_kn;
     float8::ConversionReport report;
     try {
       report = float8::convert_to_mx_training(model.linears(), options);

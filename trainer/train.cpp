@@ -18,6 +18,7 @@
 #include <thread>
 #include <tuple>
 
+#include "float8/recipe.h"
 #include "model/scope.h"
 #include "parallel/activation_checkpoint.h"
 #include "parallel/comm_trace.h"
@@ -180,6 +181,17 @@ Trainer::Trainer(config::JobConfig cfg) : cfg_(std::move(cfg)) {
   loader_ = std::make_unique<data::DataLoader>(data_cfg, *tokenizer_);
   util::log_info("tokenizer: " + tokenizer_->describe());
   util::log_info("dataset: " + loader_->describe());
+  if (cfg_.validation.enable) {
+    // The layout's checks (sequence-parallel and context-parallel splits, the pipeline's
+    // boundary tensors) were made for training.seq_len.
+    const parallel::ParallelDims& dims = mesh_->dims();
+    if ((dims.tp > 1 || dims.cp > 1 || dims.pp > 1) && cfg_.validation.seq_len != t.seq_len)
+      throw config::ConfigError("validation.seq_len = " + std::to_string(cfg_.validation.seq_len) +
+                                " must equal training.seq_len = " + std::to_string(t.seq_len) +
+                                " under tensor, context or pipeline parallelism (their splits are made for it)");
+    validator_ = std::make_unique<Validator>(cfg_, *tokenizer_, data_cfg.dp_rank, static_cast<int>(dp_degree));
+    util::log_info("validation: " + validator_->describe());
+  }
 
   build_model();
 
@@ -204,10 +216,10 @@ Trainer::Trainer(config::JobConfig cfg) : cfg_(std::move(cfg)) {
                                    cfg_.lr_scheduler.decay_type, cfg_.lr_scheduler.min_lr_factor};
   init_checkpointing();
 
-  // Peak FLOP/s for mfu: the config, else a known GPU, else a GEMM probe on this CPU.
   // Peak FLOP/s for mfu: the config, else the CUDA device's dense bf16 peak, else a GEMM probe
-  // on this CPU.
-  const observe::PeakFlops peak = observe::peak_flops_for_mfu(cfg_.metrics.peak_flops, device_);
+  // on this CPU in the compute dtype.
+  const observe::PeakFlops peak =
+      observe::peak_flops_for_mfu(cfg_.metrics.peak_flops, device_, compute_dtype_, low_precision_linears_);
   if (peak.flops_per_second > 0)
     util::log_info("mfu peak: " + std::to_string(peak.flops_per_second / 1e12).substr(0, 6) + " TFLOP/s from " +
                    peak.source);
@@ -248,7 +260,8 @@ Trainer::Trainer(config::JobConfig cfg) : cfg_(std::move(cfg)) {
 void Trainer::build_model() {
   model::ModelArgs args = model::llama3_flavor(cfg_.model.flavor);
   args.vocab_size = tokenizer_->vocab_size();
-  args.max_seq_len = cfg_.training.seq_len;
+  args.max_seq_len = cfg_.training.seq_len;  // the RoPE table's length
+  if (cfg_.validation.enable) args.max_seq_len = std::max(args.max_seq_len, cfg_.validation.seq_len);
   model_ = std::make_unique<model::Llama>(args);  // meta device: nothing allocated yet
   const model::ParamCount count = model::count_params(args);
   util::log_info("model llama3 " + cfg_.model.flavor + ": " + std::to_string(args.n_layers) +
@@ -258,6 +271,12 @@ void Trainer::build_model() {
            " FLOPs/token");
   // Converters before parallelization: TP then wraps the float8/int8 computes.
   const ConvertedModel converted = apply_model_converters(*model_, cfg_, device_);
+  if (converted.float8)
+    low_precision_linears_ = cfg_.float8.recipe_name == float8::kBlockwiseRecipeName ? "blockwise float8" : "float8";
+  else if (converted.mx)
+    low_precision_linears_ = "MX (" + cfg_.mx.recipe_name + ")";
+  else if (converted.int8)
+    low_precision_linears_ = "int8";
   if (converted.float8 && cfg_.float8.enable_fsdp_float8_all_gather && mesh_->size(parallel::MeshDim::kDpShardCp) == 1)
     util::log_info("float8: enable_fsdp_float8_all_gather has no effect without FSDP "
                    "(parallelism.data_parallel_shard_degree 1): each linear casts its own weight");
@@ -374,6 +393,11 @@ TrainResult Trainer::train() {
       comm_exposed_logged_ = mesh_->comm_exposed_seconds();
       metrics_->log(m);
     }
+    if (validator_ && validator_->due(step, cfg_.training.steps)) {
+      const ValidationResult v = validator_->run(*parallel_, step);  // See Note [Validation]
+      metrics_->log_validation(v.step, v.loss, v.perplexity, v.tokens, v.seconds);
+      result.validation_losses.emplace_back(step, v.loss);
+    }
     if (checkpointer_->should_save(step, cfg_.training.steps)) save_checkpoint(step);
   }
   checkpointer_->wait();  // the last (async) save is complete before the run ends
@@ -463,6 +487,30 @@ checkpoint::Holders Trainer::state_holders() {
 
 void Trainer::save_checkpoint(int64_t step) {
   const bool model_only = (step == cfg_.training.steps && cfg_.checkpoint.model_weights_only) || step == 0;
+  if (step == cfg_.training.steps && cfg_.checkpoint.last_save_in_hf) {
+    // torchtitan's last_save_in_hf: the last checkpoint is the model as a Hugging Face folder,
+    // step-N under the checkpoint folder, written (files fsync'd, then renamed) by rank 0 while
+    // every rank joins the gathers.
+    checkpointer_->wait();  // an async save of an earlier step finishes first
+    const std::string dir = (std::filesystem::path(checkpointer_->folder()) / ("step-" + std::to_string(step))).string();
+    const at::ScalarType dtype = dtype_from_name(cfg_.checkpoint.export_dtype, "checkpoint.export_dtype");
+    const std::vector<std::string> names = parallel_->all_param_names();
+    std::vector<std::vector<int64_t>> shapes;
+    for (const auto& name : names) shapes.push_back(parallel_->full_shape(name));
+    // Written as step-N.tmp and renamed: a save killed midway leaves only a temporary folder,
+    // which the next start-up removes.
+    const int64_t bytes = checkpoint::write_hf_folder(
+        dir + ".tmp", names, shapes, model_->args(), dtype,
+        [&](const std::string& fqn) { return parallel_->full_param(fqn); }, world_.rank == 0);
+    if (world_.rank == 0) {
+      std::filesystem::remove_all(dir);
+      std::filesystem::rename(dir + ".tmp", dir);
+    }
+    if (world_.rank == 0)
+      util::log_info("checkpoint: step " + std::to_string(step) + " saved as a Hugging Face folder " + dir + " (" +
+                     std::to_string(bytes) + " bytes, " + cfg_.checkpoint.export_dtype + ")");
+    return;
+  }
   checkpoint::Holders holders;
   std::unique_ptr<checkpoint::Stateful> weights;
   if (model_only) {
@@ -511,6 +559,16 @@ void Trainer::init_checkpointing() {
         state["batches_consumed"] = start_step_;
         loader_->load_state_dict(state.dump());
       }
+    } else if (c.initial_load_in_hf) {
+      // torchtitan's initial_load_in_hf: initial_load_path, else model.hf_assets_path, which must
+      // be a Hugging Face checkpoint (titan would read its other formats; torchtitan would not).
+      const std::string path = c.initial_load_path.empty() ? cfg_.model.hf_assets_path : c.initial_load_path;
+      const char* key = c.initial_load_path.empty() ? "model.hf_assets_path" : "checkpoint.initial_load_path";
+      if (!std::filesystem::exists(path) || !checkpoint::is_hf_checkpoint(path))
+        throw std::runtime_error(std::string("checkpoint.initial_load_in_hf = true, but ") + key + " '" + path +
+                                 "' is not a Hugging Face checkpoint (a folder with model.safetensors or "
+                                 "model.safetensors.index.json)");
+      load_initial_weights(path);
     } else if (!c.initial_load_path.empty()) {
       load_initial_weights(c.initial_load_path);
     }

@@ -26,6 +26,7 @@
 #include "trainer/observe/metrics.h"
 #include "trainer/observe/profiling.h"
 #include "trainer/optim/optimizer.h"
+#include "trainer/validate.h"
 
 namespace titan::parallel {
 class DeviceMesh;
@@ -37,6 +38,7 @@ namespace titan::trainer {
 
 struct TrainResult {
   std::vector<double> losses;       // one per completed step
+  std::vector<std::pair<int64_t, double>> validation_losses;  // (step, loss) per validation
   std::vector<double> grad_norms;   // one per completed step
   int64_t steps_completed = 0;
   bool stopped_by_signal = false;
@@ -104,8 +106,10 @@ class Trainer {
   config::JobConfig cfg_;
   c10::Device device_{c10::kCPU};
   at::ScalarType compute_dtype_ = at::kFloat;
+  std::string low_precision_linears_;  // "float8", "MX (mxfp8_cublas)", "int8", or "" (for the mfu log)
   std::unique_ptr<data::Tokenizer> tokenizer_;
   std::unique_ptr<data::DataLoader> loader_;
+  std::unique_ptr<Validator> validator_;  // validation.enable (trainer/validate.h)
   std::unique_ptr<model::Llama> model_;
   std::unique_ptr<optim::AdamW> optimizer_;
   optim::LrSchedule lr_schedule_{};

@@ -14,6 +14,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "trainer/checkpoint/hf_weights.h"
 #include "trainer/checkpoint/safetensors.h"
 #include "util/atomic_file.h"
 #include "util/logging.h"
@@ -69,6 +70,9 @@ std::vector<std::string> incomplete_checkpoints(const std::string& folder) {
   for (const auto& e : fs::directory_iterator(folder)) {
     bool tmp = false;
     if (!e.is_directory() || parse_step_name(e.path().filename().string(), &tmp) < 0) continue;
+    // A Hugging Face last save (checkpoint.last_save_in_hf) is complete without a manifest, and
+    // is never resumed from (it holds only the model).
+    if (!tmp && is_hf_checkpoint(e.path().string())) continue;
     if (tmp || !fs::exists(e.path() / "manifest.json")) out.push_back(e.path().string());
   }
   return out;

@@ -115,6 +115,8 @@ struct CheckpointSection {
   bool model_weights_only = false;      // the LAST save holds only the model, in export_dtype
   std::vector<std::string> exclude_from_loading;  // model|optimizer|dataloader|float8
   std::string initial_load_path;  // weights to start from when there is no checkpoint to resume
+  bool initial_load_in_hf = false;  // initial weights are a Hugging Face folder (initial_load_path or model.hf_assets_path)
+  bool last_save_in_hf = false;     // the last save is a Hugging Face folder (needs model_weights_only)
   bool create_seed_checkpoint = false;  // write step-0 from the initial weights and exit
   int64_t commit_timeout_seconds = 1800;  // rank 0 waits this long for every rank's shards
   std::string export_path;              // write final weights here ("" = none)
@@ -176,11 +178,24 @@ struct Float8Section {
   int64_t amax_history_len = 16;  // tensorwise_delayed only
 };
 
+// The validation loop (torchtitan v0.2's [validation]): every `freq` steps and after the last,
+// forward only over the validation data from its beginning.
+struct ValidationSection {
+  bool enable = false;
+  std::string dataset = "c4_validation";  // any training dataset; c4_validation = c4 over dataset_path
+  std::string dataset_path;
+  int64_t local_batch_size = 8;  // rows per data-parallel rank per validation step
+  int64_t seq_len = 2048;
+  int64_t freq = 10;    // validate after every freq-th training step (and after the last)
+  int64_t steps = -1;   // validation steps per validation; -1 = the whole validation set once
+};
+
 // MX training (torchtitan's [mx] and [quantize.linear.mx]); on with model.converters = ["mx"].
 struct MxSection {
   std::string recipe_name = "mxfp8_cublas";
   std::vector<std::string> filter_fqns = {"output"};
   std::string mxfp8_dim1_cast_kernel_choice = "cuda";  // "torch": transpose, then the dim0 cast
+  bool auto_filter_small_kn = false;  // skip small (K, N) by float8 rowwise's table
   bool emulate = false;  // the CPU always emulates; on CUDA this forces the emulated GEMM
 };
 
@@ -224,6 +239,7 @@ struct JobConfig {
   Float8Section float8;
   Int8Section int8;
   MxSection mx;
+  ValidationSection validation;
   CommSection comm;
   // torchtitan keys accepted without an effect (their value asks for nothing titan lacks),
   // by dotted name; filled with the key's default on first use.

@@ -261,6 +261,12 @@ std::vector<SectionSpec> build_table() {
               "Weights to start from when there is no checkpoint to resume: a safetensors file "
               "(torchtitan names), a Hugging Face folder or model.safetensors.index.json, or a "
               "titan step-N folder; \"\" = random init. A path that does not exist is an error."),
+          key("initial_load_in_hf", &CheckpointSection::initial_load_in_hf,
+              "The initial weights are a Hugging Face folder: initial_load_path, or "
+              "model.hf_assets_path when that is \"\" (torchtitan's reading); anything else is an error."),
+          key("last_save_in_hf", &CheckpointSection::last_save_in_hf,
+              "The last save (model_weights_only, in export_dtype) is a Hugging Face "
+              "LlamaForCausalLM folder, step-N under the checkpoint folder."),
           key("create_seed_checkpoint", &CheckpointSection::create_seed_checkpoint,
               "Write step-0 (the initial weights) to the checkpoint folder and exit."),
           key("commit_timeout_seconds", &CheckpointSection::commit_timeout_seconds,
@@ -297,7 +303,8 @@ std::vector<SectionSpec> build_table() {
               "1 x 128 activation tile and 128 x 128 weight tile).")
               .one_of(float8_recipe_choices()),
           key("filter_fqns", &Float8Section::filter_fqns,
-              "Linears whose fully-qualified name contains one of these stay high precision."),
+              "Linears whose fully-qualified name contains one of these stay high precision; the "
+              "entry \"auto_filter_small_kn\" (torchtitan 0.2.x) turns on auto_filter_small_kn."),
           key("auto_filter_small_kn", &Float8Section::auto_filter_small_kn,
               "Skip linears whose K/N are too small for float8 to be faster (torchao's table)."),
           key("emulate", &Float8Section::emulate,
@@ -333,8 +340,28 @@ std::vector<SectionSpec> build_table() {
               "cast-and-transpose kernel (so are torchao's cutedsl and flydsl), torch = transpose, then "
               "the dim0 cast. The same bits either way.")
               .one_of({"cuda", "triton", "cutedsl", "flydsl", "torch"}),
+          key("auto_filter_small_kn", &MxSection::auto_filter_small_kn,
+              "Skip linears whose K/N are too small for MX to be faster (torchao has no MX table: "
+              "float8 rowwise's, whose per-row scales cost what MX's per-block ones do)."),
           key("emulate", &MxSection::emulate,
               "Emulate the MX GEMM (always the case on the CPU; the *_emulated recipes always do)."),
+      }),
+      section("validation", &J::validation, "The validation loop: forward only over a held-out dataset.", {
+          key("enable", &ValidationSection::enable,
+              "Validate every `freq` training steps and after the last one (torchtitan's [validation])."),
+          key("dataset", &ValidationSection::dataset,
+              "Validation dataset, read as training.dataset is; c4_validation = the c4 reader over "
+              "dataset_path (a local copy of C4's validation split).")
+              .one_of({"fortunes", "text", "jsonl", "c4", "c4_test", "c4_validation", "tokens"}),
+          key("dataset_path", &ValidationSection::dataset_path,
+              "Where the validation dataset lives; \"\" = the dataset's default location."),
+          key("local_batch_size", &ValidationSection::local_batch_size,
+              "Sequences per data-parallel rank per validation step.").count_at_least(1),
+          key("seq_len", &ValidationSection::seq_len, "Tokens per validation sequence.").count_at_least(1),
+          key("freq", &ValidationSection::freq, "Training steps between validations.").count_at_least(1),
+          key("steps", &ValidationSection::steps,
+              "Validation steps per validation; -1 = the whole validation set once (whole global "
+              "batches).").count_at_least(1).or_exactly(-1),
       }),
       section("int8", &J::int8, "INT8 mixed-precision training of the linears.", {
           key("enable_int8_linear", &Int8Section::enable_int8_linear,

@@ -17,8 +17,6 @@ using Strings = std::vector<std::string>;
 
 constexpr const char* kOnlyWithMoE = "it only concerns mixture-of-experts models; Llama 3 is dense";
 constexpr const char* kNoPython = "it configures Python-side machinery titan does not have";
-constexpr const char* kOnlyWithValidation =
-    "it is read only by the validation loop, which titan refuses (validation.enable)";
 constexpr const char* kOnlyWithCheckpointing =
     "it is read only when checkpoint saving is on, which titan refuses (checkpoint.enable)";
 constexpr const char* kOnlyWithFaultTolerance =
@@ -137,10 +135,8 @@ std::vector<Row> rows_of(const std::string& section) {
         alias("last_save_model_weights_only", "checkpoint.model_weights_only", "v0.1.0"),
         accepted_any("initial_load_model_only", true, kOnlyWithCheckpointing, "v0.2.0+"),
         alias("initial_load_model_weights_only", "checkpoint.initial_load_model_only", "v0.1.0"),
-        accepted_if("initial_load_in_hf", false, "loading Hugging Face checkpoints", "v0.2.0+"),
         accepted_if("initial_load_in_hf_quantized", false,
                     "loading quantized Hugging Face checkpoints", "v0.2.0+"),
-        accepted_if("last_save_in_hf", false, "saving Hugging Face checkpoints", "v0.2.0+"),
         accepted_if("create_seed_checkpoint", false, "seed checkpoints", ""),
         accepted_if("async_mode", "disabled", "asynchronous checkpoint saving", ""),
         accepted_any("keep_latest_k", int64_t{10}, kOnlyWithCheckpointing, ""),
@@ -256,20 +252,11 @@ std::vector<SectionSpec> torchtitan_sections() {
           accepted_any("pin_memory", false, kLoaderWorkers, "v0.2.1+"),
           accepted_any("prefetch_factor", int64_t{0}, kLoaderWorkers, "v0.2.1+"),
       }),
-      torchtitan_section("validation", "torchtitan's validation loop (v0.2.0+).", {
-          accepted_if("enable", false, "the validation loop (validation.enable)", "v0.2.0+"),
-          accepted_any("dataset", "c4_validation", kOnlyWithValidation, "v0.2.0+"),
-          accepted_any("dataset_path", "", kOnlyWithValidation, "v0.2.0+"),
-          accepted_any("local_batch_size", int64_t{8}, kOnlyWithValidation, "v0.2.0+"),
-          accepted_any("seq_len", int64_t{2048}, kOnlyWithValidation, "v0.2.0+"),
-          accepted_any("freq", int64_t{10}, kOnlyWithValidation, "v0.2.0+"),
-          accepted_any("steps", int64_t{-1}, kOnlyWithValidation, "v0.2.0+"),
-      }),
       torchtitan_section("validation.dataloader", "torchtitan's validation DataLoader workers.", {
-          accepted_any("num_workers", int64_t{0}, kOnlyWithValidation, "v0.2.1+"),
-          accepted_any("persistent_workers", false, kOnlyWithValidation, "v0.2.1+"),
-          accepted_any("pin_memory", false, kOnlyWithValidation, "v0.2.1+"),
-          accepted_any("prefetch_factor", int64_t{0}, kOnlyWithValidation, "v0.2.1+"),
+          accepted_any("num_workers", int64_t{0}, kLoaderWorkers, "v0.2.1+"),
+          accepted_any("persistent_workers", false, kLoaderWorkers, "v0.2.1+"),
+          accepted_any("pin_memory", false, kLoaderWorkers, "v0.2.1+"),
+          accepted_any("prefetch_factor", int64_t{0}, kLoaderWorkers, "v0.2.1+"),
       }),
       torchtitan_section("debug", "torchtitan v0.2.1's debugging switches.", {
           alias("seed", "training.seed", "v0.2.1+"),

@@ -90,6 +90,22 @@ std::vector<std::pair<std::string, std::string>> check_key_relations(
                         std::to_string(rows) + ") is more than 2^40 tokens per step: make the "
                         "product at most " + std::to_string(kMaxTokensPerStep));
   }
+  // torchtitan's Hugging Face switches: the folder to read, and a last save that can only be
+  // the model (an HF folder holds no optimizer or data position).
+  const CheckpointSection& ck = cfg.checkpoint;
+  if (ck.initial_load_in_hf && ck.initial_load_path.empty() && cfg.model.hf_assets_path.empty())
+    problems.emplace_back(where("checkpoint.initial_load_in_hf"),
+                          "checkpoint.initial_load_in_hf = true needs the Hugging Face folder to read: set "
+                          "checkpoint.initial_load_path or model.hf_assets_path");
+  if (ck.last_save_in_hf && !ck.model_weights_only)
+    problems.emplace_back(where("checkpoint.last_save_in_hf"),
+                          "checkpoint.last_save_in_hf = true needs checkpoint.last_save_model_only "
+                          "(titan: checkpoint.model_weights_only) = true: a Hugging Face folder holds only the "
+                          "model weights");
+  if (ck.last_save_in_hf && !ck.enable_checkpoint)
+    problems.emplace_back(where("checkpoint.last_save_in_hf"),
+                          "checkpoint.last_save_in_hf = true needs checkpoint.enable_checkpoint (it changes the "
+                          "format of the last checkpoint)");
   const CommSection& c = cfg.comm;
   if (c.debug_fail_at_step > t.steps) {
     problems.emplace_back(where("comm.debug_fail_at_step"),

@@ -3,6 +3,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/randn.h>
+#include <c10/core/ScalarType.h>
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -34,21 +35,25 @@ std::string with_thousands(int64_t value) {
   return value < 0 ? "-" + out : out;
 }
 
-double probe_cpu_matmul_flops() {
-  const int64_t n = 512;
-  at::Tensor a = at::randn({n, n}), b = at::randn({n, n});
-  at::mm(a, b);  // warm-up: thread pool, caches
+double probe_cpu_matmul_flops(at::ScalarType dtype) {
+  // Several sizes, the best rate wins: a small GEMM underrates what the model's larger ones
+  // reach (an mfu above 100% is the symptom), and a bf16 GEMM's rate depends on its kernel's
+  // blocking more than float32's.
   double best = 0;
-  for (int trial = 0; trial < 5; ++trial) {
-    const auto start = std::chrono::steady_clock::now();
-    int reps = 0;
-    double elapsed = 0;
-    do {
-      at::mm(a, b);
-      ++reps;
-      elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    } while (elapsed < 0.05);
-    best = std::max(best, 2.0 * n * n * n * reps / elapsed);
+  for (const int64_t n : {512, 1024, 2048}) {
+    at::Tensor a = at::randn({n, n}).to(dtype), b = at::randn({n, n}).to(dtype);
+    at::mm(a, b);  // warm-up: thread pool, caches, the kernel's packing buffers
+    for (int trial = 0; trial < 3; ++trial) {
+      const auto start = std::chrono::steady_clock::now();
+      int reps = 0;
+      double elapsed = 0;
+      do {
+        at::mm(a, b);
+        ++reps;
+        elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      } while (elapsed < 0.04);
+      best = std::max(best, 2.0 * static_cast<double>(n * n * n) * reps / elapsed);
+    }
   }
   return best;
 }
@@ -67,8 +72,11 @@ double known_gpu_peak_flops(const std::string& name) {
   return 0;
 }
 
-PeakFlops peak_flops_for_mfu(double configured_peak_flops, c10::Device device) {
+PeakFlops peak_flops_for_mfu(double configured_peak_flops, c10::Device device, at::ScalarType compute_dtype,
+                             const std::string& low_precision_linears) {
   if (configured_peak_flops > 0) return {configured_peak_flops, "metrics.peak_flops"};
+  const std::string counted =
+      low_precision_linears.empty() ? "" : "; " + low_precision_linears + " GEMMs count against it, as in torchtitan";
   if (device.is_cuda()) {
 #ifdef TITAN_WITH_CUDA
     cudaDeviceProp properties{};
@@ -79,13 +87,15 @@ PeakFlops peak_flops_for_mfu(double configured_peak_flops, c10::Device device) {
     }
     const std::string name = properties.name;
     const double peak = known_gpu_peak_flops(name);
-    return {peak, "dense bf16 peak of " + name + (peak > 0 ? "" : " (not in titan's table)")};
+    return {peak, "dense bf16 peak of " + name + (peak > 0 ? counted : " (not in titan's table)")};
 #else
     return {0, "a CUDA device in a build without CUDA"};
 #endif
   }
-  return {probe_cpu_matmul_flops(),
-          "float32 GEMM probe on this CPU (" + std::to_string(at::get_num_threads()) + " threads)"};
+  return {probe_cpu_matmul_flops(compute_dtype),
+          std::string(c10::toString(compute_dtype)) + " GEMM probe on this CPU (" +
+              std::to_string(at::get_num_threads()) + " threads, best of 512^3 .. 2048^3)" +
+              (low_precision_linears.empty() ? "" : "; " + low_precision_linears + " GEMMs are emulated in it")};
 }
 
 MetricsLogger::MetricsLogger(c10::Device device, double flops_per_token, double peak_flops,
@@ -143,6 +153,36 @@ std::string MetricsLogger::lost_metrics() const {
   if (first_lost_step_ < 0) return "";
   return "metrics lost from step " + std::to_string(first_lost_step_) + " (" + std::to_string(lost_records_) +
          " write(s) failed; the warnings above name the file and the error)";
+}
+
+void MetricsLogger::log_validation(int64_t step, double loss, double perplexity, int64_t tokens, double seconds) {
+  char buf[256];
+  std::snprintf(buf, sizeof(buf), "%svalidate step: %2lld  %sloss: %7.4f  %sperplexity: %.3f  %stokens: %s  %stime: %.2fs%s",
+                util::color_code("yellow"), static_cast<long long>(step), util::color_code("green"), loss,
+                util::color_code("cyan"), perplexity, util::color_code("blue"), with_thousands(tokens).c_str(),
+                util::color_code("yellow"), seconds, util::color_code("reset"));
+  util::log_info(buf);
+  window_start_ += std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(seconds));
+  if (!jsonl_path_.empty() && jsonl_fd_ < 0) open_jsonl();
+  if (jsonl_fd_ >= 0) {
+    const nlohmann::json record = {{"step", step},
+                                   {"validation_metrics/loss", loss},
+                                   {"validation_metrics/perplexity", perplexity},
+                                   {"validation_metrics/tokens", tokens},
+                                   {"validation_metrics/time_s", seconds}};
+    try {
+      util::append_whole_record(jsonl_fd_, record.dump() + '\n', jsonl_path_);
+    } catch (const std::runtime_error& e) {
+      record_loss(step, e.what());
+    }
+  }
+  if (tensorboard_) try {
+      tensorboard_->add_scalar("validation_metrics/loss", loss, step);
+      tensorboard_->add_scalar("validation_metrics/perplexity", perplexity, step);
+      tensorboard_->flush();
+    } catch (const std::runtime_error& e) {
+      record_loss(step, e.what());
+    }
 }
 
 void MetricsLogger::log(const StepMetrics& m) {

@@ -17,6 +17,8 @@
 
 #include <c10/core/Device.h>
 
+#include <c10/core/ScalarType.h>
+
 #include <chrono>
 #include <cstdint>
 #include <fstream>
@@ -24,9 +26,11 @@
 
 namespace titan::trainer::observe {
 
-// Achieved float32 GEMM FLOP/s on this CPU with the current intra-op threads: a short probe
-// (~0.3 s) used as the CPU "peak" for mfu when metrics.peak_flops is not given.
-double probe_cpu_matmul_flops();
+// Achieved GEMM FLOP/s on this CPU in `dtype` (the run's compute dtype: float32 or bfloat16,
+// whose GEMMs run at very different rates on CPUs with AVX512-BF16 / AMX) with the current
+// intra-op threads: the best of square GEMMs of 512, 1024 and 2048 (a short probe, ~0.5 s), used
+// as the CPU "peak" for mfu when metrics.peak_flops is not given.
+double probe_cpu_matmul_flops(at::ScalarType dtype = at::kFloat);
 // Dense bf16 peak of a known GPU from its name, 0 if unknown (never guessed).
 double known_gpu_peak_flops(const std::string& device_name);
 
@@ -38,9 +42,13 @@ struct PeakFlops {
 // In order: `configured_peak_flops` (metrics.peak_flops) if > 0; on a CUDA device, the dense
 // bf16 tensor-core peak of the device found by its name (torchtitan's mfu basis, used whatever
 // the compute dtype, so float32 / float8 / int8 runs compare with torchtitan's numbers); on the
-// CPU, probe_cpu_matmul_flops() with the current threads. A CUDA device in a build without
+// CPU, probe_cpu_matmul_flops(compute_dtype) with the current threads (float8 / int8 linears are
+// emulated there, so their mfu counts against the compute dtype's GEMMs, torchtitan's
+// convention of counting low-precision runs against the high-precision peak).
+// `low_precision_linears` names them in the source. A CUDA device in a build without
 // TITAN_WITH_CUDA, or a GPU missing from the table, gives 0.
-PeakFlops peak_flops_for_mfu(double configured_peak_flops, c10::Device device);
+PeakFlops peak_flops_for_mfu(double configured_peak_flops, c10::Device device, at::ScalarType compute_dtype = at::kFloat,
+                             const std::string& low_precision_linears = "");
 
 struct StepMetrics {
   int64_t step = 0;
@@ -63,6 +71,11 @@ class MetricsLogger {
   void add_tokens(int64_t tokens) { tokens_since_last_ += tokens; }
   // Prints the line (through the log) and appends the JSONL record; resets the window.
   void log(const StepMetrics& m);
+  // One validation (trainer/validate.h): the line "validate step: N  loss: ...  perplexity: ...
+  // tokens: ...  time: ...s", a metrics.jsonl record and TensorBoard scalars under torchtitan's
+  // names (validation_metrics/loss, validation_metrics/perplexity). Its time is left out of the
+  // next training line's throughput.
+  void log_validation(int64_t step, double loss, double perplexity, int64_t tokens, double seconds);
   // metrics.enable_tensorboard: every logged step also goes to this writer (torchtitan's tags).
   void set_tensorboard(std::unique_ptr<TensorBoardWriter> writer) { tensorboard_ = std::move(writer); }
   // A run resumed from a checkpoint of `step`: the metrics file keeps its lines up to that step
