@@ -40,7 +40,7 @@ set(project_folders util data model float8 parallel trainer apps tests cmake fuz
 # rooms). A new file there must be added here on purpose.
 set(trainer_core CMakeLists.txt converters.cpp converters.h determinism.cpp determinism.h
                  fault_injection.cpp fault_injection.h nonfinite_step.cpp signals.cpp signals.h
-                 train.cpp train.h)
+                 train.cpp train.h validate.cpp validate.h)
 
 # The layer that owns a path: the longest layer folder it lies in ("" for none).
 function(owning_layer path out)

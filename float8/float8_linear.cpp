@@ -25,12 +25,12 @@ namespace {
 // history's scale (seeding it from the current amax on first use). Returns the Float8Tensor
 // whose scale is a private snapshot, so backward re-casts with exactly the forward's scale.
 Float8Tensor delayed_cast(AmaxHistory& h, const at::Tensor& x, at::ScalarType dtype,
-                          const Float8Recipe& recipe) {
+                          const Float8Recipe& recipe, bool record = true) {
   at::Tensor current = amax(x, ScalingGranularity::Tensorwise, 0);  // [] float32
   // A forward without autograd (validation) reads the scaling state and never writes it, so
   // validating changes no later training step: the history's scale, or before the first
   // training step a dynamic scale from the current amax.
-  if (!at::GradMode::is_enabled())
+  if (!record)
     return to_float8_with_scale(
         x, h.initialized ? h.scale.clone() : scale_from_amax(current, dtype, recipe.round_scales_to_power_of_2), dtype);
   if (!h.initialized) {
@@ -78,7 +78,7 @@ at::Tensor saved_tensor(AutogradContext* ctx, const char* key) {
 }
 
 // Note [Float8 linear autograd]:
-// forward(input [..., K], weight [N, K], input_cast, weight_cast, state) -> [..., N]. Saves the
+// forward(input [..., K], weight [N, K], input_cast, weight_cast, state, training) -> [..., N]. Saves the
 // high-precision input and weight and any operand handed already cast; backward flattens input
 // to x [M, K] and grad to G [M, N] (scales are computed after flattening, so they are (M, 1) /
 // (1, K) by construction) and runs the two backward GEMMs with the operand layouts of
@@ -88,7 +88,7 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weight,
                             const titan::model::QuantizedOperand& input_cast,
                             const titan::model::QuantizedOperand& weight_cast,
-                            const c10::intrusive_ptr<Float8LinearState>& state) {
+                            const c10::intrusive_ptr<Float8LinearState>& state, bool training) {
     Float8LinearState& s = *state;
     const Float8Recipe& r = s.recipe;
     const GemmBackend backend = resolve_gemm_backend(s.backend, s.emulate, input.device());
@@ -110,8 +110,8 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
         w8 = w_handed.data.defined() ? w_handed
                                      : cast_dynamic(s, s.tp.weight_dim, weight, r.weight, /*axis_dim=*/-1);
       } else if (r.delayed) {
-        x8 = delayed_cast(s.input, input, r.input.dtype, r);
-        w8 = delayed_cast(s.weight, weight, r.weight.dtype, r);
+        x8 = delayed_cast(s.input, input, r.input.dtype, r, training);
+        w8 = delayed_cast(s.weight, weight, r.weight.dtype, r, training);
         ctx->saved_data["input_scale"] = x8.scale;
         ctx->saved_data["weight_scale"] = w8.scale;
       } else {
@@ -191,7 +191,7 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
                                 /*use_fast_accum=*/false, backend);
       }
     }
-    return {grad_input, grad_weight, at::Tensor(), at::Tensor(), at::Tensor()};
+    return {grad_input, grad_weight, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -255,7 +255,9 @@ at::Tensor Float8LinearCompute::forward(const titan::model::LinearOperand& input
   if (!weight.cast.defined() && w.numel() > 0 && !w.is_meta() && w.storage().nbytes() == 0)
     throw std::invalid_argument("the weight has no values and no float8 form (is the linear run "
                                 "outside its FSDP group's forward?)");
-  return Float8LinearFunction::apply(x, w, input.cast, weight.cast, state_);
+  // An autograd Function's forward always runs without grad mode: whether this is a training
+  // forward (amax histories record) or a validation one is decided here, outside it.
+  return Float8LinearFunction::apply(x, w, input.cast, weight.cast, state_, at::GradMode::is_enabled());
 }
 
 std::string Float8LinearCompute::describe() const {
