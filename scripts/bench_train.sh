@@ -14,6 +14,8 @@
 #   GEMM_SHARE=1 (default) | 0               profile one extra step per engine (titan: a separate
 #                                            3-step run with --profiling.enable_profiling) and report
 #                                            the GEMM share of its self CPU time (not for eager/compile)
+#   BENCH_OUT=dir                            keep each engine's JSON line (with the top self-time
+#                                            ops of the profiled step) and titan's logs there
 # Time to first step: from process start to the end of the first optimizer step (Python: from
 # before `import torch`; includes torch.compile's warm-up; titan: the process's wall time minus
 # its timed steps, so it also counts titan's exit). Steady state: tokens/s over the timed steps
@@ -43,8 +45,11 @@ done
 PY="$ROOT/.deps/venv/bin/python"
 TRAIN="$ROOT/build/apps/titan-train"
 BENCH="$ROOT/scripts/bench"
-OUT="$(mktemp -d)"
-trap 'rm -rf "$OUT"' EXIT
+if [[ -n "${BENCH_OUT:-}" ]]; then  # keep the per-engine JSON lines (top self-time ops) and logs
+  OUT="$BENCH_OUT"; mkdir -p "$OUT"
+else
+  OUT="$(mktemp -d)"; trap 'rm -rf "$OUT"' EXIT
+fi
 
 # torchtitan's model files only (the wheel without its dependencies, as .deps/torchao in
 # scripts/setup.sh); torchtitan_llama.py imports them without torchtitan's training stack.
