@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "float8/cublaslt_common.h"
 #include "util/cuda_check.h"  // TITAN_CUDA_CHECK: every cuBLASLt call goes through it
 
 namespace titan::float8 {
@@ -54,20 +55,6 @@ cudaDataType_t out_type(at::ScalarType t) {
                                   c10::toString(t) + " unsupported (Float, BFloat16 or Half)");
   }
 }
-
-// RAII for the descriptors so a failed call does not leak them.
-struct LtDescriptors {
-  cublasLtMatmulDesc_t op = nullptr;
-  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
-  cublasLtMatmulPreference_t pref = nullptr;
-  ~LtDescriptors() {
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    if (c) cublasLtMatrixLayoutDestroy(c);
-    if (b) cublasLtMatrixLayoutDestroy(b);
-    if (a) cublasLtMatrixLayoutDestroy(a);
-    if (op) cublasLtMatmulDescDestroy(op);
-  }
-};
 
 int64_t ceil_div(int64_t v, int64_t d) { return (v + d - 1) / d; }
 
@@ -192,7 +179,7 @@ at::Tensor cublaslt_block_scaled_mm(const BlockScaledTensor& a, const BlockScale
   // Temporaries on the current stream: the caching allocator keeps them until the GEMM ran.
   const at::Tensor a_scale = cublas_scales(a), b_scale = cublas_scales(b);
 
-  LtDescriptors d;
+  detail::LtDescriptors d;
   std::ostringstream hint_os;
   hint_os << describe(a) << " x " << describe(b) << " -> " << c10::toString(out_dtype) << " on "
           << sm_name(prop) << " (cuBLASLt " << lt_version << ")";
@@ -217,30 +204,14 @@ at::Tensor cublaslt_block_scaled_mm(const BlockScaledTensor& a, const BlockScale
   TITAN_CUDA_CHECK(cublasLtMatrixLayoutCreate(&d.b, CUDA_R_8F_E4M3, K, M, K), hint);
   TITAN_CUDA_CHECK(cublasLtMatrixLayoutCreate(&d.c, d_type, N, M, N), hint);
 
-  const size_t workspace_size = at::cuda::getCUDABlasLtWorkspaceSize();
-  void* workspace = at::cuda::getCUDABlasLtWorkspace();
-  TITAN_CUDA_CHECK(cublasLtMatmulPreferenceCreate(&d.pref), hint);
-  TITAN_CUDA_CHECK(
-      cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                           &workspace_size, sizeof(workspace_size)), hint);
-  cublasLtHandle_t handle = at::cuda::getCurrentCUDABlasLtHandle();
-  cublasLtMatmulHeuristicResult_t heuristic{};
-  int found = 0;
-  TITAN_CUDA_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, d.op, d.a, d.b, d.c, d.c, d.pref, 1,
-                                                  &heuristic, &found), hint);
-  if (found == 0) {
-    throw std::runtime_error(
-        "cublaslt_block_scaled_mm: no cuBLASLt algorithm for M=" + std::to_string(M) +
+  const std::string no_algorithm =
+      "cublaslt_block_scaled_mm: no cuBLASLt algorithm for M=" + std::to_string(M) +
         " N=" + std::to_string(N) + " K=" + std::to_string(K) + ", " + hint +
         (mx ? ". HINT: use the emulated back end"
             : ". HINT: cuBLAS documents the VEC128 / BLK128x128 scale modes for Hopper (sm90); "
-              "elsewhere use the emulated back end"));
-  }
-  const float alpha = 1.0f, beta = 0.0f;
-  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(a.data.device().index()).stream();
-  TITAN_CUDA_CHECK(cublasLtMatmul(handle, d.op, &alpha, b_data.data_ptr(), d.a, a_data.data_ptr(),
-                                  d.b, &beta, out.data_ptr(), d.c, out.data_ptr(), d.c,
-                                  &heuristic.algo, workspace, workspace_size, stream), hint);
+              "elsewhere use the emulated back end");
+  // cuBLASLt's A is titan's b, its B titan's a (Note [cuBLASLt block scale layouts]).
+  detail::lt_matmul(d, b_data.data_ptr(), a_data.data_ptr(), out.data_ptr(), a.data.device(), hint, no_algorithm);
   return out;
 #endif
 }

@@ -10,6 +10,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "float8/cublaslt_common.h"
 #include "util/cuda_check.h"  // TITAN_CUDA_CHECK: every cuBLASLt call goes through it
 
 namespace titan::float8 {
@@ -30,21 +31,31 @@ cudaDataType_t cuda_type(at::ScalarType t) {
   }
 }
 
-// RAII for the three descriptor kinds so a failed call does not leak them.
-struct LtDescriptors {
-  cublasLtMatmulDesc_t op = nullptr;
-  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
-  cublasLtMatmulPreference_t pref = nullptr;
-  ~LtDescriptors() {
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    if (c) cublasLtMatrixLayoutDestroy(c);
-    if (b) cublasLtMatrixLayoutDestroy(b);
-    if (a) cublasLtMatrixLayoutDestroy(a);
-    if (op) cublasLtMatmulDescDestroy(op);
-  }
-};
-
 }  // namespace
+
+namespace detail {
+
+void lt_matmul(LtDescriptors& d, const void* a, const void* b, void* out, c10::Device device,
+               const std::string& hint, const std::string& no_algorithm) {
+  const size_t workspace_size = at::cuda::getCUDABlasLtWorkspaceSize();
+  void* workspace = at::cuda::getCUDABlasLtWorkspace();
+  TITAN_CUDA_CHECK(cublasLtMatmulPreferenceCreate(&d.pref), hint);
+  TITAN_CUDA_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                           &workspace_size, sizeof(workspace_size)), hint);
+  cublasLtHandle_t handle = at::cuda::getCurrentCUDABlasLtHandle();
+  cublasLtMatmulHeuristicResult_t heuristic{};
+  int found = 0;
+  TITAN_CUDA_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, d.op, d.a, d.b, d.c, d.c, d.pref, 1,
+                                                  &heuristic, &found), hint);
+  if (found == 0) throw std::runtime_error(no_algorithm);
+  const float alpha = 1.0f, beta = 0.0f;
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
+  TITAN_CUDA_CHECK(cublasLtMatmul(handle, d.op, &alpha, a, d.a, b, d.b, &beta, out, d.c, out, d.c,
+                                  &heuristic.algo, workspace, workspace_size, stream), hint);
+}
+
+}  // namespace detail
 
 at::Tensor cublaslt_scaled_mm_tensorwise(const at::Tensor& a, const at::Tensor& b,
                                          const at::Tensor& inv_scale_a,
@@ -69,7 +80,7 @@ at::Tensor cublaslt_scaled_mm_tensorwise(const at::Tensor& a, const at::Tensor& 
   // Row-major out[M, N] = a @ b is column-major out^T[N, M] = b^T @ a^T. cuBLASLt's FP8 kernels
   // want the "TN" form: its A is our b stored [K x N] column-major, transposed; its B is our a
   // stored [K x M] column-major, not transposed. So cuBLASLt's A scale is ours for b.
-  LtDescriptors d;
+  detail::LtDescriptors d;
   const char* hint = "check dtypes (e5m2 x e5m2 is unsupported), 16-alignment and the GPU (sm_89+)";
   TITAN_CUDA_CHECK(cublasLtMatmulDescCreate(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), hint);
   cublasOperation_t transa = CUBLAS_OP_T, transb = CUBLAS_OP_N;
@@ -92,29 +103,12 @@ at::Tensor cublaslt_scaled_mm_tensorwise(const at::Tensor& a, const at::Tensor& 
       cublasLtMatrixLayoutCreate(&d.b, cuda_type(a.scalar_type()), K, M, K), hint);
   TITAN_CUDA_CHECK(cublasLtMatrixLayoutCreate(&d.c, cuda_type(out_dtype), N, M, N), hint);
 
-  const size_t workspace_size = at::cuda::getCUDABlasLtWorkspaceSize();
-  void* workspace = at::cuda::getCUDABlasLtWorkspace();
-  TITAN_CUDA_CHECK(cublasLtMatmulPreferenceCreate(&d.pref), hint);
-  TITAN_CUDA_CHECK(
-      cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                           &workspace_size, sizeof(workspace_size)), hint);
-  cublasLtHandle_t handle = at::cuda::getCurrentCUDABlasLtHandle();
-  cublasLtMatmulHeuristicResult_t heuristic{};
-  int found = 0;
-  TITAN_CUDA_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, d.op, d.a, d.b, d.c, d.c, d.pref, 1,
-                                                  &heuristic, &found), hint);
-  if (found == 0) {
-    std::ostringstream os;
-    os << "cublaslt_scaled_mm_tensorwise: no cuBLASLt algorithm for M=" << M << " K=" << K
-       << " N=" << N << " a " << a.scalar_type() << " b " << b.scalar_type() << " out "
-       << out_dtype << ". HINT: use the scaled_mm back end";
-    throw std::runtime_error(os.str());
-  }
-  const float alpha = 1.0f, beta = 0.0f;
-  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(a.device().index()).stream();
-  TITAN_CUDA_CHECK(cublasLtMatmul(handle, d.op, &alpha, b.data_ptr(), d.a, a.data_ptr(), d.b,
-                                  &beta, out.data_ptr(), d.c, out.data_ptr(), d.c,
-                                  &heuristic.algo, workspace, workspace_size, stream), hint);
+  std::ostringstream os;
+  os << "cublaslt_scaled_mm_tensorwise: no cuBLASLt algorithm for M=" << M << " K=" << K
+     << " N=" << N << " a " << a.scalar_type() << " b " << b.scalar_type() << " out "
+     << out_dtype << ". HINT: use the scaled_mm back end";
+  // cuBLASLt's A is titan's b, its B titan's a (column-major "TN" form).
+  detail::lt_matmul(d, b.data_ptr(), a.data_ptr(), out.data_ptr(), a.device(), hint, os.str());
   return out;
 }
 

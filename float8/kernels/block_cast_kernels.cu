@@ -21,6 +21,7 @@
 #include <string>
 #include <type_traits>
 
+#include "float8/kernels/cast_device.cuh"
 #include "util/cuda_check.h"  // TITAN_CUDA_CHECK: every launch goes through it
 
 namespace titan::float8::kernels {
@@ -34,19 +35,8 @@ constexpr float kMinNormal = 1.17549435e-38f;  // 2^-126: torchao's floor for FL
 constexpr float kBlockwiseEps = 1e-12f;        // blockwise amax floor, applied in float32
 constexpr int64_t kMaxGridY = 65535;
 
-template <typename T>
-__device__ __forceinline__ float to_float(T v);
-template <>
-__device__ __forceinline__ float to_float<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 v) {
-  return __bfloat162float(v);
-}
-template <>
-__device__ __forceinline__ float to_float<__half>(__half v) { return __half2float(v); }
-
-// max of non-negative values that propagates NaN like torch.amax.
-__device__ __forceinline__ float nan_max(float a, float b) { return (a > b || isnan(a)) ? a : b; }
+using device::nan_max;
+using device::to_float;
 
 __device__ __forceinline__ float warp_max(float v) {
   for (int off = 16; off > 0; off /= 2) v = nan_max(v, __shfl_xor_sync(0xffffffffu, v, off));

@@ -9,6 +9,7 @@
 
 #include <type_traits>
 
+#include "float8/kernels/cast_device.cuh"
 #include "util/cuda_check.h"  // TITAN_CUDA_CHECK: every CUDA call and launch goes through it
 
 namespace titan::float8::kernels {
@@ -19,19 +20,8 @@ constexpr int kBlock = 256;
 constexpr int kTile = 32;
 constexpr double kEps = 1e-12;  // same as scaling.h
 
-template <typename T>
-__device__ __forceinline__ float to_float(T v);
-template <>
-__device__ __forceinline__ float to_float<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 v) {
-  return __bfloat162float(v);
-}
-template <>
-__device__ __forceinline__ float to_float<__half>(__half v) { return __half2float(v); }
-
-// max for non-negative values that propagates NaN like torch.amax.
-__device__ __forceinline__ float nan_max(float a, float b) { return (a > b || isnan(a)) ? a : b; }
+using device::nan_max;
+using device::to_float;
 
 // Non-negative floats (and +NaN) order like their int bit patterns.
 __device__ __forceinline__ void atomic_max_nonneg(float* addr, float v) {
