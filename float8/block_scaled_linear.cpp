@@ -117,12 +117,7 @@ at::Tensor BlockScaledLinearCompute::forward(const titan::model::LinearOperand& 
                                              const titan::model::LinearOperand& weight) {
   const at::Tensor& x = input.hp;
   const at::Tensor& w = weight.hp;
-  if (w.dim() != 2 || x.dim() < 1 || x.size(-1) != w.size(1)) {
-    std::ostringstream os;
-    os << describe() << ": input " << x.sizes() << " does not match weight " << w.sizes()
-       << " (need input [..., K] and weight [N, K])";
-    throw std::invalid_argument(os.str());
-  }
+  titan::model::check_linear_shapes(describe(), x, w);
   if (input.chunks)
     throw std::invalid_argument("an input arriving in sequence chunks needs a column-parallel compute");
   if (input.cast.defined() || weight.cast.defined())

@@ -8,7 +8,6 @@
 #include <ATen/ops/zeros.h>
 #include <torch/csrc/autograd/custom_function.h>
 
-#include <sstream>
 #include <stdexcept>
 
 #include "float8/scaling.h"
@@ -231,12 +230,7 @@ at::Tensor Float8LinearCompute::forward(const titan::model::LinearOperand& input
                                         const titan::model::LinearOperand& weight) {
   const at::Tensor& x = input.hp;
   const at::Tensor& w = weight.hp;
-  if (w.dim() != 2 || x.dim() < 1 || x.size(-1) != w.size(1)) {
-    std::ostringstream os;
-    os << describe() << ": input " << x.sizes() << " does not match weight " << w.sizes()
-       << " (need input [..., K] and weight [N, K])";
-    throw std::invalid_argument(os.str());
-  }
+  titan::model::check_linear_shapes(describe(), x, w);
   const Float8Recipe& r = state_->recipe;
   if (input.chunks)
     throw std::invalid_argument("an input arriving in sequence chunks needs a column-parallel compute");

@@ -149,12 +149,7 @@ at::Tensor Int8LinearCompute::forward(const titan::model::LinearOperand& input_o
     throw std::invalid_argument(describe() + " was handed a float8 operand; int8 quantizes its own");
   const at::Tensor& input = input_op.hp;
   const at::Tensor& weight = weight_op.hp;
-  if (weight.dim() != 2 || input.dim() < 1 || input.size(-1) != weight.size(1)) {
-    std::ostringstream os;
-    os << describe() << ": input " << input.sizes() << " does not match weight " << weight.sizes()
-       << " (need input [..., K] and weight [N, K])";
-    throw std::invalid_argument(os.str());
-  }
+  titan::model::check_linear_shapes(describe(), input, weight);
   return Int8LinearFunction::apply(input, weight, state_);
 }
 

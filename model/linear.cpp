@@ -4,6 +4,7 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <sstream>
 #include <stdexcept>
 
 #include "model/checkpoint_ops.h"
@@ -63,6 +64,14 @@ Linear::Linear(std::string fqn, int64_t in_features, int64_t out_features)
       in_features_(in_features),
       out_features_(out_features),
       compute_(std::make_shared<HighPrecisionLinearCompute>()) {}
+
+void check_linear_shapes(const std::string& compute, const at::Tensor& input, const at::Tensor& weight) {
+  if (weight.dim() == 2 && input.dim() >= 1 && input.size(-1) == weight.size(1)) return;
+  std::ostringstream os;
+  os << compute << ": input " << input.sizes() << " does not match weight " << weight.sizes()
+     << " (need input [..., K] and weight [N, K])";
+  throw std::invalid_argument(os.str());
+}
 
 at::Tensor Linear::forward(const LinearOperand& input) const {
   try {

@@ -73,6 +73,10 @@ class LinearCompute {
   virtual const std::shared_ptr<LinearCompute>* inner() const { return nullptr; }
 };
 
+// The shapes every LinearCompute::forward takes: input [..., K] (rank >= 1) and weight [N, K].
+// Throws std::invalid_argument naming `compute` (its describe()) and both shapes otherwise.
+void check_linear_shapes(const std::string& compute, const at::Tensor& input, const at::Tensor& weight);
+
 // The compute at the bottom of a decorator chain: the one that multiplies.
 LinearCompute* innermost(const std::shared_ptr<LinearCompute>& compute);
 

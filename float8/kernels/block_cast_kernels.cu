@@ -35,6 +35,7 @@ constexpr float kMinNormal = 1.17549435e-38f;  // 2^-126: torchao's floor for FL
 constexpr float kBlockwiseEps = 1e-12f;        // blockwise amax floor, applied in float32
 constexpr int64_t kMaxGridY = 65535;
 
+using device::dispatch_src;
 using device::nan_max;
 using device::to_float;
 
@@ -259,15 +260,6 @@ __global__ void blockwise_tile_cast_kernel(const T* __restrict__ x, int64_t rows
   }
 }
 
-template <typename F>
-void dispatch_src(SrcType src, F&& f) {
-  switch (src) {
-    case SrcType::Float32: f(static_cast<float*>(nullptr)); return;
-    case SrcType::BFloat16: f(static_cast<__nv_bfloat16*>(nullptr)); return;
-    case SrcType::Float16: f(static_cast<__half*>(nullptr)); return;
-  }
-  throw std::invalid_argument("block cast kernels: unknown source dtype");
-}
 
 template <typename F>
 void dispatch_mode(BlockScaleMode mode, F&& f) {

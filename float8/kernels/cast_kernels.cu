@@ -20,6 +20,7 @@ constexpr int kBlock = 256;
 constexpr int kTile = 32;
 constexpr double kEps = 1e-12;  // same as scaling.h
 
+using device::dispatch_src;
 using device::nan_max;
 using device::to_float;
 
@@ -140,15 +141,6 @@ int grid_for(int64_t n) {
   return static_cast<int>(blocks < 65536 ? (blocks > 0 ? blocks : 1) : 65536);
 }
 
-template <typename F>
-void dispatch_src(SrcType src, F&& f) {
-  switch (src) {
-    case SrcType::Float32: f(static_cast<float*>(nullptr)); return;
-    case SrcType::BFloat16: f(static_cast<__nv_bfloat16*>(nullptr)); return;
-    case SrcType::Float16: f(static_cast<__half*>(nullptr)); return;
-  }
-  throw std::invalid_argument("float8 cast kernels: unknown source dtype");
-}
 
 }  // namespace
 

@@ -49,6 +49,30 @@ def flops_per_token(model, n_layers, n_heads, head_dim, seq_len):
     return 6 * params + 12 * n_layers * n_heads * head_dim * seq_len
 
 
+def bench_result(a, model, elapsed, first_step_s, peak_rss_bytes, final_loss):
+    """The JSON fields every Python engine prints (scripts/bench_train.sh reads them)."""
+    dim, n_layers, n_heads = FLAVORS[a.flavor][:3]
+    tps = a.steps * a.batch * a.seq_len / elapsed
+    fpt = flops_per_token(model, n_layers, n_heads, dim // n_heads, a.seq_len)
+    peak = a.peak_flops
+    if peak <= 0 and a.device == "cuda":
+        name = torch.cuda.get_device_name()
+        peak = next((f for key, f in GPU_PEAK_FLOPS if key in name), 0)
+    return {
+        "tps": tps,
+        "step_s": elapsed / a.steps,
+        "first_step_s": first_step_s,
+        "tflops": fpt * tps / 1e12,
+        "mfu_pct": 100 * fpt * tps / peak if peak > 0 else None,
+        "peak_rss_bytes": peak_rss_bytes,
+        "params": sum(p.numel() for p in model.parameters()),
+        "final_loss": final_loss,
+        "device": torch.cuda.get_device_name() if a.device == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "config": {k: v for k, v in vars(a).items()},
+    }
+
+
 # torchtitan's per-op selective AC: keep these ops' outputs, except every second matrix product.
 def _sac_save_list():
     ops = [torch.ops.aten.mm.default, torch.ops.aten.max.default]
@@ -203,26 +227,8 @@ def main():
             first_step_s = time.perf_counter() - PROCESS_START  # includes torch.compile's warm-up
     sync()
     elapsed = time.perf_counter() - start
-    dim, n_layers, n_heads = FLAVORS[a.flavor][:3]
-    tps = a.steps * a.batch * a.seq_len / elapsed
-    fpt = flops_per_token(model, n_layers, n_heads, dim // n_heads, a.seq_len)
-    peak = a.peak_flops
-    if peak <= 0 and a.device == "cuda":
-        name = torch.cuda.get_device_name()
-        peak = next((f for key, f in GPU_PEAK_FLOPS if key in name), 0)
-    result = {
-        "tps": tps,
-        "step_s": elapsed / a.steps,
-        "first_step_s": first_step_s,
-        "tflops": fpt * tps / 1e12,
-        "mfu_pct": 100 * fpt * tps / peak if peak > 0 else None,
-        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-        "params": sum(p.numel() for p in model.parameters()),
-        "final_loss": loss.item(),
-        "device": torch.cuda.get_device_name() if a.device == "cuda" else "cpu",
-        "torch": torch.__version__,
-        "config": {k: v for k, v in vars(a).items()},
-    }
+    result = bench_result(a, model, elapsed, first_step_s,
+                          resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, loss.item())
     if a.device == "cuda":
         result["memory_peak_bytes"] = torch.cuda.max_memory_allocated()
     print(json.dumps(result))

@@ -172,7 +172,7 @@ def main():
     from torch import nn
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     # The same flavor table (titan's shapes) and FLOP and GPU-peak formulas as the eager baseline.
-    from eager_llama import FLAVORS, GPU_PEAK_FLOPS, flops_per_token, per_op_sac_context
+    from eager_llama import FLAVORS, bench_result, per_op_sac_context
     if a.flavor not in FLAVORS:
         p.error(f"--flavor: choose from {sorted(FLAVORS)}")
     if a.device == "cuda" and not torch.cuda.is_available():
@@ -272,27 +272,8 @@ def main():
             prof.export_chrome_trace(path)
             profile = trace_gemm_share(path)
 
-    tps = a.steps * a.batch * a.seq_len / elapsed
-    fpt = flops_per_token(model, n_layers, n_heads, dim // n_heads, a.seq_len)
-    peak = a.peak_flops
-    if peak <= 0 and a.device == "cuda":
-        name = torch.cuda.get_device_name()
-        peak = next((f for key, f in GPU_PEAK_FLOPS if key in name), 0)
-    result = {
-        "tps": tps,
-        "step_s": elapsed / a.steps,
-        "first_step_s": first_step_s,
-        "tflops": fpt * tps / 1e12,
-        "mfu_pct": 100 * fpt * tps / peak if peak > 0 else None,
-        "peak_rss_bytes": peak_rss,
-        "params": sum(q.numel() for q in model.parameters()),
-        "final_loss": final_loss,
-        "device": torch.cuda.get_device_name() if a.device == "cuda" else "cpu",
-        "torch": torch.__version__,
-        "torchtitan": tt_version,
-        "optimizer": "AdamW(fused=True)",
-        "config": {k: v for k, v in vars(a).items()},
-    }
+    result = bench_result(a, model, elapsed, first_step_s, peak_rss, final_loss)
+    result.update({"torchtitan": tt_version, "optimizer": "AdamW(fused=True)"})
     if profile is not None:
         result.update(profile)
     if a.device == "cuda":
