@@ -441,15 +441,20 @@ void Trainer::init_mesh() {
   mesh_ = std::make_unique<parallel::DeviceMesh>(std::move(world), dims);
 }
 
+int64_t Trainer::write_hf_weights(const std::string& dir) {
+  const at::ScalarType dtype = dtype_from_name(cfg_.checkpoint.export_dtype, "checkpoint.export_dtype");
+  const std::vector<std::string> names = parallel_->all_param_names();
+  std::vector<std::vector<int64_t>> shapes;
+  for (const auto& name : names) shapes.push_back(parallel_->full_shape(name));
+  return checkpoint::write_hf_folder(dir, names, shapes, model_->args(), dtype,
+                                     [&](const std::string& fqn) { return parallel_->full_param(fqn); },
+                                     world_.rank == 0);
+}
+
 void Trainer::export_weights(const std::string& path) {
   const at::ScalarType dtype = dtype_from_name(cfg_.checkpoint.export_dtype, "checkpoint.export_dtype");
   if (cfg_.checkpoint.export_format == "hf") {
-    const std::vector<std::string> names = parallel_->all_param_names();
-    std::vector<std::vector<int64_t>> shapes;
-    for (const auto& name : names) shapes.push_back(parallel_->full_shape(name));
-    const int64_t bytes = checkpoint::write_hf_folder(
-        path, names, shapes, model_->args(), dtype,
-        [&](const std::string& fqn) { return parallel_->full_param(fqn); }, world_.rank == 0);
+    const int64_t bytes = write_hf_weights(path);
     if (world_.rank == 0)
       util::log_info("exported weights in Hugging Face's layout to " + path + " (" + std::to_string(bytes) + " bytes)");
     return;
@@ -493,15 +498,9 @@ void Trainer::save_checkpoint(int64_t step) {
     // every rank joins the gathers.
     checkpointer_->wait();  // an async save of an earlier step finishes first
     const std::string dir = (std::filesystem::path(checkpointer_->folder()) / ("step-" + std::to_string(step))).string();
-    const at::ScalarType dtype = dtype_from_name(cfg_.checkpoint.export_dtype, "checkpoint.export_dtype");
-    const std::vector<std::string> names = parallel_->all_param_names();
-    std::vector<std::vector<int64_t>> shapes;
-    for (const auto& name : names) shapes.push_back(parallel_->full_shape(name));
     // Written as step-N.tmp and renamed: a save killed midway leaves only a temporary folder,
     // which the next start-up removes.
-    const int64_t bytes = checkpoint::write_hf_folder(
-        dir + ".tmp", names, shapes, model_->args(), dtype,
-        [&](const std::string& fqn) { return parallel_->full_param(fqn); }, world_.rank == 0);
+    const int64_t bytes = write_hf_weights(dir + ".tmp");
     if (world_.rank == 0) {
       std::filesystem::remove_all(dir);
       std::filesystem::rename(dir + ".tmp", dir);

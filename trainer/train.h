@@ -94,6 +94,9 @@ class Trainer {
   checkpoint::Holders state_holders();
   nlohmann::json model_shape() const;  // what a checkpoint's model must match
   void save_checkpoint(int64_t step);
+  // The full weights as a Hugging Face folder in checkpoint.export_dtype: every rank joins the
+  // gathers, rank 0 writes; returns the bytes written (export_weights, last_save_in_hf).
+  int64_t write_hf_weights(const std::string& dir);
   // One optimizer step over one global batch; returns (global loss, grad norm).
   std::pair<double, double> train_step(int64_t step);
   // A step whose all-reduced loss or grad norm is not finite (trainer/nonfinite_step.cpp): skips
