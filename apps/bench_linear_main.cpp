@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -51,6 +52,7 @@ void block_scaled_table(const std::vector<int64_t>& dims, int64_t tokens, int64_
   std::printf("%5s %5s %5s | %8s", "M", "K", "N", "hp ms");
   for (const auto& r : recipes) std::printf(" | %-26s", r.c_str());
   std::printf("\n");
+  std::map<std::string, std::string> not_available;  // recipe -> why (the cells hold its start)
   for (int64_t D0 : dims) {
     const int64_t M = scaled(tokens, scale), K = scaled(D0, scale), N = K;
     at::Tensor x = at::randn({M, K}, opts).requires_grad_(true);
@@ -80,13 +82,17 @@ void block_scaled_table(const std::vector<int64_t>& dims, int64_t tokens, int64_
         std::snprintf(cell, sizeof(cell), "%7.2f %4.1f %4.1f %4.1f", ms, sqnr_db(out64, y), sqnr_db(gi64, x.grad()),
                       sqnr_db(gw64, w.grad()));
       } catch (const std::exception& e) {
-        // e.g. MXFP8's hardware GEMM on a pre-Blackwell GPU: say so in the cell.
+        // e.g. MXFP8's hardware GEMM on a pre-Blackwell GPU: say so in the cell, in full below.
         std::snprintf(cell, sizeof(cell), "n/a: %.21s", e.what());
+        not_available.emplace(r, e.what());
       }
       std::printf(" | %-26s", cell);
     }
     std::printf("\n");
   }
+  // One line per recipe this machine could not run: "n/a <recipe>: <why>"
+  // (scripts/bench/gpu_parsers.py reads them).
+  for (const auto& [recipe, why] : not_available) std::printf("n/a %s: %s\n", recipe.c_str(), why.c_str());
   if (!cuda) std::printf("CPU block-scaled GEMMs are emulations (dequantize + float32 GEMM): the times measure the casts.\n");
 }
 

@@ -66,10 +66,23 @@ DEADLINE="${GPU_CHECK_DEADLINE_S:-540}"
   echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"; nvidia-smi 2>/dev/null; } >"$WORK/logs/environment.log"
 echo "[gpu_check] mode $MODE on $DEVICE; torch $TITAN_TORCH_VERSION; results -> $RESULTS"
 
+# assemble: the result files from what the steps left so far (scripts/bench/gpu_results.py). It
+# never stops on what it reads: an output it cannot read is listed in summary.txt, named here
+# once, and fails the whole check at the end (ASSEMBLY_RC), so a bench tool whose format
+# changed turns the rehearsal, and CI, red instead of silently losing the GPU run's table.
+ASSEMBLY_RC=0
+touch "$WORK/assemble.seen"
 assemble() {
   "$TITAN_PY" "$ROOT/scripts/bench/gpu_results.py" --work "$WORK" --out "$RESULTS" --mode "$MODE" \
-    --device "$DEVICE" --bundle "$BUNDLE" --seconds $(( $(date +%s) - T0 )) >/dev/null 2>"$WORK/logs/assemble.err" ||
-    echo "[gpu_check] assembling the results failed: $(tail -2 "$WORK/logs/assemble.err")" >&2
+    --device "$DEVICE" --bundle "$BUNDLE" --seconds $(( $(date +%s) - T0 )) >/dev/null 2>"$WORK/logs/assemble.err"
+  ASSEMBLY_RC=$?
+  if ((ASSEMBLY_RC == 3)); then  # unreadable outputs, each named once
+    awk 'NR == FNR { seen[$0] = 1; next } /^gpu_results: unreadable/ && !seen[$0] { print "[gpu_check] " $0 }' \
+      "$WORK/assemble.seen" "$WORK/logs/assemble.err" >&2
+    cp "$WORK/logs/assemble.err" "$WORK/assemble.seen"
+  elif ((ASSEMBLY_RC != 0)); then
+    echo "[gpu_check] assembling the results failed (rc $ASSEMBLY_RC): $(tail -2 "$WORK/logs/assemble.err")" >&2
+  fi
 }
 # step NAME LIMIT_S SKIP_OK CMD...: runs CMD with its log in logs/NAME.log. Exit 77 means
 # "skipped" (a test that found no GPU); SKIP_OK=1 accepts that (rehearsal), else it fails.
@@ -172,7 +185,7 @@ if ((REHEARSE)); then
     --training.seq_len 64 --training.local_batch_size 2 --training.num_threads 1 \
     --parallelism.data_parallel_shard_degree 2 --metrics.log_freq 1 --job.dump_folder "$WORK/runs/cpu_fsdp2"
   step bench_matmul 300 0 "$B/titan-bench-matmul" --device cpu --scale 64 --tokens 512 --iters 1
-  step bench_linear 300 0 "$B/titan-bench-linear" --device cpu --scale 16 --tokens 256 --dims 1024 --iters 1
+  step bench_linear 300 0 "$B/titan-bench-linear" --device cpu --scale 16 --tokens 512 --dims 1024 --iters 1
   step eager_cpu 300 0 eager eager_cpu --flavor debugmodel --steps 1 --warmup 1 --batch 1 --seq-len 32 --ac op
   step memory_snapshot 300 0 snapshot cpu
   for s in test_model_cuda test_float8_cuda test_float8_all train_8B_4layers_{bf16,tensorwise,rowwise,rowwise_with_gw_hp,blockwise} \
@@ -272,5 +285,9 @@ fi
 assemble
 cat "$RESULTS/summary.txt"
 echo "[gpu_check] results: $RESULTS ($(ls "$RESULTS" | tr '\n' ' '))"
+if ((ASSEMBLY_RC != 0)); then
+  echo "[gpu_check] FAILED: some step's output could not be assembled (rc $ASSEMBLY_RC; the UNREADABLE rows of summary.txt name each step and text)" >&2
+  exit 1
+fi
 if grep -q -P "\t(FAIL|TIMEOUT)\t" "$WORK/steps.tsv"; then exit 1; fi
 exit 0
