@@ -77,7 +77,7 @@ assemble() {
     --device "$DEVICE" --bundle "$BUNDLE" --seconds $(( $(date +%s) - T0 )) >/dev/null 2>"$WORK/logs/assemble.err"
   ASSEMBLY_RC=$?
   if ((ASSEMBLY_RC == 3)); then  # unreadable outputs, each named once
-    awk 'NR == FNR { seen[$0] = 1; next } /^gpu_results: unreadable/ && !seen[$0] { print "[gpu_check] " $0 }' \
+    awk 'FILENAME == ARGV[1] { seen[$0] = 1; next } /^gpu_results: unreadable/ && !seen[$0] { print "[gpu_check] " $0 }' \
       "$WORK/assemble.seen" "$WORK/logs/assemble.err" >&2
     cp "$WORK/logs/assemble.err" "$WORK/assemble.seen"
   elif ((ASSEMBLY_RC != 0)); then

@@ -110,7 +110,7 @@ class Fixtures(unittest.TestCase):
                           block["blockwise_sqnr_grad_weight_db"]), (3.90, 29.4, 29.4))
         self.assertEqual(block["mxfp4_emulated_sqnr_grad_input_db"], 15.6)
         self.assertIn("sm100", results["bench_linear"]["not_available"]["mxfp8_cublas_rceil"])
-        self.assertIn("block-scaled: bf16 4.71 ms; mxfp8_emulated 0.22x", summary)
+        self.assertIn("block-scaled: hp 4.71 ms; mxfp8_emulated 0.22x", summary)
         t = results["training"]["train_8B_4layers_bf16"]
         self.assertEqual((t["steps"], t["timed_steps"], t["tps"]), (8, 5, 8192 / 0.5))
         with tarfile.open(os.path.join(w.out, "logs.tar.gz")) as tar:
