@@ -15,11 +15,12 @@
 #include "data/tokenizer.h"
 #include "model/args.h"
 #include "model/llama.h"
-#include "parallel/context_parallel.h"
-#include "parallel/mesh.h"
+#include "parallel/context_parallel/context_parallel.h"
+#include "parallel/comm/mesh.h"
 #include "parallel/parallelize.h"
-#include "parallel/process_group.h"
+#include "parallel/comm/process_group.h"
 #include "trainer/observe/memory.h"
+#include "trainer/config/parallel_options.h"
 #include "trainer/train.h"
 
 namespace titan::apps {
@@ -51,9 +52,9 @@ void run_dry_run(const trainer::config::JobConfig& cfg, const DryRunRequest& req
                       std::to_string(request.world) + ") for --dry-run-world " +
                       std::to_string(request.world));
   const auto& t = cfg.training;
-  parallel::ParallelDims dims;
+  parallel::comm::ParallelDims dims;
   try {
-    dims = trainer::parallel_dims(cfg, request.world);
+    dims = trainer::config::parallel_dims(cfg, request.world);
   } catch (const ConfigError& e) {
     throw ConfigError(std::string("dry run: ") + e.what());
   }
@@ -89,14 +90,14 @@ void run_dry_run(const trainer::config::JobConfig& cfg, const DryRunRequest& req
   phase_done("model on meta (+ tokenizer)");
 
   // One rank's view of the layout: groups with ranks and sizes, no transport.
-  parallel::CommOptions none;
+  parallel::comm::CommOptions none;
   none.backend = "none";
-  auto world = std::make_unique<parallel::Comm>(c10::intrusive_ptr<c10d::Store>(), request.rank, request.world, "world", none);
-  parallel::DeviceMesh mesh(std::move(world), dims);
+  auto world = std::make_unique<parallel::comm::Comm>(c10::intrusive_ptr<c10d::Store>(), request.rank, request.world, "world", none);
+  parallel::comm::DeviceMesh mesh(std::move(world), dims);
   phase_done("mesh (no transport)");
 
   // The Trainer's options, without converters (they change computes, not masters).
-  const parallel::ParallelOptions popt = trainer::parallel_options(cfg, args, dims, device, /*float8=*/false);
+  const parallel::ParallelOptions popt = trainer::config::parallel_options(cfg, args, dims, device, /*float8=*/false);
   auto pm = parallel::parallelize_llama(model, mesh, popt);
   phase_done("shard plan + allocate this rank's masters");
   pm->init_weights(static_cast<uint64_t>(t.seed));
@@ -118,18 +119,18 @@ void run_dry_run(const trainer::config::JobConfig& cfg, const DryRunRequest& req
                 gib(bytes).c_str());
   out << line;
   if (popt.pipeline) {  // which stages this rank materialized
-    const int pp_rank = mesh.local_rank(parallel::MeshDim::kPp);
+    const int pp_rank = mesh.local_rank(parallel::comm::MeshDim::kPp);
     for (const std::string& plan_line : popt.pipeline->describe())
       if (plan_line.find("pp rank " + std::to_string(pp_rank) + ":") != std::string::npos)
         out << "this rank's stages (" << popt.pipeline->schedule_name << "):" << plan_line.substr(plan_line.find(':') + 1)
             << "\n";
   }
   if (dims.cp > 1) {  // the positions this rank computes (See Note [Sequence split])
-    const int cp_rank = mesh.local_rank(parallel::MeshDim::kCp);
-    const std::vector<int64_t> pos = parallel::cp_positions(t.seq_len, dims.cp, cp_rank);
+    const int cp_rank = mesh.local_rank(parallel::comm::MeshDim::kCp);
+    const std::vector<int64_t> pos = parallel::context_parallel::cp_positions(t.seq_len, dims.cp, cp_rank);
     const size_t half = pos.size() / 2;
     out << "this rank's share of each sequence (cp rank " << cp_rank << " of " << dims.cp << ", attention "
-        << parallel::cp_rotate_method_name(popt.cp_rotate_method) << "): positions " << pos.front() << "-"
+        << parallel::context_parallel::cp_rotate_method_name(popt.cp_rotate_method) << "): positions " << pos.front() << "-"
         << pos[half - 1] << " and " << pos[half] << "-" << pos.back() << " of " << t.seq_len << "\n";
   }
   std::snprintf(line, sizeof line, "| %-42s | %9s | %10s | %10s |\n", "phase", "seconds", "RSS", "peak RSS");

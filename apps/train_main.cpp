@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "apps/dry_run.h"
-#include "parallel/launcher.h"
-#include "parallel/process_group.h"
-#include "parallel/world.h"
+#include "launcher/launcher.h"
+#include "parallel/comm/process_group.h"
+#include "launcher/world.h"
 #include "trainer/config/job_config.h"
 #include "trainer/observe/memory.h"
 #include "trainer/observe/memory_estimate.h"
@@ -36,8 +36,8 @@ namespace {
 int run(int argc, char** argv) {
   // Before any tensor exists: storages made earlier would keep the old allocator's deleter.
   install_cpu_memory_tracker();
-  // Started by titan-run: exit with it, even through a wrapper (parallel/launcher.h).
-  titan::parallel::watch_launcher([] { titan::util::remove_temp_files_in_flight(); });
+  // Started by titan-run: exit with it, even through a wrapper (launcher/launcher.h).
+  titan::launcher::watch_launcher([] { titan::util::remove_temp_files_in_flight(); });
 
   // --estimate-memory: same config and overrides, but print the per-rank memory estimate
   // (trainer/observe/memory_estimate.h) instead of training. Handled here: it is not a job setting.
@@ -120,7 +120,7 @@ int run(int argc, char** argv) {
   // Distributed (WORLD_SIZE > 1 from titan-run / torchrun / srun): every line carries the rank.
   int rank = -1;
   try {
-    const titan::parallel::WorldInfo world = titan::parallel::world_from_env();
+    const titan::launcher::WorldInfo world = titan::launcher::world_from_env();
     const char* prefixed = std::getenv("TITAN_RUN_PREFIXES_OUTPUT");  // titan-run adds "[rank N] "
     if (world.world_size > 1 && !(prefixed && std::string(prefixed) == "1")) rank = world.rank;
   } catch (const std::exception& e) {
@@ -139,7 +139,7 @@ int run(int argc, char** argv) {
   } catch (const ConfigError& e) {
     log_error(std::string("bad config: ") + e.what());
     return 2;
-  } catch (const titan::parallel::CommError& e) {
+  } catch (const titan::parallel::comm::CommError& e) {
     // Usually the echo of another rank's failure (its sockets closed). Exit a moment later, so
     // that the launcher reports the rank that failed first rather than this one.
     log_error(e.what());

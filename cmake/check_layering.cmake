@@ -18,27 +18,40 @@ endif()
 # draws them). The most specific folder owns a file (trainer/config/x.h belongs to
 # trainer/config, not trainer), for the includer and the included alike. apps/ and tests/ may
 # include everything.
-set(layer_folders util data model float8 parallel
+set(layer_folders util launcher data model float8
+                  parallel/comm parallel/tensor_parallel parallel/context_parallel parallel/pipeline parallel
                   trainer/optim trainer/config trainer/observe trainer/checkpoint trainer apps)
+# parallel's rooms, lowest first: comm/ (process groups, flight recorder, mesh); the dimensions
+# tensor_parallel/ and context_parallel/ on comm/; pipeline/ (schedules as data, the stage
+# split, the plan, the pipeline schedule) on context_parallel/ (each micro-batch's sequence
+# split); the plan at parallel/'s top on all of them. parallel/ never sees the launcher: the
+# trainer hands the rendezvous to comm/ as plain values.
+set(parallel_base float8 model util)
 set(allowed_util util)
+set(allowed_launcher launcher util)  # titan-run: plain C++, no LibTorch (checked below)
 set(allowed_data data util)  # the data pipeline: no model, no parallelism, no trainer
 set(allowed_model model util)
 set(allowed_float8 float8 model util)
-set(allowed_parallel parallel float8 model util)
+set(allowed_parallel/comm parallel/comm ${parallel_base})
+set(allowed_parallel/tensor_parallel parallel/tensor_parallel parallel/comm ${parallel_base})
+set(allowed_parallel/context_parallel parallel/context_parallel parallel/comm ${parallel_base})
+set(allowed_parallel/pipeline parallel/pipeline parallel/context_parallel parallel/comm ${parallel_base})
+set(parallel_rooms parallel parallel/comm parallel/tensor_parallel parallel/context_parallel parallel/pipeline)
+set(allowed_parallel ${parallel_rooms} ${parallel_base})
 set(allowed_trainer/optim trainer/optim util)
-set(allowed_trainer/config trainer/config trainer/optim parallel float8 model util)
-set(allowed_trainer/observe trainer/observe trainer/config data parallel float8 model util)
+set(allowed_trainer/config trainer/config trainer/optim ${parallel_rooms} float8 model util)
+set(allowed_trainer/observe trainer/observe trainer/config data ${parallel_rooms} float8 model util)
 set(allowed_trainer/checkpoint trainer/checkpoint trainer/observe trainer/config trainer/optim data
-                               parallel float8 model util)
+                               ${parallel_rooms} float8 model util)
 set(allowed_trainer trainer trainer/checkpoint trainer/observe trainer/config trainer/optim data
-                    parallel float8 model util)
+                    launcher ${parallel_rooms} float8 model util)
 set(allowed_apps apps trainer trainer/checkpoint trainer/observe trainer/config trainer/optim data
-                 parallel float8 model util)
+                 launcher ${parallel_rooms} float8 model util)
 # Project folders: a quoted include naming any other first component is not ours (ignored).
-set(project_folders util data model float8 parallel trainer apps tests cmake fuzz)
+set(project_folders util launcher data model float8 parallel trainer apps tests cmake fuzz)
 # The trainer core: the only files allowed at the top level of trainer/ (the rest live in its
 # rooms). A new file there must be added here on purpose.
-set(trainer_core CMakeLists.txt converters.cpp converters.h determinism.cpp determinism.h
+set(trainer_core CMakeLists.txt build.cpp converters.cpp converters.h determinism.cpp determinism.h
                  fault_injection.cpp fault_injection.h nonfinite_step.cpp signals.cpp signals.h
                  train.cpp train.h validate.cpp validate.h)
 
@@ -108,6 +121,26 @@ foreach(entry IN LISTS trainer_top)
     list(APPEND violations "trainer/${entry} lies at the top of trainer/, which holds only the trainer core: move it into the room it belongs to (config/, optim/, observe/, checkpoint/) or list it in trainer_core")
   endif()
 endforeach()
+
+# The launcher room includes no LibTorch (nor c10, torch, ATen) header: titan-run must start
+# without LibTorch.
+file(GLOB launcher_sources RELATIVE "${TITAN_SOURCE_DIR}" "${TITAN_SOURCE_DIR}/launcher/*.h"
+     "${TITAN_SOURCE_DIR}/launcher/*.cpp")
+foreach(source IN LISTS launcher_sources)
+  file(STRINGS "${TITAN_SOURCE_DIR}/${source}" torch_lines REGEX "^[ \t]*#[ \t]*include[ \t]*<(ATen|c10|torch|caffe2)/")
+  if(torch_lines)
+    list(APPEND violations "${source} includes a LibTorch header (${torch_lines}): launcher/ is plain C++ (titan-run starts without LibTorch)")
+  endif()
+endforeach()
+
+# parallel/'s top level holds the plan and what it applies across dimensions; each dimension or
+# layer has its own room. At most 10 source files there: a new one goes into a room.
+file(GLOB parallel_top RELATIVE "${TITAN_SOURCE_DIR}/parallel" "${TITAN_SOURCE_DIR}/parallel/*.h"
+     "${TITAN_SOURCE_DIR}/parallel/*.cpp")
+list(LENGTH parallel_top parallel_top_count)
+if(parallel_top_count GREATER 10)
+  list(APPEND violations "parallel/ holds ${parallel_top_count} source files at its top (at most 10): ${parallel_top}; move a dimension's files into its room (comm/, tensor_parallel/, context_parallel/, pipeline/)")
+endif()
 
 if(files_checked EQUAL 0)
   message(FATAL_ERROR "check_layering: no sources found under ${TITAN_SOURCE_DIR}")

@@ -48,7 +48,7 @@ struct LinearOperand {
 // Note [Sequence chunks]: under async tensor parallel a module's sequence-sharded input is not
 // gathered whole before its column-parallel linears run: it is all-gathered in chunks, and the
 // first reader multiplies chunk k while chunks k+1.. are still in flight (the later readers find
-// them arrived). Only a column-parallel compute (parallel/tensor_parallel.h) takes such an
+// them arrived). Only a column-parallel compute (parallel/tensor_parallel/tensor_parallel.h) takes such an
 // operand; it runs its inner compute once per chunk and assembles the rows.
 class SequenceChunks {
  public:

@@ -54,7 +54,7 @@ using ModuleInputHook = std::function<LinearOperand(const at::Tensor& x)>;
 
 // Causal attention of the positions this rank holds: q [B, H, S, hd], k/v [B, KV, S, hd] ->
 // [B, H, S, hd]. Context parallelism installs one that exchanges keys and values with the other
-// ranks of its group (parallel/context_parallel.h); empty: attention_op over the local sequence.
+// ranks of its group (parallel/context_parallel/context_parallel.h); empty: attention_op over the local sequence.
 using AttentionCompute = std::function<at::Tensor(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v)>;
 
 struct Attention {
@@ -138,7 +138,7 @@ class Llama {
 
   // tokens [B, S] int64 -> logits [B, S, vocab] in the parameters' dtype. `rope`: the positions
   // of the tokens, row s for tokens[:, s] (at least S rows): rope_table() for a whole sequence from
-  // position 0; a rank's share of it under context parallelism (parallel/sequence_shard.h).
+  // position 0; a rank's share of it under context parallelism (parallel/context_parallel/sequence_shard.h).
   at::Tensor forward(const at::Tensor& tokens, const RotaryTable& rope);
   // One part's forward: tokens [B, S] int64 when it has the embedding, else hidden states
   // [B, S', D]; returns logits when it has the head, else hidden states.

@@ -68,7 +68,7 @@ struct Fsdp::ParamState {
 // An all-gather in flight (See Note [FSDP overlap]): issued by begin_unshard, landed in the
 // unsharded buffers by finish_unshard.
 struct Fsdp::Gather {
-  CommWork hp_work, f8_work;
+  comm::CommWork hp_work, f8_work;
   at::Tensor hp_staging;  // [N * H] compute dtype, rank-major
   at::Tensor f8_staging;  // [N * F] uint8, rank-major
   std::vector<at::Tensor> f8_scales;  // per float8 weight, [] float32
@@ -77,7 +77,7 @@ struct Fsdp::Gather {
 // A gradient reduce-scatter in flight: output [S] float32, summed into the masters' .grad when
 // it completes.
 struct Fsdp::ReduceScatter {
-  CommWork work;
+  comm::CommWork work;
   at::Tensor input;   // [N * S] float32, rank-major
   at::Tensor output;  // [S] float32
 };
@@ -109,7 +109,7 @@ struct FsdpGradReadyHook : torch::autograd::PostAccumulateGradHook {
   std::function<void()> fn_;
 };
 
-Fsdp::Fsdp(Comm& comm, at::ScalarType compute_dtype, c10::Device device, Comm* float8_amax_tp, bool overlap)
+Fsdp::Fsdp(comm::Comm& comm, at::ScalarType compute_dtype, c10::Device device, comm::Comm* float8_amax_tp, bool overlap)
     : comm_(comm), compute_dtype_(compute_dtype), device_(device), float8_amax_tp_(float8_amax_tp), overlap_(overlap) {}
 
 Fsdp::~Fsdp() = default;
@@ -343,8 +343,8 @@ std::vector<at::Tensor> Fsdp::global_float8_scales(const std::vector<ParamState*
   for (const Group::Param* p : weights)
     amaxes.push_back(float8::amax(p->master.detach(), float8::ScalingGranularity::Tensorwise, 0));
   at::Tensor global_amax = at::stack(amaxes);
-  comm_.all_reduce(global_amax, ReduceOp::kMax);
-  if (float8_amax_tp_) float8_amax_tp_->all_reduce(global_amax, ReduceOp::kMax);
+  comm_.all_reduce(global_amax, comm::ReduceOp::kMax);
+  if (float8_amax_tp_) float8_amax_tp_->all_reduce(global_amax, comm::ReduceOp::kMax);
   std::vector<at::Tensor> scales;
   for (size_t i = 0; i < weights.size(); ++i)
     scales.push_back(float8::scale_from_amax(global_amax[static_cast<int64_t>(i)], weights[i]->float8->float8_dtype,

@@ -66,7 +66,7 @@
 #include <vector>
 
 #include "model/linear.h"
-#include "parallel/process_group.h"
+#include "parallel/comm/process_group.h"
 
 namespace titan::parallel {
 
@@ -103,7 +103,7 @@ class Fsdp {
   // `float8_amax_tp`: under TP the weights are TP shards too, so their float8 amaxes are also
   // reduced (MAX) over that group, making the scale the full weight's (Note [Scales under TP]).
   // `overlap`: See Note [FSDP overlap].
-  Fsdp(Comm& comm, at::ScalarType compute_dtype, c10::Device device, Comm* float8_amax_tp = nullptr,
+  Fsdp(comm::Comm& comm, at::ScalarType compute_dtype, c10::Device device, comm::Comm* float8_amax_tp = nullptr,
        bool overlap = true);
   ~Fsdp();
 
@@ -163,10 +163,10 @@ class Fsdp {
   void reduce_scatter_grads(int g);
   void on_grad_ready(int g);
 
-  Comm& comm_;
+  comm::Comm& comm_;
   at::ScalarType compute_dtype_;
   c10::Device device_;
-  Comm* float8_amax_tp_;
+  comm::Comm* float8_amax_tp_;
   bool overlap_;
   bool defer_reduce_scatter_ = false;
   int max_groups_gathered_ = 0;

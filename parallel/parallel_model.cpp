@@ -1,7 +1,7 @@
-// parallel/parallel_model.cpp — see parallelize.h: ParallelModel, the handle parallelize_llama
+// parallel/parallel_model.cpp — see parallel_model.h: ParallelModel, the handle parallelize_llama
 // returns: this rank's masters and where they lie in the full parameters, the loss, gradient
-// reductions and clipping, full parameters for export, float8's post-step work.
-#include "parallel/parallelize.h"
+// finish and clipping, full parameters for export, float8's post-step work.
+#include "parallel/parallel_model.h"
 
 #include <ATen/core/Reduction.h>
 #include <ATen/core/grad_mode.h>
@@ -21,7 +21,7 @@
 #include <stdexcept>
 
 #include "float8/float8_linear.h"
-#include "parallel/tensor_parallel.h"
+#include "parallel/tensor_parallel/tensor_parallel.h"
 
 namespace titan::parallel {
 
@@ -34,10 +34,10 @@ std::string module_of(const std::string& fqn) {
 }
 }  // namespace
 
-ParallelModel::ParallelModel(model::Llama& model, DeviceMesh& mesh, ParallelOptions options)
+ParallelModel::ParallelModel(model::Llama& model, comm::DeviceMesh& mesh, ParallelOptions options)
     : model_(model), mesh_(mesh), options_(std::move(options)) {
   if (options_.pipeline) {
-    for (int s : options_.pipeline->stages_of(mesh_.local_rank(MeshDim::kPp)))
+    for (int s : options_.pipeline->stages_of(mesh_.local_rank(comm::MeshDim::kPp)))
       held_parts_.push_back(options_.pipeline->stage_parts[static_cast<size_t>(s)]);
   } else {
     held_parts_.push_back(model::ModelPart{});
@@ -48,7 +48,7 @@ ParallelModel::ParallelModel(model::Llama& model, DeviceMesh& mesh, ParallelOpti
     all_names_.push_back(fqn);
     all_shapes_.push_back(slot.sizes().vec());
     if (!holds(module_of(fqn))) return;  // another pipeline stage's
-    Param p;
+    HeldParam p;
     p.fqn = fqn;
     p.slot = &slot;
     p.full_shape = slot.sizes().vec();
@@ -75,15 +75,15 @@ std::vector<int64_t> ParallelModel::full_shape(const std::string& fqn) const {
   throw std::runtime_error("the model has no parameter '" + fqn + "'");
 }
 
-ParallelModel::Param& ParallelModel::param(const std::string& fqn) {
+HeldParam& ParallelModel::param(const std::string& fqn) {
   for (auto& p : params_)
     if (p.fqn == fqn) return p;
   throw std::runtime_error("the model has no parameter '" + fqn + "'");
 }
 
 void ParallelModel::finalize() {
-  const int tp = mesh_.size(MeshDim::kTp);
-  std::map<std::string, const Param*> by_fqn;
+  const int tp = mesh_.size(comm::MeshDim::kTp);
+  std::map<std::string, const HeldParam*> by_fqn;
   for (const auto& p : params_) by_fqn[p.fqn] = &p;
   if (fsdp_) {
     names_ = fsdp_->master_fqns();
@@ -102,14 +102,14 @@ void ParallelModel::finalize() {
   model_.materialize_buffers(options_.device);
 }
 
-at::Tensor ParallelModel::tp_local(const Param& p, const at::Tensor& full) const {
+at::Tensor ParallelModel::tp_local(const HeldParam& p, const at::Tensor& full) const {
   if (p.tp_dim < 0) return full;
-  return padded_chunk(full, p.tp_dim, mesh_.local_rank(MeshDim::kTp), mesh_.size(MeshDim::kTp));
+  return tensor_parallel::padded_chunk(full, p.tp_dim, mesh_.local_rank(comm::MeshDim::kTp), mesh_.size(comm::MeshDim::kTp));
 }
 
 void ParallelModel::load_full(const std::string& fqn, const at::Tensor& full) {
   at::NoGradGuard no_grad;
-  Param& p = param(fqn);
+  HeldParam& p = param(fqn);
   if (full.sizes().vec() != p.full_shape) {
     std::ostringstream os;
     os << "parameter '" << fqn << "' has shape " << full.sizes() << " but the model expects "
@@ -125,8 +125,8 @@ void ParallelModel::load_full(const std::string& fqn, const at::Tensor& full) {
 
 at::Tensor ParallelModel::full_param(const std::string& fqn) {
   at::NoGradGuard no_grad;
-  if (Comm* pp = mesh_.comm(MeshDim::kPp)) {  // the stage that holds it gathers, then broadcasts
-    const PipelinePlan& plan = *options_.pipeline;
+  if (comm::Comm* pp = mesh_.comm(comm::MeshDim::kPp)) {  // the stage that holds it gathers, then broadcasts
+    const pipeline::PipelinePlan& plan = *options_.pipeline;
     int owner = -1;
     for (int s = 0; s < plan.num_stages() && owner < 0; ++s)
       if (plan.stage_parts[static_cast<size_t>(s)].holds(module_of(fqn)))
@@ -145,16 +145,16 @@ at::Tensor ParallelModel::local_full_param(const std::string& fqn) {
   size_t i = 0;
   while (i < names_.size() && names_[i] != fqn) ++i;
   TORCH_CHECK(i < names_.size(), "the model has no parameter '", fqn, "'");
-  const Param* p = &param(fqn);
+  const HeldParam* p = &param(fqn);
   at::Tensor local = masters_[i].detach().contiguous();
-  if (Comm* shard = fsdp_ ? mesh_.comm(MeshDim::kDpShardCp) : nullptr) {  // [d0p/N, ...] -> [d0, ...]
+  if (comm::Comm* shard = fsdp_ ? mesh_.comm(comm::MeshDim::kDpShardCp) : nullptr) {  // [d0p/N, ...] -> [d0, ...]
     at::Tensor out = at::empty({shard->size() * local.numel()}, local.options());
     shard->all_gather_into_tensor(out, local.view({-1}));
     std::vector<int64_t> padded = p->tp_shape;
     padded[0] = local.size(0) * shard->size();
     local = out.view(padded).narrow(0, 0, p->tp_shape[0]).contiguous();
   }
-  if (Comm* tp = p->tp_dim >= 0 ? mesh_.comm(MeshDim::kTp) : nullptr) {  // TP chunks along tp_dim
+  if (comm::Comm* tp = p->tp_dim >= 0 ? mesh_.comm(comm::MeshDim::kTp) : nullptr) {  // TP chunks along tp_dim
     at::Tensor out = at::empty({tp->size() * local.numel()}, local.options());
     tp->all_gather_into_tensor(out, local.view({-1}));
     std::vector<int64_t> shape = local.sizes().vec();
@@ -182,13 +182,13 @@ at::Tensor region_view(const at::Tensor& local, const ShardRegion& region) {
 }
 
 std::vector<ShardRegion> ParallelModel::shard_regions() const {
-  const int tp = mesh_.size(MeshDim::kTp), tp_rank = mesh_.local_rank(MeshDim::kTp);
-  const int shards = fsdp_ ? mesh_.size(MeshDim::kDpShardCp) : 1;
-  const int shard_rank = fsdp_ ? mesh_.local_rank(MeshDim::kDpShardCp) : 0;
-  const bool replica0 = mesh_.local_rank(MeshDim::kDpReplicate) == 0;
+  const int tp = mesh_.size(comm::MeshDim::kTp), tp_rank = mesh_.local_rank(comm::MeshDim::kTp);
+  const int shards = fsdp_ ? mesh_.size(comm::MeshDim::kDpShardCp) : 1;
+  const int shard_rank = fsdp_ ? mesh_.local_rank(comm::MeshDim::kDpShardCp) : 0;
+  const bool replica0 = mesh_.local_rank(comm::MeshDim::kDpReplicate) == 0;
   std::vector<ShardRegion> regions;
   for (const std::string& name : names_) {
-    const Param* p = nullptr;
+    const HeldParam* p = nullptr;
     for (const auto& q : params_)
       if (q.fqn == name) p = &q;
     ShardRegion r;
@@ -201,7 +201,7 @@ std::vector<ShardRegion> ParallelModel::shard_regions() const {
     if (p->tp_dim >= 0) {
       const auto d = static_cast<size_t>(p->tp_dim);
       r.offsets[d] = tp_rank * p->tp_shape[d];
-      r.lengths[d] = valid_in_chunk(p->full_shape[d], tp_rank, tp);
+      r.lengths[d] = tensor_parallel::valid_in_chunk(p->full_shape[d], tp_rank, tp);
       if (d == 0) dim0_real = r.lengths[0];
     }
     // FSDP: dim-0 chunk shard_rank of the TP-local tensor (its padding included).
@@ -243,9 +243,9 @@ void ParallelModel::bind_compute_params() {
 }
 
 at::Tensor ParallelModel::loss_sum(const at::Tensor& logits, const at::Tensor& labels) {
-  Comm* tp = mesh_.comm(MeshDim::kTp);
+  comm::Comm* tp = mesh_.comm(comm::MeshDim::kTp);
   if (tp && options_.loss_parallel)
-    return vocab_parallel_cross_entropy_sum(logits.flatten(0, 1), labels.flatten(),
+    return tensor_parallel::vocab_parallel_cross_entropy_sum(logits.flatten(0, 1), labels.flatten(),
                                             model_.args().vocab_size, *tp);
   return at::cross_entropy_loss(logits.flatten(0, 1).to(at::kFloat), labels.flatten(),
                                 /*weight=*/std::nullopt, at::Reduction::Sum);
@@ -256,7 +256,7 @@ void ParallelModel::after_optimizer_step() {
   // tensorwise_delayed: every linear's amax history advances once per step, with ONE
   // all-reduce(max) over all ranks so every replica scales identically.
   std::function<void(at::Tensor&)> all_reduce_max;
-  if (Comm* world = mesh_.world()) all_reduce_max = [world](at::Tensor& t) { world->all_reduce(t, ReduceOp::kMax); };
+  if (comm::Comm* world = mesh_.world()) all_reduce_max = [world](at::Tensor& t) { world->all_reduce(t, comm::ReduceOp::kMax); };
   float8::sync_amax_history(float8::float8_computes(model_.linears()), all_reduce_max);
 }
 
@@ -264,14 +264,27 @@ void ParallelModel::after_backward() {
   if (fsdp_) fsdp_->finish_backward();
 }
 
+double ParallelModel::finish_gradients(double local_loss_sum) {
+  after_backward();  // whatever the schedule's last after_backward left (a no-op when nothing is)
+  reduce_grads();
+  return sum_over_dp_cp(local_loss_sum);
+}
+
+void ParallelModel::shard_over_tp(const std::string& fqn, int dim, int tp_size) {
+  HeldParam& p = param(fqn);
+  p.tp_dim = dim;
+  const size_t d = static_cast<size_t>(dim);
+  p.tp_shape[d] = tensor_parallel::padded_size(p.full_shape[d], tp_size) / tp_size;
+}
+
 namespace {
 // One all-reduce (sum) over `comm` for a list of gradients: flattened into one buffer.
-void all_reduce_grads(const std::vector<at::Tensor>& grads, Comm& comm) {
+void all_reduce_grads(const std::vector<at::Tensor>& grads, comm::Comm& comm) {
   if (grads.empty()) return;
   std::vector<at::Tensor> flat;
   for (const auto& g : grads) flat.push_back(g.reshape({-1}));
   at::Tensor buffer = at::cat(flat);
-  comm.all_reduce(buffer, ReduceOp::kSum);
+  comm.all_reduce(buffer, comm::ReduceOp::kSum);
   int64_t offset = 0;
   for (const auto& g : grads) {
     g.copy_(buffer.narrow(0, offset, g.numel()).view(g.sizes()));
@@ -283,7 +296,7 @@ void all_reduce_grads(const std::vector<at::Tensor>& grads, Comm& comm) {
 void ParallelModel::reduce_grads() {
   at::NoGradGuard no_grad;
   // Sequence-parallel norms see only their sequence shard: their gradients are partial sums.
-  if (Comm* tp = mesh_.comm(MeshDim::kTp)) {
+  if (comm::Comm* tp = mesh_.comm(comm::MeshDim::kTp)) {
     std::vector<at::Tensor> grads;
     for (size_t i = 0; i < masters_.size(); ++i)
       if (tp_replicated_[i] && masters_[i].grad().defined()) grads.push_back(masters_[i].grad());
@@ -291,7 +304,7 @@ void ParallelModel::reduce_grads() {
   }
   // HSDP / replicated data parallel: replicas sum their (already shard-reduced) gradients.
   // Once per step after accumulation: the sum is linear, so this equals per-backward reduction.
-  if (Comm* rep = mesh_.comm(MeshDim::kDpReplicate)) {
+  if (comm::Comm* rep = mesh_.comm(comm::MeshDim::kDpReplicate)) {
     std::vector<at::Tensor> grads;
     for (const auto& m : masters_)
       if (m.grad().defined()) grads.push_back(m.grad());
@@ -302,8 +315,8 @@ void ParallelModel::reduce_grads() {
 double ParallelModel::clip_grad_norm(double max_norm) {
   // Each gradient element must be counted once over the mesh: FSDP shards and TP shards are
   // disjoint; HSDP replicas count only on replica 0, TP-replicated weights only on TP rank 0.
-  const bool replica0 = mesh_.local_rank(MeshDim::kDpReplicate) == 0;
-  const bool tp0 = mesh_.local_rank(MeshDim::kTp) == 0;
+  const bool replica0 = mesh_.local_rank(comm::MeshDim::kDpReplicate) == 0;
+  const bool tp0 = mesh_.local_rank(comm::MeshDim::kTp) == 0;
   std::vector<at::Tensor> grads;
   std::vector<bool> counted;
   for (size_t i = 0; i < masters_.size(); ++i) {
@@ -315,7 +328,7 @@ double ParallelModel::clip_grad_norm(double max_norm) {
 }
 
 double clip_grad_norm(const std::vector<at::Tensor>& grads, const std::vector<bool>& counted,
-                      double max_norm, Comm* world) {
+                      double max_norm, comm::Comm* world) {
   TORCH_CHECK(grads.size() == counted.size(), "clip_grad_norm: ", grads.size(), " gradients but ",
               counted.size(), " flags");
   at::NoGradGuard no_grad;
@@ -326,7 +339,7 @@ double clip_grad_norm(const std::vector<at::Tensor>& grads, const std::vector<bo
     at::Tensor w = at::tensor(weights, f64).to(grads[0].device());
     sum_sq = (at::stack(at::_foreach_norm(grads, 2)).to(at::kDouble).pow(2) * w).sum().reshape({1});
   }
-  if (world) world->all_reduce(sum_sq, ReduceOp::kSum);
+  if (world) world->all_reduce(sum_sq, comm::ReduceOp::kSum);
   const double total = std::sqrt(sum_sq.item<double>());
   const double coef = max_norm / (total + 1e-6);
   if (coef < 1.0 && !grads.empty()) at::_foreach_mul_(grads, coef);
@@ -334,10 +347,10 @@ double clip_grad_norm(const std::vector<at::Tensor>& grads, const std::vector<bo
 }
 
 double ParallelModel::sum_over_dp_cp(double local) {
-  Comm* dp = mesh_.comm(MeshDim::kDpCp);
+  comm::Comm* dp = mesh_.comm(comm::MeshDim::kDpCp);
   if (!dp) return local;
   at::Tensor t = at::tensor({local}, at::TensorOptions().dtype(at::kDouble)).to(options_.device);
-  dp->all_reduce(t, ReduceOp::kSum);
+  dp->all_reduce(t, comm::ReduceOp::kSum);
   return t.item<double>();
 }
 

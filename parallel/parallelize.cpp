@@ -12,9 +12,9 @@
 
 #include "float8/block_scaled_linear.h"
 #include "float8/float8_linear.h"
-#include "parallel/async_tp.h"
-#include "parallel/pipeline_runner.h"
-#include "parallel/tensor_parallel.h"
+#include "parallel/tensor_parallel/async_tp.h"
+#include "parallel/pipeline/pipeline_schedule.h"
+#include "parallel/tensor_parallel/tensor_parallel.h"
 
 namespace titan::parallel {
 namespace {
@@ -123,8 +123,9 @@ void check_tp_degree(const model::ModelArgs& args, int tp, int64_t seq_len) {
 // 1. Tensor + sequence parallel: torchtitan's Llama plan as a table. Each float8 linear is
 // rebuilt with its TP sharding (See Note [Scales under TP]); a module whose readers all take a
 // float8 tensorwise input gathers it in float8.
-void apply_tp(ParallelModel& pm, Comm& tp) {
-  model::Llama& model = pm.model_;
+TensorParallelPlan apply_tp(model::Llama& model, comm::Comm& tp, const ParallelOptions& options,
+                            const std::function<bool(const std::string&)>& holds) {
+  TensorParallelPlan plan;
   std::map<std::string, model::Linear*> linears;
   for (model::Linear* l : model.linears()) linears[l->fqn()] = l;
   // Float8 (tensorwise or the axiswise dims that reduce along the shard) amaxes over the group:
@@ -134,29 +135,25 @@ void apply_tp(ParallelModel& pm, Comm& tp) {
     if (const float8::Float8LinearCompute* c = float8_compute(linear))
       compute = std::make_shared<float8::Float8LinearCompute>(
           c->recipe(), c->emulate(), c->backend(),
-          float8::TpSharding{[&tp](at::Tensor& amax) { tp.all_reduce(amax, ReduceOp::kMax); },
+          float8::TpSharding{[&tp](at::Tensor& amax) { tp.all_reduce(amax, comm::ReduceOp::kMax); },
                              input, weight, grad_output});
     return compute;
   };
-  auto shard_weight = [&](const std::string& module, int dim) {
-    ParallelModel::Param& p = pm.param(module + ".weight");
-    p.tp_dim = dim;
-    p.tp_shape[static_cast<size_t>(dim)] = padded_size(p.full_shape[static_cast<size_t>(dim)], tp.size()) / tp.size();
-  };
+  auto shard_weight = [&](const std::string& module, int dim) { plan.sharded_weights.emplace_back(module + ".weight", dim); };
   int float8_gathers = 0;  // modules whose input is gathered in float8
   // See Note [Async TP]: chunked gathers / reduce-scatters around the block's linears.
-  const int async_chunks = pm.options_.async_tp ? static_cast<int>(pm.options_.async_tp_chunks) : 0;
+  const int async_chunks = options.async_tp ? static_cast<int>(options.async_tp_chunks) : 0;
   auto apply = [&](const std::string& name, TpStyle style, model::TransformerBlock* block) {
     switch (style) {
       case TpStyle::kColwise: {
         model::Linear& l = *linears.at(name);
-        l.set_compute(std::make_shared<ColwiseLinear>(sharded(l, -1, /*rows*/ 0, /*columns*/ 1)));
+        l.set_compute(std::make_shared<tensor_parallel::ColwiseLinear>(sharded(l, -1, /*rows*/ 0, /*columns*/ 1)));
         shard_weight(name, 0);
         break;
       }
       case TpStyle::kRowwise: {
         model::Linear& l = *linears.at(name);
-        l.set_compute(std::make_shared<RowwiseLinear>(sharded(l, /*columns*/ 1, /*columns*/ 1, -1), tp, async_chunks));
+        l.set_compute(std::make_shared<tensor_parallel::RowwiseLinear>(sharded(l, /*columns*/ 1, /*columns*/ 1, -1), tp, async_chunks));
         shard_weight(name, 1);
         break;
       }
@@ -166,45 +163,46 @@ void apply_tp(ParallelModel& pm, Comm& tp) {
         const bool attention = name.size() >= 9 && name.compare(name.size() - 9, 9, "attention") == 0;
         model::ModuleInputHook& hook =
             attention ? block->attention.prepare_input : block->feed_forward.prepare_input;
-        const auto cast = pm.options_.float8_tp_input_all_gather
+        const auto cast = options.float8_tp_input_all_gather
                               ? shared_float8_input_cast(linears, name,
                                                          attention ? std::vector<std::string>{"wq", "wk", "wv"}
                                                                    : std::vector<std::string>{"w1", "w3"})
                               : std::nullopt;
         if (async_chunks > 0)
-          hook = make_async_sequence_gather(tp, async_chunks,
-                                            cast ? std::optional<Float8ChunkCast>({cast->first, cast->second})
+          hook = tensor_parallel::make_async_sequence_gather(tp, async_chunks,
+                                            cast ? std::optional<tensor_parallel::Float8ChunkCast>({cast->first, cast->second})
                                                  : std::nullopt);
         else
-          hook = cast ? make_float8_sequence_gather(tp, cast->first, cast->second) : make_sequence_gather(tp);
+          hook = cast ? tensor_parallel::make_float8_sequence_gather(tp, cast->first, cast->second) : tensor_parallel::make_sequence_gather(tp);
         float8_gathers += cast ? 1 : 0;
         break;
       }
       case TpStyle::kVocabParallelEmbedding:
-        model.set_embedding_compute("vocab_parallel", make_vocab_parallel_embedding(tp, model.args().vocab_size));
+        model.set_embedding_compute("vocab_parallel", tensor_parallel::make_vocab_parallel_embedding(tp, model.args().vocab_size));
         shard_weight(name, 0);
         break;
       case TpStyle::kVocabParallelOutput: {
         model::Linear& l = *linears.at(name);
-        l.set_compute(std::make_shared<VocabParallelOutput>(sharded(l, -1, /*rows*/ 0, /*columns*/ 1), tp,
-                                                            model.args().vocab_size, pm.options_.loss_parallel));
+        l.set_compute(std::make_shared<tensor_parallel::VocabParallelOutput>(sharded(l, -1, /*rows*/ 0, /*columns*/ 1), tp,
+                                                            model.args().vocab_size, options.loss_parallel));
         shard_weight(name, 0);
         break;
       }
     }
   };
   for (model::TransformerBlock* block : model.blocks())
-    if (pm.holds("layers." + std::to_string(block->layer_id)))
+    if (holds("layers." + std::to_string(block->layer_id)))
       for (const auto& [name, style] : kBlockTpPlan)
         apply("layers." + std::to_string(block->layer_id) + "." + name, style, block);
   for (const auto& [name, style] : kModelTpPlan)
-    if (pm.holds(name)) apply(name, style, nullptr);
-  pm.log_.push_back("tensor parallel " + std::to_string(tp.size()) + ": sequence parallel, loss " +
-                    (pm.options_.loss_parallel ? "on vocab shards" : "on all-gathered logits") +
-                    (float8_gathers ? ", " + std::to_string(float8_gathers) + " module inputs all-gathered in float8"
-                                    : std::string()) +
-                    (async_chunks ? ", async (" + std::to_string(async_chunks) + " chunks per sequence shard)"
-                                  : std::string()));
+    if (holds(name)) apply(name, style, nullptr);
+  plan.description = "tensor parallel " + std::to_string(tp.size()) + ": sequence parallel, loss " +
+                     (options.loss_parallel ? "on vocab shards" : "on all-gathered logits") +
+                     (float8_gathers ? ", " + std::to_string(float8_gathers) + " module inputs all-gathered in float8"
+                                     : std::string()) +
+                     (async_chunks ? ", async (" + std::to_string(async_chunks) + " chunks per sequence shard)"
+                                   : std::string());
+  return plan;
 }
 
 // 3. FSDP over dp_shard x cp (HSDP when dp_replicate > 1): one parameter group per block, plus the embedding and
@@ -212,24 +210,27 @@ void apply_tp(ParallelModel& pm, Comm& tp) {
 // [FSDP wraps AC] in activation_checkpoint.h). reshard_after_forward "default" frees every group
 // after its forward except the last block and norm+output, which backward needs first anyway
 // (torchtitan's choice). Float8 tensorwise linears' weights travel in float8 when asked.
-void apply_fsdp(ParallelModel& pm, Comm& dp_shard_cp) {
-  model::Llama& model = pm.model_;
-  const ParallelOptions& o = pm.options_;
-  pm.fsdp_ = std::make_unique<Fsdp>(dp_shard_cp, o.compute_dtype, o.device, pm.mesh_.comm(MeshDim::kTp),
-                                    o.fsdp_overlap);
+FsdpPlan apply_fsdp(model::Llama& model, comm::Comm& dp_shard_cp, comm::DeviceMesh& mesh,
+                    const ParallelOptions& o, const std::vector<HeldParam>& params,
+                    const std::function<bool(const std::string&)>& holds) {
+  FsdpPlan plan;
+  plan.fsdp = std::make_unique<Fsdp>(dp_shard_cp, o.compute_dtype, o.device, mesh.comm(comm::MeshDim::kTp),
+                                     o.fsdp_overlap);
+  std::map<std::string, const HeldParam*> by_fqn;
+  for (const HeldParam& p : params) by_fqn[p.fqn] = &p;
   // Under pp a step runs many micro-batches through each stage, interleaved with the other
   // stages' work: each group is gathered once and its gradients reduce-scattered once, after
   // the last micro-batch (torchtitan keeps the gathered parameters under PP by default too).
   const bool pipelined = o.pipeline.has_value();
-  pm.fsdp_->set_defer_reduce_scatter(pipelined);
+  plan.fsdp->set_defer_reduce_scatter(pipelined);
   const std::string reshard_policy = pipelined && o.reshard_after_forward == "default" ? "never" : o.reshard_after_forward;
-  Fsdp& fsdp = *pm.fsdp_;
+  Fsdp& fsdp = *plan.fsdp;
   std::map<std::string, model::Linear*> by_weight;
   for (model::Linear* l : model.linears()) by_weight[l->fqn() + ".weight"] = l;
   auto add_group = [&](const std::string& name, const std::vector<std::string>& fqns, bool last) {
     std::vector<FsdpParamSpec> specs;
     for (const std::string& fqn : fqns) {
-      ParallelModel::Param& p = pm.param(fqn);
+      const HeldParam& p = *by_fqn.at(fqn);
       FsdpParamSpec spec{p.fqn, p.slot, p.tp_shape};
       auto l = by_weight.find(p.fqn);
       const float8::Float8LinearCompute* c = l == by_weight.end() ? nullptr : float8_compute(*l->second);
@@ -247,21 +248,21 @@ void apply_fsdp(ParallelModel& pm, Comm& dp_shard_cp) {
                                    return fsdp.run_group(g, x, inner);
                                  }};
   };
-  if (pm.holds("tok_embeddings"))
+  if (holds("tok_embeddings"))
     model.wrap_stage(model::Stage::kEmbedding, add_group("tok_embeddings", {"tok_embeddings.weight"}, false));
   const int64_t n_layers = model.args().n_layers;
   for (model::TransformerBlock* block : model.blocks()) {
     const std::string name = "layers." + std::to_string(block->layer_id);
-    if (!pm.holds(name)) continue;
+    if (!holds(name)) continue;
     std::vector<std::string> fqns;
-    for (const auto& p : pm.params_)
+    for (const auto& p : params)
       if (p.fqn.compare(0, name.size() + 1, name + ".") == 0) fqns.push_back(p.fqn);
     model.wrap_block(block->layer_id, add_group(name, fqns, block->layer_id == n_layers - 1));
   }
-  if (pm.holds("norm"))
+  if (holds("norm"))
     model.wrap_stage(model::Stage::kHead, add_group("norm+output", {"norm.weight", "output.weight"}, true));
   std::ostringstream os;
-  os << (pm.mesh_.size(MeshDim::kDpReplicate) > 1 ? "HSDP " : "FSDP ") << dp_shard_cp.size() << ": "
+  os << (mesh.size(comm::MeshDim::kDpReplicate) > 1 ? "HSDP " : "FSDP ") << dp_shard_cp.size() << ": "
      << fsdp.num_groups() << " groups (tok_embeddings, one per block, norm+output"
      << (pipelined ? "; this rank's stages only), gathered once per step, gradients reduce-scattered once per step"
                    : ")")
@@ -270,55 +271,62 @@ void apply_fsdp(ParallelModel& pm, Comm& dp_shard_cp) {
      << (o.fsdp_overlap ? ", overlapped (prefetch + deferred reduce-scatter)" : ", blocking");
   if (fsdp.num_float8_params() > 0)
     os << ", " << fsdp.num_float8_params() << " float8 linear weights gathered in float8";
-  pm.log_.push_back(os.str());
+  plan.description = os.str();
+  return plan;
 }
 
 // The plan. Stages in torchtitan's order, each a no-op at degree 1.
-std::unique_ptr<ParallelModel> parallelize_llama(model::Llama& model, DeviceMesh& mesh,
+std::unique_ptr<ParallelModel> parallelize_llama(model::Llama& model, comm::DeviceMesh& mesh,
                                                  const ParallelOptions& options) {
   auto pm = std::make_unique<ParallelModel>(model, mesh, options);
+  auto holds = [&pm](const std::string& module) { return pm->holds(module); };
   // 1. Tensor + sequence parallel first: it decides the local shapes FSDP shards and rebuilds
   //    the float8 computes with their TP sharding.
-  if (Comm* tp = mesh.comm(MeshDim::kTp)) {
-    check_tp_degree(model.args(), tp->size(), options.seq_len / mesh.size(MeshDim::kCp));
-    apply_tp(*pm, *tp);
+  if (comm::Comm* tp = mesh.comm(comm::MeshDim::kTp)) {
+    check_tp_degree(model.args(), tp->size(), options.seq_len / mesh.size(comm::MeshDim::kCp));
+    const TensorParallelPlan plan = apply_tp(model, *tp, options, holds);
+    for (const auto& [fqn, dim] : plan.sharded_weights) pm->shard_over_tp(fqn, dim, tp->size());
+    pm->add_plan_line(plan.description);
   }
   // 1b. Context parallel: attention exchanges K/V (or heads) over cp; everything else is per token
   //     and runs on the rank's share of the sequence (See Note [Context parallelism]).
-  if (Comm* cp = mesh.comm(MeshDim::kCp)) {
-    check_cp_degree(model.args(), cp->size(), mesh.size(MeshDim::kTp), options.seq_len, options.cp_rotate_method);
-    apply_cp(model, *cp, options.cp_rotate_method, [&pm](const std::string& m) { return pm->holds(m); });
-    pm->log_.push_back("context parallel " + std::to_string(cp->size()) + ": rank " +
-                       std::to_string(cp->rank()) + " computes sequence chunks " + std::to_string(cp->rank()) +
-                       " and " + std::to_string(2 * cp->size() - 1 - cp->rank()) + " of " +
-                       std::to_string(2 * cp->size()) + "; attention " +
-                       cp_rotate_method_name(options.cp_rotate_method));
+  if (comm::Comm* cp = mesh.comm(comm::MeshDim::kCp)) {
+    context_parallel::check_cp_degree(model.args(), cp->size(), mesh.size(comm::MeshDim::kTp), options.seq_len,
+                                      options.cp_rotate_method);
+    context_parallel::apply_cp(model, *cp, options.cp_rotate_method, holds);
+    pm->add_plan_line("context parallel " + std::to_string(cp->size()) + ": rank " + std::to_string(cp->rank()) +
+                      " computes sequence chunks " + std::to_string(cp->rank()) + " and " +
+                      std::to_string(2 * cp->size() - 1 - cp->rank()) + " of " + std::to_string(2 * cp->size()) +
+                      "; attention " + context_parallel::cp_rotate_method_name(options.cp_rotate_method));
   }
   // 2. Activation checkpointing wraps each checkpointed block's forward...
   apply_ac(model, options.ac);
-  pm->log_.push_back("activation checkpointing: " + describe_ac(options.ac));
+  pm->add_plan_line("activation checkpointing: " + describe_ac(options.ac));
   // 3. ...and FSDP wraps that, so its gathers bracket the block and its backward hook
   //    re-gathers before AC recomputes (See Note [FSDP wraps AC]).
-  if (Comm* shard = mesh.comm(MeshDim::kDpShardCp)) apply_fsdp(*pm, *shard);
-  if (mesh.size(MeshDim::kDpReplicate) > 1)
-    pm->log_.push_back("data-parallel replicas " + std::to_string(mesh.size(MeshDim::kDpReplicate)) +
-                       ": gradients all-reduced across them once per step");
+  if (comm::Comm* shard = mesh.comm(comm::MeshDim::kDpShardCp)) {
+    FsdpPlan plan = apply_fsdp(model, *shard, mesh, options, pm->held_params(), holds);
+    pm->attach_fsdp(std::move(plan.fsdp));
+    pm->add_plan_line(plan.description);
+  }
+  if (mesh.size(comm::MeshDim::kDpReplicate) > 1)
+    pm->add_plan_line("data-parallel replicas " + std::to_string(mesh.size(comm::MeshDim::kDpReplicate)) +
+                      ": gradients all-reduced across them once per step");
   // 4. This rank's master parameters (the ones FSDP does not own) and the model's buffers.
   pm->finalize();
-  // 5. The micro-batch schedule: the pipeline's order over this rank's stages, or without
-  //    pipeline parallelism the whole model as one stage (gradient accumulation).
-  if (options.pipeline) {
-    for (const std::string& line : options.pipeline->describe()) pm->log_.push_back(line);
-    int64_t boundary_seq = options.seq_len / mesh.size(MeshDim::kCp);
-    if (mesh.size(MeshDim::kTp) > 1) boundary_seq /= mesh.size(MeshDim::kTp);  // sequence parallel
-    const bool split_weights = options.ac.mode == AcMode::kNone;  // See Note [Pipeline execution]
-    pm->schedule_ = std::make_unique<PipelineSchedule>(model, *pm, mesh, *options.pipeline, options.device,
-                                                       options.compute_dtype, boundary_seq, split_weights);
-  } else {
-    pm->schedule_ = std::make_unique<SingleStageSchedule>(model, *pm, mesh, options.microbatches, options.device);
-  }
-  pm->log_.push_back(pm->schedule_->describe());
   return pm;
+}
+
+std::unique_ptr<pipeline::Schedule> build_schedule(model::Llama& model, ParallelModel& parallel,
+                                                   comm::DeviceMesh& mesh, const ParallelOptions& options) {
+  if (!options.pipeline)
+    return std::make_unique<pipeline::SingleStageSchedule>(model, parallel, mesh, options.microbatches,
+                                                           options.device);
+  int64_t boundary_seq = options.seq_len / mesh.size(comm::MeshDim::kCp);
+  if (mesh.size(comm::MeshDim::kTp) > 1) boundary_seq /= mesh.size(comm::MeshDim::kTp);  // sequence parallel
+  const bool split_weights = options.ac.mode == AcMode::kNone;  // See Note [Pipeline execution]
+  return std::make_unique<pipeline::PipelineSchedule>(model, parallel, mesh, *options.pipeline, options.device,
+                                                      options.compute_dtype, boundary_seq, split_weights);
 }
 
 }  // namespace titan::parallel

@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-#include "parallel/process_group.h"
+#include "parallel/comm/process_group.h"
 
 namespace titan::testing {
 
@@ -30,14 +30,14 @@ inline std::vector<std::string> run_ranks_on_threads(
         c10::intrusive_ptr<c10d::Store> store;
         if (rank == 0) {
           try {
-            store = titan::parallel::create_tcp_store("127.0.0.1", 0, 0, world, timeout);
-            port_promise.set_value(titan::parallel::store_port(store));
+            store = titan::parallel::comm::create_tcp_store("127.0.0.1", 0, 0, world, timeout);
+            port_promise.set_value(titan::parallel::comm::store_port(store));
           } catch (...) {
             port_promise.set_exception(std::current_exception());  // the others fail, not hang
             throw;
           }
         } else {
-          store = titan::parallel::create_tcp_store("127.0.0.1", port.get(), rank, world, timeout);
+          store = titan::parallel::comm::create_tcp_store("127.0.0.1", port.get(), rank, world, timeout);
         }
         body(rank, store);
       } catch (const std::exception& e) {

@@ -24,8 +24,8 @@
 #include <thread>
 #include <vector>
 
-#include "parallel/launcher.h"
-#include "parallel/world.h"
+#include "launcher/launcher.h"
+#include "launcher/world.h"
 #include "tests/job_runs.h"
 #include "tests/temp_dir.h"
 #include "trainer/config/agreement.h"
@@ -200,11 +200,11 @@ TEST_CASE("start-up warnings name the keys whose settings do nothing", "[bad_inp
 }
 
 TEST_CASE("library guards: nodelist expansion, memory estimate, nesting scan", "[bad_input]") {
-  CHECK_THROWS_WITH(titan::parallel::expand_slurm_nodelist("n[0-999999999]"),
+  CHECK_THROWS_WITH(titan::launcher::expand_slurm_nodelist("n[0-999999999]"),
                     Contains("expands to more than 131072 hosts"));
-  CHECK_THROWS_WITH(titan::parallel::expand_slurm_nodelist("a[0-999],b[0-999],c[000-999]x[0-999]"),
+  CHECK_THROWS_WITH(titan::launcher::expand_slurm_nodelist("a[0-999],b[0-999],c[000-999]x[0-999]"),
                     Contains("expands to more than 131072 hosts"));
-  CHECK(titan::parallel::expand_slurm_nodelist("n[0-3]").size() == 4);
+  CHECK(titan::launcher::expand_slurm_nodelist("n[0-3]").size() == 4);
 
   titan::trainer::observe::EstimateInputs in;
   in.args = titan::model::llama3_flavor("debugmodel");
@@ -224,7 +224,7 @@ TEST_CASE("library guards: nodelist expansion, memory estimate, nesting scan", "
 // rendezvous timed out; now it ends the process at once with 128 + SIGTERM.
 TEST_CASE("SIGTERM during start-up ends the process with a message", "[bad_input]") {
   const fs::path log = scratch() / "sigterm.log";
-  const int port = titan::parallel::pick_free_port();
+  const int port = titan::launcher::pick_free_port();
   // Rank 0 of 2 with no rank 1: it serves the store and waits at rendezvous (start-up) for up to
   // comm.init_timeout_seconds.
   const pid_t pid = fork();

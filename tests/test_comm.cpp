@@ -23,18 +23,19 @@
 #include <sstream>
 #include <thread>
 
-#include "parallel/comm_trace.h"
-#include "parallel/process_group.h"
+#include "launcher/world.h"
+#include "parallel/comm/comm_trace.h"
+#include "parallel/comm/process_group.h"
 #include "tests/rank_threads.h"
 
-using titan::parallel::CollectiveRecord;
-using titan::parallel::CollectiveState;
-using titan::parallel::comm_trace;
-using titan::parallel::collective_state_name;
-using titan::parallel::Comm;
-using titan::parallel::CommError;
-using titan::parallel::CommOptions;
-using titan::parallel::ReduceOp;
+using titan::parallel::comm::CollectiveRecord;
+using titan::parallel::comm::CollectiveState;
+using titan::parallel::comm::comm_trace;
+using titan::parallel::comm::collective_state_name;
+using titan::parallel::comm::Comm;
+using titan::parallel::comm::CommError;
+using titan::parallel::comm::CommOptions;
+using titan::parallel::comm::ReduceOp;
 
 namespace {
 
@@ -347,16 +348,18 @@ TEST_CASE("init_process_group in processes started by titan-run", "[comm][dist]"
 }
 
 TEST_CASE("worker: started by titan-run, one per rank", "[.titan_run_worker]") {
-  titan::parallel::WorldInfo world = titan::parallel::world_from_env();
+  titan::launcher::WorldInfo world = titan::launcher::world_from_env();
   REQUIRE(world.from_env);
   CommOptions options;
   options.timeout = kTestTimeout;
-  std::unique_ptr<Comm> comm = titan::parallel::init_process_group(world, options);
+  std::unique_ptr<Comm> comm = titan::parallel::comm::init_process_group(
+      {world.rank, world.world_size, world.local_world_size == world.world_size, world.master_addr, world.master_port},
+      options);
   at::Tensor t = at::full({4}, static_cast<double>(world.rank + 1));
   comm->all_reduce(t);
   double w = world.world_size;
   REQUIRE(at::equal(t, at::full({4}, w * (w + 1) / 2)));
   comm->barrier();
   std::printf("worker ok: rank %d/%d, %s\n", comm->rank(), comm->size(),
-              titan::parallel::describe(world).c_str());
+              titan::launcher::describe(world).c_str());
 }

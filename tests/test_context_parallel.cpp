@@ -24,9 +24,9 @@
 #include "model/attention_blocks.h"
 #include "model/checkpoint_ops.h"
 #include "parallel/activation_checkpoint.h"
-#include "parallel/context_parallel.h"
-#include "parallel/cp_attention.h"
-#include "parallel/process_group.h"
+#include "parallel/context_parallel/context_parallel.h"
+#include "parallel/context_parallel/attention.h"
+#include "parallel/comm/process_group.h"
 #include "tests/layout_check.h"
 #include "tests/rank_threads.h"
 
@@ -97,23 +97,23 @@ TEST_CASE("attention blocks merged by their log-sum-exp equal one attention, for
 }
 
 TEST_CASE("the load-balanced split gives rank i chunks i and 2cp-1-i", "[parallel][cp]") {
-  CHECK(tp::cp_positions(16, 2, 0) == std::vector<int64_t>{0, 1, 2, 3, 12, 13, 14, 15});
-  CHECK(tp::cp_positions(16, 2, 1) == std::vector<int64_t>{4, 5, 6, 7, 8, 9, 10, 11});
-  CHECK(tp::cp_positions(8, 4, 3) == std::vector<int64_t>{3, 4});
+  CHECK(tp::context_parallel::cp_positions(16, 2, 0) == std::vector<int64_t>{0, 1, 2, 3, 12, 13, 14, 15});
+  CHECK(tp::context_parallel::cp_positions(16, 2, 1) == std::vector<int64_t>{4, 5, 6, 7, 8, 9, 10, 11});
+  CHECK(tp::context_parallel::cp_positions(8, 4, 3) == std::vector<int64_t>{3, 4});
   const at::Tensor seq = at::arange(16).view({1, 16});
-  CHECK(tp::cp_shard(seq, 1, 4, 1).equal(at::tensor(std::vector<int64_t>{2, 3, 12, 13}).view({1, 4})));
-  CHECK(tp::cp_shard(seq, 1, 1, 0).equal(seq));
-  CHECK_THROWS_WITH(tp::cp_shard(seq, 1, 3, 0), Contains("cannot be cut into 2 x 3 equal chunks"));
+  CHECK(tp::context_parallel::cp_shard(seq, 1, 4, 1).equal(at::tensor(std::vector<int64_t>{2, 3, 12, 13}).view({1, 4})));
+  CHECK(tp::context_parallel::cp_shard(seq, 1, 1, 0).equal(seq));
+  CHECK_THROWS_WITH(tp::context_parallel::cp_shard(seq, 1, 3, 0), Contains("cannot be cut into 2 x 3 equal chunks"));
   tmod::ModelArgs args;
   args.n_heads = 6;
-  CHECK_THROWS_WITH(tp::check_cp_degree(args, 4, 1, 36, tp::CpRotateMethod::kAllGather),
+  CHECK_THROWS_WITH(tp::context_parallel::check_cp_degree(args, 4, 1, 36, tp::context_parallel::CpRotateMethod::kAllGather),
                     Contains("training.seq_len 36 is not divisible by 2 x parallelism.context_parallel_degree = 8"));
-  CHECK_THROWS_WITH(tp::check_cp_degree(args, 2, 4, 36, tp::CpRotateMethod::kAllToAll),
+  CHECK_THROWS_WITH(tp::context_parallel::check_cp_degree(args, 2, 4, 36, tp::context_parallel::CpRotateMethod::kAllToAll),
                     Contains("18, is not divisible by parallelism.tensor_parallel_degree 4"));
-  CHECK_THROWS_WITH(tp::check_cp_degree(args, 4, 1, 64, tp::CpRotateMethod::kUlysses),
+  CHECK_THROWS_WITH(tp::context_parallel::check_cp_degree(args, 4, 1, 64, tp::context_parallel::CpRotateMethod::kUlysses),
                     Contains("6 heads (n_heads 6) are not divisible by parallelism.context_parallel_degree 4"));
-  CHECK_NOTHROW(tp::check_cp_degree(args, 2, 1, 64, tp::CpRotateMethod::kUlysses));
-  CHECK_THROWS_WITH(tp::cp_rotate_method_from_name("ring"),
+  CHECK_NOTHROW(tp::context_parallel::check_cp_degree(args, 2, 1, 64, tp::context_parallel::CpRotateMethod::kUlysses));
+  CHECK_THROWS_WITH(tp::context_parallel::cp_rotate_method_from_name("ring"),
                     Contains("'ring' (valid: allgather, alltoall, titan_ulysses)"));
 }
 
@@ -123,22 +123,22 @@ TEST_CASE("ring and head-parallel attention over 2 and 4 ranks equal the unsplit
   const at::Tensor dout = normal({2, 8, 32, 8}, 14);
   const Unsplit want = unsplit_attention(q, k, v, dout);
   for (int n : {2, 4}) {
-    for (tp::CpRotateMethod method : {tp::CpRotateMethod::kAllGather, tp::CpRotateMethod::kAllToAll,
-                                      tp::CpRotateMethod::kUlysses}) {
-      INFO("cp " << n << ", " << tp::cp_rotate_method_name(method));
+    for (tp::context_parallel::CpRotateMethod method : {tp::context_parallel::CpRotateMethod::kAllGather, tp::context_parallel::CpRotateMethod::kAllToAll,
+                                      tp::context_parallel::CpRotateMethod::kUlysses}) {
+      INFO("cp " << n << ", " << tp::context_parallel::cp_rotate_method_name(method));
       const auto errors = titan::testing::run_ranks_on_threads(
           n, std::chrono::seconds(60), [&](int rank, const c10::intrusive_ptr<c10d::Store>& store) {
-            tp::CommOptions options;
+            tp::comm::CommOptions options;
             options.timeout = std::chrono::seconds(60);
-            tp::Comm comm(store, rank, n, "cp_" + std::to_string(n) + "_" + tp::cp_rotate_method_name(method), options);
-            tp::RingTags tags;
+            tp::comm::Comm comm(store, rank, n, "cp_" + std::to_string(n) + "_" + tp::context_parallel::cp_rotate_method_name(method), options);
+            tp::context_parallel::RingTags tags;
             auto attend = [&](const at::Tensor& a, const at::Tensor& b, const at::Tensor& c) {
-              if (method == tp::CpRotateMethod::kUlysses) return tp::head_parallel_attention(a, b, c, comm);
-              const auto exchange = method == tp::CpRotateMethod::kAllGather ? tp::KvExchange::kAllGather
-                                                                              : tp::KvExchange::kRing;
-              return tp::ring_attention(a, b, c, comm, exchange, tags);
+              if (method == tp::context_parallel::CpRotateMethod::kUlysses) return tp::context_parallel::head_parallel_attention(a, b, c, comm);
+              const auto exchange = method == tp::context_parallel::CpRotateMethod::kAllGather ? tp::context_parallel::KvExchange::kAllGather
+                                                                              : tp::context_parallel::KvExchange::kRing;
+              return tp::context_parallel::ring_attention(a, b, c, comm, exchange, tags);
             };
-            auto share = [&](const at::Tensor& x) { return tp::cp_shard(x, 2, n, rank); };
+            auto share = [&](const at::Tensor& x) { return tp::context_parallel::cp_shard(x, 2, n, rank); };
             auto expect_close = [&](const at::Tensor& got, const at::Tensor& full, const char* what) {
               const double d = max_abs_diff(got, share(full));
               if (!(d < kAbsTol)) {

@@ -18,8 +18,8 @@
 #include <sstream>
 #include <thread>
 
-#include "parallel/launcher.h"
-#include "parallel/world.h"
+#include "launcher/launcher.h"
+#include "launcher/world.h"
 
 #ifndef TITAN_RUN_PATH
 #error "TITAN_RUN_PATH (the built titan-run) must be defined by the build"
@@ -28,7 +28,7 @@
 #error "TITAN_TRAIN_PATH (the built titan-train) must be defined by the build"
 #endif
 
-namespace tp = titan::parallel;
+namespace tl = titan::launcher;
 using Clock = std::chrono::steady_clock;
 
 namespace {
@@ -272,7 +272,7 @@ TEST_CASE("ranks die with titan-run when it is SIGKILLed (PR_SET_PDEATHSIG)", "[
 
 // The case PR_SET_PDEATHSIG cannot cover: titan-train as the grandchild of a `sh -c` wrapper.
 // sh dies of its pdeathsig; titan-train must see the watchdog pipe close (Note [Launcher
-// watchdog pipe] in parallel/launcher.cpp) and exit, whatever it is doing (starting up, waiting
+// watchdog pipe] in launcher/launcher.cpp) and exit, whatever it is doing (starting up, waiting
 // in the rendezvous or training: it is killed as soon as both pids are known).
 TEST_CASE("titan-train behind a sh -c wrapper dies with titan-run when it is SIGKILLed", "[launcher]") {
   const std::string dump = (std::filesystem::temp_directory_path() /
@@ -326,7 +326,7 @@ TEST_CASE("LOG_RANK and --local-ranks-filter choose whose lines are shown", "[la
 }
 
 TEST_CASE("two titan-run processes as two nodes number ranks 0..3", "[launcher]") {
-  const std::string port = std::to_string(tp::pick_free_port());
+  const std::string port = std::to_string(tl::pick_free_port());
   std::vector<Child> nodes;
   for (const char* node_rank : {"0", "1"}) {
     nodes.push_back(start_titan_run({"--nnodes", "2", "--node-rank", node_rank, "--nproc-per-node",
@@ -370,7 +370,7 @@ TEST_CASE("titan-run rejects bad command lines with exit code 2, naming the flag
 }
 
 TEST_CASE("parse_launch_args", "[launcher]") {
-  auto o = tp::parse_launch_args({"--nproc_per_node", "4", "--nnodes=2", "--node-rank", "1",
+  auto o = tl::parse_launch_args({"--nproc_per_node", "4", "--nnodes=2", "--node-rank", "1",
                                   "--rdzv-endpoint", "head:1234", "--rdzv_backend", "c10d",
                                   "--role", "rank", "--tee", "3", "--local-ranks-filter", "0,3",
                                   "--kill-grace-seconds", "1.5", "titan-train", "--job.x", "--",
@@ -385,31 +385,31 @@ TEST_CASE("parse_launch_args", "[launcher]") {
   // Everything from the first non-flag on belongs to the trainer, "--" included.
   CHECK(o.command == std::vector<std::string>{"titan-train", "--job.x", "--", "y"});
 
-  auto s = tp::parse_launch_args({"--standalone", "--nproc-per-node=2", "--", "a"});
+  auto s = tl::parse_launch_args({"--standalone", "--nproc-per-node=2", "--", "a"});
   CHECK(s.master_addr == "127.0.0.1");
   CHECK_FALSE(s.master_port.has_value());  // -> a free port at launch
-  auto v6 = tp::parse_launch_args({"--rdzv-endpoint", "[::1]:29400", "a"});
+  auto v6 = tl::parse_launch_args({"--rdzv-endpoint", "[::1]:29400", "a"});
   CHECK(v6.master_addr == "::1");
   CHECK(v6.master_port == 29400);
 
   using Catch::Matchers::Contains;
-  CHECK_THROWS_WITH(tp::parse_launch_args({"--node-rank", "2", "--nnodes", "2", "a"}),
+  CHECK_THROWS_WITH(tl::parse_launch_args({"--node-rank", "2", "--nnodes", "2", "a"}),
                     Contains("--node-rank 2 must be < --nnodes 2"));
-  CHECK_THROWS_WITH(tp::parse_launch_args({"--nnodes", "2", "--master-port", "0", "a"}),
+  CHECK_THROWS_WITH(tl::parse_launch_args({"--nnodes", "2", "--master-port", "0", "a"}),
                     Contains("single node only"));
-  CHECK_THROWS_WITH(tp::parse_launch_args({"--nnodes", "1:4", "a"}), Contains("elastic"));
-  CHECK_THROWS_WITH(tp::parse_launch_args({"--local-ranks-filter", "0,2", "a"}),
+  CHECK_THROWS_WITH(tl::parse_launch_args({"--nnodes", "1:4", "a"}), Contains("elastic"));
+  CHECK_THROWS_WITH(tl::parse_launch_args({"--local-ranks-filter", "0,2", "a"}),
                     Contains("local rank 2"));
-  CHECK_THROWS_WITH(tp::parse_launch_args({"--local-ranks-filter", "0,x", "a"}),
+  CHECK_THROWS_WITH(tl::parse_launch_args({"--local-ranks-filter", "0,x", "a"}),
                     Contains("'0,x'"));
-  CHECK_THROWS_WITH(tp::parse_launch_args({"--standalone=1", "a"}), Contains("takes no value"));
-  CHECK_THROWS_WITH(tp::parse_launch_args({"--master-addr"}), Contains("--master-addr needs a value"));
-  CHECK_THROWS_AS(tp::parse_launch_args({"-n", "2", "a"}), tp::UsageError);
+  CHECK_THROWS_WITH(tl::parse_launch_args({"--standalone=1", "a"}), Contains("takes no value"));
+  CHECK_THROWS_WITH(tl::parse_launch_args({"--master-addr"}), Contains("--master-addr needs a value"));
+  CHECK_THROWS_AS(tl::parse_launch_args({"-n", "2", "a"}), tl::UsageError);
 }
 
 namespace {
 
-tp::EnvLookup env_of(const std::map<std::string, std::string>& vars) {
+tl::EnvLookup env_of(const std::map<std::string, std::string>& vars) {
   return [vars](const std::string& name) -> std::optional<std::string> {
     auto it = vars.find(name);
     if (it == vars.end()) return std::nullopt;
@@ -420,7 +420,7 @@ tp::EnvLookup env_of(const std::map<std::string, std::string>& vars) {
 }  // namespace
 
 TEST_CASE("world_from_env: torchrun variables", "[world]") {
-  auto w = tp::world_from_env(env_of({{"RANK", "5"}, {"LOCAL_RANK", "1"}, {"WORLD_SIZE", "8"},
+  auto w = tl::world_from_env(env_of({{"RANK", "5"}, {"LOCAL_RANK", "1"}, {"WORLD_SIZE", "8"},
                                       {"LOCAL_WORLD_SIZE", "4"}, {"GROUP_RANK", "1"},
                                       {"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "1234"}}));
   CHECK(w.rank == 5);
@@ -431,37 +431,37 @@ TEST_CASE("world_from_env: torchrun variables", "[world]") {
   CHECK(w.master_addr == "10.0.0.1");
   CHECK(w.master_port == 1234);
   CHECK(w.from_env);
-  CHECK(tp::describe(w) == "rank 5/8 (local 1/4, node 1) master 10.0.0.1:1234 [from environment]");
+  CHECK(tl::describe(w) == "rank 5/8 (local 1/4, node 1) master 10.0.0.1:1234 [from environment]");
 
-  auto minimal = tp::world_from_env(env_of({{"RANK", "1"}, {"WORLD_SIZE", "2"}}));
+  auto minimal = tl::world_from_env(env_of({{"RANK", "1"}, {"WORLD_SIZE", "2"}}));
   CHECK(minimal.local_rank == 1);
   CHECK(minimal.local_world_size == 2);
   CHECK(minimal.master_addr == "127.0.0.1");
   CHECK(minimal.master_port == 29500);
 
-  auto none = tp::world_from_env(env_of({}));
+  auto none = tl::world_from_env(env_of({}));
   CHECK(none.rank == 0);
   CHECK(none.world_size == 1);
   CHECK_FALSE(none.from_env);
 
   using Catch::Matchers::Contains;
-  CHECK_THROWS_WITH(tp::world_from_env(env_of({{"RANK", "2"}, {"WORLD_SIZE", "2"}})),
+  CHECK_THROWS_WITH(tl::world_from_env(env_of({{"RANK", "2"}, {"WORLD_SIZE", "2"}})),
                     Contains("RANK=2 must be in [0, WORLD_SIZE) with WORLD_SIZE=2"));
-  CHECK_THROWS_WITH(tp::world_from_env(env_of({{"RANK", "0"}, {"WORLD_SIZE", "two"}})),
+  CHECK_THROWS_WITH(tl::world_from_env(env_of({{"RANK", "0"}, {"WORLD_SIZE", "two"}})),
                     Contains("WORLD_SIZE='two' is not an integer"));
-  CHECK_THROWS_WITH(tp::world_from_env(env_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "8x"}})),
+  CHECK_THROWS_WITH(tl::world_from_env(env_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "8x"}})),
                     Contains("MASTER_PORT='8x'"));
-  CHECK_THROWS_WITH(tp::world_from_env(env_of({{"RANK", "0"}})), Contains("WORLD_SIZE is not"));
-  CHECK_THROWS_WITH(tp::world_from_env(env_of({{"RANK", "0"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "2"},
+  CHECK_THROWS_WITH(tl::world_from_env(env_of({{"RANK", "0"}})), Contains("WORLD_SIZE is not"));
+  CHECK_THROWS_WITH(tl::world_from_env(env_of({{"RANK", "0"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "2"},
                                                {"LOCAL_WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}})),
                     Contains("LOCAL_RANK=2"));
-  CHECK_THROWS_WITH(tp::world_from_env(env_of({{"RANK", "0"}, {"WORLD_SIZE", "4"},
+  CHECK_THROWS_WITH(tl::world_from_env(env_of({{"RANK", "0"}, {"WORLD_SIZE", "4"},
                                                {"LOCAL_WORLD_SIZE", "2"}})),
                     Contains("MASTER_ADDR is not set"));
 }
 
 TEST_CASE("world_from_env: Slurm fallback", "[world]") {
-  auto w = tp::world_from_env(env_of({{"SLURM_PROCID", "6"}, {"SLURM_NTASKS", "8"},
+  auto w = tl::world_from_env(env_of({{"SLURM_PROCID", "6"}, {"SLURM_NTASKS", "8"},
                                       {"SLURM_LOCALID", "2"}, {"SLURM_NODEID", "1"},
                                       {"SLURM_TASKS_PER_NODE", "4(x2)"},
                                       {"SLURM_NODELIST", "node[01-04,07],gpu5"}}));
@@ -474,7 +474,7 @@ TEST_CASE("world_from_env: Slurm fallback", "[world]") {
   CHECK(w.master_port == 29500);
   CHECK(w.from_env);
 
-  auto per_node = tp::world_from_env(env_of({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"},
+  auto per_node = tl::world_from_env(env_of({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"},
                                              {"SLURM_LOCALID", "1"}, {"SLURM_NTASKS_PER_NODE", "2"},
                                              {"SLURM_JOB_NODELIST", "a1"}, {"MASTER_PORT", "777"}}));
   CHECK(per_node.local_world_size == 2);
@@ -482,34 +482,34 @@ TEST_CASE("world_from_env: Slurm fallback", "[world]") {
   CHECK(per_node.master_port == 777);
 
   // torchrun's variables win over Slurm's (titan-run started by srun).
-  auto both = tp::world_from_env(env_of({{"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "4"},
+  auto both = tl::world_from_env(env_of({{"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "4"},
                                          {"RANK", "0"}, {"WORLD_SIZE", "1"}}));
   CHECK(both.rank == 0);
   CHECK(both.world_size == 1);
 
   using Catch::Matchers::Contains;
-  CHECK_THROWS_WITH(tp::world_from_env(env_of({{"SLURM_PROCID", "4"}, {"SLURM_NTASKS", "4"},
+  CHECK_THROWS_WITH(tl::world_from_env(env_of({{"SLURM_PROCID", "4"}, {"SLURM_NTASKS", "4"},
                                                {"SLURM_NODELIST", "n1"}})),
                     Contains("SLURM_PROCID=4"));
-  CHECK_THROWS_WITH(tp::world_from_env(env_of({{"SLURM_PROCID", "x"}, {"SLURM_NTASKS", "4"}})),
+  CHECK_THROWS_WITH(tl::world_from_env(env_of({{"SLURM_PROCID", "x"}, {"SLURM_NTASKS", "4"}})),
                     Contains("SLURM_PROCID='x'"));
 }
 
 TEST_CASE("Slurm nodelist and tasks-per-node parsing", "[world]") {
   using V = std::vector<std::string>;
-  CHECK(tp::expand_slurm_nodelist("node[01-04,07],gpu5") ==
+  CHECK(tl::expand_slurm_nodelist("node[01-04,07],gpu5") ==
         V{"node01", "node02", "node03", "node04", "node07", "gpu5"});
-  CHECK(tp::expand_slurm_nodelist("single") == V{"single"});
-  CHECK(tp::expand_slurm_nodelist("a[9-11]") == V{"a9", "a10", "a11"});
-  CHECK(tp::expand_slurm_nodelist("r[1-2]n[08-09]-ib") == V{"r1n08-ib", "r1n09-ib", "r2n08-ib", "r2n09-ib"});
-  CHECK(tp::expand_slurm_nodelist("x,y[3]") == V{"x", "y3"});
-  CHECK_THROWS(tp::expand_slurm_nodelist("node[01-"));
-  CHECK_THROWS(tp::expand_slurm_nodelist("node[4-2]"));
-  CHECK_THROWS(tp::expand_slurm_nodelist("node[a-b]"));
+  CHECK(tl::expand_slurm_nodelist("single") == V{"single"});
+  CHECK(tl::expand_slurm_nodelist("a[9-11]") == V{"a9", "a10", "a11"});
+  CHECK(tl::expand_slurm_nodelist("r[1-2]n[08-09]-ib") == V{"r1n08-ib", "r1n09-ib", "r2n08-ib", "r2n09-ib"});
+  CHECK(tl::expand_slurm_nodelist("x,y[3]") == V{"x", "y3"});
+  CHECK_THROWS(tl::expand_slurm_nodelist("node[01-"));
+  CHECK_THROWS(tl::expand_slurm_nodelist("node[4-2]"));
+  CHECK_THROWS(tl::expand_slurm_nodelist("node[a-b]"));
 
-  CHECK(tp::slurm_tasks_on_node("2(x3),1", 0) == 2);
-  CHECK(tp::slurm_tasks_on_node("2(x3),1", 2) == 2);
-  CHECK(tp::slurm_tasks_on_node("2(x3),1", 3) == 1);
-  CHECK(tp::slurm_tasks_on_node("8", 0) == 8);
-  CHECK_THROWS_WITH(tp::slurm_tasks_on_node("2(x3),1", 4), Catch::Matchers::Contains("SLURM_NODEID=4"));
+  CHECK(tl::slurm_tasks_on_node("2(x3),1", 0) == 2);
+  CHECK(tl::slurm_tasks_on_node("2(x3),1", 2) == 2);
+  CHECK(tl::slurm_tasks_on_node("2(x3),1", 3) == 1);
+  CHECK(tl::slurm_tasks_on_node("8", 0) == 8);
+  CHECK_THROWS_WITH(tl::slurm_tasks_on_node("2(x3),1", 4), Catch::Matchers::Contains("SLURM_NODEID=4"));
 }

@@ -25,27 +25,25 @@
 #include <memory>
 #include <string>
 
-#include "parallel/process_group.h"
-#include "parallel/world.h"
+#include "parallel/comm/process_group.h"
 
-using titan::parallel::Comm;
-using titan::parallel::CommError;
-using titan::parallel::CommOptions;
-using titan::parallel::ReduceOp;
-using titan::parallel::WorldInfo;
+using titan::parallel::comm::Comm;
+using titan::parallel::comm::CommError;
+using titan::parallel::comm::CommOptions;
+using titan::parallel::comm::ReduceOp;
 
 namespace {
 
 constexpr int kSkipReturnCode = 77;  // the automake convention ctest's SKIP_RETURN_CODE names
 
 std::unique_ptr<Comm> one_rank_nccl_world() {
-  WorldInfo world;  // rank 0 of 1, local rank 0
+  titan::parallel::comm::Rendezvous world;  // rank 0 of 1
   world.master_addr = "127.0.0.1";
   world.master_port = 0;  // rank 0 serves the store on a free port
   CommOptions options;
   options.backend = "nccl";
   options.timeout = std::chrono::seconds(60);  // a hang fails the check instead of blocking it
-  return titan::parallel::init_process_group(world, options);
+  return titan::parallel::comm::init_process_group(world, options);
 }
 
 // Values that survive every dtype here exactly: small integers (and their negatives).

@@ -1,5 +1,5 @@
 // Communication that overlaps computation: overlapped FSDP (Note [FSDP overlap] in
-// parallel/fsdp.h) and async tensor parallel (Note [Async TP] in parallel/async_tp.h).
+// parallel/fsdp.h) and async tensor parallel (Note [Async TP] in parallel/tensor_parallel/async_tp.h).
 //
 // What is checked:
 //   - numbers: overlapped FSDP equals blocking FSDP bit for bit (same math, same order); async
@@ -11,7 +11,7 @@
 //     grad norm (rowwise), 1.7e-4 / 9.8e-4 (tensorwise), bounds 1e-3 / 5e-3 (one e4m3 rounding
 //     step is 6%; the differences average over thousands of elements).
 //   - overlap: with a simulated slower network (comm.debug_link_*, Note [Simulated link] in
-//     parallel/process_group.h) a blocking collective's wait lasts at least its simulated
+//     parallel/comm/process_group.h) a blocking collective's wait lasts at least its simulated
 //     transfer, deterministically; overlapped, compute runs during that time. So the time the
 //     training thread spends blocked in collectives (comm_exposed_s) must fall, i.e. the step
 //     takes less than its compute plus the communication. The margins are loose (FSDP: at least
@@ -30,7 +30,7 @@
 
 #include "model/llama.h"
 #include "model/scope.h"
-#include "parallel/mesh.h"
+#include "parallel/comm/mesh.h"
 #include "parallel/parallelize.h"
 #include "tests/job_runs.h"
 #include "tests/rank_threads.h"
@@ -109,10 +109,10 @@ TEST_CASE("overlapped FSDP keeps at most two groups gathered (threads, memory tr
         // Every allocation this rank's thread makes carries this outermost scope, so the
         // tracker's record can be split by rank (both ranks share one process and one record).
         model::NamedScope rank_scope("rank " + std::to_string(rank));
-        tp::CommOptions opts;
+        tp::comm::CommOptions opts;
         opts.timeout = std::chrono::milliseconds(30000);
-        tp::DeviceMesh mesh(std::make_unique<tp::Comm>(store, rank, 2, "world", opts),
-                            tp::resolve_parallel_dims(1, 2, 1, 1, 1, 2));
+        tp::comm::DeviceMesh mesh(std::make_unique<tp::comm::Comm>(store, rank, 2, "world", opts),
+                            tp::comm::resolve_parallel_dims(1, 2, 1, 1, 1, 2));
         model::Llama model(args);
         tp::ParallelOptions o;
         o.reshard_after_forward = "always";

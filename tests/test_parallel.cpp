@@ -31,9 +31,9 @@
 #include "model/llama.h"
 #include "parallel/fsdp.h"
 #include "parallel/parallelize.h"
-#include "parallel/launcher.h"
-#include "parallel/mesh.h"
-#include "parallel/tensor_parallel.h"
+#include "launcher/launcher.h"
+#include "parallel/comm/mesh.h"
+#include "parallel/tensor_parallel/tensor_parallel.h"
 #include "tests/job_runs.h"
 #include "tests/layout_check.h"
 #include "tests/rank_threads.h"
@@ -64,14 +64,14 @@ std::vector<int> processes_mentioning(const std::string& needle) {
 
 // Runs fn(rank, mesh) on `world` threads, the ranks of one Gloo job (tests/rank_threads.h);
 // returns each rank's error ("" = ok).
-std::vector<std::string> run_ranks_as_threads(int world, const std::function<void(int, tp::DeviceMesh&)>& fn,
-                                              const tp::ParallelDims& dims) {
+std::vector<std::string> run_ranks_as_threads(int world, const std::function<void(int, tp::comm::DeviceMesh&)>& fn,
+                                              const tp::comm::ParallelDims& dims) {
   const std::chrono::milliseconds timeout(30000);
   return titan::testing::run_ranks_on_threads(
       world, timeout, [&](int rank, const c10::intrusive_ptr<c10d::Store>& store) {
-        tp::CommOptions opts;
+        tp::comm::CommOptions opts;
         opts.timeout = timeout;
-        tp::DeviceMesh mesh(std::make_unique<tp::Comm>(store, rank, world, "world", opts), dims);
+        tp::comm::DeviceMesh mesh(std::make_unique<tp::comm::Comm>(store, rank, world, "world", opts), dims);
         fn(rank, mesh);
       });
 }
@@ -79,34 +79,34 @@ std::vector<std::string> run_ranks_as_threads(int world, const std::function<voi
 }  // namespace
 
 TEST_CASE("parallel dims resolve -1 and reject bad products with the numbers", "[parallel]") {
-  auto d = tp::resolve_parallel_dims(1, -1, 2, 1, 1, 8);
+  auto d = tp::comm::resolve_parallel_dims(1, -1, 2, 1, 1, 8);
   CHECK(d.dp_shard == 4);
   CHECK(d.dp() == 4);
   CHECK(d.non_data_parallel_size() == 2);
-  d = tp::resolve_parallel_dims(2, -1, 1, 1, 1, 4);
+  d = tp::comm::resolve_parallel_dims(2, -1, 1, 1, 1, 4);
   CHECK((d.dp_replicate == 2 && d.dp_shard == 2 && d.tp == 1));
-  CHECK_THROWS_WITH(tp::resolve_parallel_dims(2, 2, 2, 1, 1, 10),
+  CHECK_THROWS_WITH(tp::comm::resolve_parallel_dims(2, 2, 2, 1, 1, 10),
                     "Invalid parallel dims: dp_replicate(2) * dp_shard(2) * cp(1) * tp(2) * pp(1) != WORLD_SIZE(10)");
-  CHECK_THROWS_WITH(tp::resolve_parallel_dims(1, -1, 3, 1, 1, 4),
+  CHECK_THROWS_WITH(tp::comm::resolve_parallel_dims(1, -1, 3, 1, 1, 4),
                     Contains("WORLD_SIZE(4) is not divisible by dp_replicate(1) * cp(1) * tp(3) * pp(1)"));
-  d = tp::resolve_parallel_dims(1, -1, 2, 2, 1, 8);  // dp_shard takes what pp x tp leave
+  d = tp::comm::resolve_parallel_dims(1, -1, 2, 2, 1, 8);  // dp_shard takes what pp x tp leave
   CHECK((d.pp == 2 && d.tp == 2 && d.dp_shard == 2));
-  CHECK_THROWS_WITH(tp::resolve_parallel_dims(1, 1, 1, 3, 1, 4),
+  CHECK_THROWS_WITH(tp::comm::resolve_parallel_dims(1, 1, 1, 3, 1, 4),
                     "Invalid parallel dims: dp_replicate(1) * dp_shard(1) * cp(1) * tp(1) * pp(3) != WORLD_SIZE(4)");
-  const tp::ParallelDims cp2 = tp::resolve_parallel_dims(1, -1, 1, 1, 2, 4);  // dp_shard takes the rest
+  const tp::comm::ParallelDims cp2 = tp::comm::resolve_parallel_dims(1, -1, 1, 1, 2, 4);  // dp_shard takes the rest
   CHECK((cp2.cp == 2 && cp2.dp_shard == 2 && cp2.dp_shard_cp() == 4 && cp2.dp_cp() == 4 && cp2.dp() == 2));
 }
 
 TEST_CASE("mesh coordinates and groups: tp innermost, then dp_shard, then dp_replicate", "[parallel]") {
-  const auto d = tp::resolve_parallel_dims(2, 2, 2, 1, 1, 8);
-  for (int r = 0; r < 8; ++r) CHECK(tp::mesh_rank(d, tp::mesh_coord(d, r)) == r);
-  const auto c = tp::mesh_coord(d, 6);  // 6 = (1 * 2 + 1) * 2 + 0
+  const auto d = tp::comm::resolve_parallel_dims(2, 2, 2, 1, 1, 8);
+  for (int r = 0; r < 8; ++r) CHECK(tp::comm::mesh_rank(d, tp::comm::mesh_coord(d, r)) == r);
+  const auto c = tp::comm::mesh_coord(d, 6);  // 6 = (1 * 2 + 1) * 2 + 0
   CHECK((c.dp_replicate == 1 && c.dp_shard == 1 && c.tp == 0));
   using G = std::vector<std::vector<int>>;
-  CHECK(tp::mesh_groups(d, tp::MeshDim::kTp) == G{{0, 1}, {2, 3}, {4, 5}, {6, 7}});
-  CHECK(tp::mesh_groups(d, tp::MeshDim::kDpShard) == G{{0, 2}, {1, 3}, {4, 6}, {5, 7}});
-  CHECK(tp::mesh_groups(d, tp::MeshDim::kDpReplicate) == G{{0, 4}, {1, 5}, {2, 6}, {3, 7}});
-  CHECK(tp::mesh_groups(d, tp::MeshDim::kDp) == G{{0, 2, 4, 6}, {1, 3, 5, 7}});
+  CHECK(tp::comm::mesh_groups(d, tp::comm::MeshDim::kTp) == G{{0, 1}, {2, 3}, {4, 5}, {6, 7}});
+  CHECK(tp::comm::mesh_groups(d, tp::comm::MeshDim::kDpShard) == G{{0, 2}, {1, 3}, {4, 6}, {5, 7}});
+  CHECK(tp::comm::mesh_groups(d, tp::comm::MeshDim::kDpReplicate) == G{{0, 4}, {1, 5}, {2, 6}, {3, 7}});
+  CHECK(tp::comm::mesh_groups(d, tp::comm::MeshDim::kDp) == G{{0, 2, 4, 6}, {1, 3, 5, 7}});
 }
 
 TEST_CASE("dim-0 shards are padded, never a crash", "[parallel]") {
@@ -117,14 +117,14 @@ TEST_CASE("dim-0 shards are padded, never a crash", "[parallel]") {
   CHECK(tp::shard_layout(256, 2, 3).padded_rows == 258);
   CHECK(tp::shard_layout(256, 2, 3).valid_rows == 84);
   CHECK(tp::shard_layout(2, 3, 4).valid_rows == 0);  // fewer rows than ranks: an all-padding shard
-  CHECK(tp::padded_size(258, 4) == 260);
-  CHECK(tp::valid_in_chunk(258, 3, 4) == 63);
+  CHECK(tp::tensor_parallel::padded_size(258, 4) == 260);
+  CHECK(tp::tensor_parallel::valid_in_chunk(258, 3, 4) == 63);
   at::Tensor full = at::arange(10, at::kFloat).view({5, 2});
-  at::Tensor last = tp::padded_chunk(full, 0, 2, 3);  // rows [4, 6) of a 6-row padded tensor
+  at::Tensor last = tp::tensor_parallel::padded_chunk(full, 0, 2, 3);  // rows [4, 6) of a 6-row padded tensor
   CHECK(last.sizes() == at::IntArrayRef({2, 2}));
   CHECK(last[0][1].item<float>() == 9.0f);
   CHECK(last[1][0].item<float>() == 0.0f);
-  CHECK(at::equal(tp::padded_chunk(full, 1, 1, 2), full.narrow(1, 1, 1)));
+  CHECK(at::equal(tp::tensor_parallel::padded_chunk(full, 1, 1, 2), full.narrow(1, 1, 1)));
 }
 
 TEST_CASE("sharded init equals the single-process weights bit for bit (FSDP 2, FSDP 3, TP 2, FSDP 2 x TP 2, HSDP, threads)", "[parallel]") {
@@ -148,7 +148,7 @@ TEST_CASE("sharded init equals the single-process weights bit for bit (FSDP 2, F
                               Layout{2, 2, 1}}) {
     const int world = layout.replicate * layout.shard * layout.tp;
     std::vector<int64_t> local_numel(world, 0);
-    const auto errors = run_ranks_as_threads(world, [&](int rank, tp::DeviceMesh& mesh) {
+    const auto errors = run_ranks_as_threads(world, [&](int rank, tp::comm::DeviceMesh& mesh) {
       titan::model::Llama model(args);
       tp::ParallelOptions popt;
       popt.seq_len = 32;
@@ -159,7 +159,7 @@ TEST_CASE("sharded init equals the single-process weights bit for bit (FSDP 2, F
         const at::Tensor full = pm->full_param(name);
         if (!at::equal(full, expected.at(name))) throw std::runtime_error(name + " differs");
       }
-    }, tp::resolve_parallel_dims(layout.replicate, layout.shard, layout.tp, 1, 1, world));
+    }, tp::comm::resolve_parallel_dims(layout.replicate, layout.shard, layout.tp, 1, 1, world));
     const int model_shards = layout.shard * layout.tp;
     for (int rank = 0; rank < world; ++rank) {
       INFO("layout " << layout.replicate << "x" << layout.shard << "x" << layout.tp << ", rank "
@@ -185,8 +185,8 @@ TEST_CASE("FSDP float8 all-gather: global-amax scale, gathered bytes, precompute
                                           e4m3, false);
   };
   auto as_bytes = [](const at::Tensor& f8) { return f8.contiguous().view(at::kByte); };
-  const auto errors = run_ranks_as_threads(2, [&](int, tp::DeviceMesh& mesh) {
-    tp::Fsdp fsdp(*mesh.comm(tp::MeshDim::kDpShard), at::kFloat, c10::kCPU);
+  const auto errors = run_ranks_as_threads(2, [&](int, tp::comm::DeviceMesh& mesh) {
+    tp::Fsdp fsdp(*mesh.comm(tp::comm::MeshDim::kDpShard), at::kFloat, c10::kCPU);
     at::Tensor w_slot, norm_slot;
     titan::model::QuantizedOperand w_cast;  // the linear's weight_cast slot
     tp::FsdpFloat8Weight f8{e4m3, false, &w_cast};
@@ -229,7 +229,7 @@ TEST_CASE("FSDP float8 all-gather: global-amax scale, gathered bytes, precompute
     fsdp.load_full("w", full * 2);
     std::tie(data, scale) = gather_once();
     if (!at::equal(scale, expected_scale(full * 2))) throw std::runtime_error("stale scale after load_full");
-  }, tp::resolve_parallel_dims(1, 2, 1, 1, 1, 2));
+  }, tp::comm::resolve_parallel_dims(1, 2, 1, 1, 1, 2));
   for (size_t rank = 0; rank < errors.size(); ++rank) {
     INFO("rank " << rank << ": " << errors[rank]);
     CHECK(errors[rank].empty());
@@ -242,7 +242,7 @@ TEST_CASE("per-op AC under TP keeps the reduce-scatter outputs (threads)", "[par
   // replays it instead of communicating. Here: one TP-2 block's recorded forward.
   titan::model::ModelArgs args = titan::model::llama3_flavor("debugmodel");
   args.max_seq_len = 16;
-  const auto errors = run_ranks_as_threads(2, [&](int, tp::DeviceMesh& mesh) {
+  const auto errors = run_ranks_as_threads(2, [&](int, tp::comm::DeviceMesh& mesh) {
     titan::model::Llama model(args);
     tp::ParallelOptions popt;
     popt.seq_len = 16;
@@ -259,7 +259,7 @@ TEST_CASE("per-op AC under TP keeps the reduce-scatter outputs (threads)", "[par
     for (const auto& e : store.entries()) kept_reduce_scatters += e.op == "reduce_scatter" && e.kept;
     if (kept_reduce_scatters != 2)
       throw std::runtime_error("kept " + std::to_string(kept_reduce_scatters) + " reduce-scatters, want 2 (wo, w2)");
-  }, tp::resolve_parallel_dims(1, 1, 2, 1, 1, 2));
+  }, tp::comm::resolve_parallel_dims(1, 1, 2, 1, 1, 2));
   for (size_t rank = 0; rank < errors.size(); ++rank) {
     INFO("rank " << rank << ": " << errors[rank]);
     CHECK(errors[rank].empty());
@@ -531,7 +531,7 @@ TEST_CASE("bad degrees are a config error with the numbers", "[parallel]") {
 TEST_CASE("the trainer runs under the real torchrun", "[parallel][dist]") {
   const auto& ref = reference();
   const fs::path dump = root() / "torchrun";
-  const int port = tp::pick_free_port();
+  const int port = titan::launcher::pick_free_port();
   const Run r = run_job(std::string(TITAN_TORCHRUN_PATH) + " --nproc-per-node 2 --master-port " +
                           std::to_string(port) + " --no-python " + TITAN_TRAIN_PATH + " " +
                           train_args(dump),
@@ -574,7 +574,7 @@ TEST_CASE("two titan-run processes act as two nodes", "[parallel][dist]") {
   const fs::path dump = root() / "two_nodes";
   const std::string launcher = std::string(TITAN_RUN_PATH) +
                                " --nnodes 2 --nproc-per-node 1 --master-addr 127.0.0.1 --master-port " +
-                               std::to_string(tp::pick_free_port());
+                               std::to_string(titan::launcher::pick_free_port());
   const std::string train = std::string(" -- ") + TITAN_TRAIN_PATH + " " + train_args(dump);
   const std::string both = "bash -c '" + launcher + " --node-rank 1" + train + " > " + dump.string() +
                            ".node1.log 2>&1 & n1=$!; " + launcher + " --node-rank 0" + train +

@@ -10,8 +10,7 @@
 
 namespace titan::trainer {
 
-FaultInjection::FaultInjection(const config::CommSection& comm, int rank, int world_size)
-    : comm_(comm), rank_(rank) {
+std::function<void(int64_t)> fault_injection_hook(const config::CommSection& comm, int rank, int world_size) {
   auto check = [&](int64_t at_step, int64_t fault_rank, const char* key) {
     if (at_step > 0 && fault_rank >= world_size)
       throw config::ConfigError(std::string(key) + " = " + std::to_string(fault_rank) +
@@ -20,18 +19,20 @@ FaultInjection::FaultInjection(const config::CommSection& comm, int rank, int wo
   };
   check(comm.debug_fail_at_step, comm.debug_fail_rank, "comm.debug_fail_rank");
   check(comm.debug_stall_at_step, comm.debug_stall_rank, "comm.debug_stall_rank");
-}
-
-void FaultInjection::before_step(int64_t step) const {
-  if (comm_.debug_fail_at_step == step && comm_.debug_fail_rank == rank_)
-    throw std::runtime_error("rank " + std::to_string(rank_) + " fails on purpose at step " + std::to_string(step) +
-                             " (comm.debug_fail_at_step)");
-  if (comm_.debug_stall_at_step == step && comm_.debug_stall_rank == rank_) {
-    // A rank that stops, for the flight-recorder tests: the others time out in the next collective.
-    util::log_warn("rank " + std::to_string(rank_) + " stalls on purpose at step " + std::to_string(step) +
-                   " (comm.debug_stall_at_step)");
-    std::this_thread::sleep_for(std::chrono::hours(1));
-  }
+  const int64_t fail_at = comm.debug_fail_rank == rank ? comm.debug_fail_at_step : 0;
+  const int64_t stall_at = comm.debug_stall_rank == rank ? comm.debug_stall_at_step : 0;
+  if (fail_at <= 0 && stall_at <= 0) return {};
+  return [rank, fail_at, stall_at](int64_t step) {
+    if (step == fail_at)
+      throw std::runtime_error("rank " + std::to_string(rank) + " fails on purpose at step " + std::to_string(step) +
+                               " (comm.debug_fail_at_step)");
+    if (step == stall_at) {
+      // A rank that stops, for the flight-recorder tests: the others time out in the next collective.
+      util::log_warn("rank " + std::to_string(rank) + " stalls on purpose at step " + std::to_string(step) +
+                     " (comm.debug_stall_at_step)");
+      std::this_thread::sleep_for(std::chrono::hours(1));
+    }
+  };
 }
 
 }  // namespace titan::trainer

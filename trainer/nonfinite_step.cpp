@@ -16,7 +16,7 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "parallel/parallelize.h"
+#include "parallel/parallel_model.h"
 #include "trainer/train.h"
 #include "util/logging.h"
 
@@ -52,9 +52,7 @@ void Trainer::on_nonfinite_step(int64_t step, const data::Batch& batch, double l
   });
   optimizer_->zero_grad();
   try {
-    const double global_tokens = static_cast<double>(global_batch_size_) * cfg_.training.seq_len;
-    parallel_->schedule().step(batch.inputs, batch.labels, global_tokens);
-    parallel_->reduce_grads();
+    forward_backward(batch);  // the step's own forward + backward and gradient finish
   } catch (...) {
     model_->set_output_observer(nullptr);
     throw;

@@ -4,8 +4,9 @@
 #include <cmath>
 #include <stdexcept>
 
-#include "parallel/parallelize.h"
-#include "parallel/schedule.h"
+#include "parallel/parallel_model.h"
+#include "parallel/pipeline/schedule.h"
+#include "parallel/pipeline/schedule.h"
 #include "util/logging.h"
 
 namespace titan::trainer {
@@ -60,13 +61,14 @@ std::string Validator::describe() const {
                        : "");
 }
 
-ValidationResult Validator::run(parallel::ParallelModel& model, int64_t step) {
+ValidationResult Validator::run(parallel::pipeline::Schedule& schedule, parallel::ParallelModel& model,
+                               int64_t step) {
   const auto start = std::chrono::steady_clock::now();
   loader_->load_state_dict(start_state_);  // See Note [Validation]: always from the first batch
   double loss_sum = 0;
   for (int64_t b = 0; b < batches_; ++b) {
     const data::Batch batch = loader_->next_batch();  // this rank's rows of the global batch
-    loss_sum += model.schedule().evaluate(batch.inputs, batch.labels);
+    loss_sum += schedule.evaluate(batch.inputs, batch.labels);
   }
   loss_sum = model.sum_over_dp_cp(loss_sum);  // every token of every data-parallel rank
   ValidationResult r;

@@ -25,6 +25,9 @@
 
 namespace titan::parallel {
 class ParallelModel;
+namespace pipeline {
+class Schedule;
+}
 }  // namespace titan::parallel
 
 namespace titan::trainer {
@@ -46,8 +49,9 @@ class Validator {
 
   // Whether to validate after training step `step` of `last_step`.
   bool due(int64_t step, int64_t last_step) const;
-  // One validation: forward over the configured batches; every rank of the mesh calls it.
-  ValidationResult run(parallel::ParallelModel& model, int64_t step);
+  // One validation: forward over the configured batches through the training schedule's
+  // `evaluate`, the loss summed over dp x cp by the model parts; every rank of the mesh calls it.
+  ValidationResult run(parallel::pipeline::Schedule& schedule, parallel::ParallelModel& model, int64_t step);
   std::string describe() const;
 
  private:

@@ -1,6 +1,6 @@
 // util/edit_distance.h — Levenshtein distance for "did you mean ...?" suggestions.
 //
-// Header-only and free of LibTorch: titan-run's flag parser (parallel/launch_options.cpp, built
+// Header-only and free of LibTorch: titan-run's flag parser (launcher/launch_options.cpp, built
 // without LibTorch) and the config key table (trainer/config/job_config.cpp) share it.
 #pragma once
 

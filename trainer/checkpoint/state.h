@@ -5,7 +5,7 @@
 // extras, and `load_state_dict()` reads them back from a StateSource, which serves any region of
 // any global tensor whatever layout wrote it. The holders (state.cpp):
 //   model       the float32 master parameters (this rank's TP/FSDP shards; Note [Checkpoint
-//               shards] in parallel/parallelize.h)
+//               shards] in parallel/parallel_model.h)
 //   optimizer   AdamW exp_avg / exp_avg_sq (same layout as their parameter) and step counts
 //   dataloader  the reader position (batches consumed) and what it is valid for
 //   float8      tensorwise_delayed amax histories (scales are recomputed from them on load;
@@ -23,7 +23,7 @@
 
 #include "data/loader.h"
 #include "model/llama.h"
-#include "parallel/parallelize.h"
+#include "parallel/parallel_model.h"
 #include "trainer/optim/optimizer.h"
 
 namespace titan::trainer::checkpoint {

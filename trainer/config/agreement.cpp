@@ -25,7 +25,7 @@ uint64_t fnv1a(const std::string& text, uint64_t h = 1469598103934665603ull) {
 constexpr size_t kValueSlotBytes = 256;
 
 // All-gathers `mine` (int64, same length on every rank) -> [size][mine.size()].
-std::vector<std::vector<int64_t>> all_gather_int64(parallel::Comm& world, std::vector<int64_t> mine,
+std::vector<std::vector<int64_t>> all_gather_int64(parallel::comm::Comm& world, std::vector<int64_t> mine,
                                                    const c10::Device& device) {
   const auto n = static_cast<int64_t>(mine.size());
   const at::Tensor input =
@@ -39,7 +39,7 @@ std::vector<std::vector<int64_t>> all_gather_int64(parallel::Comm& world, std::v
   return out;
 }
 
-std::vector<std::string> all_gather_text(parallel::Comm& world, const std::string& text,
+std::vector<std::string> all_gather_text(parallel::comm::Comm& world, const std::string& text,
                                          const c10::Device& device) {
   std::vector<uint8_t> slot(kValueSlotBytes, 0);
   std::string shown = text.size() < kValueSlotBytes ? text : text.substr(0, kValueSlotBytes - 4) + "...";
@@ -94,7 +94,7 @@ std::string describe_disagreement(const std::string& key, const std::vector<std:
   return msg + "; every rank must be started with the same config and overrides";
 }
 
-void check_config_agreement(parallel::Comm& world, const JobConfig& cfg, const c10::Device& device) {
+void check_config_agreement(parallel::comm::Comm& world, const JobConfig& cfg, const c10::Device& device) {
   const auto entries = agreement_entries(cfg);
   uint64_t whole = 1469598103934665603ull;
   std::vector<int64_t> per_key;

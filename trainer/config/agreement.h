@@ -18,7 +18,7 @@
 #include <utility>
 #include <vector>
 
-#include "parallel/process_group.h"
+#include "parallel/comm/process_group.h"
 #include "trainer/config/job_config.h"
 
 namespace titan::trainer::config {
@@ -29,7 +29,7 @@ std::vector<std::pair<std::string, std::string>> agreement_entries(const JobConf
 // Collective over `world` (tensors on `device`, the backend's device). Throws ConfigError on
 // every rank when the ranks' entries differ, naming the first differing key, its values and
 // the ranks holding each.
-void check_config_agreement(parallel::Comm& world, const JobConfig& cfg, const c10::Device& device);
+void check_config_agreement(parallel::comm::Comm& world, const JobConfig& cfg, const c10::Device& device);
 
 // The message for `values[r]` = the value rank r holds for `key` (exposed for tests).
 std::string describe_disagreement(const std::string& key, const std::vector<std::string>& values,

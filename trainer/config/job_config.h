@@ -214,7 +214,7 @@ struct CommSection {
   // debug_fail_at_step (0 = never).
   int64_t debug_fail_at_step = 0;
   int64_t debug_fail_rank = 0;
-  // The collective flight recorder (parallel/comm_trace.h): entries kept; 0 = off.
+  // The collective flight recorder (parallel/comm/comm_trace.h): entries kept; 0 = off.
   int64_t trace_buf_size = 20000;
   // Fault injection for tests: rank debug_stall_rank sleeps (an hour) at the start of step
   // debug_stall_at_step (0 = never), as a stopped rank would.

@@ -216,7 +216,7 @@ std::vector<SectionSpec> torchtitan_sections() {
       torchtitan_section("compile", "torchtitan's torch.compile settings (v0.2.0+).", {
           alias("enable", "training.compile", "v0.2.0+"),
           // Later torchtitan moved the switch here, since its async TP is a compiler pass; titan
-          // builds the overlap natively (parallel/async_tp.h) and needs no compiler for it.
+          // builds the overlap natively (parallel/tensor_parallel/async_tp.h) and needs no compiler for it.
           alias("enable_async_tensor_parallel", "parallelism.enable_async_tensor_parallel", "after v0.2.2"),
           accepted_any("components", Strings{"model", "loss"},
                        "titan has no JIT; every component is compiled ahead of time", "v0.2.0+"),

@@ -1,5 +1,5 @@
 // trainer/config/pipeline_keys.h — the [parallelism] pipeline keys as the plan's input
-// (parallel/pipeline_plan.h), for the trainer and the memory estimate. Header-only: the config
+// (parallel/pipeline/plan.h), for the trainer and the memory estimate. Header-only: the config
 // library itself does not link the parallel one.
 #pragma once
 
@@ -7,14 +7,14 @@
 #include <string>
 #include <vector>
 
-#include "parallel/pipeline_plan.h"
+#include "parallel/pipeline/plan.h"
 #include "trainer/config/job_config.h"
 
 namespace titan::trainer::config {
 
-inline parallel::PipelineConfig pipeline_config(const JobConfig& cfg) {
+inline parallel::pipeline::PipelineConfig pipeline_config(const JobConfig& cfg) {
   const auto& p = cfg.parallelism;
-  parallel::PipelineConfig pc;
+  parallel::pipeline::PipelineConfig pc;
   pc.schedule = p.pipeline_parallel_schedule;
   pc.schedule_csv = p.pipeline_parallel_schedule_csv;
   pc.microbatch_size = p.pipeline_parallel_microbatch_size;

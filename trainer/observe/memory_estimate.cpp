@@ -132,16 +132,16 @@ double context_parallel_buffers(const EstimateInputs& in, double tokens) {
   const double kv = 2 * tokens * static_cast<double>(a.kv_heads() * a.head_dim()) / tp * e;
   const double q = tokens * static_cast<double>(a.n_heads * a.head_dim()) / tp * e;
   switch (in.cp_rotate_method) {
-    case parallel::CpRotateMethod::kAllGather: return cp * kv * (1 + 4 / e);
-    case parallel::CpRotateMethod::kAllToAll: return 2 * kv + 3 * kv * 4 / e;
-    case parallel::CpRotateMethod::kUlysses: return 2 * (2 * q + kv);
+    case parallel::context_parallel::CpRotateMethod::kAllGather: return cp * kv * (1 + 4 / e);
+    case parallel::context_parallel::CpRotateMethod::kAllToAll: return 2 * kv + 3 * kv * 4 / e;
+    case parallel::context_parallel::CpRotateMethod::kUlysses: return 2 * (2 * q + kv);
   }
   return 0;
 }
 
 MemoryEstimate estimate_pipeline_rank(const EstimateInputs& in, const BlockTerms& bt) {
   const auto& a = in.args;
-  const parallel::PipelinePlan& plan = *in.pipeline;
+  const parallel::pipeline::PipelinePlan& plan = *in.pipeline;
   const model::ParamCount pc = model::count_params(a);
   const double e = static_cast<double>(in.compute_bytes), tp = static_cast<double>(in.tp);
   const double shard = static_cast<double>(in.dp_shard) * tp;
@@ -173,16 +173,16 @@ MemoryEstimate estimate_pipeline_rank(const EstimateInputs& in, const BlockTerms
   double live = 0, peak_acts = 0;
   for (const auto& slot : plan.order[static_cast<size_t>(in.pp_rank)]) {
     if (!slot) continue;
-    const parallel::Action& act = *slot;
-    if (act.type == parallel::ActionType::kForward) {
+    const parallel::pipeline::Action& act = *slot;
+    if (act.type == parallel::pipeline::ActionType::kForward) {
       live += saved[act.stage];
       peak_acts = std::max(peak_acts, live);
-    } else if (act.type == parallel::ActionType::kBackwardWeight) {
+    } else if (act.type == parallel::pipeline::ActionType::kBackwardWeight) {
       peak_acts = std::max(peak_acts, live + transient[act.stage]);
       live -= saved[act.stage];
     } else {
       peak_acts = std::max(peak_acts, live + transient[act.stage]);
-      if (act.type == parallel::ActionType::kBackward) live -= saved[act.stage];
+      if (act.type == parallel::pipeline::ActionType::kBackward) live -= saved[act.stage];
     }
   }
   MemoryEstimate est;
@@ -365,7 +365,7 @@ EstimateInputs estimate_inputs_from_config(const config::JobConfig& cfg) {
   const int64_t pp = cfg.parallelism.pipeline_parallel_degree;
   in.cp = cfg.parallelism.context_parallel_degree;
   try {
-    in.cp_rotate_method = parallel::cp_rotate_method_from_name(cfg.parallelism.context_parallel_rotate_method);
+    in.cp_rotate_method = parallel::context_parallel::cp_rotate_method_from_name(cfg.parallelism.context_parallel_rotate_method);
   } catch (const std::invalid_argument&) {
     // the key table admits only valid names; keep the default for a hand-built config
   }
@@ -374,7 +374,7 @@ EstimateInputs estimate_inputs_from_config(const config::JobConfig& cfg) {
                                : std::max<int64_t>(1, world / (replicate * in.tp * pp * in.cp));
   in.dp_shard = dp_shard * in.cp;  // FSDP's group: dp_shard x cp
   if (pp > 1)
-    in.pipeline = parallel::plan_pipeline(config::pipeline_config(cfg), static_cast<int>(pp), in.args.n_layers,
+    in.pipeline = parallel::pipeline::plan_pipeline(config::pipeline_config(cfg), static_cast<int>(pp), in.args.n_layers,
                                           cfg.training.local_batch_size);
   const int64_t dp = dp_shard * replicate;  // the batch splits over dp only, not cp
   const int64_t global = cfg.training.global_batch_size > 0 ? cfg.training.global_batch_size
@@ -407,7 +407,7 @@ std::string format_memory_estimate(const EstimateInputs& in, const MemoryEstimat
      << (in.float8_recipe.empty() ? std::string("off") : in.float8_recipe)
      << (in.float8_all_gather && in.dp_shard > 1 ? " (float8 all-gather)" : "") << "; FSDP " << in.dp_shard
      << " x TP " << in.tp;
-  if (in.cp > 1) os << " x CP " << in.cp << " (" << parallel::cp_rotate_method_name(in.cp_rotate_method) << ")";
+  if (in.cp > 1) os << " x CP " << in.cp << " (" << parallel::context_parallel::cp_rotate_method_name(in.cp_rotate_method) << ")";
   if (in.pipeline)
     os << " x PP " << in.pipeline->pp << " (" << in.pipeline->schedule_name << ", pp rank " << in.pp_rank << ", "
        << in.pipeline->microbatches << " micro-batches of " << in.pipeline->microbatch_rows << " rows)";

@@ -16,8 +16,8 @@
 
 #include "model/args.h"
 #include "parallel/activation_checkpoint.h"
-#include "parallel/context_parallel.h"
-#include "parallel/pipeline_plan.h"
+#include "parallel/context_parallel/context_parallel.h"
+#include "parallel/pipeline/plan.h"
 #include "trainer/config/job_config.h"
 
 namespace titan::trainer::observe {
@@ -38,10 +38,10 @@ struct EstimateInputs {
   // fall ~1/cp) and holds the exchange's K/V buffers. dp_shard above already includes cp (FSDP
   // shards over dp_shard x cp).
   int64_t cp = 1;
-  parallel::CpRotateMethod cp_rotate_method = parallel::CpRotateMethod::kAllGather;
+  parallel::context_parallel::CpRotateMethod cp_rotate_method = parallel::context_parallel::CpRotateMethod::kAllGather;
   // Pipeline parallel: the plan, and which pp rank the estimate is for (See Note [Pipeline
   // memory] in memory_estimate.cpp). Unset: the rank holds the whole model.
-  std::optional<parallel::PipelinePlan> pipeline;
+  std::optional<parallel::pipeline::PipelinePlan> pipeline;
   int pp_rank = 0;
   bool cuda = false;
   int64_t device_capacity = 0;    // bytes; 0 = unknown

@@ -1,0 +1,213 @@
+// parallel/comm/mesh.cpp — see mesh.h.
+#include "parallel/comm/mesh.h"
+
+#include <iterator>
+#include <sstream>
+#include <stdexcept>
+
+namespace titan::parallel::comm {
+
+namespace {
+
+// The five dimensions in mesh order, outermost first, and each one's size and coordinate.
+constexpr MeshDim kMeshOrder[] = {MeshDim::kPp, MeshDim::kDpReplicate, MeshDim::kDpShard, MeshDim::kCp,
+                                  MeshDim::kTp};
+
+int& coord_of(MeshCoord& c, MeshDim dim) {
+  switch (dim) {
+    case MeshDim::kPp: return c.pp;
+    case MeshDim::kDpReplicate: return c.dp_replicate;
+    case MeshDim::kDpShard: return c.dp_shard;
+    case MeshDim::kCp: return c.cp;
+    default: return c.tp;
+  }
+}
+
+int size_of(const ParallelDims& d, MeshDim dim) {
+  switch (dim) {
+    case MeshDim::kPp: return d.pp;
+    case MeshDim::kDpReplicate: return d.dp_replicate;
+    case MeshDim::kDpShard: return d.dp_shard;
+    case MeshDim::kCp: return d.cp;
+    default: return d.tp;
+  }
+}
+
+// The dimensions a (possibly flattened) MeshDim spans, in mesh order.
+std::vector<MeshDim> spanned_dims(MeshDim dim) {
+  switch (dim) {
+    case MeshDim::kDp: return {MeshDim::kDpReplicate, MeshDim::kDpShard};
+    case MeshDim::kDpShardCp: return {MeshDim::kDpShard, MeshDim::kCp};
+    case MeshDim::kDpCp: return {MeshDim::kDpReplicate, MeshDim::kDpShard, MeshDim::kCp};
+    default: return {dim};
+  }
+}
+
+// A flattened view whose added dimension has size 1 is the same group as the view without it
+// (See mesh.h): the Comm it shares, or `dim` itself.
+MeshDim comm_owner(const ParallelDims& d, MeshDim dim) {
+  if (d.cp == 1 && dim == MeshDim::kDpShardCp) return MeshDim::kDpShard;
+  if (d.cp == 1 && dim == MeshDim::kDpCp) return MeshDim::kDp;
+  return dim;
+}
+
+}  // namespace
+
+std::string ParallelDims::describe() const {
+  std::ostringstream os;
+  os << "pp " << pp << " x dp_replicate " << dp_replicate << " x dp_shard " << dp_shard << " x cp " << cp
+     << " x tp " << tp << " = " << world_size << " rank" << (world_size == 1 ? "" : "s");
+  return os.str();
+}
+
+ParallelDims resolve_parallel_dims(int64_t dp_replicate, int64_t dp_shard, int64_t tp,
+                                   int64_t pp, int64_t cp, int world_size) {
+  auto product = [&](int64_t shard) {
+    std::ostringstream os;
+    os << "dp_replicate(" << dp_replicate << ") * dp_shard(" << shard << ") * cp(" << cp << ") * tp(" << tp
+       << ") * pp(" << pp << ")";
+    return os.str();
+  };
+  if (dp_replicate < 1 || tp < 1 || pp < 1 || cp < 1 || (dp_shard < 1 && dp_shard != -1) || world_size < 1)
+    throw std::invalid_argument("Invalid parallel dims: " + product(dp_shard) +
+                                ": every degree must be >= 1 (dp_shard may be -1), WORLD_SIZE(" +
+                                std::to_string(world_size) + ")");
+  if (dp_shard == -1) {
+    const int64_t others = dp_replicate * cp * tp * pp;
+    if (world_size % others != 0) {
+      std::ostringstream os;
+      os << "Invalid parallel dims: WORLD_SIZE(" << world_size << ") is not divisible by dp_replicate("
+         << dp_replicate << ") * cp(" << cp << ") * tp(" << tp << ") * pp(" << pp
+         << "), so data_parallel_shard_degree -1 has no value";
+      throw std::invalid_argument(os.str());
+    }
+    dp_shard = world_size / others;
+  }
+  if (dp_replicate * dp_shard * cp * tp * pp != world_size)
+    throw std::invalid_argument("Invalid parallel dims: " + product(dp_shard) + " != WORLD_SIZE(" +
+                                std::to_string(world_size) + ")");
+  ParallelDims d;
+  d.pp = static_cast<int>(pp);
+  d.dp_replicate = static_cast<int>(dp_replicate);
+  d.dp_shard = static_cast<int>(dp_shard);
+  d.cp = static_cast<int>(cp);
+  d.tp = static_cast<int>(tp);
+  d.world_size = world_size;
+  return d;
+}
+
+MeshCoord mesh_coord(const ParallelDims& d, int rank) {
+  MeshCoord c;
+  for (auto it = std::rbegin(kMeshOrder); it != std::rend(kMeshOrder); ++it) {  // innermost first
+    coord_of(c, *it) = rank % size_of(d, *it);
+    rank /= size_of(d, *it);
+  }
+  return c;
+}
+
+int mesh_rank(const ParallelDims& d, const MeshCoord& c) {
+  int rank = 0;
+  MeshCoord coord = c;
+  for (MeshDim dim : kMeshOrder) rank = rank * size_of(d, dim) + coord_of(coord, dim);
+  return rank;
+}
+
+const char* mesh_dim_name(MeshDim dim) {
+  switch (dim) {
+    case MeshDim::kPp: return "pp";
+    case MeshDim::kDpReplicate: return "dp_replicate";
+    case MeshDim::kDpShard: return "dp_shard";
+    case MeshDim::kCp: return "cp";
+    case MeshDim::kTp: return "tp";
+    case MeshDim::kDp: return "dp";
+    case MeshDim::kDpShardCp: return "dp_shard_cp";
+    case MeshDim::kDpCp: return "dp_cp";
+  }
+  return "?";
+}
+
+std::vector<std::vector<int>> mesh_groups(const ParallelDims& d, MeshDim dim) {
+  const std::vector<MeshDim> spanned = spanned_dims(dim);
+  int group_size = 1;
+  for (MeshDim s : spanned) group_size *= size_of(d, s);
+  std::vector<std::vector<int>> groups;
+  std::vector<bool> seen(static_cast<size_t>(d.world_size), false);
+  for (int r = 0; r < d.world_size; ++r) {
+    if (seen[static_cast<size_t>(r)]) continue;
+    const MeshCoord base = mesh_coord(d, r);
+    std::vector<int> members;
+    for (int index = 0; index < group_size; ++index) {  // row-major over `spanned`
+      MeshCoord c = base;
+      int rest = index;
+      for (auto it = spanned.rbegin(); it != spanned.rend(); ++it) {
+        coord_of(c, *it) = rest % size_of(d, *it);
+        rest /= size_of(d, *it);
+      }
+      const int m = mesh_rank(d, c);
+      members.push_back(m);
+      seen[static_cast<size_t>(m)] = true;
+    }
+    groups.push_back(std::move(members));
+  }
+  return groups;
+}
+
+DeviceMesh::DeviceMesh(std::unique_ptr<Comm> world, ParallelDims dims)
+    : world_(std::move(world)), dims_(dims), comms_(static_cast<size_t>(MeshDim::kDpCp) + 1) {
+  if (!world_) {  // one process: every dimension has size 1 and no communicator
+    if (dims_.world_size != 1)
+      throw CommError("device mesh " + dims_.describe() + " needs a process group of " +
+                      std::to_string(dims_.world_size) + " ranks");
+    return;
+  }
+  if (world_->size() != dims_.world_size) {
+    std::ostringstream os;
+    os << "[rank " << world_->rank() << "] device mesh " << dims_.describe()
+       << " does not match the world group of " << world_->size() << " ranks";
+    throw CommError(os.str());
+  }
+  coord_ = mesh_coord(dims_, world_->rank());
+  // Fixed order on every rank (see mesh.h); a rank only joins the groups it is a member of. The
+  // first four are the order of the two-dimensional mesh titan had before, so their group names
+  // and sequence numbers are unchanged.
+  for (MeshDim dim : {MeshDim::kTp, MeshDim::kDpShard, MeshDim::kDpReplicate, MeshDim::kDp, MeshDim::kCp,
+                      MeshDim::kDpShardCp, MeshDim::kDpCp, MeshDim::kPp}) {
+    if (size(dim) <= 1 || comm_owner(dims_, dim) != dim) continue;
+    const auto groups = mesh_groups(dims_, dim);
+    for (size_t g = 0; g < groups.size(); ++g) {
+      auto comm = world_->new_group(groups[g], std::string(mesh_dim_name(dim)) + "/" + std::to_string(g));
+      if (comm) comms_[static_cast<size_t>(dim)] = std::move(comm);
+    }
+  }
+}
+
+DeviceMesh::~DeviceMesh() = default;
+
+Comm* DeviceMesh::comm(MeshDim dim) {
+  return comms_[static_cast<size_t>(comm_owner(dims_, dim))].get();
+}
+
+int DeviceMesh::size(MeshDim dim) const {
+  int n = 1;
+  for (MeshDim s : spanned_dims(dim)) n *= size_of(dims_, s);
+  return n;
+}
+
+int DeviceMesh::local_rank(MeshDim dim) const {
+  int index = 0;
+  MeshCoord c = coord_;
+  for (MeshDim s : spanned_dims(dim)) index = index * size_of(dims_, s) + coord_of(c, s);
+  return index;
+}
+
+double DeviceMesh::sum_over_comms(double (Comm::*seconds)() const) const {
+  double s = world_ ? ((*world_).*seconds)() : 0.0;
+  for (const auto& c : comms_)
+    if (c) s += ((*c).*seconds)();
+  return s;
+}
+
+double DeviceMesh::comm_seconds() const { return sum_over_comms(&Comm::total_seconds); }
+double DeviceMesh::comm_exposed_seconds() const { return sum_over_comms(&Comm::exposed_seconds); }
+
+}  // namespace titan::parallel::comm

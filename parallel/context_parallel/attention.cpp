@@ -1,0 +1,300 @@
+// parallel/context_parallel/attention.cpp — see cp_attention.h.
+#include "parallel/context_parallel/attention.h"
+
+#include <ATen/ops/cat.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/repeat_interleave.h>
+#include <ATen/ops/stack.h>
+#include <ATen/ops/zeros.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <limits>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "model/attention_blocks.h"
+#include "model/checkpoint_ops.h"
+#include "parallel/comm/process_group.h"
+
+namespace titan::parallel::context_parallel {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// What the backward needs besides the saved tensors.
+struct RingState : torch::CustomClassHolder {
+  comm::Comm* comm = nullptr;
+  KvExchange exchange = KvExchange::kRing;
+  RingTags* tags = nullptr;
+};
+
+// A transfer's tag: unique per (call, purpose, ring step) among the transfers a pair has in
+// flight (See Note [Point-to-point] in process_group.h). Calls wrap after 2^16, long after any
+// transfer of that call completed.
+enum TagSlot { kKvForward = 0, kKvBackward = 1, kGradKv = 2 };
+int ring_tag(int64_t call, TagSlot slot, int step) {
+  return static_cast<int>(((call & 0xFFFF) << 12) | (static_cast<int64_t>(slot) << 10) | (step & 0x3FF));
+}
+
+// One ring step's transfers: `outgoing` to the next rank, `incoming` from the previous one.
+// Posted in an order that cannot deadlock where a pair's transfers are matched in issue order on
+// one stream (NCCL; at cp 2 the next and the previous rank are the same peer): even ranks send
+// first, odd ranks receive first. Gloo matches by tag and would accept either order.
+std::pair<comm::CommWork, comm::CommWork> ring_step(comm::Comm& comm, const at::Tensor& outgoing, const at::Tensor& incoming, int tag) {
+  const int r = comm.rank(), n = comm.size();
+  comm::CommWork send, recv;
+  if (r % 2 == 0) {
+    send = comm.send_async(outgoing, (r + 1) % n, tag);
+    recv = comm.recv_async(incoming, (r - 1 + n) % n, tag);
+  } else {
+    recv = comm.recv_async(incoming, (r - 1 + n) % n, tag);
+    send = comm.send_async(outgoing, (r + 1) % n, tag);
+  }
+  return {std::move(send), std::move(recv)};
+}
+
+// Rank j's K/V block in this rank's ring order: step s holds rank (r - s) mod n's.
+int block_at(int rank, int step, int n) { return ((rank - step) % n + n) % n; }
+
+// Every rank's K/V block kv [2, B, KV, L, hd] -> [n, 2, B, KV, L, hd] (gathered as the
+// concatenation along dim 0, the shape Gloo checks).
+at::Tensor gather_blocks(const at::Tensor& kv, comm::Comm& comm) {
+  std::vector<int64_t> shape = kv.sizes().vec();
+  shape[0] *= comm.size();
+  at::Tensor all = at::empty(shape, kv.options());
+  comm.all_gather_into_tensor_async(all, kv).wait();
+  shape[0] = 2;
+  shape.insert(shape.begin(), comm.size());
+  return all.view(shape);
+}
+
+// The forward of Note [Ring attention]: out [B, H, L, hd] (q's dtype), lse [B, H, L] float32.
+std::vector<at::Tensor> ring_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, comm::Comm& comm,
+                                     KvExchange exchange, int64_t call) {
+  const int r = comm.rank(), n = comm.size();
+  const int64_t c = q.size(2) / 2;
+  at::Tensor acc_out = at::zeros(q.sizes(), q.options().dtype(at::kFloat));
+  at::Tensor acc_lse = at::full({q.size(0), q.size(1), q.size(2)}, -std::numeric_limits<double>::infinity(),
+                                q.options().dtype(at::kFloat));
+  at::Tensor acc_out_tail = acc_out.narrow(2, c, c), acc_lse_tail = acc_lse.narrow(2, c, c);
+  auto block = [&](int j, const at::Tensor& kv) {
+    const at::Tensor kj = kv.select(0, 0), vj = kv.select(0, 1);
+    if (j == r) {
+      model::merge_attention_block(acc_out, acc_lse, model::attention_block_forward(q, kj, vj, true));
+    } else if (j < r) {
+      model::merge_attention_block(acc_out, acc_lse,
+                                   model::attention_block_forward(q, kj.narrow(2, 0, c), vj.narrow(2, 0, c), false));
+    } else {
+      model::merge_attention_block(acc_out_tail, acc_lse_tail,
+                                   model::attention_block_forward(q.narrow(2, c, c), kj, vj, false));
+    }
+  };
+  const at::Tensor kv = at::stack({k, v}).contiguous();  // [2, B, KV, L, hd]: one transfer for both
+  if (exchange == KvExchange::kAllGather) {
+    at::Tensor all = gather_blocks(kv, comm);
+    for (int s = 0; s < n; ++s) block(block_at(r, s, n), all.select(0, block_at(r, s, n)));
+  } else {
+    at::Tensor current = kv;
+    for (int s = 0; s < n; ++s) {
+      at::Tensor next;
+      comm::CommWork recv, send;
+      if (s + 1 < n) {  // the next block travels while this one computes
+        next = at::empty_like(kv);
+        std::tie(send, recv) = ring_step(comm, current, next, ring_tag(call, kKvForward, s));
+      }
+      block(block_at(r, s, n), current);
+      recv.wait();
+      send.wait();
+      current = next;
+    }
+  }
+  return {acc_out.to(q.scalar_type()), acc_lse};
+}
+
+// The gradients of q (float32, accumulated into dq) and of rank j's K/V block (returned, float32
+// [2, B, KV, L, hd]) through the blocks of Note [Ring attention].
+at::Tensor block_grads(int j, int r, const at::Tensor& kv, const at::Tensor& dout, const at::Tensor& q,
+                       const at::Tensor& out, const at::Tensor& lse, at::Tensor& dq) {
+  const int64_t c = q.size(2) / 2;
+  const at::Tensor kj = kv.select(0, 0), vj = kv.select(0, 1);
+  at::Tensor dkv = at::zeros(kv.sizes(), kv.options().dtype(at::kFloat));
+  if (j == r) {
+    auto [gq, gk, gv] = model::attention_block_backward(dout, q, kj, vj, out, lse, true);
+    dq.add_(gq);
+    dkv.select(0, 0).copy_(gk);
+    dkv.select(0, 1).copy_(gv);
+  } else if (j < r) {
+    auto [gq, gk, gv] = model::attention_block_backward(dout, q, kj.narrow(2, 0, c), vj.narrow(2, 0, c), out, lse, false);
+    dq.add_(gq);
+    dkv.select(0, 0).narrow(2, 0, c).copy_(gk);
+    dkv.select(0, 1).narrow(2, 0, c).copy_(gv);
+  } else {
+    auto [gq, gk, gv] = model::attention_block_backward(dout.narrow(2, c, c), q.narrow(2, c, c), kj, vj,
+                                                        out.narrow(2, c, c), lse.narrow(2, c, c), false);
+    dq.narrow(2, c, c).add_(gq);
+    dkv.select(0, 0).copy_(gk);
+    dkv.select(0, 1).copy_(gv);
+  }
+  return dkv;
+}
+
+struct RingAttention : public torch::autograd::Function<RingAttention> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                               c10::intrusive_ptr<RingState> state) {
+    TORCH_CHECK(q.size(2) % 2 == 0 && k.size(2) == q.size(2), "ring attention: this rank's share must be two chunks of "
+                "equal length, got ", q.size(2), " queries and ", k.size(2), " keys");
+    // out and lse kept or recomputed together (per-op AC keeps "sdpa": See Note [Ring attention]).
+    auto r = model::checkpointable_op_multi("sdpa", [&] {
+      return ring_forward(q, k, v, *state->comm, state->exchange, state->tags->calls++);
+    });
+    ctx->save_for_backward({q, k, v, r[0], r[1]});
+    ctx->saved_data["state"] = c10::IValue::make_capsule(c10::intrusive_ptr<torch::CustomClassHolder>(state));
+    return {r[0]};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto state = c10::static_intrusive_pointer_cast<RingState>(ctx->saved_data.at("state").toCapsule());
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
+    const at::Tensor dout = grads[0].contiguous();
+    comm::Comm& comm = *state->comm;
+    const int r = comm.rank(), n = comm.size();
+    const int64_t call = state->tags->calls++;
+    at::Tensor dq = at::zeros(q.sizes(), q.options().dtype(at::kFloat));
+    const at::Tensor kv = at::stack({k, v}).contiguous();
+    at::Tensor dkv_mine;
+    if (state->exchange == KvExchange::kAllGather) {
+      at::Tensor all = gather_blocks(kv, comm);
+      at::Tensor dkv_all = at::empty(all.sizes(), all.options().dtype(at::kFloat));
+      for (int s = 0; s < n; ++s) {
+        const int j = block_at(r, s, n);
+        dkv_all.select(0, j).copy_(block_grads(j, r, all.select(0, j), dout, q, out, lse, dq));
+      }
+      dkv_mine = at::empty(kv.sizes(), dkv_all.options());
+      // Gloo wants the concatenation along dim 0: [n, 2, ...] viewed as [2n, ...].
+      comm.reduce_scatter_tensor_async(dkv_mine, dkv_all.flatten(0, 1)).wait();
+    } else {
+      // Step s: this rank holds block j = r - s and the accumulator of j's gradient from ranks
+      // j .. r-1; it adds its own and passes both on. After n steps each accumulator has every
+      // rank's part and sits one hop before its owner: the last transfer delivers it.
+      at::Tensor current = kv;
+      comm::CommWork acc_recv, acc_send;
+      at::Tensor acc_in, acc_sent;
+      for (int s = 0; s < n; ++s) {
+        at::Tensor next;
+        comm::CommWork recv, send;
+        if (s + 1 < n) {
+          next = at::empty_like(kv);
+          std::tie(send, recv) = ring_step(comm, current, next, ring_tag(call, kKvBackward, s));
+        }
+        at::Tensor g = block_grads(block_at(r, s, n), r, current, dout, q, out, lse, dq);
+        if (s > 0) {
+          acc_recv.wait();
+          g.add_(acc_in);  // the earlier ranks' part, then this rank's: the same order on every rank
+        }
+        acc_send.wait();  // the previous accumulator left: its buffer may go
+        acc_sent = g;
+        acc_in = at::empty_like(g);
+        if (n > 1) {
+          std::tie(acc_send, acc_recv) = ring_step(comm, acc_sent, acc_in, ring_tag(call, kGradKv, s));
+        }
+        recv.wait();
+        send.wait();
+        current = next;
+      }
+      if (n > 1) {
+        acc_recv.wait();
+        acc_send.wait();
+        dkv_mine = acc_in;
+      } else {
+        dkv_mine = acc_sent;
+      }
+    }
+    return {dq.to(q.scalar_type()), dkv_mine.select(0, 0).to(k.scalar_type()),
+            dkv_mine.select(0, 1).to(v.scalar_type()), at::Tensor()};
+  }
+};
+
+// ---------------------------------------------------------------- head-parallel all-to-all
+
+// x [B, X, L, hd] (X heads, every one of them, this rank's two chunks) -> [B, X/n, S = nL, hd]
+// (this rank's 1/n of the heads, every position in sequence order). See Note [Head-parallel
+// attention].
+at::Tensor sequence_to_heads(const at::Tensor& x, comm::Comm& comm) {
+  const int64_t n = comm.size(), b = x.size(0), h = x.size(1) / n, len = x.size(2), c = len / 2, hd = x.size(3);
+  const at::Tensor send = x.reshape({b, n, h, len, hd}).transpose(0, 1).contiguous();  // [n(dest), B, h, L, hd]
+  at::Tensor recv = at::empty_like(send);                                              // [n(src), B, h, L, hd]
+  comm.all_to_all_single_async(recv, send).wait();
+  // Source rank s sent chunks s and 2n-1-s: chunks 0..n-1 are the sources' first halves in
+  // rank order, chunks n..2n-1 their second halves in reverse rank order.
+  const at::Tensor halves = recv.view({n, b, h, 2, c, hd});
+  const at::Tensor chunks = at::cat({halves.select(3, 0), halves.select(3, 1).flip(0)}, 0);  // [2n, B, h, c, hd]
+  return chunks.permute({1, 2, 0, 3, 4}).reshape({b, h, 2 * n * c, hd});
+}
+
+// The inverse: y [B, h, S, hd] -> [B, n h, L, hd].
+at::Tensor heads_to_sequence(const at::Tensor& y, comm::Comm& comm) {
+  const int64_t n = comm.size(), b = y.size(0), h = y.size(1), c = y.size(2) / (2 * n), hd = y.size(3);
+  const at::Tensor chunks = y.reshape({b, h, 2 * n, c, hd}).permute({2, 0, 1, 3, 4});  // [2n, B, h, c, hd]
+  // Destination d gets chunks d and 2n-1-d.
+  const at::Tensor send =
+      at::stack({chunks.narrow(0, 0, n), chunks.narrow(0, n, n).flip(0)}, 3).contiguous();  // [n, B, h, 2, c, hd]
+  at::Tensor recv = at::empty_like(send);  // [n(src: head group), B, h, 2, c, hd]
+  comm.all_to_all_single_async(recv, send).wait();
+  return recv.view({n, b, h, 2 * c, hd}).transpose(0, 1).reshape({b, n * h, 2 * c, hd});
+}
+
+struct CommHolder : torch::CustomClassHolder {
+  comm::Comm* comm = nullptr;
+};
+
+// One re-shard as an autograd Function (its gradient is the inverse re-shard), run through the
+// op layer so per-op AC keeps its output instead of repeating the all-to-all.
+template <bool kToHeads>
+struct HeadReshard : public torch::autograd::Function<HeadReshard<kToHeads>> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, c10::intrusive_ptr<CommHolder> holder) {
+    ctx->saved_data["comm"] = c10::IValue::make_capsule(c10::intrusive_ptr<torch::CustomClassHolder>(holder));
+    return {model::checkpointable_op("cp_all_to_all", [&] {
+      return kToHeads ? sequence_to_heads(x, *holder->comm) : heads_to_sequence(x, *holder->comm);
+    })};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto holder = c10::static_intrusive_pointer_cast<CommHolder>(ctx->saved_data.at("comm").toCapsule());
+    const at::Tensor g = grads[0].contiguous();
+    return {kToHeads ? heads_to_sequence(g, *holder->comm) : sequence_to_heads(g, *holder->comm), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, comm::Comm& cp,
+                          KvExchange exchange, RingTags& tags) {
+  auto state = c10::make_intrusive<RingState>();
+  state->comm = &cp;
+  state->exchange = exchange;
+  state->tags = &tags;
+  return RingAttention::apply(q, k, v, state)[0];
+}
+
+at::Tensor head_parallel_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, comm::Comm& cp) {
+  const int64_t n = cp.size();
+  TORCH_CHECK(q.size(1) % n == 0, "head-parallel attention: ", q.size(1), " local query heads are not divisible by ",
+              "the context parallel degree ", n);
+  at::Tensor kk = k, vv = v;
+  if (k.size(1) % n != 0) {  // too few kv heads to split: each rank takes its query heads' kv heads
+    kk = k.repeat_interleave(q.size(1) / k.size(1), 1);
+    vv = v.repeat_interleave(q.size(1) / v.size(1), 1);
+  }
+  auto holder = c10::make_intrusive<CommHolder>();
+  holder->comm = &cp;
+  const at::Tensor qh = HeadReshard<true>::apply(q, holder)[0];
+  const at::Tensor kh = HeadReshard<true>::apply(kk, holder)[0];
+  const at::Tensor vh = HeadReshard<true>::apply(vv, holder)[0];
+  return HeadReshard<false>::apply(model::attention_op(qh, kh, vh), holder)[0];
+}
+
+}  // namespace titan::parallel::context_parallel

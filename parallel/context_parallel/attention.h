@@ -1,0 +1,67 @@
+// parallel/context_parallel/attention.h — causal attention over a sequence split across the ranks of a context
+// parallel group: ring attention (K/V gathered at once or passed around the ring) and titan's
+// head-parallel all-to-all mode (DeepSpeed Ulysses).
+//
+// Every function takes this rank's load-balanced share of the sequence (See Note [Sequence
+// split] in sequence_shard.h): with n ranks the sequence is cut into 2n chunks of c positions and
+// rank r holds chunks r and 2n-1-r, in that order, so q/k/v are [B, heads, L = 2c, hd]. Results
+// are this rank's rows of the unsplit causal attention.
+//
+// Note [Ring attention]: rank r's queries meet every rank's keys as blocks (Note [Attention by
+// blocks] in model/attention_blocks.h). Against rank j's keys (chunks j and 2n-1-j):
+//   j == r: all of q against all of k, causal (chunk r precedes chunk 2n-1-r, so the causal mask
+//           over the two concatenated chunks is exactly the global one);
+//   j <  r: all of q against k's first chunk (j < r < 2n-1-r: entirely in the past), no mask;
+//           k's second chunk (2n-1-j > every query chunk) is in the future: skipped;
+//   j >  r: only q's second chunk (2n-1-r > 2n-1-j > j) sees any of k, all of it, no mask; q's
+//           first chunk sees none of it: skipped.
+// So every rank computes the same amount: one causal L x L block and n-1 unmasked blocks of
+// L x c positions. Blocks are merged in float32 by their log-sum-exp, in the order j = r, r-1, ...
+// (mod n) for both exchanges, so "allgather" and "alltoall" forwards give the same bits (their
+// backwards sum a block's dK/dV over ranks in different orders: a reduce-scatter vs the ring).
+//   allgather: one all-gather of every rank's K/V (n x the local K/V in memory), then the blocks;
+//              the backward re-gathers and returns dK/dV with one reduce-scatter.
+//   alltoall:  (torchtitan's name) K/V passed around the ring, n-1 point-to-point steps, each
+//              step's transfer in flight while the current block computes (2 K/V buffers in
+//              memory); in the backward each block's dK/dV accumulator travels with its K/V and a
+//              last step hands it to its owner.
+// The forward runs inside checkpointable_op("sdpa"): per-op activation checkpointing keeps its
+// output and log-sum-exp, so the recompute exchanges nothing. Full AC recomputes the forward,
+// exchange included (the other ranks' K/V are not kept).
+//
+// Note [Head-parallel attention] (titan_ulysses): all-to-alls re-shard q, k, v from "every head,
+// this rank's positions" to "1/n of the heads, every position" (reordered into sequence order),
+// the local causal attention_op runs on whole sequences, and one all-to-all returns the output
+// to sequence shards. Four all-to-alls of the local activation size, no per-block work; needs
+// the local head count divisible by n (kv heads are repeated to the query heads when theirs is
+// not). Each all-to-all's output is on per-op AC's save list ("cp_all_to_all").
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+
+namespace titan::parallel::comm {
+class Comm;
+}
+
+namespace titan::parallel::context_parallel {
+
+enum class KvExchange { kAllGather, kRing };
+
+// The point-to-point tags of one rank's ring calls: every rank of the group makes the same calls
+// in the same order (same layers, same recomputes), so a counter per rank agrees across the group.
+struct RingTags {
+  int64_t calls = 0;
+};
+
+// q [B, H, L, hd], k/v [B, KV, L, hd] (H a multiple of KV), L even -> [B, H, L, hd]. Differentiable
+// in q, k, v. `tags` must outlive the backward.
+at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, comm::Comm& cp,
+                          KvExchange exchange, RingTags& tags);
+
+// The same result by head-parallel all-to-alls (See Note [Head-parallel attention]): H and, after
+// any repetition, the kv heads divisible by cp.size().
+at::Tensor head_parallel_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, comm::Comm& cp);
+
+}  // namespace titan::parallel::context_parallel

@@ -1,0 +1,174 @@
+// parallel/pipeline/plan.cpp — see pipeline_plan.h.
+#include "parallel/pipeline/plan.h"
+
+#include <algorithm>
+#include <sstream>
+#include <stdexcept>
+
+namespace titan::parallel::pipeline {
+namespace {
+
+std::string n(int64_t v) { return std::to_string(v); }
+
+std::string join(const std::vector<std::string>& items) {
+  std::string out;
+  for (const auto& i : items) out += (out.empty() ? "" : ", ") + i;
+  return out;
+}
+
+// Runs `f`, adding `context` (the keys the numbers came from) in front of its error.
+template <class F>
+auto with_context(const std::string& context, F&& f) {
+  try {
+    return f();
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(context + ": " + e.what());
+  }
+}
+
+}  // namespace
+
+model::ModelPart model_part_of(const std::vector<std::string>& modules, int stage) {
+  model::ModelPart part;
+  part.embedding = false;
+  part.head = false;
+  part.first_layer = -1;
+  bool norm = false, output = false;
+  for (const std::string& m : modules) {
+    if (m == "tok_embeddings") {
+      part.embedding = true;
+    } else if (m == "norm") {
+      norm = true;
+    } else if (m == "output") {
+      output = true;
+    } else {  // "layers.<i>" (check_stage_modules has checked the names and the order)
+      const int64_t layer = std::stoll(m.substr(7));
+      if (part.first_layer < 0) part.first_layer = layer;
+      part.end_layer = layer + 1;
+    }
+  }
+  if (norm != output)
+    throw std::invalid_argument("pipeline stage " + n(stage) + " holds " + (norm ? "norm" : "output") + " but not " +
+                                (norm ? "output" : "norm") +
+                                ": titan runs the final norm and the output projection on one stage (put both in "
+                                "the same list of parallelism.module_fqns_per_model_part)");
+  part.head = norm;
+  if (part.first_layer < 0) part.first_layer = part.end_layer = 0;  // no blocks: an empty range
+  return part;
+}
+
+std::vector<int> PipelinePlan::stages_of(int pp_rank) const {
+  std::vector<int> out;
+  for (int s = 0; s < num_stages(); ++s)
+    if (stage_rank[static_cast<size_t>(s)] == pp_rank) out.push_back(s);
+  return out;
+}
+
+std::vector<std::string> PipelinePlan::describe() const {
+  std::vector<std::string> lines;
+  std::ostringstream head;
+  head << "pipeline parallel " << pp << ": schedule " << schedule_name << ", " << num_stages() << " stages, "
+       << microbatches << " micro-batch" << (microbatches == 1 ? "" : "es") << " of " << microbatch_rows
+       << " row" << (microbatch_rows == 1 ? "" : "s") << " per pass";
+  lines.push_back(head.str());
+  for (int r = 0; r < pp; ++r) {
+    std::string line = "  pp rank " + n(r) + ":";
+    for (int s : stages_of(r)) {
+      const auto& mods = stage_modules[static_cast<size_t>(s)];
+      line += " stage " + n(s) + " [" + (mods.size() > 4 ? mods.front() + " .. " + mods.back() : join(mods)) + "]";
+    }
+    size_t slots = 0, busy = 0;
+    for (const auto& a : order[static_cast<size_t>(r)]) {
+      ++slots;
+      busy += a.has_value();
+    }
+    line += "; " + n(static_cast<int64_t>(busy)) + " actions in " + n(static_cast<int64_t>(slots)) + " slots";
+    lines.push_back(line);
+  }
+  return lines;
+}
+
+PipelinePlan plan_pipeline(const PipelineConfig& c, int pp, int64_t n_layers, int64_t local_batch_size) {
+  PipelinePlan plan;
+  plan.pp = pp;
+  plan.kind = with_context("parallelism.pipeline_parallel_schedule",
+                           [&] { return pipeline_schedule_from_name(c.schedule); });
+  plan.schedule_name = c.schedule_csv.empty() ? pipeline_schedule_name(plan.kind) : "CSV " + c.schedule_csv;
+  // Micro-batches: torchtitan's v0.1 - v0.2 key gives their size, main's their count.
+  if (c.num_microbatches > 0) {
+    if (local_batch_size % c.num_microbatches != 0)
+      throw std::invalid_argument("training.local_batch_size (" + n(local_batch_size) +
+                                  ") must be divisible by parallelism.num_pp_microbatches (" + n(c.num_microbatches) +
+                                  "): each pipeline micro-batch has the same rows");
+    plan.microbatches = c.num_microbatches;
+    plan.microbatch_rows = local_batch_size / c.num_microbatches;
+  } else {
+    if (c.microbatch_size < 1 || local_batch_size % c.microbatch_size != 0)
+      throw std::invalid_argument("training.local_batch_size (" + n(local_batch_size) +
+                                  ") must be divisible by parallelism.pipeline_parallel_microbatch_size (" +
+                                  n(c.microbatch_size) + "); choose a divisor of the local batch");
+    plan.microbatch_rows = c.microbatch_size;
+    plan.microbatches = local_batch_size / c.microbatch_size;
+  }
+  // The split: given module by module, by v0.1 split points, or computed.
+  if (!c.module_fqns.empty() && !c.split_points.empty())
+    throw std::invalid_argument(
+        "parallelism.module_fqns_per_model_part and parallelism.pipeline_parallel_split_points both set: give one");
+  const std::string split_keys =
+      !c.module_fqns.empty()    ? "parallelism.module_fqns_per_model_part"
+      : !c.split_points.empty() ? "parallelism.pipeline_parallel_split_points"
+                                : "the stage split (parallelism.pipeline_parallel_layers_per_stage " +
+                                      n(c.layers_per_stage) + ", pipeline_parallel_first_stage_less_layers " +
+                                      n(c.first_stage_less_layers) + ", pipeline_parallel_last_stage_less_layers " +
+                                      n(c.last_stage_less_layers) + ", " + n(n_layers) + " layers)";
+  with_context(split_keys, [&] {
+    if (!c.module_fqns.empty()) {
+      plan.stage_modules = c.module_fqns;
+    } else if (!c.split_points.empty()) {
+      plan.stage_modules = module_fqns_from_split_points(c.split_points, n_layers);
+    } else {
+      const int stages = pipeline_stage_count(plan.kind, pp, n_layers, c.layers_per_stage, c.first_stage_less_layers,
+                                              c.last_stage_less_layers);
+      plan.stage_modules = module_fqns_per_stage(stages, n_layers, c.first_stage_less_layers, c.last_stage_less_layers);
+    }
+    check_stage_modules(plan.stage_modules, n_layers);
+    for (int s = 0; s < plan.num_stages(); ++s)
+      plan.stage_parts.push_back(model_part_of(plan.stage_modules[static_cast<size_t>(s)], s));
+    return 0;
+  });
+  const int num_stages = plan.num_stages();
+  if (num_stages % pp != 0)
+    throw std::invalid_argument("the split gives " + n(num_stages) + " pipeline stages, not a multiple of "
+                                "parallelism.pipeline_parallel_degree (" + n(pp) + ")");
+  const int per_rank = num_stages / pp;
+  const std::string microbatch_keys =
+      n(plan.microbatches) + " micro-batches per pass (training.local_batch_size " + n(local_batch_size) +
+      (c.num_microbatches > 0 ? " over parallelism.num_pp_microbatches"
+                              : " / parallelism.pipeline_parallel_microbatch_size " + n(c.microbatch_size)) +
+      ") and " + n(num_stages) + " stages over " + n(pp) + " ranks from " + split_keys;
+  if (c.schedule_csv.empty()) {
+    with_context("parallelism.pipeline_parallel_schedule " + std::string(pipeline_schedule_name(plan.kind)) +
+                     " with " + microbatch_keys,
+                 [&] {
+                   check_pipeline_schedule(plan.kind, pp, per_rank, plan.microbatches);
+                   plan.order = pipeline_order(plan.kind, pp, per_rank, plan.microbatches);
+                   return 0;
+                 });
+  }
+  with_context(c.schedule_csv.empty() ? "the generated schedule"
+                                      : "parallelism.pipeline_parallel_schedule_csv '" + c.schedule_csv + "' with " +
+                                            microbatch_keys,
+               [&] {
+                 if (!c.schedule_csv.empty()) plan.order = read_pipeline_csv(c.schedule_csv);
+                 plan.stage_rank = validate_pipeline_order(plan.order, pp, num_stages, plan.microbatches);
+                 return 0;
+               });
+  for (int r = 0; r < pp; ++r)
+    if (static_cast<int>(plan.stages_of(r).size()) != per_rank)
+      throw std::invalid_argument("the pipeline schedule " + plan.schedule_name + " gives pp rank " + n(r) + " " +
+                                  n(static_cast<int64_t>(plan.stages_of(r).size())) + " stages; every rank must hold " +
+                                  n(per_rank) + " (" + n(num_stages) + " stages over " + n(pp) + " ranks)");
+  return plan;
+}
+
+}  // namespace titan::parallel::pipeline

@@ -1,0 +1,123 @@
+// parallel/pipeline/split.cpp — see pipeline_split.h.
+#include "parallel/pipeline/split.h"
+
+#include <stdexcept>
+
+namespace titan::parallel::pipeline {
+namespace {
+
+std::string n(int64_t v) { return std::to_string(v); }
+
+// The module order of the Llama: what the stages read in order must be.
+std::vector<std::string> model_modules(int64_t n_layers) {
+  std::vector<std::string> modules = {"tok_embeddings"};
+  for (int64_t i = 0; i < n_layers; ++i) modules.push_back("layers." + n(i));
+  modules.push_back("norm");
+  modules.push_back("output");
+  return modules;
+}
+
+}  // namespace
+
+int pipeline_stage_count(PipelineScheduleKind kind, int pp, int64_t n_layers, int64_t layers_per_stage,
+                         int64_t input_weight, int64_t output_weight) {
+  if (layers_per_stage <= 0) return pp * default_stages_per_rank(kind);
+  const int64_t effective = n_layers + input_weight + output_weight;
+  const int64_t stages = (effective + layers_per_stage - 1) / layers_per_stage;
+  const std::string context = " (the model's " + n(n_layers) + " layers + " + n(input_weight) + " + " +
+                              n(output_weight) + " for the embedding and the output, " + n(layers_per_stage) +
+                              " per stage (parallelism.pipeline_parallel_layers_per_stage): " + n(stages) +
+                              " stages over " + n(pp) + " pipeline ranks)";
+  if (stages % pp != 0)
+    throw std::invalid_argument("the number of pipeline stages must be a multiple of pipeline_parallel_degree" +
+                                context);
+  const int64_t per_rank = stages / pp;
+  if (is_single_stage(kind) && per_rank != 1)
+    throw std::invalid_argument(std::string(pipeline_schedule_name(kind)) +
+                                " runs exactly 1 stage per rank, but the split gives " + n(per_rank) + context);
+  if (!is_single_stage(kind) && per_rank < 2)
+    throw std::invalid_argument(std::string(pipeline_schedule_name(kind)) +
+                                " runs at least 2 stages per rank, but the split gives " + n(per_rank) + context);
+  return static_cast<int>(stages);
+}
+
+StageModules module_fqns_per_stage(int num_stages, int64_t n_layers, int64_t input_weight, int64_t output_weight) {
+  if (num_stages < 1)
+    throw std::invalid_argument("the number of pipeline stages must be at least 1, got " + n(num_stages));
+  if (num_stages == 1) return {model_modules(n_layers)};
+  const int64_t effective = n_layers + input_weight + output_weight;
+  if (num_stages > effective)
+    throw std::invalid_argument("the number of pipeline stages (" + n(num_stages) +
+                                ") cannot be greater than the effective layers (" + n(effective) + " = " + n(n_layers) +
+                                " layers + " + n(input_weight) + " + " + n(output_weight) +
+                                " for the embedding and the output)");
+  const int64_t per_stage = effective / num_stages, extra = effective % num_stages;
+  if (input_weight > per_stage)
+    throw std::invalid_argument("pipeline_parallel_first_stage_less_layers (" + n(input_weight) +
+                                ") exceeds the layers per stage (" + n(per_stage) + ")");
+  if (output_weight > per_stage)
+    throw std::invalid_argument("pipeline_parallel_last_stage_less_layers (" + n(output_weight) +
+                                ") exceeds the layers per stage (" + n(per_stage) + ")");
+  StageModules stages;
+  int64_t next_layer = 0;
+  for (int s = 0; s < num_stages; ++s) {
+    const bool first = s == 0, last = s == num_stages - 1;
+    int64_t layers = per_stage + (s < extra ? 1 : 0) - (first ? input_weight : last ? output_weight : 0);
+    std::vector<std::string> modules;
+    if (first) modules.push_back("tok_embeddings");
+    for (; layers > 0 && next_layer < n_layers; --layers) modules.push_back("layers." + n(next_layer++));
+    if (last) {
+      modules.push_back("norm");
+      modules.push_back("output");
+    }
+    stages.push_back(std::move(modules));
+  }
+  return stages;
+}
+
+StageModules module_fqns_from_split_points(const std::vector<std::string>& split_points, int64_t n_layers) {
+  StageModules stages(1, std::vector<std::string>{"tok_embeddings"});
+  int64_t previous = 0;
+  for (const std::string& point : split_points) {
+    int64_t layer = -1;
+    if (point.rfind("layers.", 0) == 0 && point.size() > 7 && point.size() < 17 &&
+        point.find_first_not_of("0123456789", 7) == std::string::npos)
+      layer = std::stoll(point.substr(7));
+    if (layer < 0 || layer >= n_layers)
+      throw std::invalid_argument("pipeline_parallel_split_points: '" + point +
+                                  "' is not a layer of the model (layers.0 .. layers." + n(n_layers - 1) + ")");
+    if (layer <= previous)
+      throw std::invalid_argument("pipeline_parallel_split_points: '" + point +
+                                  "' does not come after the previous split point: each starts a new stage, in order");
+    for (int64_t i = previous; i < layer; ++i) stages.back().push_back("layers." + n(i));
+    stages.emplace_back();
+    previous = layer;
+  }
+  for (int64_t i = previous; i < n_layers; ++i) stages.back().push_back("layers." + n(i));
+  stages.back().push_back("norm");
+  stages.back().push_back("output");
+  return stages;
+}
+
+void check_stage_modules(const StageModules& stages, int64_t n_layers) {
+  const std::vector<std::string> expected = model_modules(n_layers);
+  size_t next = 0;
+  for (size_t s = 0; s < stages.size(); ++s) {
+    if (stages[s].empty())
+      throw std::invalid_argument("pipeline stage " + n(static_cast<int64_t>(s)) + " holds no module");
+    for (const std::string& module : stages[s]) {
+      if (next >= expected.size() || module != expected[next])
+        throw std::invalid_argument("pipeline stage " + n(static_cast<int64_t>(s)) + ": '" + module + "' where '" +
+                                    (next < expected.size() ? expected[next] : std::string("nothing more")) +
+                                    "' comes next: the stages, read in order, must hold tok_embeddings, "
+                                    "layers.0 .. layers." +
+                                    n(n_layers - 1) + ", norm, output, each once");
+      ++next;
+    }
+  }
+  if (next != expected.size())
+    throw std::invalid_argument("the pipeline stages leave out '" + expected[next] +
+                                "' and what follows it: every module must lie on a stage");
+}
+
+}  // namespace titan::parallel::pipeline

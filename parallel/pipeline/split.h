@@ -1,0 +1,46 @@
+// parallel/pipeline/split.h — which modules of the Llama each pipeline stage holds, as torchtitan
+// splits it (generate_llm_fqn_per_model_part in v0.2, split points in v0.1).
+//
+// Note [Pipeline stage split]: the embedding counts as `input_weight` layers on the first stage
+// (parallelism.pipeline_parallel_first_stage_less_layers, default 1) and norm + output as
+// `output_weight` layers on the last (..._last_stage_less_layers, default 1). The n_layers + input +
+// output "effective layers" are divided by the stage count; where they do not divide, the first
+// stages take one more. Stage 0 is tok_embeddings + its layers, the last stage its layers + norm +
+// output, and every layer lies on exactly one stage, in order. E.g. 6 layers over 2 stages:
+// [tok_embeddings, layers.0-2] [layers.3-5, norm, output]; over 4: [tok_embeddings, layers.0]
+// [layers.1-2] [layers.3-4] [layers.5, norm, output].
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "parallel/pipeline/orders.h"
+
+namespace titan::parallel::pipeline {
+
+using StageModules = std::vector<std::vector<std::string>>;  // per stage, its module fqns in order
+
+// The number of stages: pp x the schedule's default stages per rank (1 for GPipe / 1F1B, else 2)
+// when layers_per_stage is 0 (unset); else ceil((n_layers + input_weight + output_weight) /
+// layers_per_stage), which must be a multiple of pp and give 1 stage per rank for a single-stage
+// schedule, at least 2 for a multi-stage one. Throws std::invalid_argument with the numbers.
+int pipeline_stage_count(PipelineScheduleKind kind, int pp, int64_t n_layers, int64_t layers_per_stage,
+                         int64_t input_weight, int64_t output_weight);
+
+// See Note [Pipeline stage split]. Throws std::invalid_argument when there are more stages than
+// effective layers or a weight exceeds the layers per stage.
+StageModules module_fqns_per_stage(int num_stages, int64_t n_layers, int64_t input_weight, int64_t output_weight);
+
+// torchtitan v0.1's pipeline_parallel_split_points: each "layers.k" starts a new stage
+// ("layers.2,layers.4" over 6 layers: 3 stages). Throws std::invalid_argument naming a point that
+// is not a layer or not in ascending order.
+StageModules module_fqns_from_split_points(const std::vector<std::string>& split_points, int64_t n_layers);
+
+// A split given module by module (parallelism.module_fqns_per_model_part, or one of the above):
+// every stage non-empty, and the stages read in order give exactly tok_embeddings, layers.0 ..
+// layers.{n-1}, norm, output once each (a stage's output feeds the next). Throws
+// std::invalid_argument naming the stage and the module that breaks it.
+void check_stage_modules(const StageModules& stages, int64_t n_layers);
+
+}  // namespace titan::parallel::pipeline

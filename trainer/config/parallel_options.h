@@ -1,0 +1,53 @@
+// trainer/config/parallel_options.h — the job config's parallelism, as the plan reads it: the
+// mesh's degrees, the global batch, the pipeline plan, the context-parallel method and the
+// ParallelOptions of parallelize_llama, each of the user's choices checked here as a config
+// error (exit 2) naming the keys. The Trainer and the start-up dry run (apps/dry_run.h) both
+// build their plans from these, so the two can never disagree.
+#pragma once
+
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "model/args.h"
+#include "parallel/comm/mesh.h"
+#include "parallel/context_parallel/context_parallel.h"
+#include "parallel/parallel_options.h"
+#include "parallel/pipeline/plan.h"
+#include "trainer/config/job_config.h"
+
+namespace titan::trainer::config {
+
+// A dtype config value (training.mixed_precision_param, checkpoint.export_dtype); `key` names it
+// in the error. The key table already restricts each key to the names it accepts.
+at::ScalarType dtype_from_name(const std::string& name, const char* key);
+
+// The config's parallelism degrees resolved for `world_size` ranks (data_parallel_shard_degree
+// -1 = the rest); an impossible layout is a config error saying why.
+parallel::comm::ParallelDims parallel_dims(const JobConfig& cfg, int world_size);
+
+// The rows one optimizer step consumes over all data-parallel ranks: training.global_batch_size,
+// or local_batch_size x dp when unset; not a multiple of local_batch_size x dp is a config error.
+int64_t global_batch_size(const JobConfig& cfg, const parallel::comm::ParallelDims& dims);
+
+// The pipeline plan (parallel/pipeline/plan.h) from the config's pipeline keys when
+// pipeline_parallel_degree > 1, else nullopt; an impossible one is a config error. Pure: the
+// trainer checks it before any process group starts.
+std::optional<parallel::pipeline::PipelinePlan> pipeline_plan(const JobConfig& cfg,
+                                                              const parallel::comm::ParallelDims& dims);
+
+// parallelism.context_parallel_rotate_method, after checking that the context-parallel degree can
+// split this model's sequences (parallel/context_parallel/context_parallel.h).
+parallel::context_parallel::CpRotateMethod context_parallel_method(const JobConfig& cfg,
+                                                                   const parallel::comm::ParallelDims& dims);
+
+// The parallelization options the config asks for. `dims`: the mesh's degrees; `float8`:
+// whether the converters made float8 linears.
+parallel::ParallelOptions parallel_options(const JobConfig& cfg, const model::ModelArgs& args,
+                                           const parallel::comm::ParallelDims& dims, c10::Device device,
+                                           bool float8);
+
+}  // namespace titan::trainer::config
