@@ -20,6 +20,7 @@ namespace titan::testing {
 inline std::vector<std::string> run_ranks_on_threads(
     int world, std::chrono::milliseconds timeout,
     const std::function<void(int rank, const c10::intrusive_ptr<c10d::Store>& store)>& body) {
+  titan::parallel::comm::issue_under_process_lock();  // ranks as threads: Note [Issuing under one lock]
   std::promise<int> port_promise;
   std::shared_future<int> port = port_promise.get_future().share();
   std::vector<std::string> errors(static_cast<size_t>(world));

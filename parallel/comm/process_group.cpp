@@ -17,6 +17,7 @@
 // tests/test_comm.cpp checks all collectives against closed forms with these headers.
 #include "parallel/comm/process_group.h"
 #include "parallel/comm/comm_trace.h"
+#include "parallel/comm/simulated_link.h"
 
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -31,6 +32,7 @@
 #include <cstdio>
 #include <thread>
 #include <cstdlib>
+#include <atomic>
 #include <mutex>
 #include <sstream>
 
@@ -40,6 +42,13 @@ namespace titan::parallel::comm {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// Note [Issuing under one lock] (in Comm::issue).
+std::atomic<bool> ranks_share_process{false};
+std::mutex& issue_lock() {
+  static std::mutex lock;
+  return lock;
+}
 
 // c10::Error::what() appends a C++ backtrace of c10's internals; the first part is the message.
 std::string error_text(const std::exception& e) {
@@ -139,10 +148,9 @@ Comm::Comm(c10::intrusive_ptr<c10d::Store> store, int rank, int size, std::strin
       for (int g : global_ranks_) nccl_options->global_ranks_in_group.push_back(g);
       auto prefixed = c10::make_intrusive<c10d::PrefixStore>(name_ + "/", store_);
       backend_ = c10::make_intrusive<c10d::ProcessGroupNCCL>(prefixed, rank_, size_, nccl_options);
-      return;
     }
 #endif
-    if (options_.backend != "gloo")
+    if (!backend_ && options_.backend != "gloo")
       throw std::invalid_argument("backend '" + options_.backend + "' is not available in this build "
                                   "(gloo" +
 #ifdef TITAN_WITH_CUDA
@@ -151,13 +159,18 @@ Comm::Comm(c10::intrusive_ptr<c10d::Store> store, int rank, int size, std::strin
                                   std::string() +
 #endif
                                   ")");
-    auto gloo_options = c10d::ProcessGroupGloo::Options::create(options_.timeout);
-    gloo_options->devices.push_back(create_device(options_));
-    gloo_options->group_name = name_;
-    for (int g : global_ranks_) gloo_options->global_ranks_in_group.push_back(g);
-    // Every group gets its own key space: Gloo's rendezvous keys would collide otherwise.
-    auto prefixed = c10::make_intrusive<c10d::PrefixStore>(name_ + "/", store_);
-    backend_ = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rank_, size_, gloo_options);
+    if (!backend_) {
+      auto gloo_options = c10d::ProcessGroupGloo::Options::create(options_.timeout);
+      gloo_options->devices.push_back(create_device(options_));
+      gloo_options->group_name = name_;
+      for (int g : global_ranks_) gloo_options->global_ranks_in_group.push_back(g);
+      // Every group gets its own key space: Gloo's rendezvous keys would collide otherwise.
+      auto prefixed = c10::make_intrusive<c10d::PrefixStore>(name_ + "/", store_);
+      backend_ = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rank_, size_, gloo_options);
+    }
+    // Note [Simulated link]: only when a debug key asks for it, a wrapper around the transport.
+    if (options_.debug_link_latency_ms > 0 || options_.debug_link_bytes_per_second > 0)
+      backend_ = with_simulated_link(backend_, options_.debug_link_latency_ms, options_.debug_link_bytes_per_second);
   } catch (const std::exception& e) {
     std::ostringstream os;
     os << "could not form the group (timeout " << options_.timeout.count()
@@ -217,7 +230,7 @@ void Comm::fail(const std::string& what, const std::string& reason) const {
 // Owns the sequence numbering and the record of every collective; each public collective is a
 // check plus one c10d call. The handle's wait() owns the timing and the error capture.
 template <typename Launch>
-CommWork Comm::issue(std::string op, const at::Tensor& tensor, Launch&& launch, int64_t link_bytes, bool p2p) {
+CommWork Comm::issue(std::string op, const at::Tensor& tensor, Launch&& launch, bool p2p) {
   if (!backend_) fail(op, "this group has no transport (backend 'none', the start-up dry run)");
   CommWork w;
   w.comm_ = this;
@@ -235,23 +248,16 @@ CommWork Comm::issue(std::string op, const at::Tensor& tensor, Launch&& launch, 
   // A named range in profiler traces; memory allocated inside counts as communication buffers.
   model::NamedScope scope(kind + w.record_.op, model::MemoryCategory::kCommunication);
   w.start_ = Clock::now();
-  if (options_.debug_link_latency_ms > 0 || options_.debug_link_bytes_per_second > 0) {
-    const double bytes = static_cast<double>(link_bytes >= 0 ? link_bytes : w.record_.bytes);
-    const double seconds = options_.debug_link_latency_ms / 1e3 +
-                           (options_.debug_link_bytes_per_second > 0 ? bytes / options_.debug_link_bytes_per_second : 0);
-    const auto begin = std::max(w.start_, link_free_);
-    link_free_ = begin + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
-    w.simulated_done_ = link_free_;
-  }
   w.trace_id_ = comm_trace().on_issue(name_, w.record_.seq, w.record_.op, w.record_.bytes);
   try {
     // Note [Issuing under one lock]: ProcessGroupGloo records every collective it enqueues in
     // LibTorch's process-wide flight recorder, whose table of groups is read and extended without
     // a lock; groups issuing from several threads of one process (the tests' ranks as threads)
-    // crashed there about once in thirty runs. Issuing is only the enqueue (the collective runs on
-    // Gloo's threads, waits happen outside), so one process-wide lock costs nothing measurable.
-    static std::mutex issue_lock;
-    std::lock_guard<std::mutex> hold(issue_lock);
+    // crashed there about once in thirty runs. A training process issues from one thread (the
+    // checkpoint thread issues nothing), so the lock is taken only where ranks share a process:
+    // tests/rank_threads.h turns it on before its ranks form their groups.
+    std::unique_lock<std::mutex> hold(issue_lock(), std::defer_lock);
+    if (ranks_share_process.load(std::memory_order_relaxed)) hold.lock();
     w.work_ = launch();
   } catch (const std::exception& e) {
     w.work_.reset();
@@ -275,7 +281,6 @@ CommWork& CommWork::operator=(CommWork&& other) noexcept {
       }
     }
     comm_ = other.comm_;
-    simulated_done_ = other.simulated_done_;
     work_ = std::move(other.work_);
     other.work_.reset();
     record_ = std::move(other.record_);
@@ -327,7 +332,6 @@ void CommWork::wait() {
     throw CommError(comm_->where() + ": " + os.str());
   }
   comm_trace().on_state(trace_id_, CollectiveState::kCompleted);
-  std::this_thread::sleep_until(simulated_done_);  // See Note [Simulated link]; a no-op when off
   const auto done = Clock::now();
   comm_->total_seconds_ += std::chrono::duration<double>(done - start_).count();
   comm_->exposed_seconds_ += std::chrono::duration<double>(done - waited_from).count();
@@ -359,7 +363,7 @@ CommWork Comm::all_gather_into_tensor_async(const at::Tensor& output, const at::
     at::Tensor out = output;
     at::Tensor in = input;
     return backend_->_allgather_base(out, in);
-  }, static_cast<int64_t>(output.numel() * output.element_size()));
+  });
 }
 
 CommWork Comm::reduce_scatter_tensor_async(const at::Tensor& output, const at::Tensor& input) {
@@ -430,8 +434,10 @@ CommWork Comm::point_to_point(const at::Tensor& tensor, int peer, int tag, bool 
   return issue(name, tensor, [&] {
     std::vector<at::Tensor> tensors = {tensor};
     return send ? backend_->send(tensors, peer, tag) : backend_->recv(tensors, peer, tag);
-  }, -1, /*p2p=*/true);
+  }, /*p2p=*/true);
 }
+
+void issue_under_process_lock() { ranks_share_process.store(true); }
 
 std::unique_ptr<Comm> init_process_group(const Rendezvous& world, CommOptions options) {
   if (!world.single_node && options.device_hostname == "127.0.0.1" && options.device_interface.empty()) {

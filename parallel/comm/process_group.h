@@ -86,7 +86,6 @@ class CommWork {
   CollectiveRecord record_;
   std::string tensor_desc_;
   std::chrono::steady_clock::time_point start_;
-  std::chrono::steady_clock::time_point simulated_done_;  // See Note [Simulated link]
   uint64_t trace_id_ = 0;  // its entry in comm_trace() (0: not recorded)
   bool p2p_ = false;       // a send or receive (See Note [Point-to-point]), not a collective
 };
@@ -105,12 +104,9 @@ struct CommOptions {
   // "gloo" (CPU tensors) or, in CUDA builds, "nccl" (CUDA tensors); "none": no transport,
   // for the start-up dry run (collectives fail; the store may be null).
   std::string backend = "gloo";
-  // Note [Simulated link]: a slower network for overlap tests and benchmarks (comm.debug_link_*).
-  // Each Comm has one link that carries one collective at a time: a collective issued at t
-  // occupies it from max(t, link free) for latency + bytes / bytes_per_second (bytes: the
-  // larger of its input and output), and its wait() returns no sooner than that. The real
-  // collective runs as usual underneath. Compute done between issue and wait hides this time;
-  // a blocking call shows all of it. 0 and 0 = off.
+  // A slower network for overlap tests and benchmarks (comm.debug_link_*): the transport is
+  // wrapped in a simulated link when either is set (See Note [Simulated link] in
+  // simulated_link.h). 0 and 0 = off: the Comm talks to its transport directly.
   double debug_link_latency_ms = 0;
   double debug_link_bytes_per_second = 0;
 };
@@ -197,7 +193,7 @@ class Comm {
  private:
   friend class CommWork;
   template <typename Launch>
-  CommWork issue(std::string op, const at::Tensor& tensor, Launch&& launch, int64_t link_bytes = -1,
+  CommWork issue(std::string op, const at::Tensor& tensor, Launch&& launch,
                  bool p2p = false);
   CommWork point_to_point(const at::Tensor& tensor, int peer, int tag, bool send);
   [[noreturn]] void fail(const std::string& what, const std::string& reason) const;
@@ -216,7 +212,6 @@ class Comm {
   int64_t total_bytes_ = 0;
   double total_seconds_ = 0;
   double exposed_seconds_ = 0;
-  std::chrono::steady_clock::time_point link_free_;  // See Note [Simulated link]
 };
 
 // Where the job's ranks meet: this rank, how many there are, whether they share one node, and
@@ -229,6 +224,11 @@ struct Rendezvous {
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
 };
+
+// Ranks running as threads of one process (tests/rank_threads.h) call this once before forming
+// their groups: from then on every collective is issued under one process-wide lock (See Note
+// [Issuing under one lock] in process_group.cpp). A training process never does.
+void issue_under_process_lock();
 
 // The job-wide Comm "world": rank 0 serves the TCPStore on master_addr:master_port, Gloo binds
 // 127.0.0.1 on one node; on several nodes it uses GLOO_SOCKET_IFNAME when set, else this host's

@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "parallel/comm/autograd_comm.h"
 #include "model/attention_blocks.h"
 #include "model/checkpoint_ops.h"
 #include "parallel/comm/process_group.h"
@@ -26,8 +27,8 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 // What the backward needs besides the saved tensors.
+// What a ring attention's backward needs besides its group (See Note [A Comm through autograd]).
 struct RingState : torch::CustomClassHolder {
-  comm::Comm* comm = nullptr;
   KvExchange exchange = KvExchange::kRing;
   RingTags* tags = nullptr;
 };
@@ -144,15 +145,16 @@ at::Tensor block_grads(int j, int r, const at::Tensor& kv, const at::Tensor& dou
 
 struct RingAttention : public torch::autograd::Function<RingAttention> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                               c10::intrusive_ptr<RingState> state) {
+                               c10::intrusive_ptr<RingState> state, comm::Comm* cp) {
     TORCH_CHECK(q.size(2) % 2 == 0 && k.size(2) == q.size(2), "ring attention: this rank's share must be two chunks of "
                 "equal length, got ", q.size(2), " queries and ", k.size(2), " keys");
     // out and lse kept or recomputed together (per-op AC keeps "sdpa": See Note [Ring attention]).
     auto r = model::checkpointable_op_multi("sdpa", [&] {
-      return ring_forward(q, k, v, *state->comm, state->exchange, state->tags->calls++);
+      return ring_forward(q, k, v, *cp, state->exchange, state->tags->calls++);
     });
     ctx->save_for_backward({q, k, v, r[0], r[1]});
     ctx->saved_data["state"] = c10::IValue::make_capsule(c10::intrusive_ptr<torch::CustomClassHolder>(state));
+    comm::save_comm(ctx, *cp);
     return {r[0]};
   }
 
@@ -161,7 +163,7 @@ struct RingAttention : public torch::autograd::Function<RingAttention> {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
     const at::Tensor dout = grads[0].contiguous();
-    comm::Comm& comm = *state->comm;
+    comm::Comm& comm = comm::saved_comm(ctx);
     const int r = comm.rank(), n = comm.size();
     const int64_t call = state->tags->calls++;
     at::Tensor dq = at::zeros(q.sizes(), q.options().dtype(at::kFloat));
@@ -215,7 +217,7 @@ struct RingAttention : public torch::autograd::Function<RingAttention> {
       }
     }
     return {dq.to(q.scalar_type()), dkv_mine.select(0, 0).to(k.scalar_type()),
-            dkv_mine.select(0, 1).to(v.scalar_type()), at::Tensor()};
+            dkv_mine.select(0, 1).to(v.scalar_type()), at::Tensor(), at::Tensor()};  // state, group
   }
 };
 
@@ -248,24 +250,20 @@ at::Tensor heads_to_sequence(const at::Tensor& y, comm::Comm& comm) {
   return recv.view({n, b, h, 2 * c, hd}).transpose(0, 1).reshape({b, n * h, 2 * c, hd});
 }
 
-struct CommHolder : torch::CustomClassHolder {
-  comm::Comm* comm = nullptr;
-};
-
 // One re-shard as an autograd Function (its gradient is the inverse re-shard), run through the
 // op layer so per-op AC keeps its output instead of repeating the all-to-all.
 template <bool kToHeads>
 struct HeadReshard : public torch::autograd::Function<HeadReshard<kToHeads>> {
-  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, c10::intrusive_ptr<CommHolder> holder) {
-    ctx->saved_data["comm"] = c10::IValue::make_capsule(c10::intrusive_ptr<torch::CustomClassHolder>(holder));
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, comm::Comm* cp) {
+    comm::save_comm(ctx, *cp);
     return {model::checkpointable_op("cp_all_to_all", [&] {
-      return kToHeads ? sequence_to_heads(x, *holder->comm) : heads_to_sequence(x, *holder->comm);
+      return kToHeads ? sequence_to_heads(x, *cp) : heads_to_sequence(x, *cp);
     })};
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    auto holder = c10::static_intrusive_pointer_cast<CommHolder>(ctx->saved_data.at("comm").toCapsule());
+    comm::Comm& cp = comm::saved_comm(ctx);
     const at::Tensor g = grads[0].contiguous();
-    return {kToHeads ? heads_to_sequence(g, *holder->comm) : sequence_to_heads(g, *holder->comm), at::Tensor()};
+    return {kToHeads ? heads_to_sequence(g, cp) : sequence_to_heads(g, cp), at::Tensor()};
   }
 };
 
@@ -274,10 +272,9 @@ struct HeadReshard : public torch::autograd::Function<HeadReshard<kToHeads>> {
 at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, comm::Comm& cp,
                           KvExchange exchange, RingTags& tags) {
   auto state = c10::make_intrusive<RingState>();
-  state->comm = &cp;
   state->exchange = exchange;
   state->tags = &tags;
-  return RingAttention::apply(q, k, v, state)[0];
+  return RingAttention::apply(q, k, v, state, &cp)[0];
 }
 
 at::Tensor head_parallel_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, comm::Comm& cp) {
@@ -289,12 +286,10 @@ at::Tensor head_parallel_attention(const at::Tensor& q, const at::Tensor& k, con
     kk = k.repeat_interleave(q.size(1) / k.size(1), 1);
     vv = v.repeat_interleave(q.size(1) / v.size(1), 1);
   }
-  auto holder = c10::make_intrusive<CommHolder>();
-  holder->comm = &cp;
-  const at::Tensor qh = HeadReshard<true>::apply(q, holder)[0];
-  const at::Tensor kh = HeadReshard<true>::apply(kk, holder)[0];
-  const at::Tensor vh = HeadReshard<true>::apply(vv, holder)[0];
-  return HeadReshard<false>::apply(model::attention_op(qh, kh, vh), holder)[0];
+  const at::Tensor qh = HeadReshard<true>::apply(q, &cp)[0];
+  const at::Tensor kh = HeadReshard<true>::apply(kk, &cp)[0];
+  const at::Tensor vh = HeadReshard<true>::apply(vv, &cp)[0];
+  return HeadReshard<false>::apply(model::attention_op(qh, kh, vh), &cp)[0];
 }
 
 }  // namespace titan::parallel::context_parallel

@@ -25,6 +25,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "parallel/comm/autograd_comm.h"
 #include "float8/scaling.h"
 
 namespace titan::parallel::tensor_parallel {
@@ -35,8 +36,9 @@ using torch::autograd::variable_list;
 
 // The collectives of one chunked gather or scatter and their buffers (See Note [Deferred
 // collective results]). Buffers handed to a collective stay referenced here until it is waited.
+// The chunks of one module input or output in flight, shared by its Functions; their group
+// travels beside it (See Note [A Comm through autograd]).
 struct ChunkState : torch::CustomClassHolder {
-  comm::Comm* comm = nullptr;
   int n = 1, chunks = 1;
   std::vector<comm::CommWork> forward_work, backward_work;        // per chunk
   std::vector<at::Tensor> forward_sent, backward_sent;      // inputs in flight
@@ -88,9 +90,9 @@ at::Tensor rows_to_rank_major(const at::Tensor& x, int n) {
 // own values) and returns c stand-ins [B, s/c, D] that carry the pieces' gradients back.
 struct IssueChunkGathers : torch::autograd::Function<IssueChunkGathers> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const State& state,
-                               const std::optional<Float8ChunkCast>& float8) {
+                               const std::optional<Float8ChunkCast>& float8, comm::Comm* group) {
     ChunkState& st = *state;
-    comm::Comm& comm = *st.comm;
+    comm::Comm& comm = *group;
     const int64_t piece_rows = x.size(1) / st.chunks;
     at::Tensor source = x.detach();
     if (float8) {
@@ -113,6 +115,7 @@ struct IssueChunkGathers : torch::autograd::Function<IssueChunkGathers> {
       pieces.push_back(stand_in({x.size(0), piece_rows, x.size(2)}, x.options()));
     }
     keep_state(ctx, state);
+    comm::save_comm(ctx, comm);
     return pieces;
   }
 
@@ -127,7 +130,7 @@ struct IssueChunkGathers : torch::autograd::Function<IssueChunkGathers> {
       state->backward_sent[K] = at::Tensor();
       parts.push_back(grads[K]);
     }
-    return {at::cat(parts, 1), at::Tensor(), at::Tensor()};
+    return {at::cat(parts, 1), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -135,7 +138,8 @@ struct IssueChunkGathers : torch::autograd::Function<IssueChunkGathers> {
 // in float8: its data is in state->float8_chunks[k]). Backward: issues the reduce-scatter of its
 // gradient and returns the (unfilled) output buffer.
 struct WaitChunkGather : torch::autograd::Function<WaitChunkGather> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& piece, const State& state, int64_t k) {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& piece, const State& state, int64_t k,
+                            comm::Comm* group) {
     ChunkState& st = *state;
     const auto K = static_cast<size_t>(k);
     st.forward_work[K].wait();
@@ -143,6 +147,7 @@ struct WaitChunkGather : torch::autograd::Function<WaitChunkGather> {
     const std::vector<int64_t> shape = piece.sizes().vec();  // [B, s/c, D]
     at::Tensor landed = std::move(st.forward_landing[K]);
     keep_state(ctx, state);
+    comm::save_comm(ctx, *group);
     ctx->saved_data["k"] = k;
     if (st.float8) {
       st.float8_chunks[K] = rank_major_to_rows(landed, st.n, shape).view(st.float8_dtype);
@@ -158,22 +163,23 @@ struct WaitChunkGather : torch::autograd::Function<WaitChunkGather> {
     state->backward_sent[K] = rows_to_rank_major(g, state->n);
     at::Tensor out = at::empty({g.size(0), g.size(1) / state->n, g.size(2)}, g.options());
     state->backward_work[K] =
-        state->comm->reduce_scatter_tensor_async(out.view({-1}), state->backward_sent[K].view({-1}));
-    return {out, at::Tensor(), at::Tensor()};
+        comm::saved_comm(ctx).reduce_scatter_tensor_async(out.view({-1}), state->backward_sent[K].view({-1}));
+    return {out, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 // See Note [Sequence chunks]: the chunks of one module input, waited for on first use.
 class ChunkedGather final : public model::SequenceChunks {
  public:
-  ChunkedGather(State state, variable_list pieces) : state_(std::move(state)), pieces_(std::move(pieces)) {
+  ChunkedGather(State state, variable_list pieces, comm::Comm& comm)
+      : state_(std::move(state)), pieces_(std::move(pieces)), comm_(comm) {
     operands_.resize(pieces_.size());
   }
   int count() const override { return state_->chunks; }
   const model::LinearOperand& chunk(int k) override {
     auto& slot = operands_.at(static_cast<size_t>(k));
     if (!slot) {
-      at::Tensor rows = WaitChunkGather::apply(pieces_[static_cast<size_t>(k)], state_, k);
+      at::Tensor rows = WaitChunkGather::apply(pieces_[static_cast<size_t>(k)], state_, k, &comm_);
       slot = state_->float8
                  ? model::LinearOperand(rows, {state_->float8_chunks[static_cast<size_t>(k)], state_->float8_scale})
                  : model::LinearOperand(rows);
@@ -191,18 +197,20 @@ class ChunkedGather final : public model::SequenceChunks {
  private:
   State state_;
   variable_list pieces_;
+  comm::Comm& comm_;
   std::vector<std::optional<model::LinearOperand>> operands_;
 };
 
 // Forward: issues chunk k's reduce-scatter of y [B, n s/c, N] and returns its (unfilled) output
 // [B, s/c, N]. Backward: waits for chunk k's all-gather (issued by AssembleScatteredChunks).
 struct IssueChunkReduceScatter : torch::autograd::Function<IssueChunkReduceScatter> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& y, const State& state, int64_t k) {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& y, const State& state, int64_t k,
+                            comm::Comm* group) {
     ChunkState& st = *state;
     const auto K = static_cast<size_t>(k);
     st.forward_sent[K] = rows_to_rank_major(y, st.n);
     at::Tensor out = at::empty({y.size(0), y.size(1) / st.n, y.size(2)}, y.options());
-    st.forward_work[K] = st.comm->reduce_scatter_tensor_async(out.view({-1}), st.forward_sent[K].view({-1}));
+    st.forward_work[K] = group->reduce_scatter_tensor_async(out.view({-1}), st.forward_sent[K].view({-1}));
     keep_state(ctx, state);
     ctx->saved_data["k"] = k;
     return out;
@@ -216,7 +224,7 @@ struct IssueChunkReduceScatter : torch::autograd::Function<IssueChunkReduceScatt
     const std::vector<int64_t> piece = grads[0].sizes().vec();  // [B, s/c, N]
     at::Tensor g = rank_major_to_rows(state->backward_landing[K], state->n, piece);
     state->backward_landing[K] = at::Tensor();
-    return {g, at::Tensor(), at::Tensor()};
+    return {g, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -224,12 +232,13 @@ struct IssueChunkReduceScatter : torch::autograd::Function<IssueChunkReduceScatt
 // issues every chunk's all-gather (last chunk first: its backward runs first) and returns each
 // chunk's local gradient.
 struct AssembleScatteredChunks : torch::autograd::Function<AssembleScatteredChunks> {
-  static at::Tensor forward(AutogradContext* ctx, at::TensorList outputs, const State& state) {
+  static at::Tensor forward(AutogradContext* ctx, at::TensorList outputs, const State& state, comm::Comm* group) {
     for (int k = 0; k < state->chunks; ++k) {
       state->forward_work[static_cast<size_t>(k)].wait();
       state->forward_sent[static_cast<size_t>(k)] = at::Tensor();
     }
     keep_state(ctx, state);
+    comm::save_comm(ctx, *group);
     return at::cat(outputs, 1);
   }
 
@@ -242,18 +251,18 @@ struct AssembleScatteredChunks : torch::autograd::Function<AssembleScatteredChun
       const auto K = static_cast<size_t>(k);
       state->backward_sent[K] = grads[0].narrow(1, k * rows, rows).contiguous();  // [B, s/c, N]
       state->backward_landing[K] = at::empty({state->n * state->backward_sent[K].numel()}, grads[0].options());
-      state->backward_work[K] =
-          state->comm->all_gather_into_tensor_async(state->backward_landing[K], state->backward_sent[K].view({-1}));
+      state->backward_work[K] = comm::saved_comm(ctx).all_gather_into_tensor_async(state->backward_landing[K],
+                                                                                   state->backward_sent[K].view({-1}));
       out[K] = state->backward_sent[K];
     }
     out.push_back(at::Tensor());  // state
+    out.push_back(at::Tensor());  // group
     return out;
   }
 };
 
 State new_state(comm::Comm& comm, int chunks) {
   auto state = c10::make_intrusive<ChunkState>();
-  state->comm = &comm;
   state->n = comm.size();
   state->resize(chunks);
   return state;
@@ -274,9 +283,9 @@ model::ModuleInputHook make_async_sequence_gather(comm::Comm& comm, int chunks, 
   return [&comm, chunks, float8](const at::Tensor& x) {
     check_chunks("a sequence shard", x.size(1), chunks, comm);
     State state = new_state(comm, chunks);
-    variable_list pieces = IssueChunkGathers::apply(x, state, float8);
+    variable_list pieces = IssueChunkGathers::apply(x, state, float8, &comm);
     model::LinearOperand operand(stand_in({x.size(0), comm.size() * x.size(1), x.size(2)}, x.options()));
-    operand.chunks = std::make_shared<ChunkedGather>(std::move(state), std::move(pieces));
+    operand.chunks = std::make_shared<ChunkedGather>(std::move(state), std::move(pieces), comm);
     return operand;
   };
 }
@@ -296,9 +305,9 @@ at::Tensor chunked_matmul_reduce_scatter(const at::Tensor& x, const model::Linea
   for (int k = 0; k < chunks; ++k) {
     at::Tensor x_k = grouped.select(2, k).reshape({B, n * rows, K});      // [B, n s/c, K]
     at::Tensor y_k = multiply.forward(x_k, weight);                       // [B, n s/c, N] partial
-    outputs.push_back(IssueChunkReduceScatter::apply(y_k, state, k));     // [B, s/c, N] in flight
+    outputs.push_back(IssueChunkReduceScatter::apply(y_k, state, k, &comm));  // [B, s/c, N] in flight
   }
-  return AssembleScatteredChunks::apply(at::TensorList(outputs), state);  // [B, s, N]
+  return AssembleScatteredChunks::apply(at::TensorList(outputs), state, &comm);  // [B, s, N]
 }
 
 }  // namespace titan::parallel::tensor_parallel

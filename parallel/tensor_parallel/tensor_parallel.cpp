@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "float8/scaling.h"
+#include "parallel/comm/autograd_comm.h"
 #include "parallel/tensor_parallel/async_tp.h"
 #include "model/checkpoint_ops.h"
 
@@ -23,11 +24,6 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// Comm handles ride through the autograd context as integers (they outlive every graph).
-int64_t pack(comm::Comm& comm) { return reinterpret_cast<int64_t>(&comm); }
-comm::Comm& unpack(AutogradContext* ctx) {
-  return *reinterpret_cast<comm::Comm*>(ctx->saved_data["comm"].toInt());
-}
 
 // [B, s, rest...] on every rank -> [B, n*s, rest...], rank t's shard at [t*s, (t+1)*s).
 at::Tensor gather_seq_raw(const at::Tensor& x, comm::Comm& comm) {
@@ -75,26 +71,26 @@ at::Tensor gather_last_raw(const at::Tensor& x, comm::Comm& comm) {
 }
 
 struct AllGatherSeq : torch::autograd::Function<AllGatherSeq> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t comm) {
-    ctx->saved_data["comm"] = comm;
-    return gather_seq_raw(x, *reinterpret_cast<comm::Comm*>(comm));
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, comm::Comm* group) {
+    comm::save_comm(ctx, *group);
+    return gather_seq_raw(x, *group);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {reduce_scatter_seq_raw(grads[0], unpack(ctx)), at::Tensor()};
+    return {reduce_scatter_seq_raw(grads[0], comm::saved_comm(ctx)), at::Tensor()};
   }
 };
 
 struct ReduceScatterSeq : torch::autograd::Function<ReduceScatterSeq> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t comm) {
-    ctx->saved_data["comm"] = comm;
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, comm::Comm* group) {
+    comm::save_comm(ctx, *group);
     // Through the op layer: per-op AC keeps the reduce-scattered output, so the recompute in
     // backward neither repeats the collective nor needs the other ranks (every rank replays
     // the same stored output). Safe without autograd history: this is a Function's forward.
     return titan::model::checkpointable_op(
-        "reduce_scatter", [&] { return reduce_scatter_seq_raw(x, *reinterpret_cast<comm::Comm*>(comm)); });
+        "reduce_scatter", [&] { return reduce_scatter_seq_raw(x, *group); });
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {gather_seq_raw(grads[0], unpack(ctx)), at::Tensor()};
+    return {gather_seq_raw(grads[0], comm::saved_comm(ctx)), at::Tensor()};
   }
 };
 
@@ -102,27 +98,27 @@ struct ReduceScatterSeq : torch::autograd::Function<ReduceScatterSeq> {
 // one element of storage (expanded), standing for the gathered input that only exists in float8;
 // backward is all-gather's adjoint, the sequence reduce-scatter.
 struct Float8GatherProxy : torch::autograd::Function<Float8GatherProxy> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t comm) {
-    ctx->saved_data["comm"] = comm;
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, comm::Comm* group) {
+    comm::save_comm(ctx, *group);
     std::vector<int64_t> shape = x.sizes().vec();
-    shape[1] *= reinterpret_cast<comm::Comm*>(comm)->size();
+    shape[1] *= group->size();
     return at::zeros({}, x.options()).expand(shape);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {reduce_scatter_seq_raw(grads[0], unpack(ctx)), at::Tensor()};
+    return {reduce_scatter_seq_raw(grads[0], comm::saved_comm(ctx)), at::Tensor()};
   }
 };
 
 struct AllGatherLastDim : torch::autograd::Function<AllGatherLastDim> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t comm) {
-    ctx->saved_data["comm"] = comm;
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, comm::Comm* group) {
+    comm::save_comm(ctx, *group);
     ctx->saved_data["local"] = x.size(-1);
-    return gather_last_raw(x, *reinterpret_cast<comm::Comm*>(comm));
+    return gather_last_raw(x, *group);
   }
   // The consumer (the loss) is computed identically on every TP rank, so each rank's gradient
   // of the full tensor is the whole gradient: keep this rank's columns.
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    comm::Comm& comm = unpack(ctx);
+    comm::Comm& comm = comm::saved_comm(ctx);
     const int64_t local = ctx->saved_data["local"].toInt();
     return {grads[0].narrow(-1, comm.rank() * local, local).contiguous(), at::Tensor()};
   }
@@ -134,8 +130,8 @@ struct AllGatherLastDim : torch::autograd::Function<AllGatherLastDim> {
 // softmax_local - onehot_local, all local. Sums over tokens are float32, as at::cross_entropy.
 struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossEntropy> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits_in,
-                            const at::Tensor& labels, int64_t vocab_start, int64_t comm_handle) {
-    comm::Comm& comm = *reinterpret_cast<comm::Comm*>(comm_handle);
+                            const at::Tensor& labels, int64_t vocab_start, comm::Comm* group) {
+    comm::Comm& comm = *group;
     at::Tensor logits = logits_in.to(at::kFloat);  // [N, v]
     const int64_t v = logits.size(1);
     at::Tensor max = v > 0 ? std::get<0>(logits.max(1)).contiguous()
@@ -187,12 +183,12 @@ int64_t valid_in_chunk(int64_t size, int rank, int n) {
   return std::max<int64_t>(0, std::min<int64_t>(chunk, size - rank * chunk));
 }
 
-at::Tensor all_gather_seq(const at::Tensor& x, comm::Comm& comm) { return AllGatherSeq::apply(x, pack(comm)); }
+at::Tensor all_gather_seq(const at::Tensor& x, comm::Comm& comm) { return AllGatherSeq::apply(x, &comm); }
 at::Tensor reduce_scatter_seq(const at::Tensor& x, comm::Comm& comm) {
-  return ReduceScatterSeq::apply(x, pack(comm));
+  return ReduceScatterSeq::apply(x, &comm);
 }
 at::Tensor all_gather_last_dim(const at::Tensor& x, comm::Comm& comm) {
-  return AllGatherLastDim::apply(x, pack(comm));
+  return AllGatherLastDim::apply(x, &comm);
 }
 
 model::ModuleInputHook make_sequence_gather(comm::Comm& comm) {
@@ -211,7 +207,7 @@ model::ModuleInputHook make_float8_sequence_gather(comm::Comm& comm, float8::Cas
       gathered = {gather_seq_raw(local.data.view(at::kByte), comm).view(local.data.scalar_type()),
                   local.scale};
     }
-    return model::LinearOperand(Float8GatherProxy::apply(x, pack(comm)), std::move(gathered));
+    return model::LinearOperand(Float8GatherProxy::apply(x, &comm), std::move(gathered));
   };
 }
 
@@ -265,7 +261,7 @@ at::Tensor vocab_parallel_cross_entropy_sum(const at::Tensor& local_logits, cons
   TORCH_CHECK(local_logits.dim() == 2 && labels.dim() == 1 && local_logits.size(0) == labels.size(0),
               "vocab_parallel_cross_entropy_sum: need logits [N, v] and labels [N], got ",
               local_logits.sizes(), " and ", labels.sizes());
-  return VocabParallelCrossEntropy::apply(local_logits, labels, comm.rank() * chunk, pack(comm));
+  return VocabParallelCrossEntropy::apply(local_logits, labels, comm.rank() * chunk, &comm);
 }
 
 }  // namespace titan::parallel::tensor_parallel
