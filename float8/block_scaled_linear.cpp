@@ -7,7 +7,7 @@
 #include <stdexcept>
 
 #include "float8/kernels/block_cast.h"
-#include "model/checkpoint_ops.h"
+#include "model/activation_checkpoint_ops.h"
 
 namespace titan::float8 {
 

@@ -11,7 +11,7 @@
 #include <stdexcept>
 
 #include "float8/scaling.h"
-#include "model/checkpoint_ops.h"
+#include "model/activation_checkpoint_ops.h"
 
 namespace titan::float8 {
 
@@ -122,7 +122,7 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
       return scaled_mm(reshape_to_2d(x8), transpose_2d(w8), input.scalar_type(),
                        r.use_fast_accum_output, backend);  // [M, N]
     };
-    // Dynamic recipes run the casts + GEMM through the op layer (model/checkpoint_ops.h), so
+    // Dynamic recipes run the casts + GEMM through the op layer (model/activation_checkpoint_ops.h), so
     // per-op selective AC can keep the product (skipping casts and GEMM in the recompute) as it
     // keeps a high-precision "mm"; the backward re-casts the saved high-precision x and W
     // either way. Delayed casts save their scales in ctx and update the amax history, so

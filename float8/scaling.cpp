@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "float8/kernels/fused_cast.h"
-#include "model/checkpoint_ops.h"
+#include "model/activation_checkpoint_ops.h"
 #include "model/kernels/fused_ops.h"
 #include "model/scope.h"
 
@@ -67,7 +67,7 @@ at::Tensor amax(const at::Tensor& x, ScalingGranularity granularity, int64_t dim
   if (granularity == ScalingGranularity::Axiswise && x.dim() == 0) {
     throw std::invalid_argument("float8 amax: axiswise scaling needs a tensor of rank >= 1");
   }
-  // Through the op layer (model/checkpoint_ops.h): per-op selective AC keeps the amax and
+  // Through the op layer (model/activation_checkpoint_ops.h): per-op selective AC keeps the amax and
   // recomputes abs, which is never on the save list (abs(W) of an unsharded weight cost
   // ~11 GiB on Llama3-8B when torchtitan + torchao kept it).
   return titan::model::checkpointable_op("amax", [&] {

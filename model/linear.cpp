@@ -7,7 +7,7 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "model/checkpoint_ops.h"
+#include "model/activation_checkpoint_ops.h"
 
 namespace titan::model {
 namespace {

@@ -81,7 +81,7 @@ void check_linear_shapes(const std::string& compute, const at::Tensor& input, co
 LinearCompute* innermost(const std::shared_ptr<LinearCompute>& compute);
 
 // The high-precision product x W^T (an autograd Function whose GEMM goes through the op layer,
-// model/checkpoint_ops.h): the default compute of every Linear.
+// model/activation_checkpoint_ops.h): the default compute of every Linear.
 class HighPrecisionLinearCompute final : public LinearCompute {
  public:
   at::Tensor forward(const LinearOperand& input, const LinearOperand& weight) override;

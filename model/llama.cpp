@@ -11,7 +11,7 @@
 #include <cmath>
 #include <vector>
 
-#include "model/checkpoint_ops.h"
+#include "model/activation_checkpoint_ops.h"
 #include "model/kernels/fused_ops.h"
 #include "model/scope.h"
 

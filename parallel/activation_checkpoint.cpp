@@ -7,7 +7,7 @@
 
 #include <stdexcept>
 
-#include "model/checkpoint_ops.h"
+#include "model/activation_checkpoint_ops.h"
 #include "model/scope.h"
 
 namespace titan::parallel {

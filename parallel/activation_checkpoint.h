@@ -4,7 +4,7 @@
 //   full:          every block keeps only its input; backward re-runs its forward with grad.
 //   selective N:   the same for every N-th block (layers N-1, 2N-1, ...: torchtitan's count).
 //   selective op:  every block, but its recompute replays the outputs of the ops on the save
-//                  list (model/checkpoint_ops.h, Note [Op save list]) instead of recomputing them.
+//                  list (model/activation_checkpoint_ops.h, Note [Op save list]) instead of recomputing them.
 //
 // Mechanism: a block-level autograd Function whose forward runs the block with grad disabled
 // (nothing is saved inside it) and whose backward re-runs it with grad from its saved input and
@@ -25,7 +25,7 @@
 #include <cstdint>
 #include <string>
 
-#include "model/checkpoint_ops.h"
+#include "model/activation_checkpoint_ops.h"
 #include "model/llama.h"
 
 namespace titan::parallel {

@@ -16,7 +16,7 @@
 
 #include "float8/convert.h"
 #include "float8/scaling.h"
-#include "model/checkpoint_ops.h"
+#include "model/activation_checkpoint_ops.h"
 #include "model/llama.h"
 #include "parallel/activation_checkpoint.h"
 

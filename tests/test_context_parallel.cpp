@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "model/attention_blocks.h"
-#include "model/checkpoint_ops.h"
+#include "model/activation_checkpoint_ops.h"
 #include "parallel/activation_checkpoint.h"
 #include "parallel/context_parallel/context_parallel.h"
 #include "parallel/context_parallel/attention.h"

@@ -27,7 +27,7 @@
 #include <stdexcept>
 
 #include "float8/scaling.h"
-#include "model/checkpoint_ops.h"
+#include "model/activation_checkpoint_ops.h"
 #include "model/llama.h"
 #include "parallel/fsdp.h"
 #include "parallel/parallelize.h"
@@ -238,7 +238,7 @@ TEST_CASE("FSDP float8 all-gather: global-amax scale, gathered bytes, precompute
 
 TEST_CASE("per-op AC under TP keeps the reduce-scatter outputs (threads)", "[parallel][ac]") {
   // Row-parallel wo and w2 end in a sequence reduce-scatter that goes through the op layer
-  // (model/checkpoint_ops.h): under per-op AC its output is kept, so the recompute in backward
+  // (model/activation_checkpoint_ops.h): under per-op AC its output is kept, so the recompute in backward
   // replays it instead of communicating. Here: one TP-2 block's recorded forward.
   titan::model::ModelArgs args = titan::model::llama3_flavor("debugmodel");
   args.max_seq_len = 16;

@@ -18,7 +18,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include "float8/kernels/cast_kernels.cuh"
-#include "model/checkpoint_ops.h"
+#include "model/activation_checkpoint_ops.h"
 #endif
 
 namespace titan::float8 {

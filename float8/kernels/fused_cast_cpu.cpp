@@ -27,7 +27,7 @@
 #include <vector>
 
 #include "float8/kernels/fused_cast.h"
-#include "model/checkpoint_ops.h"
+#include "model/activation_checkpoint_ops.h"
 #include "model/scope.h"
 
 namespace titan::float8 {

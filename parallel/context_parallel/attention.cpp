@@ -17,7 +17,7 @@
 
 #include "parallel/comm/autograd_comm.h"
 #include "model/attention_blocks.h"
-#include "model/checkpoint_ops.h"
+#include "model/activation_checkpoint_ops.h"
 #include "parallel/comm/process_group.h"
 
 namespace titan::parallel::context_parallel {

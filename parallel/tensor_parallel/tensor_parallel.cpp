@@ -16,7 +16,7 @@
 #include "float8/scaling.h"
 #include "parallel/comm/autograd_comm.h"
 #include "parallel/tensor_parallel/async_tp.h"
-#include "model/checkpoint_ops.h"
+#include "model/activation_checkpoint_ops.h"
 
 namespace titan::parallel::tensor_parallel {
 namespace {

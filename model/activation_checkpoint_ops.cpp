@@ -1,4 +1,4 @@
-#include "model/checkpoint_ops.h"
+#include "model/activation_checkpoint_ops.h"
 
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu.h>

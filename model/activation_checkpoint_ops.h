@@ -1,4 +1,4 @@
-// model/checkpoint_ops.h — the op layer that per-op selective activation checkpointing acts on.
+// model/activation_checkpoint_ops.h — the op layer that per-op selective activation checkpointing acts on.
 //
 // Code that runs an op worth keeping for backward (a matrix product, attention, a TP
 // reduce-scatter, a float8 amax reduction) calls it through `checkpointable_op(name, fn)`.
