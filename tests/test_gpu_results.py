@@ -213,17 +213,20 @@ class Real(unittest.TestCase):
         self.assertEqual(len(results["bench_matmul"]), 8)
         for row in results["bench_matmul"]:
             for key in ("float8_tensorwise", "float8_rowwise", "int8"):
-                self.assertGreater(row[key + "_ms"], 0, row)
+                # Times print with 2 decimals (a tiny scaled GEMM may read 0.00 ms); the speedup
+                # is computed from the unrounded times, so it is a positive number.
+                self.assertGreaterEqual(row[key + "_ms"], 0, row)
+                self.assertGreater(row[key + "_speedup"], 0, row)
         f8 = results["bench_linear"]["float8"]
         self.assertEqual(len(f8), 1)
         for recipe in ("tensorwise", "rowwise", "rowwise_with_gw_hp", "tensorwise_delayed", "int8"):
-            self.assertGreater(f8[0][recipe + "_ms"], 0, f8[0])
+            self.assertGreaterEqual(f8[0][recipe + "_ms"], 0, f8[0])
         block = results["bench_linear"]["block_scaled"]
         self.assertEqual(len(block), 1)
         for recipe in ("mxfp8_cublas", "mxfp8_cublas_rceil", "mxfp8_emulated", "mxfp4_emulated", "blockwise"):
             # On the CPU every block-scaled recipe is emulated at M=32: a time and three SQNRs
             # (MXFP4's e2m1 elements: ~16 dB; the float8 ones ~27-29 dB).
-            self.assertGreater(block[0][recipe + "_ms"], 0, block[0])
+            self.assertGreaterEqual(block[0][recipe + "_ms"], 0, block[0])
             self.assertGreater(block[0][recipe + "_sqnr_out_db"], 10, block[0])
         t = results["training"]["cpu_train_step"]
         self.assertEqual((t["steps"], len(t["losses"]), len(t["validation_losses"])), (2, 2, 1))
