@@ -253,7 +253,9 @@ std::vector<SectionSpec> build_table() {
           key("load_step", &CheckpointSection::load_step,
               "Resume from step-N; -1 = the latest complete checkpoint.").count_at_least(0).or_exactly(-1),
           key("model_weights_only", &CheckpointSection::model_weights_only,
-              "The last checkpoint holds only the model weights, in export_dtype."),
+              "The last save holds only the model weights, in export_dtype (torchtitan v0.2.2's "
+              "last_save_model_only, true by default as there); a later, longer run resumes from it "
+              "with a fresh optimizer. false = the last save is a full checkpoint, resumed from exactly."),
           key("exclude_from_loading", &CheckpointSection::exclude_from_loading,
               "Parts of a checkpoint not restored on resume.")
               .one_of({"model", "optimizer", "dataloader", "float8"}),
