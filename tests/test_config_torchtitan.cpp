@@ -344,6 +344,15 @@ TEST_CASE("torchtitan command lines run unchanged", "[config][torchtitan]") {
   CHECK(v02.training.seed == 7);
   CHECK(v02.metrics.save_for_all_ranks);  // rank_0_only = false
   CHECK(v02.notes.size() >= 5);
+  // torchtitan's checkpoint switches are titan keys (v0.1.0's initial_load_model_weights_only too).
+  const JobConfig ckpt = parse_job_config({"--checkpoint.enable", "--checkpoint.enable_first_step_checkpoint",
+                                           "--checkpoint.load_only", "--checkpoint.initial_load_model_weights_only",
+                                           "false", "--training.dataset", "c4_validation"},
+                                          kCpuMachine);
+  CHECK(ckpt.checkpoint.enable_first_step_checkpoint);
+  CHECK(ckpt.checkpoint.load_only);
+  CHECK(!ckpt.checkpoint.initial_load_model_only);
+  CHECK(ckpt.training.dataset == "c4");  // C4's validation split: a local copy, read as c4
 }
 
 TEST_CASE("a torchtitan key asking for a feature titan lacks is refused by name",
@@ -372,6 +381,13 @@ TEST_CASE("a torchtitan key asking for a feature titan lacks is refused by name"
   CHECK(parse_job_config({"--checkpoint.enable", "--checkpoint.last_save_in_hf"}, kCpuMachine).checkpoint.last_save_in_hf);
   CHECK_THAT(error_of({"--checkpoint.enable", "--checkpoint.no_last_save_model_only", "--checkpoint.last_save_in_hf"}),
              Contains("needs checkpoint.last_save_model_only"));
+  CHECK_THAT(error_of({"--checkpoint.initial_load_in_hf", "--model.hf_assets_path", "/hf",
+                       "--checkpoint.no_initial_load_model_only"}),
+             Contains("checkpoint.initial_load_model_only = false reads checkpoint.initial_load_path as a full"));
+  CHECK_THAT(error_of({"--checkpoint.load_only", "--checkpoint.create_seed_checkpoint"}),
+             Contains("checkpoint.load_only = true saves no checkpoint"));
+  CHECK_THAT(error_of({"--activation_checkpoint.mode", "memory_budget"}),
+             Contains("titan does not implement memory-budget activation checkpointing"));
   CHECK_THAT(error_of({"--training.dtype", "bfloat16"}),
              Contains("titan does not implement pure bfloat16 training"));
   // Accepted with a value that asks for nothing, and printed only when not torchtitan's default.

@@ -117,9 +117,12 @@ struct CheckpointSection {
   bool model_weights_only = true;
   std::vector<std::string> exclude_from_loading;  // model|optimizer|dataloader|float8
   std::string initial_load_path;  // weights to start from when there is no checkpoint to resume
+  bool initial_load_model_only = true;  // false: initial_load_path is a full titan checkpoint, resumed from
   bool initial_load_in_hf = false;  // initial weights are a Hugging Face folder (initial_load_path or model.hf_assets_path)
   bool last_save_in_hf = false;     // the last save is a Hugging Face folder (needs model_weights_only)
   bool create_seed_checkpoint = false;  // write step-0 from the initial weights and exit
+  bool enable_first_step_checkpoint = false;  // also save after step 1
+  bool load_only = false;                     // resume or load as configured, but never save
   int64_t commit_timeout_seconds = 1800;  // rank 0 waits this long for every rank's shards
   std::string export_path;              // write final weights here ("" = none)
   std::string export_format = "torchtitan";  // torchtitan (one file, titan names) | hf (folder)
