@@ -32,9 +32,10 @@ for c in "${CASES[@]}"; do
     args=(--model.flavor "$flavor" --training.local_batch_size "$batch" --training.seq_len "$seq"
           --training.steps "$steps" --training.num_threads "$THREADS" --metrics.log_freq 1
           --metrics.peak_flops 1e12 --checkpoint.enable_checkpoint --checkpoint.interval "$interval"
-          --checkpoint.keep_latest_k 2 --checkpoint.async_mode "$mode" --job.dump_folder "$run")
+          --checkpoint.last_save_model_only false --checkpoint.keep_latest_k 2 --checkpoint.async_mode "$mode" --job.dump_folder "$run")
     "$TRAIN" "${args[@]}" >"$run.log" 2>&1
-    # Resume from the next-to-last checkpoint (load time), in a copy of the folder.
+    # Every save is a full checkpoint (the last too: last_save_model_only false), so each row's
+    # bytes are one checkpoint's. Resume from the next-to-last one (load time), in a copy of the folder.
     last="$(ls -d "$run"/checkpoint/step-* | sort -t- -k2 -n | head -1)"
     mkdir -p "$run-resume/checkpoint" && cp -r "$last" "$run-resume/checkpoint/"
     "$TRAIN" "${args[@]}" --job.dump_folder "$run-resume" --training.steps "$(( ${last##*-} + 1 ))" \

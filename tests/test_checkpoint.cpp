@@ -321,7 +321,10 @@ TEST_CASE("one process: resume is bitwise (tensorwise_delayed, gradient accumula
 TEST_CASE("resume checks the config and the model; bad paths are errors", "[checkpoint][slow]") {
   const fs::path a = root() / "checks";
   {
-    std::vector<std::string> args = job_args(a, {"--training.steps", "2", "--checkpoint.interval", "1"});
+    // The checks below resume from the last save, step-2: a full checkpoint, not torchtitan's
+    // default model-only last save.
+    std::vector<std::string> args = job_args(a, {"--training.steps", "2", "--checkpoint.interval", "1",
+                                                 "--checkpoint.last_save_model_only", "false"});
     Trainer(parse_job_config(args)).train();
   }
   CHECK_THROWS_WITH(Trainer(parse_job_config(job_args(a, {"--training.global_batch_size", "4"}))),
@@ -366,15 +369,15 @@ TEST_CASE("Hugging Face export loads back bitwise and gives HF Llama's logits", 
     CHECK(at::equal(first.master_params()[i], second.master_params()[i]));
   }
   {
-    // torchtitan's spellings: last_save_in_hf writes the last checkpoint as an HF folder
-    // (step-3, model only, export dtype), initial_load_in_hf reads one from initial_load_path
-    // or, when that is empty, model.hf_assets_path; the masters come back bitwise again.
+    // torchtitan v0.2.2's spellings, as its docs give them: last_save_in_hf alone (the last save
+    // is model-only by default) writes the last checkpoint as an HF folder (step-3, export
+    // dtype), initial_load_in_hf reads one from initial_load_path or, when that is empty,
+    // model.hf_assets_path; the masters come back bitwise again.
     const fs::path tt = dump / "torchtitan_hf";
     std::vector<std::string> save = {"--training.seq_len", "32", "--training.local_batch_size", "2",
                                      "--training.steps", "3", "--training.num_threads", "1", "--metrics.peak_flops",
                                      "1e12", "--job.dump_folder", tt.string(), "--checkpoint.enable",
-                                     "--checkpoint.interval", "100", "--checkpoint.last_save_model_only",
-                                     "--checkpoint.last_save_in_hf"};
+                                     "--checkpoint.interval", "100", "--checkpoint.last_save_in_hf"};
     Trainer saver(parse_job_config(save));
     saver.train();
     const fs::path step3 = tt / "checkpoint" / "step-3";

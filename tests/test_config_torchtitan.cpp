@@ -8,10 +8,13 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 #include <string>
+#include <variant>
 #include <vector>
 
+#include <nlohmann/json.hpp>
 #include <toml++/toml.h>
 
 #include "trainer/config/job_config.h"
@@ -110,6 +113,7 @@ TEST_CASE("every torchtitan fixture config parses and each key lands where it sh
   for (const auto& release : fs::directory_iterator(fixture_root())) {
     releases.push_back(release.path().filename().string());
     for (const auto& file : fs::directory_iterator(release.path())) {
+      if (file.path().extension() != ".toml") continue;  // defaults.json: the next test's
       INFO(file.path().string());
       JobConfig cfg;
       REQUIRE_NOTHROW(cfg = parse_job_config(
@@ -153,6 +157,128 @@ TEST_CASE("every torchtitan fixture config parses and each key lands where it sh
   CHECK(releases.size() == 6);
   CHECK(configs == 24);
   CHECK(keys_checked > 900);
+}
+
+// Note [torchtitan's defaults]: titan's default of every torchtitan v0.2.2 key is v0.2.2's
+// (tests/fixtures/torchtitan/v0.2.2/defaults.json, written by scripts/reference/torchtitan_defaults.py
+// from torchtitan's JobConfig), except where torchtitan's None has a titan spelling and where
+// titan differs on purpose; both lists are below, each entry with its reason, and the test fails
+// when an entry no longer holds.
+namespace {
+
+using Json = nlohmann::json;
+
+Json as_json(const titan::trainer::config::ConfigValue& value) {
+  return std::visit([](const auto& v) { return Json(v); }, value);
+}
+
+// The default a torchtitan user gets from titan for `spec` (an alias: its target's).
+Json titan_default(const titan::trainer::config::detail::KeySpec& spec, const JobConfig& defaults) {
+  using namespace titan::trainer::config::detail;
+  if (spec.kind == KeyKind::kAccepted) return as_json(*spec.default_value);
+  if (spec.kind == KeyKind::kAlias) {
+    const Json target = titan_default(*find_key(spec.alias_of), defaults);
+    return spec.alias_negates ? Json(!target.get<bool>()) : target;
+  }
+  return std::visit([](auto* member) { return Json(*member); }, spec.get(defaults));
+}
+
+// torchtitan's None, for keys whose titan value for "not given" is not "" or [].
+struct NoneSpelling {
+  Json titan;
+  const char* why;
+};
+const std::map<std::string, NoneSpelling>& none_spellings() {
+  static const std::map<std::string, NoneSpelling> table = {
+      {"lr_scheduler.decay_ratio", {-1.0, "-1: decay over every step after warmup, what None means"}},
+      {"lr_scheduler.total_steps", {0, "0: the schedule is training.steps long, what None means"}},
+      {"parallelism.pipeline_parallel_layers_per_stage", {0, "0: inferred from the schedule, what None means"}},
+      {"quantize.linear.float8.recipe_name",
+       {"tensorwise", "None builds torchao's Float8LinearConfig(), whose scaling is tensorwise"}},
+      {"training.dataloader.prefetch_factor", {0, "no DataLoader workers, so nothing to prefetch"}},
+      {"validation.dataloader.prefetch_factor", {0, "no DataLoader workers, so nothing to prefetch"}},
+  };
+  return table;
+}
+
+// Where titan's default is deliberately not torchtitan's.
+struct Difference {
+  Json titan, torchtitan;
+  const char* why;
+};
+const std::map<std::string, Difference>& deliberate_differences() {
+  static const std::map<std::string, Difference> table = {
+      // torchtitan's default names its repository's test tokenizer; titan ships no third-party
+      // assets, and "" is its byte-level tokenizer.
+      {"model.hf_assets_path", {"", "./tests/assets/tokenizer", "titan ships no tokenizer files"}},
+      // c4_test is torchtitan's repository's C4 sample; titan ships no third-party data, and the
+      // fortunes corpus comes with the Debian package scripts/setup.sh installs.
+      {"training.dataset", {"fortunes", "c4_test", "titan ships no third-party data"}},
+      // None seeds from whatever torch's default generator holds (rank 0's, broadcast); titan's
+      // weight init and data order are functions of an integer seed (docs/architecture.md).
+      {"debug.seed", {0, nullptr, "titan's init needs an integer seed"}},
+      // Every torchtitan config names its mode (all 24 fixture configs do), so torchtitan's files
+      // run as torchtitan runs them; a bare titan command line keeps every activation instead of
+      // checkpointing every second block.
+      {"activation_checkpoint.mode", {"none", "selective", "bare command lines keep every activation"}},
+      // Early torchtitan hard-coded the output projection as high precision; v0.1.0 made it the
+      // filter_fqns entry ["output"] that every one of its float8 configs sets. titan keeps the
+      // output out of float8 unless the list says otherwise (docs/float8.md).
+      {"quantize.linear.float8.filter_fqns",
+       {Json::array({"output"}), Json::array(), "the output projection stays high precision"}},
+  };
+  return table;
+}
+
+}  // namespace
+
+TEST_CASE("titan's defaults of torchtitan v0.2.2's keys are v0.2.2's", "[config][torchtitan]") {
+  using namespace titan::trainer::config::detail;
+  std::ifstream in(fixture_root() / "v0.2.2" / "defaults.json");
+  REQUIRE(in);
+  const Json fixture = Json::parse(in);
+  REQUIRE(fixture.at("release") == "v0.2.2");
+  // On a GPU machine, as torchtitan runs (training.mixed_precision_param is bfloat16 there; the
+  // CPU's float32 is the previous test's).
+  const JobConfig defaults = parse_job_config({}, kGpuMachine);
+  std::set<std::string> none_used, differences_used;
+  int compared = 0;
+  for (const auto& [dotted, torchtitan_value] : fixture.at("defaults").items()) {
+    const KeySpec* spec = find_key(dotted);
+    INFO("torchtitan v0.2.2 key " << dotted);
+    REQUIRE(spec != nullptr);  // Note [torchtitan's schema in the key table]: every key has a row
+    const Json titan_value = titan_default(*spec, defaults);
+    Json want = torchtitan_value;
+    if (want.is_null()) {
+      auto none = none_spellings().find(dotted);
+      if (none != none_spellings().end()) {
+        want = none->second.titan;
+        none_used.insert(dotted);
+      } else if (titan_value.is_string() || titan_value.is_array()) {
+        want = titan_value.is_string() ? Json("") : Json::array();  // "" and []: "not given"
+      }
+    }
+    auto diff = deliberate_differences().find(dotted);
+    if (diff != deliberate_differences().end()) {
+      differences_used.insert(dotted);
+      CHECK(titan_value == diff->second.titan);
+      CHECK(torchtitan_value == diff->second.torchtitan);
+      continue;
+    }
+    INFO("titan's default " << titan_value.dump() << ", torchtitan v0.2.2's " << torchtitan_value.dump());
+    CHECK(titan_value == want);
+    ++compared;
+  }
+  CHECK(compared >= 140);
+  // Every entry of both lists is a key whose defaults still need it.
+  for (const auto& [key, none] : none_spellings()) {
+    INFO("None spelling of " << key << " is used by no v0.2.2 default (" << none.why << ")");
+    CHECK(none_used.count(key) == 1);
+  }
+  for (const auto& [key, diff] : deliberate_differences()) {
+    INFO("deliberate difference " << key << " (" << diff.why << ") names no v0.2.2 key");
+    CHECK(differences_used.count(key) == 1);
+  }
 }
 
 TEST_CASE("torchtitan's own defaults differ only where the machine says so", "[config]") {
@@ -218,6 +344,15 @@ TEST_CASE("torchtitan command lines run unchanged", "[config][torchtitan]") {
   CHECK(v02.training.seed == 7);
   CHECK(v02.metrics.save_for_all_ranks);  // rank_0_only = false
   CHECK(v02.notes.size() >= 5);
+  // torchtitan's checkpoint switches are titan keys (v0.1.0's initial_load_model_weights_only too).
+  const JobConfig ckpt = parse_job_config({"--checkpoint.enable", "--checkpoint.enable_first_step_checkpoint",
+                                           "--checkpoint.load_only", "--checkpoint.initial_load_model_weights_only",
+                                           "false", "--training.dataset", "c4_validation"},
+                                          kCpuMachine);
+  CHECK(ckpt.checkpoint.enable_first_step_checkpoint);
+  CHECK(ckpt.checkpoint.load_only);
+  CHECK(!ckpt.checkpoint.initial_load_model_only);
+  CHECK(ckpt.training.dataset == "c4");  // C4's validation split: a local copy, read as c4
 }
 
 TEST_CASE("a torchtitan key asking for a feature titan lacks is refused by name",
@@ -241,8 +376,18 @@ TEST_CASE("a torchtitan key asking for a feature titan lacks is refused by name"
              Contains("titan does not implement the MXFP4 hardware GEMM"));
   CHECK_THAT(error_of({"--checkpoint.initial_load_in_hf"}),
              Contains("checkpoint.initial_load_in_hf = true needs the Hugging Face folder to read"));
-  CHECK_THAT(error_of({"--checkpoint.enable", "--checkpoint.last_save_in_hf"}),
+  // torchtitan v0.2.2's last_save_model_only is true by default, so its documented
+  // `--checkpoint.enable --checkpoint.last_save_in_hf` runs as it is; a full last save cannot be HF.
+  CHECK(parse_job_config({"--checkpoint.enable", "--checkpoint.last_save_in_hf"}, kCpuMachine).checkpoint.last_save_in_hf);
+  CHECK_THAT(error_of({"--checkpoint.enable", "--checkpoint.no_last_save_model_only", "--checkpoint.last_save_in_hf"}),
              Contains("needs checkpoint.last_save_model_only"));
+  CHECK_THAT(error_of({"--checkpoint.initial_load_in_hf", "--model.hf_assets_path", "/hf",
+                       "--checkpoint.no_initial_load_model_only"}),
+             Contains("checkpoint.initial_load_model_only = false reads checkpoint.initial_load_path as a full"));
+  CHECK_THAT(error_of({"--checkpoint.load_only", "--checkpoint.create_seed_checkpoint"}),
+             Contains("checkpoint.load_only = true saves no checkpoint"));
+  CHECK_THAT(error_of({"--activation_checkpoint.mode", "memory_budget"}),
+             Contains("titan does not implement memory-budget activation checkpointing"));
   CHECK_THAT(error_of({"--training.dtype", "bfloat16"}),
              Contains("titan does not implement pure bfloat16 training"));
   // Accepted with a value that asks for nothing, and printed only when not torchtitan's default.

@@ -4,8 +4,10 @@
 // What is checked:
 //   - numbers: overlapped FSDP equals blocking FSDP bit for bit (same math, same order); async
 //     TP equals synchronous TP within float32 reduction order for float32 runs (each GEMM runs
-//     on a chunk's rows, the weight gradient is a sum of chunk products: measured <= 6e-8
-//     relative over 6 steps, bound 1e-5 as the other layout tests), and within float8
+//     on a chunk's rows, the weight gradient is a sum of chunk products; measured over 6 steps,
+//     the same on reruns: loss 2.3e-8 / 5.6e-8 / 2.7e-8 and grad norm 8.6e-8 / 7.1e-8 / 4.4e-8
+//     relative for TP 2 / TP 4 / FSDP 2 x TP 2; bound 1e-6, ~10x the largest, the margin the
+//     other tests leave over measured reordering noise), and within float8
 //     tolerance for float8 runs, whose dynamic scales of a tensor split by chunks (the output
 //     gradient's, for the backward GEMMs) are computed per chunk: measured 2.4e-5 loss / 8.4e-5
 //     grad norm (rowwise), 1.7e-4 / 9.8e-4 (tensorwise), bounds 1e-3 / 5e-3 (one e4m3 rounding
@@ -79,14 +81,15 @@ Summary train(const std::string& name, int nproc, const std::string& overrides,
 void check_close(const std::string& what, const Summary& got, const Summary& want, double loss_tol,
                  double grad_norm_tol) {
   REQUIRE(got.loss.size() == want.loss.size());
-  double worst = 0;
+  double worst_loss = 0, worst_grad_norm = 0;
   for (size_t s = 0; s < got.loss.size(); ++s) {
     INFO(what << ", step " << s + 1);
     CHECK(got.loss[s] == Approx(want.loss[s]).epsilon(loss_tol));
     CHECK(got.grad_norm[s] == Approx(want.grad_norm[s]).epsilon(grad_norm_tol));
-    worst = std::max(worst, std::abs(got.loss[s] - want.loss[s]) / want.loss[s]);
+    worst_loss = std::max(worst_loss, std::abs(got.loss[s] - want.loss[s]) / want.loss[s]);
+    worst_grad_norm = std::max(worst_grad_norm, std::abs(got.grad_norm[s] - want.grad_norm[s]) / want.grad_norm[s]);
   }
-  WARN(what << ": max relative loss difference " << worst);
+  WARN(what << ": max relative difference: loss " << worst_loss << ", grad norm " << worst_grad_norm);
 }
 
 const std::string kTp2 = "--parallelism.tensor_parallel_degree 2 --parallelism.data_parallel_shard_degree 1";
@@ -220,13 +223,17 @@ TEST_CASE("overlapped FSDP: the same numbers as blocking FSDP, with less exposed
 
 TEST_CASE("async TP: the synchronous TP losses (float32, TP 2 and 4, FSDP 2 x TP 2 with per-op AC)",
           "[overlap][dist]") {
-  check_close("TP 2 async vs sync", train("tp2_async", 2, kTp2 + kAsync), train("tp2_sync", 2, kTp2), 1e-5, 1e-5);
+  // ~10x the largest measured float32 reordering difference (header comment).
+  constexpr double kFloat32Bound = 1e-6;
+  check_close("TP 2 async vs sync", train("tp2_async", 2, kTp2 + kAsync), train("tp2_sync", 2, kTp2), kFloat32Bound,
+              kFloat32Bound);
   const std::string tp4 = "--parallelism.tensor_parallel_degree 4 --parallelism.data_parallel_shard_degree 1";
-  check_close("TP 4 async vs sync", train("tp4_async", 4, tp4 + kAsync), train("tp4_sync", 4, tp4), 1e-5, 1e-5);
+  check_close("TP 4 async vs sync", train("tp4_async", 4, tp4 + kAsync), train("tp4_sync", 4, tp4), kFloat32Bound,
+              kFloat32Bound);
   const std::string f2t2 = "--parallelism.tensor_parallel_degree 2 --parallelism.data_parallel_shard_degree 2"
                            " --activation_checkpoint.mode selective --activation_checkpoint.selective_ac_option op";
   check_close("FSDP 2 x TP 2 per-op AC async vs sync", train("f2t2_async", 4, f2t2 + kAsync),
-              train("f2t2_sync", 4, f2t2), 1e-5, 1e-5);
+              train("f2t2_sync", 4, f2t2), kFloat32Bound, kFloat32Bound);
 }
 
 TEST_CASE("async TP with float8: rowwise + full AC (3-D activation scales), tensorwise, int8",

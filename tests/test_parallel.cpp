@@ -423,12 +423,12 @@ TEST_CASE("validation under FSDP, TP, FSDP x TP, PP and CP equals one process", 
 }
 
 TEST_CASE("FSDP float8 all-gather (and precomputed scales) reproduces the float8 runs", "[parallel][dist][float8]") {
-  // Note [FSDP float8 all-gather]: each float32 master shard is cast to e4m3 with the scale of
-  // the global amax (one MAX all-reduce, or the precomputed one from after the optimizer step,
-  // which is the same number because the weights have not changed since), and the bytes are
-  // gathered. With float32 compute that is the same cast, element by element, as casting the
-  // gathered float32 weight, so these runs must equal the high-precision-gather FSDP run bit for
-  // bit, and the 1-process float8 run within the float8 tolerance of the test above.
+  // See Note [FSDP float8 all-gather] in parallel/fsdp.h: each float32 master shard is cast to
+  // e4m3 with the scale of the global amax (one MAX all-reduce, or the precomputed one from after
+  // the optimizer step, which is the same number because the weights have not changed since), and
+  // the bytes are gathered. With float32 compute that is the same cast, element by element, as
+  // casting the gathered float32 weight, so these runs must equal the high-precision-gather FSDP
+  // run bit for bit, and the 1-process float8 run within the float8 tolerance of the test above.
   Tolerance f8;
   f8.loss = 5e-4;
   f8.grad_norm = 2e-3;
@@ -482,10 +482,11 @@ TEST_CASE("TP float8 input all-gather reproduces the high-precision-gather TP ru
     return read_metrics(dump / "metrics_rank0.jsonl");
   };
   const auto hp_gather = run("tp2_float8_tensorwise_hp_gather", " --float8.tp_input_all_gather=false");
-  // Against one float8 process: TP-sharded operands take the TP group's amax (Note [Tensorwise
-  // scales under TP]), so step 1 casts exactly as one process does; later steps inherit float32
-  // reduction-order differences that flip single e4m3 roundings (as for FSDP; measured 4.0e-5
-  // loss and 5.4e-4 grad norm relative over 10 steps; same bounds as the other float8 layouts).
+  // Against one float8 process: TP-sharded operands take the TP group's amax (Note [Scales under
+  // TP] in float8/float8_linear.h), so step 1 casts exactly as one process does; later steps
+  // inherit float32 reduction-order differences that flip single e4m3 roundings (as for FSDP;
+  // measured 4.0e-5 loss and 5.4e-4 grad norm relative over 10 steps; same bounds as the other
+  // float8 layouts).
   const auto& ref = reference(8, "--float8.enable_float8_linear --float8.recipe_name tensorwise");
   REQUIRE(hp_gather.size() == ref.size());
   for (size_t s = 0; s < ref.size(); ++s) {

@@ -324,30 +324,47 @@ CheckpointManager::~CheckpointManager() {
   }
 }
 
+// torchtitan's _should_save: nothing under load_only; step 1 with enable_first_step_checkpoint;
+// every interval; the last step.
 bool CheckpointManager::should_save(int64_t step, int64_t last_step) const {
-  return cfg_.enable_checkpoint && (step % cfg_.interval == 0 || step == last_step);
+  if (!cfg_.enable_checkpoint || cfg_.load_only) return false;
+  return (step == 1 && cfg_.enable_first_step_checkpoint) || step % cfg_.interval == 0 || step == last_step;
 }
 
 std::optional<std::string> CheckpointManager::find_resume() const {
-  if (!cfg_.enable_checkpoint) return std::nullopt;
-  for (const std::string& dir : incomplete_checkpoints(folder_))
-    util::log_warn("checkpoint: ignoring incomplete '" + dir + "' (a save that did not finish)");
-  const auto complete = complete_checkpoints(folder_);
-  if (cfg_.load_step >= 0) {
-    for (const auto& [step, dir] : complete)
-      if (step == cfg_.load_step) return dir;
-    std::string have;
-    for (const auto& c : complete) have += (have.empty() ? "" : ", ") + std::to_string(c.first);
-    throw std::runtime_error("checkpoint.load_step " + std::to_string(cfg_.load_step) + ": '" + folder_ + "/step-" +
-                             std::to_string(cfg_.load_step) + "' is not a complete checkpoint (complete steps: " +
-                             (have.empty() ? "none" : have) + ")");
+  if (cfg_.enable_checkpoint) {
+    for (const std::string& dir : incomplete_checkpoints(folder_))
+      util::log_warn("checkpoint: ignoring incomplete '" + dir + "' (a save that did not finish)");
+    const auto complete = complete_checkpoints(folder_);
+    if (cfg_.load_step >= 0) {
+      for (const auto& [step, dir] : complete)
+        if (step == cfg_.load_step) return dir;
+      std::string have;
+      for (const auto& c : complete) have += (have.empty() ? "" : ", ") + std::to_string(c.first);
+      throw std::runtime_error("checkpoint.load_step " + std::to_string(cfg_.load_step) + ": '" + folder_ +
+                               "/step-" + std::to_string(cfg_.load_step) +
+                               "' is not a complete checkpoint (complete steps: " + (have.empty() ? "none" : have) +
+                               ")");
+    }
+    if (!complete.empty()) return complete.back().second;
   }
-  if (complete.empty()) return std::nullopt;
-  return complete.back().second;
+  // torchtitan's initial_load_model_only = false: with nothing of its own to resume, the run
+  // resumes from initial_load_path as from a full checkpoint (model, optimizer, data position,
+  // step), whether or not it saves checkpoints itself.
+  if (!cfg_.initial_load_model_only && !cfg_.initial_load_path.empty()) {
+    if (!fs::exists(fs::path(cfg_.initial_load_path) / "manifest.json"))
+      throw std::runtime_error("checkpoint.initial_load_model_only = false resumes from checkpoint.initial_load_path "
+                               "as a full titan checkpoint, but '" + cfg_.initial_load_path +
+                               "' is not one (a step-N folder with manifest.json); to load only its weights, "
+                               "leave checkpoint.initial_load_model_only true");
+    return cfg_.initial_load_path;
+  }
+  return std::nullopt;
 }
 
 void CheckpointManager::remove_incomplete() const {
-  if (rank_ != 0 || !cfg_.enable_checkpoint) return;
+  // load_only leaves the checkpoint folder as it is (find_resume reported what it ignores).
+  if (rank_ != 0 || !cfg_.enable_checkpoint || cfg_.load_only) return;
   for (const std::string& dir : incomplete_checkpoints(folder_)) {
     if (dir.size() < 4 || dir.compare(dir.size() - 4, 4, ".tmp") != 0) continue;  // only our own temp folders
     std::error_code ec;

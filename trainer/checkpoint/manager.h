@@ -85,15 +85,18 @@ class CheckpointManager {
 
   bool enabled() const { return cfg_.enable_checkpoint; }
   const std::string& folder() const { return folder_; }
-  // Whether step `step` of `last_step` is saved (every interval, and always the last).
+  // Whether step `step` of `last_step` is saved: every interval, always the last, step 1 with
+  // enable_first_step_checkpoint; never with load_only or with checkpointing off.
   bool should_save(int64_t step, int64_t last_step) const;
 
-  // The folder to resume from: step-<load_step>, else the latest complete step-N; nullopt when
-  // there is none (or checkpointing is off). Reports incomplete folders (step-N.tmp, or a
-  // step-N without a manifest). Throws when load_step names a step that is not there.
+  // The folder to resume from: step-<load_step>, else the latest complete step-N (checkpointing
+  // on); else initial_load_path when initial_load_model_only is false (a full titan checkpoint,
+  // checked for its manifest); nullopt when there is none. Reports incomplete folders
+  // (step-N.tmp, or a step-N without a manifest). Throws when load_step names a step that is not
+  // there.
   std::optional<std::string> find_resume() const;
-  // Rank 0 deletes incomplete folders left by a killed save; call on every rank before the
-  // first save (the caller follows it with a barrier).
+  // Rank 0 deletes incomplete folders left by a killed save (not under load_only); call on every
+  // rank before the first save (the caller follows it with a barrier).
   void remove_incomplete() const;
 
   // Saves `holders` as step-N. Waits for the previous save first. async_mode disabled: returns

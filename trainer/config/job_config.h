@@ -45,7 +45,7 @@ struct MachineFacts {
 struct JobSection {
   std::string config_file;  // command line only: a config file cannot name another one
   std::string dump_folder = "./outputs";
-  std::string description = "titan training job";
+  std::string description = "default job";
   bool print_args = false;
   bool print_pipeline_schedule = false;  // each rank's timeline of the last step (pipeline parallel)
 };
@@ -112,12 +112,17 @@ struct CheckpointSection {
   int64_t keep_latest_k = 10;         // complete checkpoints kept; 0 = all
   std::string async_mode = "disabled";  // disabled|async|async_with_pinned_mem
   int64_t load_step = -1;               // -1 = the latest complete checkpoint
-  bool model_weights_only = false;      // the LAST save holds only the model, in export_dtype
+  // The LAST save holds only the model, in export_dtype; true as torchtitan v0.2.2's
+  // last_save_model_only (its early-2025 model_weights_only was false).
+  bool model_weights_only = true;
   std::vector<std::string> exclude_from_loading;  // model|optimizer|dataloader|float8
   std::string initial_load_path;  // weights to start from when there is no checkpoint to resume
+  bool initial_load_model_only = true;  // false: initial_load_path is a full titan checkpoint, resumed from
   bool initial_load_in_hf = false;  // initial weights are a Hugging Face folder (initial_load_path or model.hf_assets_path)
   bool last_save_in_hf = false;     // the last save is a Hugging Face folder (needs model_weights_only)
   bool create_seed_checkpoint = false;  // write step-0 from the initial weights and exit
+  bool enable_first_step_checkpoint = false;  // also save after step 1
+  bool load_only = false;                     // resume or load as configured, but never save
   int64_t commit_timeout_seconds = 1800;  // rank 0 waits this long for every rank's shards
   std::string export_path;              // write final weights here ("" = none)
   std::string export_format = "torchtitan";  // torchtitan (one file, titan names) | hf (folder)
@@ -194,7 +199,7 @@ struct ValidationSection {
 struct MxSection {
   std::string recipe_name = "mxfp8_cublas";
   std::vector<std::string> filter_fqns = {"output"};
-  std::string mxfp8_dim1_cast_kernel_choice = "cuda";  // "torch": transpose, then the dim0 cast
+  std::string mxfp8_dim1_cast_kernel_choice = "triton";  // "torch": transpose, then the dim0 cast
   bool auto_filter_small_kn = false;  // skip small (K, N) by float8 rowwise's table
   bool emulate = false;  // the CPU always emulates; on CUDA this forces the emulated GEMM
 };

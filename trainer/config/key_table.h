@@ -195,7 +195,10 @@ struct Row {
     spec.versions = std::move(versions);
     return std::move(*this);
   }
+  // What to do instead, said in --help and in the refusal.
   Row&& advising(std::string advice) && {
+    if (!spec.help.empty() && spec.help.back() == '.') spec.help.pop_back();
+    spec.help += "; " + advice + ".";
     spec.advice = std::move(advice);
     return std::move(*this);
   }

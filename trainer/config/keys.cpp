@@ -122,11 +122,11 @@ std::vector<SectionSpec> build_table() {
       section("training", &J::training, "Data, batch shape, loop length and numerics.", {
           key("dataset", &TrainingSection::dataset,
               "Dataset to train on: c4 / c4_test stream a local copy at dataset_path (JSON "
-              "lines, plain or .json.gz, and Parquet files with a \"text\" column); titan ships "
-              "no third-party data.")
+              "lines, plain or .json.gz, and Parquet files with a \"text\" column; c4_validation, "
+              "C4's validation split, reads as c4); titan ships no third-party data.")
               .one_of({"fortunes", "text", "jsonl", "c4", "c4_test", "tokens"})
               .unimplemented_value("c4_mini", "the c4_mini dataset (use c4 with a local copy)")
-              .unimplemented_value("c4_validation", "the validation loop"),
+              .value_alias("c4_validation", "c4"),  // C4's validation split, a local copy read as c4
           key("dataset_path", &TrainingSection::dataset_path,
               "Where the dataset lives; \"\" = the dataset's default location."),
           key("local_batch_size", &TrainingSection::local_batch_size,
@@ -253,7 +253,9 @@ std::vector<SectionSpec> build_table() {
           key("load_step", &CheckpointSection::load_step,
               "Resume from step-N; -1 = the latest complete checkpoint.").count_at_least(0).or_exactly(-1),
           key("model_weights_only", &CheckpointSection::model_weights_only,
-              "The last checkpoint holds only the model weights, in export_dtype."),
+              "The last save holds only the model weights, in export_dtype (torchtitan v0.2.2's "
+              "last_save_model_only, true by default as there); a later, longer run resumes from it "
+              "with a fresh optimizer. false = the last save is a full checkpoint, resumed from exactly."),
           key("exclude_from_loading", &CheckpointSection::exclude_from_loading,
               "Parts of a checkpoint not restored on resume.")
               .one_of({"model", "optimizer", "dataloader", "float8"}),
@@ -261,6 +263,10 @@ std::vector<SectionSpec> build_table() {
               "Weights to start from when there is no checkpoint to resume: a safetensors file "
               "(torchtitan names), a Hugging Face folder or model.safetensors.index.json, or a "
               "titan step-N folder; \"\" = random init. A path that does not exist is an error."),
+          key("initial_load_model_only", &CheckpointSection::initial_load_model_only,
+              "Load only the model weights from initial_load_path; false = initial_load_path is a "
+              "full titan checkpoint (a step-N folder), resumed from as this run's own would be: "
+              "model, optimizer, data position and step (torchtitan's reading)."),
           key("initial_load_in_hf", &CheckpointSection::initial_load_in_hf,
               "The initial weights are a Hugging Face folder: initial_load_path, or "
               "model.hf_assets_path when that is \"\" (torchtitan's reading); anything else is an error."),
@@ -269,6 +275,11 @@ std::vector<SectionSpec> build_table() {
               "LlamaForCausalLM folder, step-N under the checkpoint folder."),
           key("create_seed_checkpoint", &CheckpointSection::create_seed_checkpoint,
               "Write step-0 (the initial weights) to the checkpoint folder and exit."),
+          key("enable_first_step_checkpoint", &CheckpointSection::enable_first_step_checkpoint,
+              "Also save a (full) checkpoint after step 1, to see early that saving works."),
+          key("load_only", &CheckpointSection::load_only,
+              "Resume (or load the initial weights) as configured, but save no checkpoint and leave "
+              "the checkpoint folder as it is."),
           key("commit_timeout_seconds", &CheckpointSection::commit_timeout_seconds,
               "How long rank 0 waits for every rank's shards before it gives up on a save.")
               .in_closed(1, kMaxTimeoutSeconds),
@@ -286,8 +297,10 @@ std::vector<SectionSpec> build_table() {
               "Recomputing activations in backward to save memory.", {
           key("mode", &ActivationCheckpointSection::mode,
               "none = keep every activation; full = every block keeps only its input and is "
-              "recomputed in backward; selective = see selective_ac_option.")
-              .one_of({"none", "full", "selective"}),
+              "recomputed in backward; selective = see selective_ac_option. (torchtitan's default "
+              "is selective; every torchtitan config names its mode.)")
+              .one_of({"none", "full", "selective"})
+              .unimplemented_value("memory_budget", "memory-budget activation checkpointing (torch.compile's partitioner)"),
           key("selective_ac_option", &ActivationCheckpointSection::selective_ac_option,
               "With mode = selective: \"op\" = per-op (keep matrix products except every "
               "second one, attention, reduce-scatters, float8 amax; recompute the rest), or an "
@@ -449,10 +462,6 @@ std::vector<SectionSpec> assemble_table() {
   std::vector<SectionSpec> table = build_table();
   for (auto& section : table) {
     for (Row& row : torchtitan_rows(section.name)) {
-      // Note [checkpoint placeholders]: an implemented row of the same name wins.
-      bool implemented = false;
-      for (const auto& k : section.keys) implemented |= k.name == row.spec.name;
-      if (implemented) continue;
       row.spec.section = section.name;
       section.keys.push_back(std::move(row.spec));
     }

@@ -17,10 +17,9 @@ using Strings = std::vector<std::string>;
 
 constexpr const char* kOnlyWithMoE = "it only concerns mixture-of-experts models; Llama 3 is dense";
 constexpr const char* kNoPython = "it configures Python-side machinery titan does not have";
-constexpr const char* kOnlyWithCheckpointing =
-    "it is read only when checkpoint saving is on, which titan refuses (checkpoint.enable)";
 constexpr const char* kOnlyWithFaultTolerance =
     "it is read only by torchft, which titan refuses (fault_tolerance.enable)";
+constexpr const char* kEstimateMemory = "titan-train --estimate-memory prints titan's own per-rank estimate";
 constexpr const char* kLoaderWorkers =
     "titan's loader runs in the training process (no DataLoader workers, no pinned-memory "
     "copies); the batches are the same";
@@ -33,8 +32,8 @@ std::vector<Row> rows_of(const std::string& section) {
                      "it marks a torchtitan CI config and changes no training",
                      "early-2025, v0.1.0"),
         accepted_if("custom_config_module", "", "Python config modules", "v0.2.0+"),
-        accepted_if("save_config_file", "",
-                    "writing the config to a file (--job.print_args prints it)", "v0.2.1+"),
+        accepted_if("save_config_file", "", "writing the config to a file of its own", "v0.2.1+")
+            .advising("--job.print_args prints it as TOML, and every checkpoint's manifest.json holds it"),
     };
   }
   if (section == "metrics") {
@@ -120,30 +119,16 @@ std::vector<Row> rows_of(const std::string& section) {
     };
   }
   if (section == "checkpoint") {
-    // Note [checkpoint placeholders]: until titan saves and resumes checkpoints, these
-    // accepted rows stand for torchtitan's keys; an implemented row of the same name replaces
-    // its placeholder (build_table keeps the implemented one), so adding the real keys needs
-    // no change here.
+    // titan implements checkpointing under torchtitan's first spelling of each key (the
+    // implemented rows are in keys.cpp); later spellings are aliases of them.
     return {
-        // titan implements checkpointing under torchtitan's first spelling (the implemented
-        // rows are in keys.cpp); later spellings are aliases of them.
         alias("enable", "checkpoint.enable_checkpoint", "v0.2.0+"),
-        accepted_any("folder", "checkpoint", kOnlyWithCheckpointing, ""),
         accepted_if("interval_type", "steps", "checkpoint intervals in seconds", "early-2025"),
-        accepted_any("interval", int64_t{500}, kOnlyWithCheckpointing, ""),
         alias("last_save_model_only", "checkpoint.model_weights_only", "v0.2.0+"),
         alias("last_save_model_weights_only", "checkpoint.model_weights_only", "v0.1.0"),
-        accepted_any("initial_load_model_only", true, kOnlyWithCheckpointing, "v0.2.0+"),
         alias("initial_load_model_weights_only", "checkpoint.initial_load_model_only", "v0.1.0"),
         accepted_if("initial_load_in_hf_quantized", false,
                     "loading quantized Hugging Face checkpoints", "v0.2.0+"),
-        accepted_if("create_seed_checkpoint", false, "seed checkpoints", ""),
-        accepted_if("async_mode", "disabled", "asynchronous checkpoint saving", ""),
-        accepted_any("keep_latest_k", int64_t{10}, kOnlyWithCheckpointing, ""),
-        accepted_any("load_step", int64_t{-1}, kOnlyWithCheckpointing, ""),
-        accepted_any("exclude_from_loading", Strings{}, kOnlyWithCheckpointing, ""),
-        accepted_if("enable_first_step_checkpoint", false, "checkpoint saving", "v0.2.0+"),
-        accepted_if("load_only", false, "checkpoint resuming", "v0.2.0+"),
         accepted_any("enable_ft_dataloader_checkpoints", true, kOnlyWithFaultTolerance,
                      "v0.2.0+"),
     };
@@ -156,7 +141,9 @@ std::vector<Row> rows_of(const std::string& section) {
                      "stopping a recompute early saves time, not values; titan recomputes whole",
                      "v0.2.0+"),
         accepted_any("memory_budget", 0.5,
-                     "it is read only with mode = memory_budget, which titan refuses", "v0.2.0+"),
+                     "it is read only with mode = memory_budget (torch.compile's partitioner), which "
+                     "titan refuses",
+                     "v0.2.0+"),
         accepted_if("visualize_memory_budget_pareto", false, "memory-budget activation checkpointing",
                     "v0.2.0+"),
         accepted_any("preserve_rng_state", true,
@@ -181,7 +168,10 @@ std::vector<Row> rows_of(const std::string& section) {
                      "titan records every collective in its own per-rank record", "v0.2.0+"),
         accepted_any("save_traces_file_prefix", "rank_",
                      "titan records every collective in its own per-rank record", "v0.2.0+"),
-        accepted_if("mode", "default", "fake-backend and local-tensor dry runs", "v0.2.1+"),
+        accepted_if("mode", "default", "torchtitan's fake_backend and local_tensor communication modes",
+                    "v0.2.1+")
+            .advising("titan's dry run, titan-train --dry-run-rank R --dry-run-world N, builds and "
+                      "initializes one rank's share of an N-rank job without communicating"),
     };
   }
   return {};
@@ -267,16 +257,16 @@ std::vector<SectionSpec> torchtitan_sections() {
           accepted_if("moe_force_load_balance", false, "mixture-of-experts models", "v0.2.1+"),
       }),
       torchtitan_section("memory_estimation", "torchtitan's FakeTensor memory estimation.", {
-          accepted_if("enabled", false,
-                      "FakeTensor memory estimation as a training mode (titan-train "
-                      "--estimate-memory prints titan's estimate)",
-                      "early-2025, v0.1.0"),
-          accepted_if("enable", false,
-                      "FakeTensor memory estimation as a training mode (titan-train "
-                      "--estimate-memory prints titan's estimate)",
-                      "v0.2.0+"),
+          accepted_if("enabled", false, "FakeTensor memory estimation as a training mode",
+                      "early-2025, v0.1.0")
+              .advising(kEstimateMemory),
+          accepted_if("enable", false, "FakeTensor memory estimation as a training mode", "v0.2.0+")
+              .advising(kEstimateMemory),
           accepted_any("disable_fake_mode", false,
-                       "it is read only by the memory estimation, which titan refuses", ""),
+                       "it is read only by torchtitan's FakeTensor estimation (memory_estimation.enable), "
+                       "which titan refuses",
+                       "")
+              .advising(kEstimateMemory),
       }),
       torchtitan_section("fault_tolerance", "torchft fault tolerance (v0.1.0+).", {
           accepted_if("enable", false, "torchft fault tolerance", "v0.1.0+"),

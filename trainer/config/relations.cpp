@@ -106,6 +106,17 @@ std::vector<std::pair<std::string, std::string>> check_key_relations(
     problems.emplace_back(where("checkpoint.last_save_in_hf"),
                           "checkpoint.last_save_in_hf = true needs checkpoint.enable_checkpoint (it changes the "
                           "format of the last checkpoint)");
+  // torchtitan asserts the first (a Hugging Face folder holds only the model); the second would
+  // save step-0 while promising to save nothing.
+  if (ck.initial_load_in_hf && !ck.initial_load_model_only)
+    problems.emplace_back(where("checkpoint.initial_load_model_only"),
+                          "checkpoint.initial_load_model_only = false reads checkpoint.initial_load_path as a full "
+                          "titan checkpoint, but checkpoint.initial_load_in_hf = true says it is a Hugging Face "
+                          "folder, which holds only the model weights: set one of them back");
+  if (ck.load_only && ck.create_seed_checkpoint)
+    problems.emplace_back(where("checkpoint.load_only"),
+                          "checkpoint.load_only = true saves no checkpoint, but checkpoint.create_seed_checkpoint = "
+                          "true asks to write step-0: choose one");
   const CommSection& c = cfg.comm;
   if (c.debug_fail_at_step > t.steps) {
     problems.emplace_back(where("comm.debug_fail_at_step"),
