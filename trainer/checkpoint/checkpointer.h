@@ -36,9 +36,10 @@ class Checkpointer {
                int world_size, c10::Device device);
   ~Checkpointer();
 
-  // At start-up: resume (checkpoint.enable_checkpoint and a complete step-N exists), else the
-  // initial weights (checkpoint.initial_load_path / initial_load_in_hf), else nothing (the random
-  // init stays); then, when asked, the seed checkpoint. Every rank loads, then all agree (one
+  // At start-up: resume (checkpoint.enable_checkpoint and a complete step-N exists, or
+  // initial_load_path with initial_load_model_only = false: CheckpointManager::find_resume), else
+  // the initial weights (checkpoint.initial_load_path / initial_load_in_hf), else nothing (the
+  // random init stays); then, when asked, the seed checkpoint. Every rank loads, then all agree (one
   // all-reduce) so that no rank trains on while another failed. Returns the step resumed from
   // (0: a fresh start).
   int64_t start();
