@@ -38,7 +38,7 @@ struct ParallelOptions {
   // float8.tp_input_all_gather: under TP, modules whose input linears are all float8 tensorwise
   // gather that input in float8 (Note [Float8 operands from the producer] in float8_linear.h).
   bool float8_tp_input_all_gather = true;
-  // Pipeline parallelism (pp > 1): the stages, their ranks and the order (pipeline_plan.h). This
+  // Pipeline parallelism (pp > 1): the stages, their ranks and the order (pipeline/plan.h). This
   // rank's model holds only its stages' modules; the schedule runs the plan's order.
   std::optional<pipeline::PipelinePlan> pipeline;
   // parallelism.context_parallel_rotate_method: how attention exchanges keys and values when cp > 1

@@ -1,4 +1,4 @@
-// parallel/context_parallel/attention.cpp — see cp_attention.h.
+// parallel/context_parallel/attention.cpp — see attention.h.
 #include "parallel/context_parallel/attention.h"
 
 #include <ATen/ops/cat.h>

@@ -5,7 +5,7 @@
 // Note [Context parallelism]: what CP changes, and where.
 //   - the sequence split (shard_sequence, sequence_shard.h): inputs, labels and the RoPE table
 //     cut into 2 cp chunks, rank i keeping chunks i and 2cp-1-i (causal work equal on every rank);
-//   - attention (apply_cp below -> cp_attention.h): ring attention with either exchange, or titan's
+//   - attention (apply_cp below -> attention.h): ring attention with either exchange, or titan's
 //     head-parallel all-to-all mode;
 //   - FSDP shards parameters over dp_shard x cp and reduce-scatters their gradients over it (each cp
 //     rank's gradient is the part from its tokens: the sum is the whole sequence's), the loss sum and

@@ -1,4 +1,4 @@
-// parallel/pipeline/orders.cpp — see pipeline_schedule.h. The generators follow
+// parallel/pipeline/orders.cpp — see orders.h. The generators follow
 // torch.distributed.pipelining's (schedules.py: ScheduleGPipe, Schedule1F1B, ScheduleLoopedBFS,
 // ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble); the tests pin
 // their output against orders torch generated.
@@ -66,7 +66,7 @@ PipelineOrder gpipe(int pp, int64_t m) {
 }
 
 // 1F1B: pp - 1 - r warm-up forwards, then a forward and a backward in turn, then the remaining
-// backwards (torch's Schedule1F1B, numbered from 0 on every rank: See pipeline_schedule.h).
+// backwards (torch's Schedule1F1B, numbered from 0 on every rank: See orders.h).
 PipelineOrder one_f_one_b(int pp, int64_t m) {
   PipelineOrder order(static_cast<size_t>(pp));
   for (int r = 0; r < pp; ++r) {

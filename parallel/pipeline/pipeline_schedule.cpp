@@ -1,4 +1,4 @@
-// parallel/pipeline/pipeline_schedule.cpp — see pipeline_runner.h.
+// parallel/pipeline/pipeline_schedule.cpp — see pipeline_schedule.h.
 #include "parallel/pipeline/pipeline_schedule.h"
 
 #include <ATen/core/grad_mode.h>

@@ -61,7 +61,7 @@ class PipelineSchedule : public Schedule {
   // comes from a lower stage), without autograd; the loss sum all-reduced over pp.
   double evaluate(const at::Tensor& inputs, const at::Tensor& labels) override;
 
-  // See Note [Pipeline timeline] in pipeline_runner.cpp.
+  // See Note [Pipeline timeline] in pipeline_schedule.cpp.
   std::vector<std::string> timeline() const override;
   const PipelinePlan& plan() const { return plan_; }
   const std::vector<ActionTiming>& last_step_timings() const { return timings_; }

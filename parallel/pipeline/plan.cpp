@@ -1,4 +1,4 @@
-// parallel/pipeline/plan.cpp — see pipeline_plan.h.
+// parallel/pipeline/plan.cpp — see plan.h.
 #include "parallel/pipeline/plan.h"
 
 #include <algorithm>

@@ -1,4 +1,4 @@
-// parallel/pipeline/split.cpp — see pipeline_split.h.
+// parallel/pipeline/split.cpp — see split.h.
 #include "parallel/pipeline/split.h"
 
 #include <stdexcept>
