@@ -1,0 +1,45 @@
+// model/document_attention.h — block-causal ("document-masked") attention: a token attends only
+// to the tokens before it in its own document. The kernel layer of torchtitan's
+// attn_mask_type = "block_causal" (its debugmodel_flex_attn / _varlen_attn and 8B_flex / _varlen
+// flavors); the model, the data loader and the layouts do not use it yet.
+//
+// Note [Documents of a row]: titan packs documents back to back into each training row
+// (BOS ... EOS BOS ... EOS). A document is found from the EOS token exactly as torchtitan's
+// get_document_mask_mod finds it: the document id of position s is the number of EOS tokens at
+// positions < s, so an EOS closes its own document and the token after it opens the next. A row
+// with no EOS is one document; a document may start in an earlier row (its tail is simply the
+// row's first document). Positions stay global (RoPE is relative: a document's attention does not
+// depend on where it sits in the row).
+//
+// Note [Document-masked attention]: evaluated per document, never as a dense [S, S] mask: each
+// document's queries against its own keys, causal, through the same attention_op (CPU flash
+// kernel, per-op AC's "sdpa") the causal model uses. The work skipped is every (query, key) pair
+// across documents, so a row of n equal documents costs 1/n of the causal square. Each
+// document's output is bit for bit what the document alone gives; a batch whose rows are single
+// documents is the causal attention itself.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace titan::model {
+
+// tokens [B, S] (any integer dtype) -> document ids [B, S] int64 (See Note [Documents of a row]).
+at::Tensor document_ids(const at::Tensor& tokens, int64_t eos_id);
+
+// One document's positions in a row: [start, start + length).
+struct DocumentSpan {
+  int64_t start = 0;
+  int64_t length = 0;
+};
+// The documents of each row of `doc_ids` [B, S] (non-decreasing along each row), in order.
+std::vector<std::vector<DocumentSpan>> document_spans(const at::Tensor& doc_ids);
+
+// q [B, H, S, hd], k / v [B, KV, S, hd], doc_ids [B, S] -> [B, H, S, hd]: causal attention within
+// each document of each row (See Note [Document-masked attention]); differentiable.
+at::Tensor document_causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                     const at::Tensor& doc_ids);
+
+}  // namespace titan::model

@@ -1,0 +1,121 @@
+// Block-causal attention's kernel layer (model/document_attention.h): documents found from EOS as
+// torchtitan finds them, and attention confined to each document. What must hold exactly: a
+// document's attention output and gradients in a packed row are bit for bit those of the same
+// document run alone (the same kernel on the same values: nothing to tolerate), and a batch of
+// single-document rows is the causal attention itself. Against a dense masked softmax in float64
+// the float32 result differs only by rounding: |error| <= 64 u max|v| (u = 2^-24; the softmax
+// weights sum to 1, so the output is a convex combination of v rows whose float32 evaluation
+// (the scores' dot products over hd = 16, the exp, the sum over at most S = 24 keys) loses a few
+// dozen roundings of max|v| at most).
+#include <ATen/ops/abs.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/randn.h>
+#include <ATen/ops/softmax.h>
+#include <ATen/ops/tensor.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <catch2/catch.hpp>
+#include <limits>
+#include <vector>
+
+#include "model/activation_checkpoint_ops.h"
+#include "model/document_attention.h"
+
+using namespace titan::model;
+
+namespace {
+
+constexpr int64_t kEos = 9;
+
+at::Tensor tokens_of(const std::vector<std::vector<int64_t>>& rows) {
+  std::vector<int64_t> flat;
+  for (const auto& r : rows) flat.insert(flat.end(), r.begin(), r.end());
+  return at::tensor(flat, at::kLong).view({static_cast<int64_t>(rows.size()), -1});
+}
+
+std::vector<int64_t> as_vector(const at::Tensor& t) {
+  const at::Tensor c = t.contiguous();
+  return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
+}
+
+// float64 reference: softmax over keys j <= i with doc[j] == doc[i].
+at::Tensor dense_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& doc) {
+  const at::Tensor qd = q.to(at::kDouble), kd = k.to(at::kDouble), vd = v.to(at::kDouble);
+  const int64_t S = q.size(2);
+  at::Tensor scores = qd.matmul(kd.transpose(-2, -1)) / std::sqrt(static_cast<double>(q.size(3)));  // [B, H, S, S]
+  const at::Tensor pos = at::arange(S, at::kLong);
+  const at::Tensor causal = pos.unsqueeze(1).ge(pos.unsqueeze(0));                  // [S, S]
+  const at::Tensor same = doc.unsqueeze(2).eq(doc.unsqueeze(1));                    // [B, S, S]
+  const at::Tensor allowed = same.logical_and(causal.unsqueeze(0)).unsqueeze(1);    // [B, 1, S, S]
+  scores = scores.masked_fill(allowed.logical_not(), -std::numeric_limits<double>::infinity());
+  return at::softmax(scores, -1).matmul(vd);
+}
+
+}  // namespace
+
+TEST_CASE("document ids follow torchtitan: an EOS closes its document, the next token opens one", "[model][documents]") {
+  const at::Tensor ids = document_ids(tokens_of({{1, 2, kEos, 3, kEos, 4}, {kEos, 5, 6, 7, 8, kEos}, {1, 2, 3, 4, 5, 6}}), kEos);
+  CHECK(as_vector(ids) == std::vector<int64_t>{0, 0, 0, 1, 1, 2, /**/ 0, 1, 1, 1, 1, 1, /**/ 0, 0, 0, 0, 0, 0});
+  CHECK(as_vector(document_ids(tokens_of({{kEos}}), kEos)) == std::vector<int64_t>{0});  // a row that is one EOS
+  const auto spans = document_spans(ids);
+  REQUIRE(spans.size() == 3);
+  REQUIRE(spans[0].size() == 3);
+  CHECK((spans[0][1].start == 3 && spans[0][1].length == 2));
+  CHECK((spans[1].size() == 2 && spans[1][0].length == 1 && spans[1][1].length == 5));
+  CHECK(spans[2].size() == 1);  // no EOS: one document
+  CHECK_THROWS_WITH(document_spans(at::tensor(std::vector<int64_t>{0, 1, 0}, at::kLong).view({1, 3})),
+                    Catch::Contains("must not decrease"));
+}
+
+TEST_CASE("document-masked attention: each packed document equals the document alone, bit for bit",
+          "[model][documents]") {
+  at::manual_seed(3);
+  const int64_t B = 2, H = 4, KV = 2, S = 24, hd = 16;
+  // Row 0: documents of 7, 1 (a lone EOS), 10 and 6 tokens; row 1: documents of 12 and 12.
+  std::vector<int64_t> row0(S, 1), row1(S, 1);
+  row0[6] = row0[7] = row0[17] = kEos;
+  row1[11] = kEos;
+  const at::Tensor doc = document_ids(tokens_of({row0, row1}), kEos);
+  const auto spans = document_spans(doc);
+  REQUIRE(spans[0].size() == 4);
+  at::Tensor q = at::randn({B, H, S, hd}).requires_grad_(true);
+  at::Tensor k = at::randn({B, KV, S, hd}).requires_grad_(true);
+  at::Tensor v = at::randn({B, KV, S, hd}).requires_grad_(true);
+  const at::Tensor g = at::randn({B, H, S, hd});
+  const at::Tensor out = document_causal_attention(q, k, v, doc);
+  torch::autograd::backward({out}, {g});
+  for (int64_t b = 0; b < B; ++b)
+    for (const DocumentSpan& d : spans[static_cast<size_t>(b)]) {
+      INFO("row " << b << ", document at " << d.start << " of length " << d.length);
+      auto part = [&](const at::Tensor& t) { return t.narrow(0, b, 1).narrow(2, d.start, d.length); };
+      at::Tensor qa = part(q).detach().contiguous().requires_grad_(true);
+      at::Tensor ka = part(k).detach().contiguous().requires_grad_(true);
+      at::Tensor va = part(v).detach().contiguous().requires_grad_(true);
+      const at::Tensor alone = attention_op(qa, ka, va);
+      torch::autograd::backward({alone}, {part(g).contiguous()});
+      CHECK(at::equal(part(out), alone));
+      CHECK(at::equal(part(q.grad()), qa.grad()));
+      CHECK(at::equal(part(k.grad()), ka.grad()));
+      CHECK(at::equal(part(v.grad()), va.grad()));
+    }
+  // Against the dense masked softmax in float64 (the bound in the header comment).
+  const double bound = 64.0 / (1 << 24) * at::abs(v).max().item<double>();
+  const double error = at::abs(out.detach().to(at::kDouble) - dense_reference(q.detach(), k.detach().repeat_interleave(H / KV, 1),
+                                                                              v.detach().repeat_interleave(H / KV, 1), doc))
+                           .max()
+                           .item<double>();
+  INFO("max |error| vs float64 " << error << ", bound " << bound);
+  CHECK(error <= bound);
+}
+
+TEST_CASE("document-masked attention on single-document rows is the causal attention, bit for bit",
+          "[model][documents]") {
+  at::manual_seed(4);
+  const at::Tensor q = at::randn({2, 4, 16, 8}), k = at::randn({2, 2, 16, 8}), v = at::randn({2, 2, 16, 8});
+  std::vector<int64_t> row(16, 1);
+  row[15] = kEos;  // EOS as the last token closes the row's only document
+  const at::Tensor doc = document_ids(tokens_of({row, std::vector<int64_t>(16, 2)}), kEos);
+  CHECK(at::equal(document_causal_attention(q, k, v, doc), attention_op(q, k, v)));
+}
