@@ -46,6 +46,11 @@ ModelArgs make_args(int64_t dim, int64_t n_layers, int64_t n_heads, int64_t n_kv
   return a;
 }
 
+ModelArgs block_causal(ModelArgs a) {
+  a.block_causal = true;
+  return a;
+}
+
 // torchtitan's llama3 flavors (torchtitan/models/llama3/__init__.py), with their sizes.
 const std::vector<Flavor>& flavors() {
   static const std::vector<Flavor> table = {
@@ -60,6 +65,12 @@ const std::vector<Flavor>& flavors() {
       // that single-GPU training (float32 master weights + AdamW: 16 bytes per parameter) of
       // 8B-shaped GEMMs fits one 80 GB GPU; scripts/gpu_check.sh measures tokens/s and MFU on it.
       {"8B_4layers", make_args(4096, 4, 32, 8, 128256, 1024, 1.3)},
+      // torchtitan 0.2.2's block-causal flavors: their base flavor's shapes, attention confined
+      // to each document (flex and varlen are torchtitan's two kernels for the same mask).
+      {"debugmodel_flex_attn", block_causal(make_args(256, 6, 16, 0, 2048, 256, 0.0))},
+      {"debugmodel_varlen_attn", block_causal(make_args(256, 6, 16, 0, 2048, 256, 0.0))},
+      {"8B_flex", block_causal(make_args(4096, 32, 32, 8, 128256, 1024, 1.3))},
+      {"8B_varlen", block_causal(make_args(4096, 32, 32, 8, 128256, 1024, 1.3))},
   };
   return table;
 }

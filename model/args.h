@@ -39,6 +39,10 @@ struct ModelArgs {
   RopeScaling rope_scaling;          // on for torchtitan's flavors (Llama 3.1 scaling)
   int64_t max_seq_len = 2048;        // RoPE table length; set to training.seq_len
   bool depth_init = true;            // wo/w2/w3 std 0.02/sqrt(2(layer_id+1)) instead of /sqrt(2 n_layers)
+  // torchtitan's attn_mask_type "block_causal": a token attends only within its own document
+  // (model/document_attention.h, Note [Documents of a row]); false = "causal" over the whole row.
+  bool block_causal = false;
+  int64_t eos_id = -1;               // the tokenizer's EOS (set at training time), which ends a document
 
   int64_t kv_heads() const { return n_kv_heads > 0 ? n_kv_heads : n_heads; }
   int64_t head_dim() const { return dim / n_heads; }

@@ -1,7 +1,8 @@
 // model/document_attention.h — block-causal ("document-masked") attention: a token attends only
 // to the tokens before it in its own document. The kernel layer of torchtitan's
 // attn_mask_type = "block_causal" (its debugmodel_flex_attn / _varlen_attn and 8B_flex / _varlen
-// flavors); the model, the data loader and the layouts do not use it yet.
+// flavors; model.attn_mask_type). Llama::forward finds each row's documents from its tokens and
+// every block's attention uses them (docs/document_masking.md).
 //
 // Note [Documents of a row]: titan packs documents back to back into each training row
 // (BOS ... EOS BOS ... EOS). A document is found from the EOS token exactly as torchtitan's

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "model/activation_checkpoint_ops.h"
+#include "model/document_attention.h"
 #include "model/kernels/fused_ops.h"
 #include "model/scope.h"
 
@@ -85,7 +86,7 @@ Attention::Attention(const std::string& prefix, const ModelArgs& args)
   for (Linear* l : {&wq, &wk, &wv, &wo}) make_linear_meta(*l);
 }
 
-at::Tensor Attention::forward(const at::Tensor& x_in, const RotaryTable& rope) const {
+at::Tensor Attention::forward(const at::Tensor& x_in, const RotaryTable& rope, const at::Tensor& documents) const {
   const LinearOperand x = prepare_input ? prepare_input(x_in) : LinearOperand(x_in);
   const int64_t batch = x.hp.size(0), seq = x.hp.size(1);
   // Head counts come from the weights, so a tensor-parallel shard (fewer local heads) works too.
@@ -96,8 +97,12 @@ at::Tensor Attention::forward(const at::Tensor& x_in, const RotaryTable& rope) c
   k = apply_rotary(k, rope).transpose(1, 2);
   v = v.transpose(1, 2);
   // Causal SDPA through the op layer, so per-op selective AC can keep its output; under context
-  // parallelism, attention over the whole sequence with keys and values from the other ranks.
-  at::Tensor out = sdpa ? sdpa(q, k, v) : attention_op(q, k, v);  // [B, H, S, hd]
+  // parallelism, attention over the whole sequence with keys and values from the other ranks;
+  // block-causal: per document (See Note [Document-masked attention]).
+  TORCH_CHECK(!(sdpa && documents.defined()), "block-causal attention under context parallelism is not implemented");
+  at::Tensor out = sdpa                  ? sdpa(q, k, v)
+                   : documents.defined() ? document_causal_attention(q, k, v, documents)
+                                         : attention_op(q, k, v);  // [B, H, S, hd]
   return wo.forward(out.transpose(1, 2).reshape({batch, seq, -1}));  // [B, S, D]
 }
 
@@ -137,11 +142,11 @@ TransformerBlock::TransformerBlock(int64_t id, const ModelArgs& args)
       attention_norm("layers." + std::to_string(id) + ".attention_norm", args.dim, args.norm_eps),
       ffn_norm("layers." + std::to_string(id) + ".ffn_norm", args.dim, args.norm_eps) {}
 
-at::Tensor TransformerBlock::forward(const at::Tensor& x, const RotaryTable& rope) const {
+at::Tensor TransformerBlock::forward(const at::Tensor& x, const RotaryTable& rope, const at::Tensor& documents) const {
   at::Tensor h;
   {
     NamedScope scope("attention");
-    h = x + attention.forward(attention_norm.forward(x), rope);
+    h = x + attention.forward(attention_norm.forward(x), rope, documents);
   }
   NamedScope scope("feed_forward");
   return h + feed_forward.forward(ffn_norm.forward(h));
@@ -300,6 +305,7 @@ at::Tensor Llama::forward_part(const at::Tensor& input, const RotaryTable& rope,
   TORCH_CHECK(part.first_layer >= 0 && part.first_layer <= end_layer && end_layer <= args_.n_layers,
               "Llama::forward_part: layers [", part.first_layer, ", ", end_layer, ") of ", args_.n_layers);
   at::Tensor h = input;
+  at::Tensor documents;  // block-causal: each position's document, from the tokens' EOS
   if (part.embedding) {
     TORCH_CHECK(input.dim() == 2, "Llama::forward expects tokens [batch, seq], got shape ", input.sizes());
     TORCH_CHECK(rope.cos.size(0) >= input.size(1), "Llama::forward: the RoPE table has ", rope.cos.size(0),
@@ -308,11 +314,13 @@ at::Tensor Llama::forward_part(const at::Tensor& input, const RotaryTable& rope,
       return embedding_compute_ ? embedding_compute_(t, tok_embeddings_weight_)
                                 : at::embedding(tok_embeddings_weight_, t);  // [B, S, D]
     };
+    if (args_.block_causal) documents = document_ids(input, args_.eos_id);
     h = compose(std::move(embed), embedding_wrappers_)(input);
     if (output_observer_) output_observer_("tok_embeddings", h);
   } else {
     TORCH_CHECK(input.dim() == 3 && input.size(2) == args_.dim, "Llama::forward_part expects hidden states [batch, seq, ",
                 args_.dim, "], got shape ", input.sizes());
+    TORCH_CHECK(!args_.block_causal, "block-causal attention in a pipeline stage after the first is not implemented");
   }
   static const std::vector<ForwardWrapper> kNoWrappers;
   for (int64_t i = part.first_layer; i < end_layer; ++i) {
@@ -320,7 +328,7 @@ at::Tensor Llama::forward_part(const at::Tensor& input, const RotaryTable& rope,
     const size_t id = static_cast<size_t>(block->layer_id);
     // The table by value: activation checkpointing calls `run` again in backward, after the
     // caller's table may be gone.
-    ForwardFn run = [block, rope](const at::Tensor& x) { return block->forward(x, rope); };
+    ForwardFn run = [block, rope, documents](const at::Tensor& x) { return block->forward(x, rope, documents); };
     NamedScope scope("layers." + std::to_string(block->layer_id));
     h = compose(std::move(run), id < block_wrappers_.size() ? block_wrappers_[id] : kNoWrappers)(h);
     if (output_observer_) output_observer_("layers." + std::to_string(block->layer_id), h);

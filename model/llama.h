@@ -59,7 +59,9 @@ using AttentionCompute = std::function<at::Tensor(const at::Tensor& q, const at:
 
 struct Attention {
   Attention(const std::string& prefix, const ModelArgs& args);
-  at::Tensor forward(const at::Tensor& x, const RotaryTable& rope) const;  // [B, S, D]
+  // `documents` [B, S] int64 (defined under block-causal attention): the document of each
+  // position (model/document_attention.h); attention stays within a document.
+  at::Tensor forward(const at::Tensor& x, const RotaryTable& rope, const at::Tensor& documents = {}) const;  // [B, S, D]
   void visit_params(const ParamVisitor& visit);
 
   int64_t n_heads, n_kv_heads, head_dim;
@@ -80,7 +82,7 @@ struct FeedForward {
 
 struct TransformerBlock {
   TransformerBlock(int64_t layer_id, const ModelArgs& args);
-  at::Tensor forward(const at::Tensor& x, const RotaryTable& rope) const;
+  at::Tensor forward(const at::Tensor& x, const RotaryTable& rope, const at::Tensor& documents = {}) const;
   void visit_params(const ParamVisitor& visit);
 
   int64_t layer_id;

@@ -657,3 +657,18 @@ TEST_CASE("activation checkpointing under FSDP and TP: the very same losses as w
     }
   }
 }
+
+TEST_CASE("block-causal attention under FSDP, TP, FSDP x TP and per-op AC reproduces the single-process run",
+          "[parallel][dist]") {
+  // Documents come from each rank's full token rows (model/document_attention.h); TP's attention
+  // runs on its heads over the gathered sequence, so every layout sees the same documents.
+  const std::string block = "--model.attn_mask_type block_causal";
+  check_layout("block_causal_fsdp2", 2, "--parallelism.data_parallel_shard_degree 2", 8, block);
+  check_layout("block_causal_tp2", 2, "--parallelism.tensor_parallel_degree 2", 8, block);
+  check_layout("block_causal_fsdp2_tp2", 4,
+               "--parallelism.data_parallel_shard_degree 2 --parallelism.tensor_parallel_degree 2", 8, block);
+  check_layout("block_causal_fsdp2_ac_op", 2,
+               "--parallelism.data_parallel_shard_degree 2 --activation_checkpoint.mode selective "
+               "--activation_checkpoint.selective_ac_option op",
+               8, block);
+}

@@ -66,6 +66,7 @@ struct ModelSection {
   std::string tokenizer_path;         // "" = byte-level tokenizer; else a tiktoken-format BPE file
   std::string hf_assets_path;         // folder with tokenizer.json (+ tokenizer_config.json)
   std::vector<std::string> converters;  // model rewrites applied after build; choices: float8
+  std::string attn_mask_type = "causal";  // causal | block_causal (attention within each document)
 };
 
 struct OptimizerSection {

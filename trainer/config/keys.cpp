@@ -79,8 +79,18 @@ std::vector<SectionSpec> build_table() {
       }),
       section("model", &J::model, "Which model to build and how to tokenize.", {
           key("name", &ModelSection::name, "Model family.").one_of({"llama3"}),
-          key("flavor", &ModelSection::flavor, "Model size (debugmodel is CPU-sized).")
+          key("flavor", &ModelSection::flavor,
+              "Model size (debugmodel is CPU-sized); torchtitan's debugmodel_flex_attn, "
+              "debugmodel_varlen_attn, 8B_flex and 8B_varlen are their base flavor with "
+              "block-causal attention (model.attn_mask_type).")
               .one_of(model::llama3_flavor_names()),
+          key("attn_mask_type", &ModelSection::attn_mask_type,
+              "causal: every token attends to all tokens before it in its row; block_causal: only "
+              "to those of its own document. A row packs documents back to back; a document ends "
+              "with the tokenizer's EOS token (the next token starts the next one), as torchtitan's "
+              "block_causal mask finds them. Positions stay global (RoPE is relative). Not yet with "
+              "pipeline or context parallelism.")
+              .one_of({"causal", "block_causal"}),
           key("tokenizer_path", &ModelSection::tokenizer_path,
               "\"\" = byte-level tokenizer; a tiktoken-format BPE file (Llama 3's "
               "original/tokenizer.model), a tokenizer.json or a folder holding one; when not "
