@@ -144,7 +144,7 @@ void Trainer::build_model() {
   model::ModelArgs args = model::llama3_flavor(cfg_.model.flavor);
   args.vocab_size = tokenizer_->vocab_size();
   args.eos_id = tokenizer_->eos_id();  // ends a document (block-causal attention)
-  args.block_causal = args.block_causal || cfg_.model.attn_mask_type == "block_causal";
+  args.block_causal = config::block_causal_attention(cfg_);
   args.max_seq_len = cfg_.training.seq_len;  // the RoPE table's length
   if (cfg_.validation.enable) args.max_seq_len = std::max(args.max_seq_len, cfg_.validation.seq_len);
   model_ = std::make_unique<model::Llama>(args);  // meta device: nothing allocated yet

@@ -11,6 +11,10 @@
 
 namespace titan::trainer::config {
 
+bool block_causal_attention(const JobConfig& cfg) {
+  return cfg.model.attn_mask_type == "block_causal" || model::llama3_flavor(cfg.model.flavor).block_causal;
+}
+
 at::ScalarType dtype_from_name(const std::string& name, const char* key) {
   if (name == "float32") return at::kFloat;
   if (name == "bfloat16") return at::kBFloat16;
@@ -80,7 +84,7 @@ parallel::ParallelOptions parallel_options(const JobConfig& cfg, const model::Mo
   popt.float8_precompute_fsdp_scales = float8 && cfg.float8.precompute_float8_dynamic_scale_for_fsdp;
   popt.float8_tp_input_all_gather = cfg.float8.tp_input_all_gather;
   popt.pipeline = pipeline_plan(cfg, dims);
-  if ((args.block_causal || cfg.model.attn_mask_type == "block_causal") && (dims.pp > 1 || dims.cp > 1))
+  if (block_causal_attention(cfg) && (dims.pp > 1 || dims.cp > 1))
     throw ConfigError("block-causal attention (model.attn_mask_type = block_causal, or model.flavor = " +
                       cfg.model.flavor + ") is not implemented yet with parallelism.pipeline_parallel_degree > 1 "
                       "or parallelism.context_parallel_degree > 1 (here " + std::to_string(dims.pp) + " and " +

@@ -25,6 +25,10 @@ namespace titan::trainer::config {
 // in the error. The key table already restricts each key to the names it accepts.
 at::ScalarType dtype_from_name(const std::string& name, const char* key);
 
+// Whether attention is block-causal: model.attn_mask_type = block_causal, or a block-causal flavor
+// (torchtitan's *_flex_attn / *_varlen_attn / *_flex / *_varlen).
+bool block_causal_attention(const JobConfig& cfg);
+
 // The config's parallelism degrees resolved for `world_size` ranks (data_parallel_shard_degree
 // -1 = the rest); an impossible layout is a config error saying why.
 parallel::comm::ParallelDims parallel_dims(const JobConfig& cfg, int world_size);
