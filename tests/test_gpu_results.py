@@ -213,10 +213,14 @@ class Real(unittest.TestCase):
         self.assertEqual(len(results["bench_matmul"]), 8)
         for row in results["bench_matmul"]:
             for key in ("float8_tensorwise", "float8_rowwise", "int8"):
-                # Times print with 2 decimals (a tiny scaled GEMM may read 0.00 ms); the speedup
-                # is computed from the unrounded times, so it is a positive number.
+                # Times and speedups print with 2 decimals: a tiny scaled GEMM may read 0.00 ms,
+                # and on a loaded CI machine one slow int8 GEMM (4.12 ms against 0.02 ms) gives a
+                # speedup that prints 0.00x. What this test owns is that each cell was read as a
+                # number, not its size, so both are only required to be numbers >= 0.
+                self.assertIsInstance(row[key + "_ms"], float, row)
+                self.assertIsInstance(row[key + "_speedup"], float, row)
                 self.assertGreaterEqual(row[key + "_ms"], 0, row)
-                self.assertGreater(row[key + "_speedup"], 0, row)
+                self.assertGreaterEqual(row[key + "_speedup"], 0, row)
         f8 = results["bench_linear"]["float8"]
         self.assertEqual(len(f8), 1)
         for recipe in ("tensorwise", "rowwise", "rowwise_with_gw_hp", "tensorwise_delayed", "int8"):
