@@ -99,8 +99,7 @@ at::Tensor Attention::forward(const at::Tensor& x_in, const RotaryTable& rope, c
   // Causal SDPA through the op layer, so per-op selective AC can keep its output; under context
   // parallelism, attention over the whole sequence with keys and values from the other ranks;
   // block-causal: per document (See Note [Document-masked attention]).
-  TORCH_CHECK(!(sdpa && documents.defined()), "block-causal attention under context parallelism is not implemented");
-  at::Tensor out = sdpa                  ? sdpa(q, k, v)
+  at::Tensor out = sdpa                  ? sdpa(q, k, v, documents)
                    : documents.defined() ? document_causal_attention(q, k, v, documents)
                                          : attention_op(q, k, v);  // [B, H, S, hd]
   return wo.forward(out.transpose(1, 2).reshape({batch, seq, -1}));  // [B, S, D]
@@ -298,14 +297,23 @@ bool ModelPart::holds(const std::string& module) const {
   return layer >= first_layer && (end_layer < 0 || layer < end_layer);
 }
 
-at::Tensor Llama::forward(const at::Tensor& tokens, const RotaryTable& rope) { return forward_part(tokens, rope, {}); }
+at::Tensor Llama::forward(const at::Tensor& tokens, const RotaryTable& rope, const at::Tensor& documents) {
+  const bool find = args_.block_causal && !documents.defined() && tokens.dim() == 2;
+  return forward_part(tokens, rope, {}, find ? document_ids(tokens, args_.eos_id) : documents);
+}
 
-at::Tensor Llama::forward_part(const at::Tensor& input, const RotaryTable& rope, const ModelPart& part) {
+at::Tensor Llama::forward_part(const at::Tensor& input, const RotaryTable& rope, const ModelPart& part,
+                               const at::Tensor& documents_in) {
   const int64_t end_layer = part.end_layer < 0 ? args_.n_layers : part.end_layer;
   TORCH_CHECK(part.first_layer >= 0 && part.first_layer <= end_layer && end_layer <= args_.n_layers,
               "Llama::forward_part: layers [", part.first_layer, ", ", end_layer, ") of ", args_.n_layers);
   at::Tensor h = input;
-  at::Tensor documents;  // block-causal: each position's document, from the tokens' EOS
+  // Block-causal: each position's document (found from the rows' EOS by the caller); causal: none.
+  TORCH_CHECK(!args_.block_causal || (documents_in.defined() && documents_in.dim() == 2 &&
+                                      documents_in.size(0) == input.size(0)),
+              "Llama::forward_part: a block-causal model needs the documents of the rows [batch, seq] (document_ids), got ",
+              documents_in.defined() ? documents_in.sizes() : at::IntArrayRef{}, " for input ", input.sizes());
+  const at::Tensor documents = args_.block_causal ? documents_in : at::Tensor();
   if (part.embedding) {
     TORCH_CHECK(input.dim() == 2, "Llama::forward expects tokens [batch, seq], got shape ", input.sizes());
     TORCH_CHECK(rope.cos.size(0) >= input.size(1), "Llama::forward: the RoPE table has ", rope.cos.size(0),
@@ -314,13 +322,11 @@ at::Tensor Llama::forward_part(const at::Tensor& input, const RotaryTable& rope,
       return embedding_compute_ ? embedding_compute_(t, tok_embeddings_weight_)
                                 : at::embedding(tok_embeddings_weight_, t);  // [B, S, D]
     };
-    if (args_.block_causal) documents = document_ids(input, args_.eos_id);
     h = compose(std::move(embed), embedding_wrappers_)(input);
     if (output_observer_) output_observer_("tok_embeddings", h);
   } else {
     TORCH_CHECK(input.dim() == 3 && input.size(2) == args_.dim, "Llama::forward_part expects hidden states [batch, seq, ",
                 args_.dim, "], got shape ", input.sizes());
-    TORCH_CHECK(!args_.block_causal, "block-causal attention in a pipeline stage after the first is not implemented");
   }
   static const std::vector<ForwardWrapper> kNoWrappers;
   for (int64_t i = part.first_layer; i < end_layer; ++i) {

@@ -53,14 +53,18 @@ at::Tensor apply_rotary(const at::Tensor& x, const RotaryTable& table);
 using ModuleInputHook = std::function<LinearOperand(const at::Tensor& x)>;
 
 // Causal attention of the positions this rank holds: q [B, H, S, hd], k/v [B, KV, S, hd] ->
-// [B, H, S, hd]. Context parallelism installs one that exchanges keys and values with the other
-// ranks of its group (parallel/context_parallel/context_parallel.h); empty: attention_op over the local sequence.
-using AttentionCompute = std::function<at::Tensor(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v)>;
+// [B, H, S, hd]; `documents` (defined under block-causal attention) holds the document of every
+// position of the whole rows [B, S_row], also where this rank holds a share of them. Context
+// parallelism installs one that exchanges keys and values with the other ranks of its group
+// (parallel/context_parallel/context_parallel.h); empty: attention_op over the local sequence.
+using AttentionCompute = std::function<at::Tensor(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                  const at::Tensor& documents)>;
 
 struct Attention {
   Attention(const std::string& prefix, const ModelArgs& args);
-  // `documents` [B, S] int64 (defined under block-causal attention): the document of each
-  // position (model/document_attention.h); attention stays within a document.
+  // `documents` [B, S_row] int64 (defined under block-causal attention): the document of each
+  // position of the whole rows (model/document_attention.h); attention stays within a document.
+  // Without context parallelism S_row is the local S.
   at::Tensor forward(const at::Tensor& x, const RotaryTable& rope, const at::Tensor& documents = {}) const;  // [B, S, D]
   void visit_params(const ParamVisitor& visit);
 
@@ -141,10 +145,14 @@ class Llama {
   // tokens [B, S] int64 -> logits [B, S, vocab] in the parameters' dtype. `rope`: the positions
   // of the tokens, row s for tokens[:, s] (at least S rows): rope_table() for a whole sequence from
   // position 0; a rank's share of it under context parallelism (parallel/context_parallel/sequence_shard.h).
-  at::Tensor forward(const at::Tensor& tokens, const RotaryTable& rope);
+  // Block-causal models find the documents from `tokens` (document_ids) unless given.
+  at::Tensor forward(const at::Tensor& tokens, const RotaryTable& rope, const at::Tensor& documents = {});
   // One part's forward: tokens [B, S] int64 when it has the embedding, else hidden states
-  // [B, S', D]; returns logits when it has the head, else hidden states.
-  at::Tensor forward_part(const at::Tensor& input, const RotaryTable& rope, const ModelPart& part);
+  // [B, S', D]; returns logits when it has the head, else hidden states. `documents` [B, S_row]
+  // int64: required by a block-causal model (every part needs them, and a later pipeline stage or
+  // a context-parallel share cannot find them from its input), ignored by a causal one.
+  at::Tensor forward_part(const at::Tensor& input, const RotaryTable& rope, const ModelPart& part,
+                          const at::Tensor& documents = {});
   // The RoPE table of positions 0 .. max_seq_len - 1 (after materialize / materialize_buffers).
   const RotaryTable& rope_table() const { return rope_; }
 

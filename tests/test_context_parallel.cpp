@@ -11,12 +11,15 @@
 #include <catch2/catch.hpp>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/ops/ones.h>
 #include <ATen/ops/randn.h>
+#include <ATen/ops/stack.h>
 #include <ATen/ops/scaled_dot_product_attention.h>
 #include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/autograd.h>
 
 #include <chrono>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -52,10 +55,19 @@ struct Unsplit {
   at::Tensor out, dq, dk, dv;
 };
 
-// The unsplit causal attention and its gradients (LibTorch's own SDPA autograd).
-Unsplit unsplit_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& dout) {
+// The unsplit causal attention and its gradients (LibTorch's own SDPA autograd); with `documents`
+// [B, S], block-causal through a dense boolean mask (same document, key not after the query): an
+// independent form of what the ring evaluates by tiles.
+Unsplit unsplit_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& dout,
+                          const at::Tensor& documents = {}) {
   at::Tensor q1 = q.clone().requires_grad_(true), k1 = k.clone().requires_grad_(true), v1 = v.clone().requires_grad_(true);
-  at::Tensor out = at::scaled_dot_product_attention(q1, k1, v1, std::nullopt, 0.0, true, std::nullopt,
+  std::optional<at::Tensor> mask;
+  if (documents.defined()) {
+    const int64_t S = q.size(2);
+    const at::Tensor causal = at::ones({S, S}, at::kBool).tril();
+    mask = (documents.unsqueeze(2) == documents.unsqueeze(1)).logical_and(causal).unsqueeze(1);  // [B, 1, S, S]
+  }
+  at::Tensor out = at::scaled_dot_product_attention(q1, k1, v1, mask, 0.0, !documents.defined(), std::nullopt,
                                                     /*enable_gqa=*/q.size(1) != k.size(1));
   torch::autograd::backward({out}, {dout});
   return {out.detach(), q1.grad(), k1.grad(), v1.grad()};
@@ -117,26 +129,46 @@ TEST_CASE("the load-balanced split gives rank i chunks i and 2cp-1-i", "[paralle
                     Contains("'ring' (valid: allgather, alltoall, titan_ulysses)"));
 }
 
+// Documents of the given lengths, back to back in each row: [rows, sum of a row's lengths] int64.
+at::Tensor documents_of(const std::vector<std::vector<int64_t>>& lengths) {
+  std::vector<at::Tensor> rows;
+  for (const auto& row : lengths) {
+    std::vector<int64_t> ids;
+    for (size_t d = 0; d < row.size(); ++d) ids.insert(ids.end(), static_cast<size_t>(row[d]), static_cast<int64_t>(d));
+    rows.push_back(at::tensor(ids));
+  }
+  return at::stack(rows);
+}
+
 TEST_CASE("ring and head-parallel attention over 2 and 4 ranks equal the unsplit attention", "[parallel][cp]") {
   // Batch 2, 8 query heads, 4 kv heads (GQA), 32 positions, head dim 8.
   const at::Tensor q = normal({2, 8, 32, 8}, 11), k = normal({2, 4, 32, 8}, 12), v = normal({2, 4, 32, 8}, 13);
   const at::Tensor dout = normal({2, 8, 32, 8}, 14);
-  const Unsplit want = unsplit_attention(q, k, v, dout);
+  // Block-causal: row 0 has a one-token document and one of 14 tokens that spans several chunks at
+  // cp 2 (chunks of 8) and cp 4 (chunks of 4), so ranks hold documents split across their two
+  // chunks and ring blocks that share no document; row 1's boundary is a chunk boundary.
+  const at::Tensor documents = documents_of({{3, 9, 1, 14, 5}, {16, 16}});
+  for (bool block_causal : {false, true}) {
+  const at::Tensor docs = block_causal ? documents : at::Tensor();
+  const Unsplit want = unsplit_attention(q, k, v, dout, docs);
   for (int n : {2, 4}) {
     for (tp::context_parallel::CpRotateMethod method : {tp::context_parallel::CpRotateMethod::kAllGather, tp::context_parallel::CpRotateMethod::kAllToAll,
                                       tp::context_parallel::CpRotateMethod::kUlysses}) {
-      INFO("cp " << n << ", " << tp::context_parallel::cp_rotate_method_name(method));
+      INFO("cp " << n << ", " << tp::context_parallel::cp_rotate_method_name(method)
+                 << (block_causal ? ", block-causal" : ", causal"));
       const auto errors = titan::testing::run_ranks_on_threads(
           n, std::chrono::seconds(60), [&](int rank, const c10::intrusive_ptr<c10d::Store>& store) {
             tp::comm::CommOptions options;
             options.timeout = std::chrono::seconds(60);
-            tp::comm::Comm comm(store, rank, n, "cp_" + std::to_string(n) + "_" + tp::context_parallel::cp_rotate_method_name(method), options);
+            tp::comm::Comm comm(store, rank, n, "cp_" + std::to_string(n) + "_" + tp::context_parallel::cp_rotate_method_name(method) +
+                                            (block_causal ? "_docs" : ""), options);
             tp::context_parallel::RingTags tags;
             auto attend = [&](const at::Tensor& a, const at::Tensor& b, const at::Tensor& c) {
-              if (method == tp::context_parallel::CpRotateMethod::kUlysses) return tp::context_parallel::head_parallel_attention(a, b, c, comm);
+              if (method == tp::context_parallel::CpRotateMethod::kUlysses)
+                return tp::context_parallel::head_parallel_attention(a, b, c, docs, comm);
               const auto exchange = method == tp::context_parallel::CpRotateMethod::kAllGather ? tp::context_parallel::KvExchange::kAllGather
                                                                               : tp::context_parallel::KvExchange::kRing;
-              return tp::context_parallel::ring_attention(a, b, c, comm, exchange, tags);
+              return tp::context_parallel::ring_attention(a, b, c, docs, comm, exchange, tags);
             };
             auto share = [&](const at::Tensor& x) { return tp::context_parallel::cp_shard(x, 2, n, rank); };
             auto expect_close = [&](const at::Tensor& got, const at::Tensor& full, const char* what) {
@@ -176,6 +208,7 @@ TEST_CASE("ring and head-parallel attention over 2 and 4 ranks equal the unsplit
       for (size_t r = 0; r < errors.size(); ++r)
         if (!errors[r].empty()) FAIL_CHECK("rank " << r << ": " << errors[r]);
     }
+  }
   }
 }
 
@@ -225,6 +258,24 @@ TEST_CASE("CP composes with FSDP and TP and async TP and activation checkpointin
                    " --training.local_batch_size 4 --parallelism.pipeline_parallel_microbatch_size 2"
                    " --parallelism.pipeline_parallel_schedule 1F1B",
                kCpBatch, kCompositionSteps);
+}
+
+TEST_CASE("block-causal attention under CP 2 and CP 4 (every rotate method) and PP 2 x CP 2 reproduces the single-process run",
+          "[parallel][dist][cp][documents]") {
+  // The documents come from the whole rows before the split (rows of 32 tokens packing fortunes of
+  // a few dozen tokens: documents end inside rows, span the cp chunks and the micro-batches).
+  // The ring evaluates each (query chunk, key chunk) pair per shared document and merges by
+  // log-sum-exp: float32 reordering only, the layout tolerance.
+  const std::string block = "--model.attn_mask_type block_causal" + kCompositionSteps;
+  for (int cp : {2, 4})
+    for (const char* method : {"allgather", "alltoall", "titan_ulysses"})
+      check_layout("block_causal_cp" + std::to_string(cp) + "_" + method, cp, cp_args(cp, method), kCpBatch, block);
+  check_layout("block_causal_cp2_pp2", 4,
+               cp_args(2, "allgather") +
+                   " --parallelism.pipeline_parallel_degree 2 --parallelism.data_parallel_shard_degree 1"
+                   " --training.local_batch_size 4 --parallelism.pipeline_parallel_microbatch_size 2"
+                   " --parallelism.pipeline_parallel_schedule ZBVZeroBubble",
+               kCpBatch, block);
 }
 
 TEST_CASE("CP 2 x FSDP 2 x TP 2 with float8 rowwise and per-op AC reproduces the float8 run", "[parallel][dist][cp]") {

@@ -136,15 +136,22 @@ TEST_CASE("the sequence split is the identity without context parallelism", "[pa
   const titan::model::RotaryTable table = titan::model::make_rotary_table(8, 16, 10000.0, c10::kCPU);
   const at::Tensor inputs = at::arange(12, at::kLong).view({2, 6});
   const at::Tensor labels = inputs + 1;
-  const tp::context_parallel::SequenceShard shard = tp::context_parallel::shard_sequence(mesh, inputs, labels, table);
+  const tp::context_parallel::SequenceShard shard = tp::context_parallel::shard_sequence(mesh, inputs, labels, {}, table);
   CHECK(at::equal(shard.inputs, inputs));
   CHECK(at::equal(shard.labels, labels));
   // Every position, in order: the table's first S rows.
   CHECK(shard.rope.cos.size(0) == 6);
   CHECK(at::equal(shard.rope.cos, table.cos.narrow(0, 0, 6)));
   CHECK(at::equal(shard.rope.sin, table.sin.narrow(0, 0, 6)));
+  CHECK(!shard.documents.defined());  // a causal model has no documents
+  // A block-causal model's shard carries the documents of the whole rows, from the EOS id.
+  titan::model::ModelArgs block;
+  block.block_causal = true;
+  block.eos_id = 3;
+  const tp::context_parallel::SequenceShard docs = tp::context_parallel::shard_sequence(mesh, inputs % 4, labels, block, table);
+  CHECK(at::equal(docs.documents, at::tensor(std::vector<int64_t>{0, 0, 0, 0, 1, 1, 0, 0, 1, 1, 1, 1}).view({2, 6})));
   const at::Tensor too_long = at::arange(17, at::kLong).view({1, 17});
-  CHECK_THROWS_WITH(tp::context_parallel::shard_sequence(mesh, too_long, too_long, table),
+  CHECK_THROWS_WITH(tp::context_parallel::shard_sequence(mesh, too_long, too_long, {}, table),
                     "sequence length 17 exceeds the RoPE table (16 positions = model max_seq_len)");
 }
 

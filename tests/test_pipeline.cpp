@@ -76,6 +76,15 @@ TEST_CASE("PP 4: single-stage and interleaved and V schedules reproduce the sing
   check_pp("pp4_LoopedBFS", 4, pp_args(4, "LoopedBFS"));
 }
 
+TEST_CASE("PP 2 with block-causal attention: 1F1B and ZBV reproduce the single-process run bitwise",
+          "[parallel][dist][pipeline][documents]") {
+  // Every stage finds its micro-batch's documents from the step's tokens, which every pipeline
+  // rank holds; later stages attend per document over the hidden states they receive.
+  const std::string block = "--model.attn_mask_type block_causal";
+  check_bitwise_pp("pp2_1F1B_block_causal", 2, pp_args(2, "1F1B"), block);
+  check_bitwise_pp("pp2_ZBV_block_causal", 2, pp_args(2, "ZBVZeroBubble"), block);
+}
+
 TEST_CASE("PP 2: a schedule from a CSV file runs as written", "[parallel][dist][pipeline]") {
   // torchtitan's format: one row per rank; GPipe written by hand with idle cells.
   const fs::path csv = root() / "gpipe_by_hand.csv";

@@ -10,6 +10,7 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
 #include <limits>
 #include <tuple>
 #include <utility>
@@ -17,6 +18,7 @@
 
 #include "parallel/comm/autograd_comm.h"
 #include "model/attention_blocks.h"
+#include "model/document_attention.h"
 #include "model/activation_checkpoint_ops.h"
 #include "parallel/comm/process_group.h"
 
@@ -26,12 +28,53 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// What the backward needs besides the saved tensors.
+// One rectangle of a block-causal ring block (See Note [Ring attention over documents]): queries
+// [q_start, q_start + q_len) of row `row` of this rank's share against keys [k_start, k_start +
+// k_len) of the block's share; `causal` on the diagonal (the same positions), else unmasked.
+struct Tile {
+  int64_t row, q_start, q_len, k_start, k_len;
+  bool causal;
+};
+
+// Rank r's queries (chunks r and 2n-1-r of c positions) against rank j's keys (chunks j and
+// 2n-1-j) under the documents of `rows` (positions of the whole rows): for every pair of a query
+// chunk and a key chunk not in its future, every document they share gives one tile.
+std::vector<Tile> document_tiles(const std::vector<std::vector<model::DocumentSpan>>& rows, int r, int j, int n,
+                                 int64_t c) {
+  std::vector<Tile> tiles;
+  const int64_t q_chunks[2] = {r, 2 * n - 1 - r}, k_chunks[2] = {j, 2 * n - 1 - j};
+  for (int qi = 0; qi < 2; ++qi) {
+    for (int ki = 0; ki < 2; ++ki) {
+      const int64_t q_begin = q_chunks[qi] * c, k_begin = k_chunks[ki] * c;
+      if (k_begin > q_begin) continue;  // keys in the queries' future
+      for (size_t b = 0; b < rows.size(); ++b) {
+        for (const model::DocumentSpan& d : rows[b]) {
+          const int64_t end = d.start + d.length;
+          const int64_t qs = std::max(d.start, q_begin), qe = std::min(end, q_begin + c);
+          const int64_t ks = std::max(d.start, k_begin), ke = std::min(end, k_begin + c);
+          if (qs >= qe || ks >= ke) continue;  // the document is not in both chunks
+          tiles.push_back({static_cast<int64_t>(b), qi * c + qs - q_begin, qe - qs, ki * c + ks - k_begin, ke - ks,
+                           k_begin == q_begin});
+        }
+      }
+    }
+  }
+  return tiles;
+}
+
 // What a ring attention's backward needs besides its group (See Note [A Comm through autograd]).
 struct RingState : torch::CustomClassHolder {
   KvExchange exchange = KvExchange::kRing;
   RingTags* tags = nullptr;
+  // Block-causal only: the tiles of every rank j's block, by j (found once, used by the forward,
+  // any recompute and the backward); empty: causal (Note [Ring attention]).
+  std::vector<std::vector<Tile>> tiles;
 };
+
+// Row `row`, positions [start, start + len) of a [B, X, L, ...] tensor.
+at::Tensor tile_of(const at::Tensor& t, int64_t row, int64_t start, int64_t len) {
+  return t.narrow(0, row, 1).narrow(2, start, len);
+}
 
 // A transfer's tag: unique per (call, purpose, ring step) among the transfers a pair has in
 // flight (See Note [Point-to-point] in process_group.h). Calls wrap after 2^16, long after any
@@ -75,7 +118,8 @@ at::Tensor gather_blocks(const at::Tensor& kv, comm::Comm& comm) {
 
 // The forward of Note [Ring attention]: out [B, H, L, hd] (q's dtype), lse [B, H, L] float32.
 std::vector<at::Tensor> ring_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, comm::Comm& comm,
-                                     KvExchange exchange, int64_t call) {
+                                     const RingState& state, int64_t call) {
+  const KvExchange exchange = state.exchange;
   const int r = comm.rank(), n = comm.size();
   const int64_t c = q.size(2) / 2;
   at::Tensor acc_out = at::zeros(q.sizes(), q.options().dtype(at::kFloat));
@@ -84,7 +128,16 @@ std::vector<at::Tensor> ring_forward(const at::Tensor& q, const at::Tensor& k, c
   at::Tensor acc_out_tail = acc_out.narrow(2, c, c), acc_lse_tail = acc_lse.narrow(2, c, c);
   auto block = [&](int j, const at::Tensor& kv) {
     const at::Tensor kj = kv.select(0, 0), vj = kv.select(0, 1);
-    if (j == r) {
+    if (!state.tiles.empty()) {
+      for (const Tile& t : state.tiles[static_cast<size_t>(j)]) {
+        at::Tensor out_tile = tile_of(acc_out, t.row, t.q_start, t.q_len);
+        at::Tensor lse_tile = tile_of(acc_lse, t.row, t.q_start, t.q_len);
+        model::merge_attention_block(out_tile, lse_tile,
+                                     model::attention_block_forward(tile_of(q, t.row, t.q_start, t.q_len),
+                                                                    tile_of(kj, t.row, t.k_start, t.k_len),
+                                                                    tile_of(vj, t.row, t.k_start, t.k_len), t.causal));
+      }
+    } else if (j == r) {
       model::merge_attention_block(acc_out, acc_lse, model::attention_block_forward(q, kj, vj, true));
     } else if (j < r) {
       model::merge_attention_block(acc_out, acc_lse,
@@ -118,12 +171,23 @@ std::vector<at::Tensor> ring_forward(const at::Tensor& q, const at::Tensor& k, c
 
 // The gradients of q (float32, accumulated into dq) and of rank j's K/V block (returned, float32
 // [2, B, KV, L, hd]) through the blocks of Note [Ring attention].
-at::Tensor block_grads(int j, int r, const at::Tensor& kv, const at::Tensor& dout, const at::Tensor& q,
-                       const at::Tensor& out, const at::Tensor& lse, at::Tensor& dq) {
+at::Tensor block_grads(int j, int r, const RingState& state, const at::Tensor& kv, const at::Tensor& dout,
+                       const at::Tensor& q, const at::Tensor& out, const at::Tensor& lse, at::Tensor& dq) {
   const int64_t c = q.size(2) / 2;
   const at::Tensor kj = kv.select(0, 0), vj = kv.select(0, 1);
   at::Tensor dkv = at::zeros(kv.sizes(), kv.options().dtype(at::kFloat));
-  if (j == r) {
+  if (!state.tiles.empty()) {
+    // Tiles of one block may share keys (two query chunks against one key chunk): accumulate.
+    for (const Tile& t : state.tiles[static_cast<size_t>(j)]) {
+      auto [gq, gk, gv] = model::attention_block_backward(
+          tile_of(dout, t.row, t.q_start, t.q_len), tile_of(q, t.row, t.q_start, t.q_len),
+          tile_of(kj, t.row, t.k_start, t.k_len), tile_of(vj, t.row, t.k_start, t.k_len),
+          tile_of(out, t.row, t.q_start, t.q_len), tile_of(lse, t.row, t.q_start, t.q_len), t.causal);
+      tile_of(dq, t.row, t.q_start, t.q_len).add_(gq);
+      tile_of(dkv.select(0, 0), t.row, t.k_start, t.k_len).add_(gk);
+      tile_of(dkv.select(0, 1), t.row, t.k_start, t.k_len).add_(gv);
+    }
+  } else if (j == r) {
     auto [gq, gk, gv] = model::attention_block_backward(dout, q, kj, vj, out, lse, true);
     dq.add_(gq);
     dkv.select(0, 0).copy_(gk);
@@ -150,7 +214,7 @@ struct RingAttention : public torch::autograd::Function<RingAttention> {
                 "equal length, got ", q.size(2), " queries and ", k.size(2), " keys");
     // out and lse kept or recomputed together (per-op AC keeps "sdpa": See Note [Ring attention]).
     auto r = model::checkpointable_op_multi("sdpa", [&] {
-      return ring_forward(q, k, v, *cp, state->exchange, state->tags->calls++);
+      return ring_forward(q, k, v, *cp, *state, state->tags->calls++);
     });
     ctx->save_for_backward({q, k, v, r[0], r[1]});
     ctx->saved_data["state"] = c10::IValue::make_capsule(c10::intrusive_ptr<torch::CustomClassHolder>(state));
@@ -174,7 +238,7 @@ struct RingAttention : public torch::autograd::Function<RingAttention> {
       at::Tensor dkv_all = at::empty(all.sizes(), all.options().dtype(at::kFloat));
       for (int s = 0; s < n; ++s) {
         const int j = block_at(r, s, n);
-        dkv_all.select(0, j).copy_(block_grads(j, r, all.select(0, j), dout, q, out, lse, dq));
+        dkv_all.select(0, j).copy_(block_grads(j, r, *state, all.select(0, j), dout, q, out, lse, dq));
       }
       dkv_mine = at::empty(kv.sizes(), dkv_all.options());
       // Gloo wants the concatenation along dim 0: [n, 2, ...] viewed as [2n, ...].
@@ -193,7 +257,7 @@ struct RingAttention : public torch::autograd::Function<RingAttention> {
           next = at::empty_like(kv);
           std::tie(send, recv) = ring_step(comm, current, next, ring_tag(call, kKvBackward, s));
         }
-        at::Tensor g = block_grads(block_at(r, s, n), r, current, dout, q, out, lse, dq);
+        at::Tensor g = block_grads(block_at(r, s, n), r, *state, current, dout, q, out, lse, dq);
         if (s > 0) {
           acc_recv.wait();
           g.add_(acc_in);  // the earlier ranks' part, then this rank's: the same order on every rank
@@ -269,15 +333,25 @@ struct HeadReshard : public torch::autograd::Function<HeadReshard<kToHeads>> {
 
 }  // namespace
 
-at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, comm::Comm& cp,
-                          KvExchange exchange, RingTags& tags) {
+at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& documents,
+                          comm::Comm& cp, KvExchange exchange, RingTags& tags) {
   auto state = c10::make_intrusive<RingState>();
   state->exchange = exchange;
   state->tags = &tags;
+  if (documents.defined()) {
+    const int n = cp.size();
+    const int64_t c = q.size(2) / 2;
+    TORCH_CHECK(documents.dim() == 2 && documents.size(0) == q.size(0) && documents.size(1) == 2 * n * c,
+                "ring attention: documents must be [batch ", q.size(0), ", whole row ", 2 * n * c, "], got ",
+                documents.sizes());
+    const auto rows = model::document_spans(documents);
+    for (int j = 0; j < n; ++j) state->tiles.push_back(document_tiles(rows, cp.rank(), j, n, c));
+  }
   return RingAttention::apply(q, k, v, state, &cp)[0];
 }
 
-at::Tensor head_parallel_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, comm::Comm& cp) {
+at::Tensor head_parallel_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                   const at::Tensor& documents, comm::Comm& cp) {
   const int64_t n = cp.size();
   TORCH_CHECK(q.size(1) % n == 0, "head-parallel attention: ", q.size(1), " local query heads are not divisible by ",
               "the context parallel degree ", n);
@@ -289,7 +363,10 @@ at::Tensor head_parallel_attention(const at::Tensor& q, const at::Tensor& k, con
   const at::Tensor qh = HeadReshard<true>::apply(q, &cp)[0];
   const at::Tensor kh = HeadReshard<true>::apply(kk, &cp)[0];
   const at::Tensor vh = HeadReshard<true>::apply(vv, &cp)[0];
-  return HeadReshard<false>::apply(model::attention_op(qh, kh, vh), &cp)[0];
+  // Whole rows in sequence order after the re-shard: block-causal is the unsplit per-document form.
+  const at::Tensor out = documents.defined() ? model::document_causal_attention(qh, kh, vh, documents)
+                                             : model::attention_op(qh, kh, vh);
+  return HeadReshard<false>::apply(out, &cp)[0];
 }
 
 }  // namespace titan::parallel::context_parallel

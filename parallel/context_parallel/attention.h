@@ -29,6 +29,18 @@
 // output and log-sum-exp, so the recompute exchanges nothing. Full AC recomputes the forward,
 // exchange included (the other ranks' K/V are not kept).
 //
+// Note [Ring attention over documents]: under block-causal attention (model/document_attention.h)
+// a query sees only the earlier keys of its own document. Every (query chunk, key chunk) pair of a
+// ring block is two contiguous ranges of the row, so the mask restricted to it is a set of
+// rectangles, one per document the two chunks share: unmasked when the key chunk is in the past,
+// a causal square when it is the query chunk itself; a pair whose chunks share no document, and
+// every key chunk in the future, is skipped (no work, no exchange saved: the K/V still travel
+// whole). The rectangles ("tiles") of every block are found once per call from the documents of
+// the whole rows, which every rank has (Note [Sequence split]), and each tile is one block of Note
+// [Attention by blocks]: merged exactly by its log-sum-exp into the rows it covers, its backward
+// from the merged out and lse. Each query meets at least itself (its diagonal tile), so no row is
+// left at -inf. Head-parallel mode gathers whole rows and runs the unsplit per-document form.
+//
 // Note [Head-parallel attention] (titan_ulysses): all-to-alls re-shard q, k, v from "every head,
 // this rank's positions" to "1/n of the heads, every position" (reordered into sequence order),
 // the local causal attention_op runs on whole sequences, and one all-to-all returns the output
@@ -56,12 +68,14 @@ struct RingTags {
 };
 
 // q [B, H, L, hd], k/v [B, KV, L, hd] (H a multiple of KV), L even -> [B, H, L, hd]. Differentiable
-// in q, k, v. `tags` must outlive the backward.
-at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, comm::Comm& cp,
-                          KvExchange exchange, RingTags& tags);
+// in q, k, v. `documents`: undefined (causal) or the documents of the whole rows [B, n L] (block-
+// causal: See Note [Ring attention over documents]). `tags` must outlive the backward.
+at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& documents,
+                          comm::Comm& cp, KvExchange exchange, RingTags& tags);
 
 // The same result by head-parallel all-to-alls (See Note [Head-parallel attention]): H and, after
 // any repetition, the kv heads divisible by cp.size().
-at::Tensor head_parallel_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, comm::Comm& cp);
+at::Tensor head_parallel_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                   const at::Tensor& documents, comm::Comm& cp);
 
 }  // namespace titan::parallel::context_parallel

@@ -24,12 +24,16 @@ struct SequenceShard {
   at::Tensor inputs;        // [b, S_local] int64: the tokens this rank computes
   at::Tensor labels;        // [b, S_local] int64: the token each of them predicts
   model::RotaryTable rope;  // cos, sin [S_local, head_dim / 2] float32: those tokens' positions
+  // Block-causal models only: [b, S] int64, the document of every position of the WHOLE rows
+  // (model/document_attention.h), found before the split because a share cannot count the EOS
+  // tokens of the chunks it lacks; context-parallel attention picks its positions from it.
+  at::Tensor documents;
 };
 
 // This rank's share of one micro-batch (See Note [Sequence split]). inputs, labels: [b, S] int64;
-// rope: the model's table of max_seq_len positions. Throws std::invalid_argument when S exceeds
-// the table.
+// rope: the model's table of max_seq_len positions; args: whether the model is block-causal and the
+// EOS id that ends a document. Throws std::invalid_argument when S exceeds the table.
 SequenceShard shard_sequence(const comm::DeviceMesh& mesh, const at::Tensor& inputs, const at::Tensor& labels,
-                             const model::RotaryTable& rope);
+                             const model::ModelArgs& args, const model::RotaryTable& rope);
 
 }  // namespace titan::parallel::context_parallel

@@ -295,8 +295,10 @@ void PipelineSchedule::hand_over(Pass& pass, const at::Tensor& tensor, int to_st
 void PipelineSchedule::forward(Pass& pass, const Action& a) {
   const model::ModelPart& part = plan_.stage_parts[static_cast<size_t>(a.stage)];
   const int64_t rows = plan_.microbatch_rows, first = a.microbatch * rows;
-  const context_parallel::SequenceShard shard = context_parallel::shard_sequence(mesh_, pass.inputs.narrow(0, first, rows).to(device_),
-                                             pass.labels.narrow(0, first, rows).to(device_), model_.rope_table());
+  // Every stage holds the step's tokens, so each finds its micro-batch's documents itself.
+  const context_parallel::SequenceShard shard = context_parallel::shard_sequence(
+      mesh_, pass.inputs.narrow(0, first, rows).to(device_), pass.labels.narrow(0, first, rows).to(device_),
+      model_.args(), model_.rope_table());
   MicrobatchState& st = pass.states[{a.stage, a.microbatch}];
   st.input = part.embedding ? shard.inputs : take_input(pass, a, false).detach().requires_grad_(true);
   {
@@ -304,7 +306,7 @@ void PipelineSchedule::forward(Pass& pass, const Action& a) {
     hooks_.bind_compute_params();
   }
   model::NamedScope scope("forward", model::MemoryCategory::kActivations);
-  at::Tensor out = model_.forward_part(st.input, shard.rope, part);
+  at::Tensor out = model_.forward_part(st.input, shard.rope, part, shard.documents);
   if (part.head) {
     at::Tensor loss = hooks_.loss_sum(out, shard.labels);  // sum over this rank's tokens
     pass.losses[static_cast<size_t>(a.microbatch)] = loss.item<double>();

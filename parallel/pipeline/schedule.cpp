@@ -93,13 +93,14 @@ double SingleStageSchedule::evaluate(const at::Tensor& inputs, const at::Tensor&
 
 at::Tensor SingleStageSchedule::forward(const at::Tensor& inputs, const at::Tensor& labels) {
   const context_parallel::SequenceShard shard =
-      context_parallel::shard_sequence(mesh_, inputs.to(device_), labels.to(device_), model_.rope_table());
+      context_parallel::shard_sequence(mesh_, inputs.to(device_), labels.to(device_), model_.args(),
+      model_.rope_table());
   {
     model::NamedScope scope("bind params", model::MemoryCategory::kParameters);
     hooks_.bind_compute_params();  // compute-dtype copies of the masters (not under FSDP)
   }
   model::NamedScope scope("forward", model::MemoryCategory::kActivations);
-  at::Tensor logits = model_.forward(shard.inputs, shard.rope);  // [b, S, V] (loss parallel: [b, S, V/tp])
+  at::Tensor logits = model_.forward(shard.inputs, shard.rope, shard.documents);  // [b, S, V] (loss parallel: [b, S, V/tp])
   return hooks_.loss_sum(logits, shard.labels);               // sum over this rank's tokens
 }
 

@@ -84,11 +84,6 @@ parallel::ParallelOptions parallel_options(const JobConfig& cfg, const model::Mo
   popt.float8_precompute_fsdp_scales = float8 && cfg.float8.precompute_float8_dynamic_scale_for_fsdp;
   popt.float8_tp_input_all_gather = cfg.float8.tp_input_all_gather;
   popt.pipeline = pipeline_plan(cfg, dims);
-  if (block_causal_attention(cfg) && (dims.pp > 1 || dims.cp > 1))
-    throw ConfigError("block-causal attention (model.attn_mask_type = block_causal, or model.flavor = " +
-                      cfg.model.flavor + ") is not implemented yet with parallelism.pipeline_parallel_degree > 1 "
-                      "or parallelism.context_parallel_degree > 1 (here " + std::to_string(dims.pp) + " and " +
-                      std::to_string(dims.cp) + "); use model.attn_mask_type = causal or one of FSDP/HSDP/TP");
   // The user's choices are checked here, as config errors (exit 2); anything parallelize_llama
   // throws after that is a bug, reported as such.
   try {
