@@ -106,10 +106,13 @@ ParamCount count_params(const ModelArgs& a) {
   return count;
 }
 
+double attention_flops_per_token(const ModelArgs& a, int64_t seq_len) {
+  return 12.0 * static_cast<double>(a.n_layers) * a.n_heads * a.head_dim() * seq_len;
+}
+
 double flops_per_token(const ModelArgs& a, int64_t seq_len) {
   const ParamCount c = count_params(a);
-  return 6.0 * static_cast<double>(c.total - c.embedding) +
-         12.0 * static_cast<double>(a.n_layers) * a.n_heads * a.head_dim() * seq_len;
+  return 6.0 * static_cast<double>(c.total - c.embedding) + attention_flops_per_token(a, seq_len);
 }
 
 }  // namespace titan::model

@@ -66,5 +66,9 @@ ParamCount count_params(const ModelArgs& args);
 // The first term is the 2 (fwd) + 4 (bwd) FLOPs per weight per token of every matmul; the second
 // is the attention score and value products, which depend on the sequence length.
 double flops_per_token(const ModelArgs& args, int64_t seq_len);
+// Its second term alone: what attention costs per token when every query meets seq_len keys (the
+// full square, torchtitan's convention). Block-causal runs scale it by the fraction of the causal
+// square they compute (attention_work_fraction in model/document_attention.h).
+double attention_flops_per_token(const ModelArgs& args, int64_t seq_len);
 
 }  // namespace titan::model

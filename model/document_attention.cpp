@@ -1,14 +1,81 @@
 // model/document_attention.cpp — see document_attention.h.
 #include "model/document_attention.h"
 
+#include <ATen/ops/_flash_attention_backward.h>
+#include <ATen/ops/_flash_attention_forward.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/cumsum.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/tensor.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/ops/zeros_like.h>
 #include <c10/util/Exception.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <algorithm>
 
 #include "model/activation_checkpoint_ops.h"
 
 namespace titan::model {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Note [Variable-length flash attention]: on CUDA, in bfloat16 / float16, every document of the
+// batch in ONE kernel call: q, k, v packed as [B*S, heads, hd] (the rows back to back), the
+// documents as cumulative offsets into that packing (cu_seqlens, int32 [documents + 1]), causal
+// within each document; LibTorch's flash-attention kernels with cumulative sequence lengths, as
+// torch.nn.attention.varlen.varlen_attn calls them (grouped-query heads natively, dropout 0, so
+// the backward's RNG state is zeros). Forward kept or recomputed as per-op AC's "sdpa" with its
+// log-sum-exp, like the CPU kernel.
+struct VarlenFlashAttention : public torch::autograd::Function<VarlenFlashAttention> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                               const at::Tensor& cu_seqlens, int64_t max_len) {
+    auto r = checkpointable_op_multi("sdpa", [&] {
+      auto result = at::_flash_attention_forward(q, k, v, cu_seqlens, cu_seqlens, max_len, max_len, 0.0,
+                                                 /*is_causal=*/true, /*return_debug_mask=*/false);
+      return std::vector<at::Tensor>{std::get<0>(result), std::get<1>(result)};  // out [T, H, hd], lse
+    });
+    ctx->save_for_backward({q, k, v, cu_seqlens, r[0], r[1]});
+    ctx->saved_data["max_len"] = max_len;
+    return {r[0]};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto s = ctx->get_saved_variables();
+    const int64_t max_len = ctx->saved_data.at("max_len").toInt();
+    const at::Tensor rng_state = at::zeros({2}, s[0].options().dtype(at::kUInt64));
+    const at::Tensor unused = at::empty({0}, s[0].options());
+    auto g = at::_flash_attention_backward(grads[0].contiguous(), s[0], s[1], s[2], s[4], s[5], s[3], s[3], max_len,
+                                           max_len, 0.0, /*is_causal=*/true, rng_state, unused);
+    return {std::get<0>(g), std::get<1>(g), std::get<2>(g), at::Tensor(), at::Tensor()};
+  }
+};
+
+// Whether the varlen kernel takes these operands (See Note [Variable-length flash attention]).
+bool varlen_flash_applies(const at::Tensor& q) {
+  const auto dt = q.scalar_type();
+  return q.is_cuda() && (dt == at::kBFloat16 || dt == at::kHalf) && q.size(3) % 8 == 0 && q.size(3) <= 256;
+}
+
+at::Tensor varlen_flash_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                  const std::vector<std::vector<DocumentSpan>>& rows) {
+  const int64_t B = q.size(0), H = q.size(1), S = q.size(2), hd = q.size(3);
+  std::vector<int32_t> offsets{0};
+  int64_t max_len = 0;
+  for (size_t b = 0; b < rows.size(); ++b)
+    for (const DocumentSpan& d : rows[b]) {
+      offsets.push_back(static_cast<int32_t>(static_cast<int64_t>(b) * S + d.start + d.length));
+      max_len = std::max(max_len, d.length);
+    }
+  const at::Tensor cu_seqlens = at::tensor(offsets, at::kInt).to(q.device());
+  auto pack = [&](const at::Tensor& t) { return t.transpose(1, 2).contiguous().view({B * S, t.size(1), hd}); };
+  const at::Tensor out = VarlenFlashAttention::apply(pack(q), pack(k), pack(v), cu_seqlens, max_len)[0];
+  return out.view({B, S, H, hd}).transpose(1, 2);  // [B, H, S, hd]
+}
+
+}  // namespace
 
 at::Tensor document_ids(const at::Tensor& tokens, int64_t eos_id) {
   TORCH_CHECK(tokens.dim() == 2, "document_ids: tokens must be [B, S], got ", tokens.sizes());
@@ -40,6 +107,16 @@ std::vector<std::vector<DocumentSpan>> document_spans(const at::Tensor& doc_ids)
   return rows;
 }
 
+double attention_work_fraction(const at::Tensor& doc_ids) {
+  const std::vector<std::vector<DocumentSpan>> rows = document_spans(doc_ids);
+  if (rows.empty() || doc_ids.size(1) == 0) return 1.0;
+  const double S = static_cast<double>(doc_ids.size(1)), square = S * (S + 1);
+  double sum = 0;
+  for (const auto& spans : rows)
+    for (const DocumentSpan& d : spans) sum += static_cast<double>(d.length) * static_cast<double>(d.length + 1) / square;
+  return sum / static_cast<double>(rows.size());
+}
+
 at::Tensor document_causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                      const at::Tensor& doc_ids) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && doc_ids.dim() == 2 && doc_ids.size(0) == q.size(0) &&
@@ -50,6 +127,7 @@ at::Tensor document_causal_attention(const at::Tensor& q, const at::Tensor& k, c
   bool one_document_per_row = true;
   for (const auto& spans : rows) one_document_per_row = one_document_per_row && spans.size() == 1;
   if (one_document_per_row) return attention_op(q, k, v);  // the causal attention itself
+  if (varlen_flash_applies(q)) return varlen_flash_attention(q, k, v, rows);
   std::vector<at::Tensor> outputs;
   for (size_t b = 0; b < rows.size(); ++b) {
     const int64_t row = static_cast<int64_t>(b);

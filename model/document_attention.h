@@ -17,7 +17,9 @@
 // kernel, per-op AC's "sdpa") the causal model uses. The work skipped is every (query, key) pair
 // across documents, so a row of n equal documents costs 1/n of the causal square. Each
 // document's output is bit for bit what the document alone gives; a batch whose rows are single
-// documents is the causal attention itself.
+// documents is the causal attention itself. On CUDA in bfloat16 / float16 every document of the
+// batch goes through one variable-length flash-attention call instead (Note [Variable-length
+// flash attention] in document_attention.cpp), tested against this CPU form.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -37,6 +39,12 @@ struct DocumentSpan {
 };
 // The documents of each row of `doc_ids` [B, S] (non-decreasing along each row), in order.
 std::vector<std::vector<DocumentSpan>> document_spans(const at::Tensor& doc_ids);
+
+// The fraction of the causal square's (query, key) pairs that block-causal attention computes over
+// the rows of `doc_ids` [B, S]: the mean over rows of sum_d len_d (len_d + 1) / (S (S + 1)); 1 for
+// rows of one document. What the mfu scales attention's FLOPs by (See Note [Document-masked
+// attention]).
+double attention_work_fraction(const at::Tensor& doc_ids);
 
 // q [B, H, S, hd], k / v [B, KV, S, hd], doc_ids [B, S] -> [B, H, S, hd]: causal attention within
 // each document of each row (See Note [Document-masked attention]); differentiable.

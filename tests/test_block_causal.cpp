@@ -9,10 +9,13 @@
 #include <ATen/ops/tensor.h>
 
 #include <catch2/catch.hpp>
+#include <filesystem>
 #include <string>
 #include <vector>
 
+#include "model/args.h"
 #include "parallel/comm/mesh.h"
+#include "tests/job_runs.h"
 #include "tests/temp_dir.h"
 #include "trainer/config/job_config.h"
 #include "trainer/config/parallel_options.h"
@@ -26,10 +29,12 @@ namespace {
 
 constexpr int64_t kEos = 257;  // the byte-level tokenizer's EOS
 
+// Each job its own dump folder (its metrics.jsonl is read back).
 JobConfig job(const std::vector<std::string>& extra) {
+  static int jobs = 0;
+  const std::string dump = titan::testing::fresh_temp_dir("test_block_causal_" + std::to_string(jobs++)).string();
   std::vector<std::string> args = {"--training.seq_len", "64", "--training.local_batch_size", "2",
-                                   "--training.steps", "2", "--training.seed", "5",
-                                   "--job.dump_folder", titan::testing::fresh_temp_dir("test_block_causal").string()};
+                                   "--training.steps", "2", "--training.seed", "5", "--job.dump_folder", dump};
   args.insert(args.end(), extra.begin(), extra.end());
   return parse_job_config(args);
 }
@@ -79,7 +84,8 @@ TEST_CASE("block-causal: each document of a packed row gives the logits it gives
 
 TEST_CASE("block-causal on rows of one document is causal attention, bit for bit; the flavors equal the key",
           "[trainer][documents][slow]") {
-  Trainer block(job({"--model.attn_mask_type", "block_causal"})), causal(job({}));
+  const JobConfig block_job = job({"--model.attn_mask_type", "block_causal"}), causal_job = job({});
+  Trainer block(block_job), causal(causal_job);
   {
     at::NoGradGuard no_grad;
     const at::Tensor one = row({document("A single document with no end in the row", false)});
@@ -96,6 +102,22 @@ TEST_CASE("block-causal on rows of one document is causal attention, bit for bit
   CHECK(f.losses == b.losses);
   CHECK(v.losses == b.losses);
   CHECK(f.grad_norms == b.grad_norms);
+  // tflops counts the attention block-causal computed: per token, the dense FLOPs plus attention's
+  // scaled by the batch's fraction of the causal square (< 1 on packed fortunes); causal: all of it.
+  const titan::model::ModelArgs& args = block.model().args();
+  const double dense = titan::model::flops_per_token(args, 64) - titan::model::attention_flops_per_token(args, 64);
+  auto flops_per_token_logged = [](const JobConfig& cfg) {
+    const auto lines = titan::testing::read_metrics_lines(std::filesystem::path(cfg.job.dump_folder) / "metrics.jsonl");
+    REQUIRE(!lines.empty());
+    // Step 1: its rows pack several fortunes (its loss differs from causal's above); a 64-token
+    // row of a later step may hold a single document.
+    return lines.front().at("tflops").get<double>() * 1e12 / lines.front().at("tps").get<double>();
+  };
+  // Both from the same logged doubles: only float64 rounding (~1e-16 relative) between them.
+  CHECK(flops_per_token_logged(causal_job) == Approx(titan::model::flops_per_token(args, 64)).epsilon(1e-9));
+  const double logged_block = flops_per_token_logged(block_job);
+  CHECK(logged_block > dense);
+  CHECK(logged_block < titan::model::flops_per_token(args, 64) * (1 - 1e-6));
 }
 
 TEST_CASE("model.attn_mask_type: a misspelt value is a config error naming the key and the choices",

@@ -80,6 +80,9 @@ TEST_CASE("document-masked attention: each packed document equals the document a
   const at::Tensor doc = document_ids(tokens_of({row0, row1}), kEos);
   const auto spans = document_spans(doc);
   REQUIRE(spans[0].size() == 4);
+  // The work done: row 0 (7*8 + 1*2 + 10*11 + 6*7) / (24*25) = 0.35, row 1 2*12*13/600 = 0.52.
+  CHECK(attention_work_fraction(doc) == Approx((0.35 + 0.52) / 2).epsilon(1e-12));
+  CHECK(attention_work_fraction(document_ids(tokens_of({{1, 2, 3}}), kEos)) == 1.0);
   at::Tensor q = at::randn({B, H, S, hd}).requires_grad_(true);
   at::Tensor k = at::randn({B, KV, S, hd}).requires_grad_(true);
   at::Tensor v = at::randn({B, KV, S, hd}).requires_grad_(true);
@@ -118,4 +121,40 @@ TEST_CASE("document-masked attention on single-document rows is the causal atten
   row[15] = kEos;  // EOS as the last token closes the row's only document
   const at::Tensor doc = document_ids(tokens_of({row, std::vector<int64_t>(16, 2)}), kEos);
   CHECK(at::equal(document_causal_attention(q, k, v, doc), attention_op(q, k, v)));
+}
+
+TEST_CASE("CUDA: variable-length flash attention over packed documents equals the CPU per-document form",
+          "[model][documents][cuda]") {
+  // bfloat16 on the GPU (the varlen kernel's dtype) against the CPU per-document form in float32
+  // on the very same bf16 values. Tolerances from bf16's unit roundoff u = 2^-8 relative: the
+  // output is a convex combination of v rows, and the kernel rounds the softmax weights to bf16
+  // before P V (<= u/2 max|v|) and the output to bf16 (<= u/2 max|v|): |error| <= u max|v|, bound
+  // 2u max|v|. The gradients go through two more bf16-rounded products (dP = dO V^T and dS): a
+  // few u of the largest gradient; bound 4u max|g|.
+  at::manual_seed(5);
+  const int64_t B = 2, H = 8, KV = 2, S = 256, hd = 64;
+  // Row 0: documents of 1, 100, 37 and 118 tokens (EOS last); row 1: 200 then an open tail of 56.
+  std::vector<int64_t> row0(S, 1), row1(S, 1);
+  for (int64_t at_eos : {0, 100, 137, 255}) row0[static_cast<size_t>(at_eos)] = kEos;
+  row1[199] = kEos;
+  const at::Tensor doc = document_ids(tokens_of({row0, row1}), kEos);
+  const auto cuda = at::TensorOptions().device(c10::kCUDA).dtype(at::kBFloat16);
+  const at::Tensor q0 = at::randn({B, H, S, hd}).to(at::kBFloat16), k0 = at::randn({B, KV, S, hd}).to(at::kBFloat16);
+  const at::Tensor v0 = at::randn({B, KV, S, hd}).to(at::kBFloat16), g0 = at::randn({B, H, S, hd}).to(at::kBFloat16);
+  at::Tensor qg = q0.to(cuda).requires_grad_(true), kg = k0.to(cuda).requires_grad_(true), vg = v0.to(cuda).requires_grad_(true);
+  const at::Tensor out_gpu = document_causal_attention(qg, kg, vg, doc.to(c10::kCUDA));
+  torch::autograd::backward({out_gpu}, {g0.to(cuda)});
+  at::Tensor qc = q0.to(at::kFloat).requires_grad_(true), kc = k0.to(at::kFloat).requires_grad_(true),
+             vc = v0.to(at::kFloat).requires_grad_(true);
+  const at::Tensor out_cpu = document_causal_attention(qc, kc, vc, doc);
+  torch::autograd::backward({out_cpu}, {g0.to(at::kFloat)});
+  const double u = 1.0 / 256;
+  auto error = [](const at::Tensor& got, const at::Tensor& want) {
+    return at::abs(got.cpu().to(at::kFloat) - want).max().item<double>();
+  };
+  auto largest = [](const at::Tensor& t) { return at::abs(t).max().item<double>(); };
+  CHECK(error(out_gpu, out_cpu) <= 2 * u * largest(vc));
+  CHECK(error(qg.grad(), qc.grad()) <= 4 * u * largest(qc.grad()));
+  CHECK(error(kg.grad(), kc.grad()) <= 4 * u * largest(kc.grad()));
+  CHECK(error(vg.grad(), vc.grad()) <= 4 * u * largest(vc.grad()));
 }

@@ -218,7 +218,7 @@ TEST_CASE("every writer under a full disk: error names the file, nothing partial
 TEST_CASE("metrics and TensorBoard records are whole or absent; lost metrics are reported", "[faults]") {
   const fs::path dir = titan::testing::fresh_temp_dir("faults_metrics");
   const std::string jsonl = (dir / "metrics.jsonl").string();
-  MetricsLogger logger(c10::Device(c10::kCPU), 1e6, 0, 1, jsonl);
+  MetricsLogger logger(c10::Device(c10::kCPU), 1e6, 0, 0, 1, jsonl);
   logger.set_tensorboard(std::make_unique<TensorBoardWriter>((dir / "tb").string()));
   StepMetrics m;
   m.step = 1;

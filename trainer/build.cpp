@@ -231,7 +231,8 @@ void Trainer::init_metrics() {
   const auto dump = std::filesystem::path(cfg_.job.dump_folder);
   const std::string jsonl =
       (dump / (distributed ? "metrics_rank" + std::to_string(world_.rank) + ".jsonl" : "metrics.jsonl")).string();
-  metrics_ = std::make_unique<observe::MetricsLogger>(device_, fpt, peak.flops_per_second,
+  metrics_ = std::make_unique<observe::MetricsLogger>(device_, fpt, model::attention_flops_per_token(model_->args(), t.seq_len),
+                                                      peak.flops_per_second,
                                                       mesh_->dims().non_data_parallel_size(), jsonl);
   if (start_step_ > 0) metrics_->resume_after(start_step_);  // the file continues the run
   if (cfg_.metrics.enable_tensorboard && (cfg_.metrics.save_for_all_ranks || world_.rank == 0)) {

@@ -2,6 +2,8 @@
 // trainer/build.cpp), the step and the loop.
 #include "trainer/train.h"
 
+#include "model/document_attention.h"
+
 #include <c10/util/Exception.h>
 
 #include <cmath>
@@ -51,7 +53,10 @@ std::pair<double, double> Trainer::train_step(int64_t step) {
 
   data::Batch batch = loader_->next_batch();  // this rank's rows of the global batch, [rows, S]
   const double loss_sum = forward_backward(batch);  // schedule + gradient finish (FSDP, TP, HSDP, dp x cp)
-  metrics_->add_tokens(batch.inputs.numel());
+  // Block-causal steps compute part of attention's square: the mfu counts what was done.
+  const model::ModelArgs& args = model_->args();
+  metrics_->add_tokens(batch.inputs.numel(),
+                       args.block_causal ? model::attention_work_fraction(model::document_ids(batch.inputs, args.eos_id)) : 1.0);
   model::NamedScope scope("optimizer", model::MemoryCategory::kOptimizerState);
   const double global_tokens = static_cast<double>(global_batch_size_) * t.seq_len;
   const double grad_norm = parallel_->clip_grad_norm(t.max_norm);  // one all-reduce

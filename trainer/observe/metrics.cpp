@@ -98,10 +98,11 @@ PeakFlops peak_flops_for_mfu(double configured_peak_flops, c10::Device device, a
               (low_precision_linears.empty() ? "" : "; " + low_precision_linears + " GEMMs are emulated in it")};
 }
 
-MetricsLogger::MetricsLogger(c10::Device device, double flops_per_token, double peak_flops,
-                             int64_t non_data_parallel_size, const std::string& jsonl_path)
+MetricsLogger::MetricsLogger(c10::Device device, double flops_per_token, double attention_flops_per_token,
+                             double peak_flops, int64_t non_data_parallel_size, const std::string& jsonl_path)
     : device_(device),
       flops_per_token_(flops_per_token),
+      attention_flops_per_token_(attention_flops_per_token),
       peak_flops_(peak_flops),
       non_data_parallel_size_(non_data_parallel_size) {
   jsonl_path_ = jsonl_path;
@@ -111,6 +112,7 @@ MetricsLogger::MetricsLogger(c10::Device device, double flops_per_token, double 
 
 void MetricsLogger::reset_window() {
   tokens_since_last_ = 0;
+  flops_since_last_ = 0;
   window_start_ = std::chrono::steady_clock::now();
   reset_peak_memory(device_);
 }
@@ -189,7 +191,7 @@ void MetricsLogger::log(const StepMetrics& m) {
   const double elapsed =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - window_start_).count();
   const double tps = tokens_since_last_ / (elapsed * non_data_parallel_size_);
-  const double tflops = flops_per_token_ * tps / 1e12;
+  const double tflops = flops_since_last_ / (elapsed * non_data_parallel_size_) / 1e12;
   const double mfu = peak_flops_ > 0 ? 100.0 * tflops * 1e12 / peak_flops_ : 0.0;
   const MemoryStats mem = memory_stats(device_);
   const double gib = mem.peak_bytes / double(1ull << 30);

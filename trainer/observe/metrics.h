@@ -4,7 +4,9 @@
 //
 // loss: global token-average loss of the step. memory: peak since the previous line (see
 // memory.h for what is measured on each device). tps: tokens per second per device since the
-// previous line, divided by the non-data-parallel degree. tflops = flops_per_token * tps / 1e12;
+// previous line, divided by the non-data-parallel degree. tflops = FLOPs per token * tps / 1e12,
+// where a token's FLOPs are the dense matmuls' plus attention's (model::flops_per_token), the
+// attention part scaled by the fraction of the causal square a block-causal step computed;
 // mfu = 100 * tflops / peak TFLOP/s.
 //
 // Every JSONL line and TensorBoard record is written whole or not at all; a failed write does
@@ -64,11 +66,17 @@ struct StepMetrics {
 
 class MetricsLogger {
  public:
-  MetricsLogger(c10::Device device, double flops_per_token, double peak_flops,
+  // flops_per_token: model::flops_per_token; attention_flops_per_token: its attention term.
+  MetricsLogger(c10::Device device, double flops_per_token, double attention_flops_per_token, double peak_flops,
                 int64_t non_data_parallel_size, const std::string& jsonl_path);
 
-  // Counts tokens processed by this rank since the last line.
-  void add_tokens(int64_t tokens) { tokens_since_last_ += tokens; }
+  // Counts tokens processed by this rank since the last line; `attention_work`: the fraction of
+  // attention's FLOPs they cost (block-causal: model::attention_work_fraction; causal: 1).
+  void add_tokens(int64_t tokens, double attention_work = 1.0) {
+    tokens_since_last_ += tokens;
+    flops_since_last_ += static_cast<double>(tokens) *
+                         (flops_per_token_ - attention_flops_per_token_ * (1.0 - attention_work));
+  }
   // Prints the line (through the log) and appends the JSONL record; resets the window.
   void log(const StepMetrics& m);
   // One validation (trainer/validate.h): the line "validate step: N  loss: ...  perplexity: ...
@@ -91,9 +99,11 @@ class MetricsLogger {
  private:
   c10::Device device_;
   double flops_per_token_;
+  double attention_flops_per_token_;
   double peak_flops_;
   int64_t non_data_parallel_size_;
   int64_t tokens_since_last_ = 0;
+  double flops_since_last_ = 0;
   std::chrono::steady_clock::time_point window_start_;
   void open_jsonl();
   std::string jsonl_path_;
