@@ -1,0 +1,191 @@
+// model/moe/moe.cpp — see moe.h.
+#include "model/moe/moe.h"
+
+#include <ATen/ops/arange.h>
+#include <ATen/ops/argsort.h>
+#include <ATen/ops/bincount.h>
+#include <ATen/ops/bmm.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/ones_like.h>
+#include <ATen/ops/sign.h>
+#include <ATen/ops/silu.h>
+#include <ATen/ops/softmax.h>
+#include <ATen/ops/zeros.h>
+#include <ATen/core/grad_mode.h>
+#include <c10/util/Exception.h>
+
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+
+#include "model/kernels/fused_ops.h"
+
+namespace titan::model::moe {
+namespace {
+
+at::Tensor meta(at::IntArrayRef shape) { return at::empty(shape, at::TensorOptions().device(at::kMeta)); }
+
+void make_meta(Linear& linear) { linear.weight = meta({linear.out_features(), linear.in_features()}); }
+
+[[noreturn]] void bad(const std::string& what) { throw std::invalid_argument("moe: " + what); }
+
+}  // namespace
+
+void check_moe_args(const MoEArgs& a) {
+  const std::string E = std::to_string(a.num_experts);
+  if (a.num_experts < 1) bad("num_experts " + E + " must be at least 1");
+  if (a.top_k < 1 || a.top_k > a.num_experts)
+    bad("top_k " + std::to_string(a.top_k) + " must be between 1 and num_experts " + E);
+  if (a.score_func != "softmax" && a.score_func != "sigmoid")
+    bad("score_func '" + a.score_func + "' is not one of: softmax, sigmoid");
+  if (a.num_shared_experts < 0) bad("num_shared_experts " + std::to_string(a.num_shared_experts) + " is negative");
+  if (!std::isfinite(a.route_scale)) bad("route_scale must be a finite number");
+  if (a.load_balance_coeff && !(*a.load_balance_coeff > 0))
+    bad("load_balance_coeff " + std::to_string(*a.load_balance_coeff) + " must be > 0 (or unset: no load balancing)");
+  if (a.num_limited_groups && !a.num_expert_groups)
+    bad("num_limited_groups is set without num_expert_groups (group-limited routing needs both)");
+  if (a.num_expert_groups) {
+    const int64_t G = *a.num_expert_groups;
+    if (G < 1 || a.num_experts % G != 0)
+      bad("num_expert_groups " + std::to_string(G) + " must divide num_experts " + E);
+    if (a.num_experts / G < 2)
+      bad("num_expert_groups " + std::to_string(G) + " leaves " + std::to_string(a.num_experts / G) +
+          " expert(s) per group; group-limited routing scores a group by its best two (need >= 2)");
+    if (!a.num_limited_groups) bad("num_expert_groups is set but num_limited_groups is not");
+    const int64_t L = *a.num_limited_groups;
+    if (L < 1 || L > G) bad("num_limited_groups " + std::to_string(L) + " must be between 1 and num_expert_groups " +
+                            std::to_string(G));
+    if (a.top_k > L * (a.num_experts / G))
+      bad("top_k " + std::to_string(a.top_k) + " exceeds the " + std::to_string(L * (a.num_experts / G)) +
+          " experts of the num_limited_groups " + std::to_string(L) + " groups a token may use");
+  }
+}
+
+Routing route(const at::Tensor& scores_logits, const at::Tensor& expert_bias, const MoEArgs& args) {
+  TORCH_CHECK(scores_logits.dim() == 2 && scores_logits.size(1) == args.num_experts, "moe router: scores must be [N, ",
+              args.num_experts, "], got ", scores_logits.sizes());
+  const int64_t N = scores_logits.size(0), E = args.num_experts, K = args.top_k;
+  // In float32 whatever the compute dtype (torchtitan: "to avoid loss explosion").
+  const at::Tensor logits = scores_logits.to(at::kFloat);
+  const at::Tensor scores = args.score_func == "sigmoid" ? logits.sigmoid() : at::softmax(logits, 1);
+  at::Tensor selected;
+  {
+    at::NoGradGuard no_grad;  // the choice is not differentiated
+    at::Tensor choice = expert_bias.defined() ? scores + expert_bias : scores;
+    if (args.num_expert_groups) {
+      const int64_t G = *args.num_expert_groups;
+      const at::Tensor grouped = choice.view({N, G, E / G});
+      const at::Tensor group_scores = std::get<0>(grouped.topk(2, -1)).sum(-1);  // [N, G]
+      const at::Tensor kept = std::get<1>(group_scores.topk(*args.num_limited_groups, -1, true, /*sorted=*/false));
+      const at::Tensor dropped = at::ones_like(group_scores, at::kBool).scatter_(1, kept, false);
+      choice = grouped.masked_fill(dropped.unsqueeze(-1), -std::numeric_limits<double>::infinity()).view({N, E});
+    }
+    selected = std::get<1>(choice.topk(K, -1, true, /*sorted=*/false));
+    if (args.force_load_balance)
+      selected = at::arange(N * K, scores.options().dtype(at::kLong)).view({N, K}).remainder(E);
+  }
+  at::Tensor top_scores = scores.gather(1, selected);  // the unbiased scores weigh
+  if (args.route_norm) top_scores = top_scores / (top_scores.sum(-1, true) + 1e-20);
+  top_scores = top_scores * args.route_scale;
+  const at::Tensor counts = at::bincount(selected.view(-1), {}, E).to(at::kFloat);
+  return {top_scores, selected, counts};
+}
+
+at::Tensor grouped_experts(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& w2, const at::Tensor& w3,
+                           const std::vector<int64_t>& counts) {
+  TORCH_CHECK(x.dim() == 2 && w1.dim() == 3 && static_cast<int64_t>(counts.size()) == w1.size(0),
+              "grouped experts: x ", x.sizes(), ", w1 ", w1.sizes(), ", ", counts.size(), " group sizes");
+  std::vector<at::Tensor> outputs;
+  int64_t offset = 0;
+  for (size_t e = 0; e < counts.size(); ++e) {
+    const int64_t rows = counts[e];
+    if (rows == 0) continue;
+    const int64_t expert = static_cast<int64_t>(e);
+    const at::Tensor xe = x.narrow(0, offset, rows);
+    const at::Tensor gate = xe.matmul(w1.select(0, expert).t());  // [rows, H]
+    const at::Tensor up = xe.matmul(w3.select(0, expert).t());
+    outputs.push_back((at::silu(gate) * up).matmul(w2.select(0, expert).t()));  // [rows, D]
+    offset += rows;
+  }
+  TORCH_CHECK(offset == x.size(0), "grouped experts: the group sizes add up to ", offset, " rows, x has ", x.size(0));
+  if (outputs.empty()) return at::zeros({0, w2.size(1)}, x.options());
+  return outputs.size() == 1 ? outputs[0] : at::cat(outputs, 0);
+}
+
+void update_expert_bias(at::Tensor& expert_bias, const at::Tensor& tokens_per_expert, double coeff) {
+  at::NoGradGuard no_grad;
+  const at::Tensor counts = tokens_per_expert.to(at::kFloat);
+  at::Tensor delta = coeff * at::sign(counts.mean() - counts);
+  delta = delta - delta.mean();
+  expert_bias.add_(delta.to(expert_bias.device()));
+}
+
+MoE::MoE(const std::string& prefix_, const MoEArgs& args_, int64_t dim_, int64_t hidden_dim_)
+    : prefix(prefix_), args(args_), dim(dim_), hidden_dim(hidden_dim_), gate(prefix_ + ".router.gate", dim_, args_.num_experts) {
+  check_moe_args(args);
+  const int64_t E = args.num_experts;
+  make_meta(gate);
+  if (args.gate_bias) gate_bias = meta({E});
+  w1 = meta({E, hidden_dim, dim});
+  w2 = meta({E, dim, hidden_dim});
+  w3 = meta({E, hidden_dim, dim});
+  if (args.num_shared_experts > 0) {
+    const int64_t shared_hidden = hidden_dim * args.num_shared_experts;
+    shared_w1.emplace(prefix + ".shared_experts.w1", dim, shared_hidden);
+    shared_w2.emplace(prefix + ".shared_experts.w2", shared_hidden, dim);
+    shared_w3.emplace(prefix + ".shared_experts.w3", dim, shared_hidden);
+    for (Linear* l : {&*shared_w1, &*shared_w2, &*shared_w3}) make_meta(*l);
+  }
+  if (args.load_balance_coeff) expert_bias = meta({E});
+  tokens_per_expert = meta({E});
+}
+
+at::Tensor MoE::forward(const at::Tensor& x) {
+  TORCH_CHECK(x.dim() == 3 && x.size(2) == dim, "moe ", prefix, ": expects [B, S, ", dim, "], got ", x.sizes());
+  const int64_t N = x.size(0) * x.size(1), K = args.top_k;
+  const at::Tensor xf = x.reshape({N, dim});
+  at::Tensor logits = gate.forward(xf);  // [N, E]
+  if (gate_bias.defined()) logits = logits + gate_bias;
+  const Routing r = route(logits, expert_bias, args);
+  {
+    at::NoGradGuard no_grad;
+    tokens_per_expert.add_(r.tokens_per_expert.to(tokens_per_expert.device()));
+  }
+  // The (token, choice) pairs sorted by expert, stably: each expert's rows contiguous.
+  const at::Tensor order = at::argsort(r.selected_experts.view(-1), /*stable=*/true);  // [N K]
+  const at::Tensor counts_cpu = r.tokens_per_expert.to(at::kCPU, at::kLong);
+  const std::vector<int64_t> counts(counts_cpu.data_ptr<int64_t>(), counts_cpu.data_ptr<int64_t>() + counts_cpu.numel());
+  at::Tensor rows = xf.index_select(0, order.div(K, "floor"));  // [N K, D]
+  if (args.score_before_experts) {
+    const at::Tensor sorted_scores = r.top_scores.reshape({-1}).index_select(0, order);
+    rows = (rows.to(at::kFloat) * sorted_scores.unsqueeze(1)).to(x.scalar_type());
+  }
+  const at::Tensor routed = grouped_experts(rows, w1, w2, w3, counts);
+  // Shared experts before the combine (under expert parallelism they overlap its exchange).
+  at::Tensor shared;
+  if (shared_w1) {
+    const at::Tensor g = shared_w1->forward(xf);
+    const at::Tensor u = shared_w3->forward(xf);
+    shared = shared_w2->forward(fused_swiglu(g, u));
+  }
+  // Back to (token, choice) order: the inverse permutation of `order`.
+  const at::Tensor unsorted = routed.index_select(0, at::argsort(order)).view({N, K, dim});
+  at::Tensor out = args.score_before_experts
+                       ? unsorted.sum(1)
+                       : at::bmm(r.top_scores.view({N, 1, K}), unsorted.to(at::kFloat)).to(x.scalar_type()).squeeze(1);
+  if (shared.defined()) out = shared + out;
+  return out.view(x.sizes());
+}
+
+void MoE::visit_params(const std::function<void(const std::string& fqn, at::Tensor& param)>& visit) {
+  visit(gate.fqn() + ".weight", gate.weight);
+  if (gate_bias.defined()) visit(gate.fqn() + ".bias", gate_bias);
+  visit(prefix + ".experts.w1", w1);
+  visit(prefix + ".experts.w2", w2);
+  visit(prefix + ".experts.w3", w3);
+  if (shared_w1)
+    for (Linear* l : {&*shared_w1, &*shared_w2, &*shared_w3}) visit(l->fqn() + ".weight", l->weight);
+}
+
+}  // namespace titan::model::moe

@@ -1,0 +1,103 @@
+// model/moe/moe.h — the mixture-of-experts feed-forward layer, with torchtitan 0.2.2's semantics
+// (torchtitan/models/moe/moe.py): a token-choice top-k router, the tokens reordered by expert,
+// SwiGLU experts over their token groups, optional shared experts, and auxiliary-loss-free load
+// balancing by a per-expert bias. Shared by the MoE model families (Qwen3-MoE first).
+//
+// Note [MoE forward]: for x [B, S, D] flattened to N tokens,
+//   1. router: scores = gate(x) [N, E] (a Linear; bias only with gate_bias), in float32
+//      sigmoid or softmax over the experts;
+//   2. choice: top_k experts of scores + expert_bias (the bias only chooses, it never weighs),
+//      after group-limited routing when num_expert_groups is set (each group scored by the sum of
+//      its two best experts; all but the best num_limited_groups groups masked to -inf);
+//      debug force-load-balance replaces the choice by round robin (token * top_k + j) % E;
+//   3. weights: the UNBIASED scores of the chosen experts, divided by their sum (+1e-20) with
+//      route_norm, times route_scale;
+//   4. counts: a histogram of the choices, added to tokens_per_expert (the load balancing input);
+//   5. reorder: the N * top_k (token, choice) pairs sorted by expert, stably; the rows gathered;
+//      with score_before_experts the rows are multiplied by their weight in float32 first;
+//   6. experts: per expert e, w2[e] (silu(w1[e] x) * w3[e] x) over its contiguous rows;
+//   7. combine: rows scattered back to [N, top_k, D]; a sum over the choices (weights already
+//      applied) or a float32 weighted sum (score after experts); plus the shared experts, one
+//      SwiGLU of hidden * num_shared_experts, when there are any.
+//
+// Note [Aux-loss-free load balancing]: once per optimizer step, after every micro-batch, each
+// MoE layer's tokens_per_expert (summed over the ranks that see different tokens) moves its
+// bias: delta = coeff * sign(mean(counts) - counts); delta -= mean(delta); expert_bias += delta;
+// counts zeroed. An under-loaded expert's bias rises, so the top-k choice drifts toward it.
+// expert_bias is saved in checkpoints; tokens_per_expert is not.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "model/linear.h"
+
+namespace titan::model::moe {
+
+// torchtitan's MoEArgs (its defaults).
+struct MoEArgs {
+  int64_t num_experts = 8;
+  int64_t num_shared_experts = 1;
+  std::string score_func = "sigmoid";  // "softmax" | "sigmoid"
+  bool route_norm = false;
+  double route_scale = 1.0;
+  bool gate_bias = false;
+  bool score_before_experts = true;
+  int64_t top_k = 1;
+  std::optional<int64_t> num_expert_groups;   // a divisor of num_experts, >= 2 experts each
+  std::optional<int64_t> num_limited_groups;  // required with num_expert_groups
+  std::optional<double> load_balance_coeff = 1e-3;  // none: no expert_bias
+  bool force_load_balance = false;  // debug.moe_force_load_balance: round-robin choice
+};
+
+// Throws std::invalid_argument naming the field, the value and what is allowed (top_k > experts,
+// groups that do not divide the experts, a limit without groups, an unknown score_func, ...).
+void check_moe_args(const MoEArgs& args);
+
+// The router's decision for N tokens (steps 1-4 of Note [MoE forward]).
+struct Routing {
+  at::Tensor top_scores;         // [N, top_k] float32: each choice's weight
+  at::Tensor selected_experts;   // [N, top_k] int64
+  at::Tensor tokens_per_expert;  // [E] float32: the histogram of selected_experts
+};
+// scores_logits [N, E] (the gate's output, any float dtype); expert_bias [E] float32 or undefined.
+Routing route(const at::Tensor& scores_logits, const at::Tensor& expert_bias, const MoEArgs& args);
+
+// The experts over rows sorted by expert (step 6): x [T, D] whose first counts[0] rows go to
+// expert 0, the next counts[1] to expert 1, ...; w1, w3 [E, H, D], w2 [E, D, H] -> [T, D].
+// Differentiable in x and the weights. CPU and CUDA: one matmul chain per expert with rows.
+at::Tensor grouped_experts(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& w2, const at::Tensor& w3,
+                           const std::vector<int64_t>& counts);
+
+// Note [Aux-loss-free load balancing]'s update of one layer, in place: expert_bias [E] float32,
+// tokens_per_expert [E] (already summed over the ranks).
+void update_expert_bias(at::Tensor& expert_bias, const at::Tensor& tokens_per_expert, double coeff);
+
+// One MoE layer. Parameters ("<prefix>.router.gate.weight", "<prefix>.experts.w1", ...,
+// "<prefix>.shared_experts.w1.weight", ...) and the buffer "<prefix>.expert_bias" are torchtitan's
+// names; tensors start on the meta device as the model's do.
+struct MoE {
+  MoE(const std::string& prefix, const MoEArgs& args, int64_t dim, int64_t hidden_dim);
+  // x [B, S, D] -> [B, S, D] (See Note [MoE forward]); adds this forward's counts to
+  // tokens_per_expert (no gradient).
+  at::Tensor forward(const at::Tensor& x);
+  // Every parameter with its fully-qualified name (the experts' stacked weights as parameters).
+  void visit_params(const std::function<void(const std::string& fqn, at::Tensor& param)>& visit);
+
+  std::string prefix;
+  MoEArgs args;
+  int64_t dim, hidden_dim;
+  Linear gate;                        // [E, D] (+ gate_bias: [E])
+  at::Tensor gate_bias;               // [E] or undefined
+  at::Tensor w1, w2, w3;              // experts: [E, H, D], [E, D, H], [E, H, D]
+  std::optional<Linear> shared_w1, shared_w2, shared_w3;  // shared experts: hidden * num_shared
+  at::Tensor expert_bias;             // [E] float32 (load balancing on), else undefined
+  at::Tensor tokens_per_expert;       // [E] float32, summed over forwards until the bias update
+};
+
+}  // namespace titan::model::moe
