@@ -124,6 +124,16 @@ TEST_CASE("model.attn_mask_type: a misspelt value is a config error naming the k
           "[trainer][documents]") {
   CHECK_THROWS_WITH(job({"--model.attn_mask_type", "block_casual"}),
                     Contains("model.attn_mask_type") && Contains("block_causal") && Contains("causal"));
+  // torchtitan's 8B flavors: 8B's shapes, block-causal (the debugmodel ones train in the test above).
+  for (const char* flavor : {"8B_flex", "8B_varlen"}) {
+    const titan::model::ModelArgs a = titan::model::llama3_flavor(flavor), base = titan::model::llama3_flavor("8B");
+    INFO(flavor);
+    CHECK(a.block_causal);
+    CHECK(!base.block_causal);
+    CHECK((a.dim == base.dim && a.n_layers == base.n_layers && a.n_heads == base.n_heads &&
+           a.n_kv_heads == base.n_kv_heads && a.ffn_hidden_dim() == base.ffn_hidden_dim() &&
+           a.rope_theta == base.rope_theta && a.rope_scaling.enabled == base.rope_scaling.enabled));
+  }
   // Every layout takes block-causal attention: pipeline and context parallel degrees are accepted.
   for (const char* degree : {"--parallelism.pipeline_parallel_degree", "--parallelism.context_parallel_degree"}) {
     const JobConfig cfg = job({"--model.flavor", "debugmodel_flex_attn", degree, "2"});
