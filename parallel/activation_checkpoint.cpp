@@ -25,6 +25,7 @@ const model::SaveList& selective_ac_save_list() {
       {"sdpa", false, "attention: quadratic in seq_len, the costliest op to recompute"},
       {"reduce_scatter", false, "TP reduce-scatter: recomputing it would repeat communication"},
       {"cp_all_to_all", false, "context parallel head re-shards (titan_ulysses): recomputing would repeat them"},
+      {"ep_all_to_all", false, "expert parallel dispatch and combine (and their counts): recomputing would repeat them"},
       {"amax", false, "float8 amax reductions: tiny outputs, and a cross-rank max in FSDP"},
   };
   return list;

@@ -216,7 +216,7 @@ TEST_CASE("per-op AC keeps every other mm and sdpa, never abs", "[ac]") {
   SECTION("the save list is the one table, without abs") {
     std::vector<std::string> ops;
     for (const auto& e : parallel::selective_ac_save_list()) ops.push_back(e.op);
-    CHECK(ops == std::vector<std::string>{"mm", "sdpa", "reduce_scatter", "cp_all_to_all", "amax"});
+    CHECK(ops == std::vector<std::string>{"mm", "sdpa", "reduce_scatter", "cp_all_to_all", "ep_all_to_all", "amax"});
     CHECK_FALSE(parallel::op_on_save_list("abs"));
   }
 }

@@ -400,6 +400,31 @@ CommWork Comm::all_to_all_single_async(const at::Tensor& output, const at::Tenso
   });
 }
 
+CommWork Comm::all_to_all_async(const at::Tensor& output, const at::Tensor& input, std::vector<int64_t> output_splits,
+                                std::vector<int64_t> input_splits) {
+  const char* name = "all_to_all(splits)";
+  auto total = [](const std::vector<int64_t>& splits) {
+    int64_t sum = 0;
+    for (int64_t n : splits) sum += n < 0 ? -1 : n;
+    return sum;
+  };
+  const bool shapes_ok = input.defined() && output.defined() && input.dim() >= 1 && output.dim() == input.dim() &&
+                         input.sizes().slice(1) == output.sizes().slice(1);
+  if (!shapes_ok || !input.is_contiguous() || !output.is_contiguous() || output.scalar_type() != input.scalar_type() ||
+      static_cast<int>(input_splits.size()) != size_ || static_cast<int>(output_splits.size()) != size_ ||
+      total(input_splits) != input.size(0) || total(output_splits) != output.size(0)) {
+    fail(name, "need contiguous tensors of one dtype and row shape, " + std::to_string(size_) +
+                   " split sizes each adding up to the rows; got input " + describe_tensor(input) + ", output " +
+                   describe_tensor(output) + ", " + std::to_string(input_splits.size()) + " input and " +
+                   std::to_string(output_splits.size()) + " output splits");
+  }
+  return issue(name, input, [&] {
+    at::Tensor out = output;
+    at::Tensor in = input;
+    return backend_->alltoall_base(out, in, output_splits, input_splits);
+  });
+}
+
 CommWork Comm::broadcast_async(const at::Tensor& tensor, int root) {
   std::string name = "broadcast(root " + std::to_string(root) + ")";
   if (root < 0 || root >= size_) {

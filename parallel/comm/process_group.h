@@ -151,6 +151,12 @@ class Comm {
   // (flat views, equal slices), slice j of the input goes to rank j, slice j of the output came
   // from rank j (c10d's all_to_all_single with equal splits).
   CommWork all_to_all_single_async(const at::Tensor& output, const at::Tensor& input);
+  // The same exchange with rows of any count (c10d's all_to_all_single with split sizes):
+  // input_splits[j] rows (dim 0) of `input` go to rank j, output_splits[j] rows of `output` come
+  // from rank j, in rank order; rows have the same shape on every rank. Every rank's
+  // input_splits[j] must be rank j's output_splits[me] (the callers exchange the counts first).
+  CommWork all_to_all_async(const at::Tensor& output, const at::Tensor& input, std::vector<int64_t> output_splits,
+                            std::vector<int64_t> input_splits);
   // In place: every rank's tensor = root's tensor (root is a group rank).
   CommWork broadcast_async(const at::Tensor& tensor, int root);
   CommWork barrier_async();

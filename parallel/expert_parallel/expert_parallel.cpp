@@ -1,0 +1,111 @@
+// parallel/expert_parallel/expert_parallel.cpp — see expert_parallel.h.
+#include "parallel/expert_parallel/expert_parallel.h"
+
+#include <ATen/ops/argsort.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/tensor.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "model/activation_checkpoint_ops.h"
+#include "model/moe/moe.h"
+#include "parallel/comm/autograd_comm.h"
+#include "parallel/comm/process_group.h"
+
+namespace titan::parallel::expert_parallel {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+at::Tensor exchange(const at::Tensor& input, const std::vector<int64_t>& out_splits,
+                    const std::vector<int64_t>& in_splits, comm::Comm& ep) {
+  int64_t rows = 0;
+  for (int64_t n : out_splits) rows += n;
+  std::vector<int64_t> shape = input.sizes().vec();
+  shape[0] = rows;
+  at::Tensor output = at::empty(shape, input.options());
+  ep.all_to_all_async(output, input.contiguous(), out_splits, in_splits).wait();
+  return output;
+}
+
+// Rows to the ranks that hold their experts (or back): the adjoint swaps the split sizes.
+struct RowsAllToAll : public torch::autograd::Function<RowsAllToAll> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& input, std::vector<int64_t> out_splits,
+                               std::vector<int64_t> in_splits, comm::Comm* ep) {
+    ctx->saved_data["out_splits"] = out_splits;
+    ctx->saved_data["in_splits"] = in_splits;
+    comm::save_comm(ctx, *ep);
+    return {model::checkpointable_op("ep_all_to_all", [&] { return exchange(input, out_splits, in_splits, *ep); })};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const std::vector<int64_t> out_splits = ctx->saved_data.at("out_splits").toIntVector();
+    const std::vector<int64_t> in_splits = ctx->saved_data.at("in_splits").toIntVector();
+    return {exchange(grads[0], in_splits, out_splits, comm::saved_comm(ctx)), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+int64_t local_experts_begin(int64_t num_experts, int ep_size, int ep_rank) {
+  if (ep_size < 1 || num_experts % ep_size != 0)
+    throw std::invalid_argument("parallelism.expert_parallel_degree " + std::to_string(ep_size) +
+                                " does not divide the model's " + std::to_string(num_experts) +
+                                " experts (each EP rank holds num_experts / degree of them)");
+  return ep_rank * (num_experts / ep_size);
+}
+
+at::Tensor expert_parallel_experts(const at::Tensor& rows, const std::vector<int64_t>& counts, const at::Tensor& w1,
+                                   const at::Tensor& w2, const at::Tensor& w3, comm::Comm& ep) {
+  const int n = ep.size();
+  const int64_t E = static_cast<int64_t>(counts.size()), local = E / n;
+  local_experts_begin(E, n, ep.rank());
+  TORCH_CHECK(w1.size(0) == local, "expert parallel: this rank holds ", w1.size(0), " experts' weights, expected ",
+              local, " (", E, " experts over ", n, " ranks)");
+  // 1. How many rows every source sends to each of this rank's experts: [n, local].
+  at::Tensor received;
+  {
+    const at::Tensor sent = at::tensor(counts, at::kLong);
+    received = model::checkpointable_op("ep_all_to_all", [&] {
+      at::Tensor out = at::empty({E}, sent.options());
+      ep.all_to_all_single_async(out, sent).wait();
+      return out;
+    });
+  }
+  const at::Tensor from = received.to(at::kCPU).view({n, local}).contiguous();
+  const int64_t* got = from.data_ptr<int64_t>();
+  std::vector<int64_t> in_splits(static_cast<size_t>(n), 0), out_splits(static_cast<size_t>(n), 0);
+  for (int j = 0; j < n; ++j)
+    for (int64_t e = 0; e < local; ++e) {
+      in_splits[static_cast<size_t>(j)] += counts[static_cast<size_t>(j * local + e)];
+      out_splits[static_cast<size_t>(j)] += got[j * local + e];
+    }
+  // 2. Dispatch.
+  const at::Tensor arrived = RowsAllToAll::apply(rows, out_splits, in_splits, &ep)[0];  // by (source, expert)
+  // 3. Group by local expert (then source), run the experts, undo the grouping.
+  std::vector<int64_t> block_start(static_cast<size_t>(n * local));
+  int64_t at_row = 0;
+  for (int64_t b = 0; b < n * local; ++b) {
+    block_start[static_cast<size_t>(b)] = at_row;
+    at_row += got[b];
+  }
+  std::vector<int64_t> order;
+  std::vector<int64_t> local_counts(static_cast<size_t>(local), 0);
+  order.reserve(static_cast<size_t>(at_row));
+  for (int64_t e = 0; e < local; ++e)
+    for (int j = 0; j < n; ++j) {
+      const int64_t b = j * local + e;
+      for (int64_t i = 0; i < got[b]; ++i) order.push_back(block_start[static_cast<size_t>(b)] + i);
+      local_counts[static_cast<size_t>(e)] += got[b];
+    }
+  const at::Tensor by_expert = at::tensor(order, at::kLong).to(rows.device());
+  const at::Tensor computed = model::moe::grouped_experts(arrived.index_select(0, by_expert), w1, w2, w3, local_counts);
+  const at::Tensor back = computed.index_select(0, at::argsort(by_expert));
+  // 4. Combine: every row back to its source, in the order it left.
+  return RowsAllToAll::apply(back, in_splits, out_splits, &ep)[0];
+}
+
+}  // namespace titan::parallel::expert_parallel

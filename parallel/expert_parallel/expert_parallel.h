@@ -1,0 +1,43 @@
+// parallel/expert_parallel/expert_parallel.h — expert parallelism (EP): the experts of every MoE
+// layer sharded over the ranks of an EP group, each token's routed rows sent to the rank that
+// holds its expert and the results sent back (torchtitan's ExpertParallel).
+//
+// Note [Expert parallelism]: with n EP ranks and E experts, rank r holds experts
+// [r E/n, (r+1) E/n) (the stacked expert weights sharded on dim 0). A layer's routed rows arrive
+// sorted by global expert (model/moe/moe.h, Note [MoE forward]) with their counts per expert:
+//   1. the counts: one all-to-all of the [E] counts in slices of E/n, so each rank learns how many
+//      rows every source sends to each of its local experts ([n, E/n]);
+//   2. dispatch: one all-to-all of the rows with those split sizes (rank j gets the rows of its
+//      experts; they arrive grouped by source rank, then by local expert);
+//   3. a local permutation grouping them by local expert (then by source), the local experts
+//      over their groups, and the inverse permutation;
+//   4. combine: the inverse all-to-all, so each row returns to its token's rank in the order it
+//      left. Autograd runs the exchanges in reverse (an all-to-all's adjoint is the all-to-all
+//      with the split sizes swapped); an expert's weight gradient sums every rank's rows.
+// The router and everything outside the experts stay as they are on every rank. Per-op AC keeps
+// each exchange's output ("ep_all_to_all"), so a recompute repeats no communication.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace titan::parallel::comm {
+class Comm;
+}
+
+namespace titan::parallel::expert_parallel {
+
+// The experts of one MoE layer over the EP group `ep` (See Note [Expert parallelism]): rows
+// [T, D] sorted by global expert with counts[e] rows for expert e (E = counts.size(), a multiple of
+// ep.size()); w1, w3 [E/n, H, D], w2 [E/n, D, H]: this rank's experts. Returns [T, D], each row the
+// output of its expert, in the order of `rows`. Differentiable in rows and the local weights.
+at::Tensor expert_parallel_experts(const at::Tensor& rows, const std::vector<int64_t>& counts, const at::Tensor& w1,
+                                   const at::Tensor& w2, const at::Tensor& w3, comm::Comm& ep);
+
+// This rank's experts of E over an EP group of n: [first, first + E/n). Throws std::invalid_argument
+// naming parallelism.expert_parallel_degree when n does not divide E.
+int64_t local_experts_begin(int64_t num_experts, int ep_size, int ep_rank);
+
+}  // namespace titan::parallel::expert_parallel

@@ -1,0 +1,127 @@
+// Expert parallelism's exchange (parallel/expert_parallel/expert_parallel.h) on threads standing
+// in for ranks: every rank's routed rows through experts sharded over EP 2 and EP 4 against the
+// same rows through all the experts on one rank, forward and backward, with uneven and empty
+// groups; per-op AC's replay repeats no exchange.
+//
+// Tolerance: each row meets the same expert weights in both forms; only the GEMMs' row blocking
+// (how many rows share one matmul call) differs, and an expert's weight gradient sums the ranks'
+// rows in another order. float32 over 16-term dot products and <= 4 partial sums: a few ulps of
+// O(1) values; the bound 1e-5 relative to the largest value is ~50x that, while a row sent to the
+// wrong expert or rank is off by O(1).
+#include <catch2/catch.hpp>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/ops/randn.h>
+#include <ATen/ops/zeros.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <chrono>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "model/activation_checkpoint_ops.h"
+#include "model/moe/moe.h"
+#include "parallel/activation_checkpoint.h"
+#include "parallel/comm/process_group.h"
+#include "parallel/expert_parallel/expert_parallel.h"
+#include "tests/rank_threads.h"
+
+namespace tp = titan::parallel;
+namespace tmod = titan::model;
+using Catch::Matchers::Contains;
+
+namespace {
+
+constexpr int64_t kExperts = 8, kDim = 16, kHidden = 12;
+
+at::Tensor normal(std::vector<int64_t> shape, uint64_t seed, double scale = 1.0) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  return at::randn(shape, gen, at::TensorOptions().dtype(at::kFloat)) * scale;
+}
+
+// Rank r's rows per expert: uneven, some experts get none from some ranks.
+std::vector<int64_t> counts_of(int rank) {
+  std::vector<int64_t> c(static_cast<size_t>(kExperts));
+  for (int64_t e = 0; e < kExperts; ++e) c[static_cast<size_t>(e)] = (e * 3 + rank * 5) % 4;  // 0..3
+  return c;
+}
+
+int64_t total(const std::vector<int64_t>& c) {
+  int64_t t = 0;
+  for (int64_t n : c) t += n;
+  return t;
+}
+
+double relative(const at::Tensor& got, const at::Tensor& want) {
+  return (got - want).abs().max().item<double>() / want.abs().max().item<double>();
+}
+
+}  // namespace
+
+TEST_CASE("expert parallel dispatch, experts and combine over EP 2 and 4 equal all experts on one rank",
+          "[parallel][moe]") {
+  const at::Tensor w1 = normal({kExperts, kHidden, kDim}, 1, 0.3), w2 = normal({kExperts, kDim, kHidden}, 2, 0.3);
+  const at::Tensor w3 = normal({kExperts, kHidden, kDim}, 3, 0.3);
+  for (int n : {2, 4}) {
+    INFO("EP " << n);
+    // The reference: each rank's rows through every expert locally; the weight gradients summed
+    // over the ranks (what each expert's shard must receive).
+    std::vector<at::Tensor> want_out, want_drows;
+    at::Tensor want_dw1 = at::zeros_like(w1), want_dw2 = at::zeros_like(w2), want_dw3 = at::zeros_like(w3);
+    for (int r = 0; r < n; ++r) {
+      at::Tensor rows = normal({total(counts_of(r)), kDim}, 100 + r).requires_grad_(true);
+      at::Tensor a = w1.clone().requires_grad_(true), b = w2.clone().requires_grad_(true), c = w3.clone().requires_grad_(true);
+      const at::Tensor out = tmod::moe::grouped_experts(rows, a, b, c, counts_of(r));
+      torch::autograd::backward({out}, {normal(out.sizes().vec(), 200 + r)});
+      want_out.push_back(out.detach());
+      want_drows.push_back(rows.grad());
+      want_dw1 += a.grad();
+      want_dw2 += b.grad();
+      want_dw3 += c.grad();
+    }
+    const auto errors = titan::testing::run_ranks_on_threads(
+        n, std::chrono::seconds(60), [&](int rank, const c10::intrusive_ptr<c10d::Store>& store) {
+          tp::comm::CommOptions options;
+          options.timeout = std::chrono::seconds(60);
+          tp::comm::Comm ep(store, rank, n, "ep_" + std::to_string(n), options);
+          const int64_t first = tp::expert_parallel::local_experts_begin(kExperts, n, rank), local = kExperts / n;
+          auto shard = [&](const at::Tensor& w) { return w.narrow(0, first, local).clone().requires_grad_(true); };
+          at::Tensor a = shard(w1), b = shard(w2), c = shard(w3);
+          const std::vector<int64_t> counts = counts_of(rank);
+          // Per-op AC's record (no grad) then replay: the replay must exchange nothing.
+          tmod::OpCheckpointStore store_ops(tp::selective_ac_save_list());
+          at::Tensor recorded;
+          {
+            at::NoGradGuard no_grad;
+            tmod::OpCheckpointScope record(&store_ops, tmod::OpCheckpointPhase::kRecord);
+            recorded = tp::expert_parallel::expert_parallel_experts(normal({total(counts), kDim}, 100 + rank), counts,
+                                                                     a, b, c, ep);
+          }
+          const uint64_t collectives = ep.sequence_number();
+          at::Tensor rows = normal({total(counts), kDim}, 100 + rank).requires_grad_(true);
+          at::Tensor out;
+          {
+            tmod::OpCheckpointScope replay(&store_ops, tmod::OpCheckpointPhase::kReplay);
+            out = tp::expert_parallel::expert_parallel_experts(rows, counts, a, b, c, ep);
+          }
+          if (ep.sequence_number() != collectives) throw std::runtime_error("the per-op AC replay communicated");
+          torch::autograd::backward({out}, {normal(out.sizes().vec(), 200 + rank)});
+          std::ostringstream bad;
+          auto expect = [&](const at::Tensor& got, const at::Tensor& want, const char* what) {
+            const double d = relative(got, want);
+            if (!(d < 1e-5)) bad << what << " differs by " << d << " relative; ";
+          };
+          expect(out, want_out[static_cast<size_t>(rank)], "output");
+          expect(rows.grad(), want_drows[static_cast<size_t>(rank)], "d rows");
+          expect(a.grad(), want_dw1.narrow(0, first, local), "d w1");
+          expect(b.grad(), want_dw2.narrow(0, first, local), "d w2");
+          expect(c.grad(), want_dw3.narrow(0, first, local), "d w3");
+          if (!bad.str().empty()) throw std::runtime_error(bad.str());
+        });
+    for (size_t r = 0; r < errors.size(); ++r)
+      if (!errors[r].empty()) FAIL_CHECK("rank " << r << ": " << errors[r]);
+  }
+  CHECK_THROWS_WITH(tp::expert_parallel::local_experts_begin(8, 3, 0),
+                    Contains("parallelism.expert_parallel_degree 3 does not divide the model's 8 experts"));
+}
