@@ -125,3 +125,69 @@ TEST_CASE("expert parallel dispatch, experts and combine over EP 2 and 4 equal a
   CHECK_THROWS_WITH(tp::expert_parallel::local_experts_begin(8, 3, 0),
                     Contains("parallelism.expert_parallel_degree 3 does not divide the model's 8 experts"));
 }
+
+TEST_CASE("a whole MoE layer under EP 2 equals the layer with every expert on each rank", "[parallel][moe]") {
+  // Qwen3-MoE's router (softmax, top 2, route_norm, score after experts) and one shared expert;
+  // each rank its own tokens. The gate stays replicated: its gradient is each rank's own.
+  tmod::moe::MoEArgs args;
+  args.num_experts = kExperts;
+  args.score_func = "softmax";
+  args.top_k = 2;
+  args.route_norm = true;
+  args.score_before_experts = false;
+  const int n = 2;
+  auto build = [&](tmod::moe::MoE& layer, int64_t first, int64_t count) {
+    auto leaf = [](const at::Tensor& t) { return t.clone().requires_grad_(true); };
+    layer.gate.weight = leaf(normal({kExperts, kDim}, 4, 0.5));
+    layer.w1 = leaf(normal({kExperts, kHidden, kDim}, 1, 0.3).narrow(0, first, count));
+    layer.w2 = leaf(normal({kExperts, kDim, kHidden}, 2, 0.3).narrow(0, first, count));
+    layer.w3 = leaf(normal({kExperts, kHidden, kDim}, 3, 0.3).narrow(0, first, count));
+    layer.shared_w1->weight = leaf(normal({kHidden, kDim}, 5, 0.3));
+    layer.shared_w2->weight = leaf(normal({kDim, kHidden}, 6, 0.3));
+    layer.shared_w3->weight = leaf(normal({kHidden, kDim}, 7, 0.3));
+    layer.expert_bias = at::zeros({kExperts});
+    layer.tokens_per_expert = at::zeros({kExperts});
+  };
+  struct Want {
+    at::Tensor out, dx, dgate, dw1;
+  };
+  std::vector<Want> want;
+  at::Tensor dw1_sum = at::zeros({kExperts, kHidden, kDim});
+  for (int r = 0; r < n; ++r) {
+    tmod::moe::MoE layer("layers.0.moe", args, kDim, kHidden);
+    build(layer, 0, kExperts);
+    at::Tensor x = normal({2, 6, kDim}, 300 + r).requires_grad_(true);
+    const at::Tensor out = layer.forward(x);
+    torch::autograd::backward({out}, {normal({2, 6, kDim}, 400 + r)});
+    want.push_back({out.detach(), x.grad(), layer.gate.weight.grad(), layer.w1.grad()});
+    dw1_sum += layer.w1.grad();
+  }
+  const auto errors = titan::testing::run_ranks_on_threads(
+      n, std::chrono::seconds(60), [&](int rank, const c10::intrusive_ptr<c10d::Store>& store) {
+        tp::comm::Comm ep(store, rank, n, "ep_layer");
+        const int64_t local = kExperts / n, first = tp::expert_parallel::local_experts_begin(kExperts, n, rank);
+        tmod::moe::MoE layer("layers.0.moe", args, kDim, kHidden);
+        build(layer, first, local);
+        tp::comm::Comm* comm = &ep;
+        layer.experts_compute = [comm](const at::Tensor& rows, const std::vector<int64_t>& counts, const at::Tensor& w1,
+                                       const at::Tensor& w2, const at::Tensor& w3) {
+          return tp::expert_parallel::expert_parallel_experts(rows, counts, w1, w2, w3, *comm);
+        };
+        at::Tensor x = normal({2, 6, kDim}, 300 + rank).requires_grad_(true);
+        const at::Tensor out = layer.forward(x);
+        torch::autograd::backward({out}, {normal({2, 6, kDim}, 400 + rank)});
+        const Want& w = want[static_cast<size_t>(rank)];
+        std::ostringstream bad;
+        auto expect = [&](const at::Tensor& got, const at::Tensor& ref, const char* what) {
+          const double d = relative(got, ref);
+          if (!(d < 1e-5)) bad << what << " differs by " << d << " relative; ";
+        };
+        expect(out, w.out, "output");
+        expect(x.grad(), w.dx, "d x");
+        expect(layer.gate.weight.grad(), w.dgate, "d gate");
+        expect(layer.w1.grad(), dw1_sum.narrow(0, first, local), "d w1 (summed over the ranks' tokens)");
+        if (!bad.str().empty()) throw std::runtime_error(bad.str());
+      });
+  for (size_t r = 0; r < errors.size(); ++r)
+    if (!errors[r].empty()) FAIL_CHECK("rank " << r << ": " << errors[r]);
+}

@@ -161,7 +161,8 @@ at::Tensor MoE::forward(const at::Tensor& x) {
     const at::Tensor sorted_scores = r.top_scores.reshape({-1}).index_select(0, order);
     rows = (rows.to(at::kFloat) * sorted_scores.unsqueeze(1)).to(x.scalar_type());
   }
-  const at::Tensor routed = grouped_experts(rows, w1, w2, w3, counts);
+  const at::Tensor routed = experts_compute ? experts_compute(rows, counts, w1, w2, w3)
+                                            : grouped_experts(rows, w1, w2, w3, counts);
   // Shared experts before the combine (under expert parallelism they overlap its exchange).
   at::Tensor shared;
   if (shared_w1) {

@@ -78,6 +78,12 @@ at::Tensor grouped_experts(const at::Tensor& x, const at::Tensor& w1, const at::
 // tokens_per_expert [E] (already summed over the ranks).
 void update_expert_bias(at::Tensor& expert_bias, const at::Tensor& tokens_per_expert, double coeff);
 
+// The experts of one layer over rows sorted by expert (grouped_experts' arguments): expert
+// parallelism installs one that sends the rows to the ranks holding their experts
+// (parallel/expert_parallel/expert_parallel.h); empty: grouped_experts on this rank.
+using ExpertsCompute = std::function<at::Tensor(const at::Tensor& rows, const std::vector<int64_t>& counts,
+                                                const at::Tensor& w1, const at::Tensor& w2, const at::Tensor& w3)>;
+
 // One MoE layer. Parameters ("<prefix>.router.gate.weight", "<prefix>.experts.w1", ...,
 // "<prefix>.shared_experts.w1.weight", ...) and the buffer "<prefix>.expert_bias" are torchtitan's
 // names; tensors start on the meta device as the model's do.
@@ -98,6 +104,7 @@ struct MoE {
   std::optional<Linear> shared_w1, shared_w2, shared_w3;  // shared experts: hidden * num_shared
   at::Tensor expert_bias;             // [E] float32 (load balancing on), else undefined
   at::Tensor tokens_per_expert;       // [E] float32, summed over forwards until the bias update
+  ExpertsCompute experts_compute;     // empty: grouped_experts (w1/w2/w3 then hold every expert)
 };
 
 }  // namespace titan::model::moe
