@@ -19,10 +19,11 @@ endif()
 # trainer/config, not trainer), for the includer and the included alike. apps/ and tests/ may
 # include everything.
 set(layer_folders util launcher data model float8
-                  parallel/comm parallel/tensor_parallel parallel/context_parallel parallel/pipeline parallel
+                  parallel/comm parallel/tensor_parallel parallel/context_parallel parallel/expert_parallel
+                  parallel/pipeline parallel
                   trainer/optim trainer/config trainer/observe trainer/checkpoint trainer apps)
 # parallel's rooms, lowest first: comm/ (process groups, flight recorder, mesh); the dimensions
-# tensor_parallel/ and context_parallel/ on comm/; pipeline/ (schedules as data, the stage
+# tensor_parallel/, context_parallel/ and expert_parallel/ on comm/; pipeline/ (schedules as data, the stage
 # split, the plan, the pipeline schedule) on context_parallel/ (each micro-batch's sequence
 # split); the plan at parallel/'s top on all of them. parallel/ never sees the launcher: the
 # trainer hands the rendezvous to comm/ as plain values.
@@ -35,8 +36,10 @@ set(allowed_float8 float8 model util)
 set(allowed_parallel/comm parallel/comm ${parallel_base})
 set(allowed_parallel/tensor_parallel parallel/tensor_parallel parallel/comm ${parallel_base})
 set(allowed_parallel/context_parallel parallel/context_parallel parallel/comm ${parallel_base})
+set(allowed_parallel/expert_parallel parallel/expert_parallel parallel/comm ${parallel_base})
 set(allowed_parallel/pipeline parallel/pipeline parallel/context_parallel parallel/comm ${parallel_base})
-set(parallel_rooms parallel parallel/comm parallel/tensor_parallel parallel/context_parallel parallel/pipeline)
+set(parallel_rooms parallel parallel/comm parallel/tensor_parallel parallel/context_parallel parallel/expert_parallel
+                   parallel/pipeline)
 set(allowed_parallel ${parallel_rooms} ${parallel_base})
 set(allowed_trainer/optim trainer/optim util)
 set(allowed_trainer/config trainer/config trainer/optim ${parallel_rooms} float8 model util)
