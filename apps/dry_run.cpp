@@ -14,7 +14,7 @@
 
 #include "data/tokenizer.h"
 #include "model/args.h"
-#include "model/llama.h"
+#include "model/transformer.h"
 #include "parallel/context_parallel/context_parallel.h"
 #include "parallel/comm/mesh.h"
 #include "parallel/parallelize.h"
@@ -86,7 +86,7 @@ void run_dry_run(const trainer::config::JobConfig& cfg, const DryRunRequest& req
     vocab_note = " (tokenizer not readable: the flavor's vocabulary)";
   }
   args.max_seq_len = t.seq_len;
-  model::Llama model(args);  // meta device
+  model::Transformer model(args);  // meta device
   phase_done("model on meta (+ tokenizer)");
 
   // One rank's view of the layout: groups with ranks and sizes, no transport.

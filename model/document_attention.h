@@ -1,7 +1,7 @@
 // model/document_attention.h — block-causal ("document-masked") attention: a token attends only
 // to the tokens before it in its own document. The kernel layer of torchtitan's
 // attn_mask_type = "block_causal" (its debugmodel_flex_attn / _varlen_attn and 8B_flex / _varlen
-// flavors; model.attn_mask_type). Llama::forward finds each row's documents from its tokens and
+// flavors; model.attn_mask_type). Transformer::forward finds each row's documents from its tokens and
 // every block's attention uses them (docs/document_masking.md).
 //
 // Note [Documents of a row]: titan packs documents back to back into each training row

@@ -5,11 +5,11 @@
 
 #include <cmath>
 
-#include "model/llama.h"
+#include "model/transformer.h"
 
 namespace titan::model {
 
-InitSpec Llama::init_spec(const std::string& fqn) const {
+InitSpec Transformer::init_spec(const std::string& fqn) const {
   const auto ends_with = [&](const char* suffix) {
     const std::string s(suffix);
     return fqn.size() >= s.size() && fqn.compare(fqn.size() - s.size(), s.size(), s) == 0;
@@ -39,7 +39,7 @@ InitSpec Llama::init_spec(const std::string& fqn) const {
   return spec;
 }
 
-void Llama::init_weights(uint64_t seed) {
+void Transformer::init_weights(uint64_t seed) {
   at::NoGradGuard no_grad;
   visit_params([&](const std::string& fqn, at::Tensor& p) {
     const std::vector<int64_t> origin(static_cast<size_t>(p.dim()), 0);

@@ -157,7 +157,7 @@ at::Tensor checkpoint_block(const at::Tensor& x, const model::ForwardFn& run, bo
   return CheckpointBlockFunction::apply(x, std::move(state));
 }
 
-void apply_ac(model::Llama& model, const AcOptions& options) {
+void apply_ac(model::Transformer& model, const AcOptions& options) {
   const bool per_op = options.mode == AcMode::kSelectiveOp;
   for (model::TransformerBlock* block : model.blocks()) {
     if (!block_is_checkpointed(options, block->layer_id)) continue;

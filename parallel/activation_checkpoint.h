@@ -26,7 +26,7 @@
 #include <string>
 
 #include "model/activation_checkpoint_ops.h"
-#include "model/llama.h"
+#include "model/transformer.h"
 
 namespace titan::parallel {
 
@@ -55,6 +55,6 @@ at::Tensor checkpoint_block(const at::Tensor& x, const model::ForwardFn& run, bo
 
 // Wraps every checkpointed block of `model` (block_is_checkpointed) in AC, named "ac(full)" /
 // "ac(op)" in the model's describe(). No-op for AcMode::kNone.
-void apply_ac(model::Llama& model, const AcOptions& options);
+void apply_ac(model::Transformer& model, const AcOptions& options);
 
 }  // namespace titan::parallel

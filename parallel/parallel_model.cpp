@@ -34,7 +34,7 @@ std::string module_of(const std::string& fqn) {
 }
 }  // namespace
 
-ParallelModel::ParallelModel(model::Llama& model, comm::DeviceMesh& mesh, ParallelOptions options)
+ParallelModel::ParallelModel(model::Transformer& model, comm::DeviceMesh& mesh, ParallelOptions options)
     : model_(model), mesh_(mesh), options_(std::move(options)) {
   if (options_.pipeline) {
     for (int s : options_.pipeline->stages_of(mesh_.local_rank(comm::MeshDim::kPp)))

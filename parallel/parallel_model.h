@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "model/llama.h"
+#include "model/transformer.h"
 #include "parallel/comm/mesh.h"
 #include "parallel/fsdp.h"
 #include "parallel/parallel_options.h"
@@ -56,7 +56,7 @@ struct HeldParam {
 
 class ParallelModel : public pipeline::MicrobatchHooks {
  public:
-  ParallelModel(model::Llama& model, comm::DeviceMesh& mesh, ParallelOptions options);
+  ParallelModel(model::Transformer& model, comm::DeviceMesh& mesh, ParallelOptions options);
   ~ParallelModel();
 
   // Fills the masters from the model's deterministic init: each rank computes only the
@@ -116,10 +116,10 @@ class ParallelModel : public pipeline::MicrobatchHooks {
   void after_optimizer_step();
 
   // The start-up picture: the mesh, one line per applied stage, then the model's wrapper and
-  // compute chains (model::Llama::describe).
+  // compute chains (model::Transformer::describe).
   std::vector<std::string> describe() const;
   const Fsdp* fsdp() const { return fsdp_.get(); }  // nullptr without FSDP
-  model::Llama& model() { return model_; }
+  model::Transformer& model() { return model_; }
   const ParallelOptions& options() const { return options_; }
 
   // The plan's stages hand their decisions over through these (parallelize_llama).
@@ -141,7 +141,7 @@ class ParallelModel : public pipeline::MicrobatchHooks {
   // Sums over TP (replicated weights) and over dp_replicate (HSDP) of this step's gradients.
   void reduce_grads();
 
-  model::Llama& model_;
+  model::Transformer& model_;
   comm::DeviceMesh& mesh_;
   ParallelOptions options_;
   std::vector<HeldParam> params_;

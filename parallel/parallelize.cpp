@@ -123,7 +123,7 @@ void check_tp_degree(const model::ModelArgs& args, int tp, int64_t seq_len) {
 // 1. Tensor + sequence parallel: torchtitan's Llama plan as a table. Each float8 linear is
 // rebuilt with its TP sharding (See Note [Scales under TP]); a module whose readers all take a
 // float8 tensorwise input gathers it in float8.
-TensorParallelPlan apply_tp(model::Llama& model, comm::Comm& tp, const ParallelOptions& options,
+TensorParallelPlan apply_tp(model::Transformer& model, comm::Comm& tp, const ParallelOptions& options,
                             const std::function<bool(const std::string&)>& holds) {
   TensorParallelPlan plan;
   std::map<std::string, model::Linear*> linears;
@@ -210,7 +210,7 @@ TensorParallelPlan apply_tp(model::Llama& model, comm::Comm& tp, const ParallelO
 // [FSDP wraps AC] in activation_checkpoint.h). reshard_after_forward "default" frees every group
 // after its forward except the last block and norm+output, which backward needs first anyway
 // (torchtitan's choice). Float8 tensorwise linears' weights travel in float8 when asked.
-FsdpPlan apply_fsdp(model::Llama& model, comm::Comm& dp_shard_cp, comm::DeviceMesh& mesh,
+FsdpPlan apply_fsdp(model::Transformer& model, comm::Comm& dp_shard_cp, comm::DeviceMesh& mesh,
                     const ParallelOptions& o, const std::vector<HeldParam>& params,
                     const std::function<bool(const std::string&)>& holds) {
   FsdpPlan plan;
@@ -276,7 +276,7 @@ FsdpPlan apply_fsdp(model::Llama& model, comm::Comm& dp_shard_cp, comm::DeviceMe
 }
 
 // The plan. Stages in torchtitan's order, each a no-op at degree 1.
-std::unique_ptr<ParallelModel> parallelize_llama(model::Llama& model, comm::DeviceMesh& mesh,
+std::unique_ptr<ParallelModel> parallelize_llama(model::Transformer& model, comm::DeviceMesh& mesh,
                                                  const ParallelOptions& options) {
   auto pm = std::make_unique<ParallelModel>(model, mesh, options);
   auto holds = [&pm](const std::string& module) { return pm->holds(module); };
@@ -317,7 +317,7 @@ std::unique_ptr<ParallelModel> parallelize_llama(model::Llama& model, comm::Devi
   return pm;
 }
 
-std::unique_ptr<pipeline::Schedule> build_schedule(model::Llama& model, ParallelModel& parallel,
+std::unique_ptr<pipeline::Schedule> build_schedule(model::Transformer& model, ParallelModel& parallel,
                                                    comm::DeviceMesh& mesh, const ParallelOptions& options) {
   if (!options.pipeline)
     return std::make_unique<pipeline::SingleStageSchedule>(model, parallel, mesh, options.microbatches,

@@ -15,7 +15,7 @@
 #include <utility>
 #include <vector>
 
-#include "model/llama.h"
+#include "model/transformer.h"
 #include "parallel/comm/mesh.h"
 #include "parallel/parallel_model.h"
 #include "parallel/parallel_options.h"
@@ -41,7 +41,7 @@ struct TensorParallelPlan {
 };
 // 1. Tensor + sequence parallel over `tp` on the modules `holds` names (this rank's pipeline
 // stages): installs the TP computes and input hooks on `model` (torchtitan's Llama TP plan).
-TensorParallelPlan apply_tp(model::Llama& model, comm::Comm& tp, const ParallelOptions& options,
+TensorParallelPlan apply_tp(model::Transformer& model, comm::Comm& tp, const ParallelOptions& options,
                             const std::function<bool(const std::string&)>& holds);
 
 // What apply_fsdp decided: the FSDP groups (which own the masters from then on) and the line of
@@ -53,21 +53,21 @@ struct FsdpPlan {
 // 3. FSDP (HSDP when dp_replicate > 1) over `dp_shard_cp` of `params` (this rank's parameters
 // as TP left them): one group per block plus the embedding and norm+output, each wrapping its
 // block outermost (See Note [FSDP wraps AC] in activation_checkpoint.h).
-FsdpPlan apply_fsdp(model::Llama& model, comm::Comm& dp_shard_cp, comm::DeviceMesh& mesh,
+FsdpPlan apply_fsdp(model::Transformer& model, comm::Comm& dp_shard_cp, comm::DeviceMesh& mesh,
                     const ParallelOptions& options, const std::vector<HeldParam>& params,
                     const std::function<bool(const std::string&)>& holds);
 
 // Applies, in this order: tensor/sequence parallel, context parallel, activation checkpointing,
 // FSDP/HSDP; then allocates this rank's master parameters. The model must still be on the meta
 // device; call init_weights on the result next.
-std::unique_ptr<ParallelModel> parallelize_llama(model::Llama& model, comm::DeviceMesh& mesh,
+std::unique_ptr<ParallelModel> parallelize_llama(model::Transformer& model, comm::DeviceMesh& mesh,
                                                  const ParallelOptions& options);
 
 // How one step's micro-batches run through this rank's model parts (See Note [Schedules as
 // data] in parallel/pipeline/schedule.h): the pipeline's order over this rank's stages, or
 // without pipeline parallelism the whole model as one stage (gradient accumulation). The
 // schedule calls `parallel` only through pipeline::MicrobatchHooks.
-std::unique_ptr<pipeline::Schedule> build_schedule(model::Llama& model, ParallelModel& parallel,
+std::unique_ptr<pipeline::Schedule> build_schedule(model::Transformer& model, ParallelModel& parallel,
                                                    comm::DeviceMesh& mesh, const ParallelOptions& options);
 
 }  // namespace titan::parallel

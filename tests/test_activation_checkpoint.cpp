@@ -17,7 +17,7 @@
 #include "float8/convert.h"
 #include "float8/scaling.h"
 #include "model/activation_checkpoint_ops.h"
-#include "model/llama.h"
+#include "model/transformer.h"
 #include "parallel/activation_checkpoint.h"
 
 using namespace titan;
@@ -47,8 +47,8 @@ struct Grads {
 // One forward + backward of a fresh model (same init every time) under `ac`; `convert` may
 // swap the linears' computes (float8).
 Grads run_once(const model::ModelArgs& args, const AcOptions& ac,
-               const std::function<void(model::Llama&)>& convert = {}) {
-  model::Llama m(args);
+               const std::function<void(model::Transformer&)>& convert = {}) {
+  model::Transformer m(args);
   m.materialize(c10::kCPU, at::kFloat);
   m.init_weights(7);
   std::vector<at::Tensor> params;
@@ -106,7 +106,7 @@ TEST_CASE("every AC mode gives the gradients of no AC, bit for bit", "[ac]") {
 
 TEST_CASE("AC with float8 rowwise linears keeps gradients bit for bit", "[ac][float8]") {
   const auto args = tiny_args();
-  auto to_float8 = [](model::Llama& m) {
+  auto to_float8 = [](model::Transformer& m) {
     float8::Float8Options o;
     o.recipe_name = "rowwise";
     o.emulate = true;
@@ -123,7 +123,7 @@ TEST_CASE("AC with float8 rowwise linears keeps gradients bit for bit", "[ac][fl
 TEST_CASE("per-op AC on float8 rowwise linears keeps products and amaxes, never abs", "[ac][float8]") {
   for (const char* recipe : {"rowwise", "tensorwise"}) {
     INFO(recipe);
-    model::Llama m(tiny_args());
+    model::Transformer m(tiny_args());
     m.materialize(c10::kCPU, at::kFloat);
     m.init_weights(1);
     float8::Float8Options o;
@@ -171,7 +171,7 @@ class AbsAmaxLinear final : public model::LinearCompute {
 }  // namespace
 
 TEST_CASE("per-op AC keeps every other mm and sdpa, never abs", "[ac]") {
-  model::Llama m(tiny_args());
+  model::Transformer m(tiny_args());
   m.materialize(c10::kCPU, at::kFloat);
   m.init_weights(1);
   model::TransformerBlock* block = m.blocks()[0];
@@ -222,7 +222,7 @@ TEST_CASE("per-op AC keeps every other mm and sdpa, never abs", "[ac]") {
 }
 
 TEST_CASE("AC re-runs the wrappers inside it in the recompute, not those outside", "[ac]") {
-  model::Llama m(tiny_args());
+  model::Transformer m(tiny_args());
   m.materialize(c10::kCPU, at::kFloat);
   m.init_weights(2);
   m.visit_params([](const std::string&, at::Tensor& p) { p.requires_grad_(true); });

@@ -28,7 +28,7 @@
 #include "model/init_fill.h"
 #include "model/kernels/fused_ops.h"
 #include "model/kernels/fused_ops_cuda.h"
-#include "model/llama.h"
+#include "model/transformer.h"
 
 using namespace titan::model;
 

@@ -18,7 +18,7 @@
 #include "model/init_fill.h"
 #include "model/init_fill_avx2.h"
 #include "model/init_philox.h"
-#include "model/llama.h"
+#include "model/transformer.h"
 
 namespace philox = titan::model::philox;
 using titan::model::fill_init_box;

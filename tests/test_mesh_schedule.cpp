@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "model/llama.h"
+#include "model/transformer.h"
 #include "parallel/comm/mesh.h"
 #include "parallel/pipeline/orders.h"
 #include "parallel/pipeline/split.h"

@@ -9,7 +9,7 @@
 #include <cmath>
 
 #include "model/args.h"
-#include "model/llama.h"
+#include "model/transformer.h"
 
 using namespace titan::model;
 
@@ -61,7 +61,7 @@ ModelArgs tiny_args() {
 }  // namespace
 
 TEST_CASE("model is built on meta and named like torchtitan", "[model]") {
-  Llama model(llama3_flavor("8B"));  // 8B on meta: no memory
+  Transformer model(llama3_flavor("8B"));  // 8B on meta: no memory
   std::vector<std::string> names;
   int64_t numel = 0;
   model.visit_params([&](const std::string& n, at::Tensor& p) {
@@ -86,7 +86,7 @@ TEST_CASE("init follows torchtitan's scheme and is deterministic", "[model]") {
   ModelArgs a = tiny_args();
   a.dim = 64;
   a.n_layers = 3;
-  Llama m1(a), m2(a);
+  Transformer m1(a), m2(a);
   m1.materialize(c10::kCPU, at::kFloat);
   m2.materialize(c10::kCPU, at::kFloat);
   m1.init_weights(7);
@@ -123,7 +123,7 @@ TEST_CASE("rotary embedding matches the complex-number form", "[model]") {
 }
 
 TEST_CASE("forward shapes and causality", "[model]") {
-  Llama model(tiny_args());
+  Transformer model(tiny_args());
   model.materialize(c10::kCPU, at::kFloat);
   model.init_weights(1);
   at::NoGradGuard no_grad;
@@ -139,7 +139,7 @@ TEST_CASE("forward shapes and causality", "[model]") {
 }
 
 TEST_CASE("gradients match central finite differences in float64", "[model]") {
-  Llama model(tiny_args());
+  Transformer model(tiny_args());
   model.materialize(c10::kCPU, at::kDouble);
   model.init_weights(3);
   std::vector<std::pair<std::string, at::Tensor*>> params;

@@ -30,7 +30,7 @@
 #include <map>
 #include <sstream>
 
-#include "model/llama.h"
+#include "model/transformer.h"
 #include "model/scope.h"
 #include "parallel/comm/mesh.h"
 #include "parallel/parallelize.h"
@@ -116,7 +116,7 @@ TEST_CASE("overlapped FSDP keeps at most two groups gathered (threads, memory tr
         opts.timeout = std::chrono::milliseconds(30000);
         tp::comm::DeviceMesh mesh(std::make_unique<tp::comm::Comm>(store, rank, 2, "world", opts),
                             tp::comm::resolve_parallel_dims(1, 2, 1, 1, 1, 2));
-        model::Llama model(args);
+        model::Transformer model(args);
         tp::ParallelOptions o;
         o.reshard_after_forward = "always";
         o.seq_len = 16;

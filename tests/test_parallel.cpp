@@ -28,7 +28,7 @@
 
 #include "float8/scaling.h"
 #include "model/activation_checkpoint_ops.h"
-#include "model/llama.h"
+#include "model/transformer.h"
 #include "parallel/fsdp.h"
 #include "parallel/parallelize.h"
 #include "launcher/launcher.h"
@@ -134,7 +134,7 @@ TEST_CASE("sharded init equals the single-process weights bit for bit (FSDP 2, F
   titan::model::ModelArgs args = titan::model::llama3_flavor("debugmodel");
   args.vocab_size = 258;  // divisible by neither 3 nor 4: padded in TP and FSDP
   args.max_seq_len = 32;
-  titan::model::Llama single(args);
+  titan::model::Transformer single(args);
   single.materialize(c10::kCPU, at::kFloat);
   single.init_weights(7);
   std::map<std::string, at::Tensor> expected;
@@ -149,7 +149,7 @@ TEST_CASE("sharded init equals the single-process weights bit for bit (FSDP 2, F
     const int world = layout.replicate * layout.shard * layout.tp;
     std::vector<int64_t> local_numel(world, 0);
     const auto errors = run_ranks_as_threads(world, [&](int rank, tp::comm::DeviceMesh& mesh) {
-      titan::model::Llama model(args);
+      titan::model::Transformer model(args);
       tp::ParallelOptions popt;
       popt.seq_len = 32;
       auto pm = tp::parallelize_llama(model, mesh, popt);
@@ -243,7 +243,7 @@ TEST_CASE("per-op AC under TP keeps the reduce-scatter outputs (threads)", "[par
   titan::model::ModelArgs args = titan::model::llama3_flavor("debugmodel");
   args.max_seq_len = 16;
   const auto errors = run_ranks_as_threads(2, [&](int, tp::comm::DeviceMesh& mesh) {
-    titan::model::Llama model(args);
+    titan::model::Transformer model(args);
     tp::ParallelOptions popt;
     popt.seq_len = 16;
     auto pm = tp::parallelize_llama(model, mesh, popt);

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "model/args.h"
-#include "model/llama.h"
+#include "model/transformer.h"
 
 using namespace titan::model;
 

@@ -147,7 +147,7 @@ void Trainer::build_model() {
   args.block_causal = config::block_causal_attention(cfg_);
   args.max_seq_len = cfg_.training.seq_len;  // the RoPE table's length
   if (cfg_.validation.enable) args.max_seq_len = std::max(args.max_seq_len, cfg_.validation.seq_len);
-  model_ = std::make_unique<model::Llama>(args);  // meta device: nothing allocated yet
+  model_ = std::make_unique<model::Transformer>(args);  // meta device: nothing allocated yet
   const model::ParamCount count = model::count_params(args);
   util::log_info("model llama3 " + cfg_.model.flavor + ": " + std::to_string(args.n_layers) +
                  " layers, dim " + std::to_string(args.dim) + ", vocab " + std::to_string(args.vocab_size) +

@@ -42,7 +42,7 @@ void log_report(const char* kind, const float8::ConversionReport& report) {
 
 }  // namespace
 
-ConvertedModel apply_model_converters(model::Llama& model, const config::JobConfig& cfg, c10::Device device) {
+ConvertedModel apply_model_converters(model::Transformer& model, const config::JobConfig& cfg, c10::Device device) {
   ConvertedModel result;
   const bool float8_requested =
       cfg.float8.enable_float8_linear ||

@@ -6,7 +6,7 @@
 
 #include <c10/core/Device.h>
 
-#include "model/llama.h"
+#include "model/transformer.h"
 #include "trainer/config/job_config.h"
 
 namespace titan::trainer {
@@ -22,6 +22,6 @@ struct ConvertedModel {
 // The float8 options that shape the parallel plan (the FSDP float8 all-gather, precomputed
 // scales, the TP float8 input gather) go to parallel::ParallelOptions instead: the plan builds
 // what float8 needs itself.
-ConvertedModel apply_model_converters(model::Llama& model, const config::JobConfig& cfg, c10::Device device);
+ConvertedModel apply_model_converters(model::Transformer& model, const config::JobConfig& cfg, c10::Device device);
 
 }  // namespace titan::trainer

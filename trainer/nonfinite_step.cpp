@@ -4,7 +4,7 @@
 // same values: all ranks stop, or skip, at the same step. A NaN/Inf on any rank propagates
 // through both sums. Only after a non-finite step is detected is the step's forward + backward
 // run again on the same batch with a check of each top-level module's output
-// (Llama::set_output_observer) and of each parameter's gradient, to name where it broke. That
+// (Transformer::set_output_observer) and of each parameter's gradient, to name where it broke. That
 // re-run is collective like the step itself, so the checks record and never throw mid-way (a
 // rank that stopped early would leave its peers waiting in a collective). A skipped step makes
 // no optimizer update (the gradients are dropped by the next step's zero_grad) and no

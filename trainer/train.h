@@ -23,7 +23,7 @@
 #include "data/loader.h"
 #include "data/tokenizer.h"
 #include "launcher/world.h"
-#include "model/llama.h"
+#include "model/transformer.h"
 #include "trainer/checkpoint/checkpointer.h"
 #include "trainer/config/job_config.h"
 #include "trainer/observe/metrics.h"
@@ -57,7 +57,7 @@ class Trainer {
   ~Trainer();
   TrainResult train();
 
-  model::Llama& model() { return *model_; }
+  model::Transformer& model() { return *model_; }
   const std::vector<std::string>& param_names() const;
   // This rank's float32 master parameters (all of them for a single process).
   const std::vector<at::Tensor>& master_params() const;
@@ -91,7 +91,7 @@ class Trainer {
   std::unique_ptr<data::Tokenizer> tokenizer_;
   std::unique_ptr<data::DataLoader> loader_;
   std::unique_ptr<Validator> validator_;  // validation.enable (trainer/validate.h)
-  std::unique_ptr<model::Llama> model_;
+  std::unique_ptr<model::Transformer> model_;
   std::unique_ptr<optim::AdamW> optimizer_;
   optim::LrSchedule lr_schedule_{};
   std::unique_ptr<observe::MetricsLogger> metrics_;

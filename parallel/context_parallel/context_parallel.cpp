@@ -7,7 +7,7 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "model/llama.h"
+#include "model/transformer.h"
 #include "parallel/context_parallel/attention.h"
 #include "parallel/comm/process_group.h"
 
@@ -77,7 +77,7 @@ std::vector<int64_t> cp_positions(int64_t seq_len, int cp, int rank) {
   return positions;
 }
 
-void apply_cp(model::Llama& model, comm::Comm& cp, CpRotateMethod method,
+void apply_cp(model::Transformer& model, comm::Comm& cp, CpRotateMethod method,
               const std::function<bool(const std::string& module)>& holds) {
   // One tag counter per rank's model: every rank of the group runs the same layers in the same
   // order, so the counters agree (See RingTags).

@@ -26,7 +26,7 @@
 #include "model/args.h"
 
 namespace titan::model {
-class Llama;
+class Transformer;
 }
 
 namespace titan::parallel::comm {
@@ -60,7 +60,7 @@ std::vector<int64_t> cp_positions(int64_t seq_len, int cp, int rank);
 
 // Installs context-parallel attention over `cp` in every block `holds` (empty: all) keeps; the
 // start-up plan shows it as "layers.<i>.attention.sdpa: ...".
-void apply_cp(model::Llama& model, comm::Comm& cp, CpRotateMethod method,
+void apply_cp(model::Transformer& model, comm::Comm& cp, CpRotateMethod method,
               const std::function<bool(const std::string& module)>& holds = {});
 
 }  // namespace titan::parallel::context_parallel

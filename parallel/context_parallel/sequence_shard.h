@@ -12,7 +12,7 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "model/llama.h"
+#include "model/transformer.h"
 
 namespace titan::parallel::comm {
 class DeviceMesh;

@@ -54,7 +54,7 @@ struct PipelineSchedule::Pass {
   std::vector<double> losses;  // per micro-batch, on the last stage
 };
 
-PipelineSchedule::PipelineSchedule(model::Llama& model, MicrobatchHooks& hooks, comm::DeviceMesh& mesh,
+PipelineSchedule::PipelineSchedule(model::Transformer& model, MicrobatchHooks& hooks, comm::DeviceMesh& mesh,
                                    PipelinePlan plan, c10::Device device, at::ScalarType boundary_dtype,
                                    int64_t boundary_seq, bool split_backward_weights)
     : model_(model),

@@ -51,7 +51,7 @@ class PipelineSchedule : public Schedule {
   // `boundary_seq`: the sequence length of the tensors between stages on this rank (seq_len,
   // divided by tp under sequence parallel); `split_backward_weights`: false under activation
   // checkpointing (See Note [Pipeline execution]).
-  PipelineSchedule(model::Llama& model, MicrobatchHooks& hooks, comm::DeviceMesh& mesh, PipelinePlan plan,
+  PipelineSchedule(model::Transformer& model, MicrobatchHooks& hooks, comm::DeviceMesh& mesh, PipelinePlan plan,
                    c10::Device device, at::ScalarType boundary_dtype, int64_t boundary_seq,
                    bool split_backward_weights);
   std::string describe() const override;
@@ -80,7 +80,7 @@ class PipelineSchedule : public Schedule {
   int tag(int stage, int64_t microbatch, bool gradient) const;
   std::string where(const Action& a) const;
 
-  model::Llama& model_;
+  model::Transformer& model_;
   MicrobatchHooks& hooks_;
   comm::DeviceMesh& mesh_;
   PipelinePlan plan_;

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "model/llama.h"
+#include "model/transformer.h"
 #include "parallel/pipeline/orders.h"
 #include "parallel/pipeline/split.h"
 

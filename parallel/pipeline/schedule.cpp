@@ -9,7 +9,7 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "model/llama.h"
+#include "model/transformer.h"
 #include "model/scope.h"
 #include "parallel/context_parallel/sequence_shard.h"
 
@@ -46,7 +46,7 @@ std::vector<Action> single_stage_actions(int64_t microbatches) {
   return actions;
 }
 
-SingleStageSchedule::SingleStageSchedule(model::Llama& model, MicrobatchHooks& hooks, const comm::DeviceMesh& mesh,
+SingleStageSchedule::SingleStageSchedule(model::Transformer& model, MicrobatchHooks& hooks, const comm::DeviceMesh& mesh,
                                          int64_t microbatches, c10::Device device)
     : model_(model), hooks_(hooks), mesh_(mesh), microbatches_(microbatches), device_(device) {
   if (microbatches < 1)

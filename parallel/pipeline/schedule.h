@@ -28,7 +28,7 @@
 #include <vector>
 
 namespace titan::model {
-class Llama;
+class Transformer;
 }
 
 namespace titan::parallel::comm {
@@ -105,7 +105,7 @@ class Schedule {
 // Gradient accumulation: the whole model is stage 0 of this rank (See Note [Schedules as data]).
 class SingleStageSchedule : public Schedule {
  public:
-  SingleStageSchedule(model::Llama& model, MicrobatchHooks& hooks, const comm::DeviceMesh& mesh,
+  SingleStageSchedule(model::Transformer& model, MicrobatchHooks& hooks, const comm::DeviceMesh& mesh,
                       int64_t microbatches, c10::Device device);
   std::string describe() const override;
   double step(const at::Tensor& inputs, const at::Tensor& labels, double global_tokens) override;
@@ -117,7 +117,7 @@ class SingleStageSchedule : public Schedule {
   // Backward of one micro-batch's loss sum, scaled by 1 / global_tokens.
   void backward(const at::Tensor& loss_sum, double global_tokens);
 
-  model::Llama& model_;
+  model::Transformer& model_;
   MicrobatchHooks& hooks_;
   const comm::DeviceMesh& mesh_;
   int64_t microbatches_;

@@ -33,7 +33,7 @@
 
 #include "float8/recipe.h"
 #include "model/linear.h"
-#include "model/llama.h"
+#include "model/transformer.h"
 #include "parallel/comm/process_group.h"
 
 namespace titan::parallel::tensor_parallel {

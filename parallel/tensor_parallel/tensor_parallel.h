@@ -20,7 +20,7 @@
 
 #include "float8/float8_linear.h"
 #include "model/linear.h"
-#include "model/llama.h"
+#include "model/transformer.h"
 #include "parallel/comm/process_group.h"
 
 namespace titan::parallel::tensor_parallel {

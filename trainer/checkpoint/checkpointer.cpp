@@ -18,7 +18,7 @@
 
 namespace titan::trainer::checkpoint {
 
-Checkpointer::Checkpointer(const config::JobConfig& cfg, model::Llama& model, parallel::ParallelModel& parallel,
+Checkpointer::Checkpointer(const config::JobConfig& cfg, model::Transformer& model, parallel::ParallelModel& parallel,
                            optim::AdamW& optimizer, data::DataLoader& loader, parallel::comm::DeviceMesh& mesh,
                            int rank, int world_size, c10::Device device)
     : cfg_(cfg),

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "data/loader.h"
-#include "model/llama.h"
+#include "model/transformer.h"
 #include "parallel/comm/mesh.h"
 #include "parallel/parallel_model.h"
 #include "trainer/checkpoint/manager.h"
@@ -31,7 +31,7 @@ namespace titan::trainer::checkpoint {
 class Checkpointer {
  public:
   // The training state of this rank: `rank` of `world_size`, on `device`.
-  Checkpointer(const config::JobConfig& cfg, model::Llama& model, parallel::ParallelModel& parallel,
+  Checkpointer(const config::JobConfig& cfg, model::Transformer& model, parallel::ParallelModel& parallel,
                optim::AdamW& optimizer, data::DataLoader& loader, parallel::comm::DeviceMesh& mesh, int rank,
                int world_size, c10::Device device);
   ~Checkpointer();
@@ -67,7 +67,7 @@ class Checkpointer {
   int64_t write_hf_weights(const std::string& dir);
 
   const config::JobConfig& cfg_;
-  model::Llama& model_;
+  model::Transformer& model_;
   parallel::ParallelModel& parallel_;
   optim::AdamW& optimizer_;
   data::DataLoader& loader_;

@@ -140,7 +140,7 @@ struct DelayedOperand {
   int64_t length;
 };
 
-std::vector<DelayedOperand> delayed_operands(model::Llama& model) {
+std::vector<DelayedOperand> delayed_operands(model::Transformer& model) {
   std::vector<DelayedOperand> out;
   for (model::Linear* l : model.linears()) {
     auto* c = dynamic_cast<float8::Float8LinearCompute*>(model::innermost(l->compute()));

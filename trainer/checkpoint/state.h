@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "data/loader.h"
-#include "model/llama.h"
+#include "model/transformer.h"
 #include "parallel/parallel_model.h"
 #include "trainer/optim/optimizer.h"
 
@@ -102,13 +102,13 @@ class DataLoaderState final : public Stateful {
 // after each step's sync, so rank `writer_rank` alone writes them).
 class Float8State final : public Stateful {
  public:
-  Float8State(model::Llama& model, c10::Device device, bool writer)
+  Float8State(model::Transformer& model, c10::Device device, bool writer)
       : model_(model), device_(device), writer_(writer) {}
   StateDict state_dict() override;
   void load_state_dict(StateSource& source) override;
 
  private:
-  model::Llama& model_;
+  model::Transformer& model_;
   c10::Device device_;
   bool writer_;
 };

@@ -1,4 +1,5 @@
-// model/llama.h — the Llama 3 transformer: embedding -> N x (attention, SwiGLU FFN) -> norm -> output.
+// model/transformer.h — the decoder-only transformer the model families share (Llama 3 today):
+// embedding -> N x (attention, SwiGLU FFN) -> norm -> output. A family is its flavors (ModelArgs).
 //
 // Modules are plain structs that own their parameters as tensor members. The model is first
 // built on the meta device (shapes only), then `materialize` gives every parameter real storage
@@ -125,10 +126,10 @@ struct ModelPart {
   bool holds(const std::string& module) const;  // "tok_embeddings", "layers.3", "norm", "output"
 };
 
-class Llama {
+class Transformer {
  public:
   // Builds every parameter on the meta device: no memory is allocated.
-  explicit Llama(const ModelArgs& args);
+  explicit Transformer(const ModelArgs& args);
 
   // Replaces every (meta) parameter with uninitialized storage on `device` of `dtype`.
   void materialize(c10::Device device, c10::ScalarType dtype);

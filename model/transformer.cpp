@@ -1,4 +1,5 @@
-#include "model/llama.h"
+// model/transformer.cpp — see transformer.h.
+#include "model/transformer.h"
 
 #include <ATen/ops/arange.h>
 #include <ATen/ops/embedding.h>
@@ -161,7 +162,7 @@ void TransformerBlock::visit_params(const ParamVisitor& visit) {
 
 // ---------------------------------------------------------------- Llama
 
-Llama::Llama(const ModelArgs& args)
+Transformer::Transformer(const ModelArgs& args)
     : args_(args),
       tok_embeddings_weight_(meta_tensor({args.vocab_size, args.dim})),
       norm_("norm", args.dim, args.norm_eps),
@@ -172,20 +173,20 @@ Llama::Llama(const ModelArgs& args)
   make_linear_meta(output_);
 }
 
-void Llama::visit_params(const ParamVisitor& visit) {
+void Transformer::visit_params(const ParamVisitor& visit) {
   visit("tok_embeddings.weight", tok_embeddings_weight_);
   for (auto& layer : layers_) layer->visit_params(visit);
   norm_.visit_params(visit);
   visit("output.weight", output_.weight);
 }
 
-std::vector<TransformerBlock*> Llama::blocks() {
+std::vector<TransformerBlock*> Transformer::blocks() {
   std::vector<TransformerBlock*> all;
   for (auto& layer : layers_) all.push_back(layer.get());
   return all;
 }
 
-std::vector<Linear*> Llama::linears() {
+std::vector<Linear*> Transformer::linears() {
   std::vector<Linear*> all;
   for (auto& layer : layers_) {
     Attention& a = layer->attention;
@@ -196,14 +197,14 @@ std::vector<Linear*> Llama::linears() {
   return all;
 }
 
-void Llama::materialize(c10::Device device, c10::ScalarType dtype) {
+void Transformer::materialize(c10::Device device, c10::ScalarType dtype) {
   visit_params([&](const std::string&, at::Tensor& p) {
     p = at::empty(p.sizes(), at::TensorOptions().device(device).dtype(dtype));
   });
   materialize_buffers(device);
 }
 
-void Llama::materialize_buffers(c10::Device device) {
+void Transformer::materialize_buffers(c10::Device device) {
   rope_ = make_rotary_table(args_.head_dim(), args_.max_seq_len, args_.rope_theta, device,
                             args_.rope_scaling);
 }
@@ -226,22 +227,22 @@ std::string chain(const std::vector<ForwardWrapper>& wrappers) {
 
 }  // namespace
 
-void Llama::wrap_block(int64_t layer_id, ForwardWrapper wrapper) {
+void Transformer::wrap_block(int64_t layer_id, ForwardWrapper wrapper) {
   TORCH_CHECK(layer_id >= 0 && layer_id < args_.n_layers, "wrap_block: no layer ", layer_id);
   if (block_wrappers_.empty()) block_wrappers_.resize(static_cast<size_t>(args_.n_layers));
   block_wrappers_[static_cast<size_t>(layer_id)].push_back(std::move(wrapper));
 }
 
-void Llama::wrap_stage(Stage stage, ForwardWrapper wrapper) {
+void Transformer::wrap_stage(Stage stage, ForwardWrapper wrapper) {
   (stage == Stage::kEmbedding ? embedding_wrappers_ : head_wrappers_).push_back(std::move(wrapper));
 }
 
-void Llama::set_embedding_compute(std::string name, EmbeddingCompute compute) {
+void Transformer::set_embedding_compute(std::string name, EmbeddingCompute compute) {
   embedding_compute_name_ = std::move(name);
   embedding_compute_ = std::move(compute);
 }
 
-std::vector<std::string> Llama::describe(const std::function<bool(const std::string& module)>& holds) const {
+std::vector<std::string> Transformer::describe(const std::function<bool(const std::string& module)>& holds) const {
   auto held = [&](const std::string& module) { return !holds || holds(module); };
   // (line with the layer number replaced by '#', layer ids) in first-seen order.
   std::vector<std::pair<std::string, std::vector<int64_t>>> lines;
@@ -297,26 +298,26 @@ bool ModelPart::holds(const std::string& module) const {
   return layer >= first_layer && (end_layer < 0 || layer < end_layer);
 }
 
-at::Tensor Llama::forward(const at::Tensor& tokens, const RotaryTable& rope, const at::Tensor& documents) {
+at::Tensor Transformer::forward(const at::Tensor& tokens, const RotaryTable& rope, const at::Tensor& documents) {
   const bool find = args_.block_causal && !documents.defined() && tokens.dim() == 2;
   return forward_part(tokens, rope, {}, find ? document_ids(tokens, args_.eos_id) : documents);
 }
 
-at::Tensor Llama::forward_part(const at::Tensor& input, const RotaryTable& rope, const ModelPart& part,
+at::Tensor Transformer::forward_part(const at::Tensor& input, const RotaryTable& rope, const ModelPart& part,
                                const at::Tensor& documents_in) {
   const int64_t end_layer = part.end_layer < 0 ? args_.n_layers : part.end_layer;
   TORCH_CHECK(part.first_layer >= 0 && part.first_layer <= end_layer && end_layer <= args_.n_layers,
-              "Llama::forward_part: layers [", part.first_layer, ", ", end_layer, ") of ", args_.n_layers);
+              "Transformer::forward_part: layers [", part.first_layer, ", ", end_layer, ") of ", args_.n_layers);
   at::Tensor h = input;
   // Block-causal: each position's document (found from the rows' EOS by the caller); causal: none.
   TORCH_CHECK(!args_.block_causal || (documents_in.defined() && documents_in.dim() == 2 &&
                                       documents_in.size(0) == input.size(0)),
-              "Llama::forward_part: a block-causal model needs the documents of the rows [batch, seq] (document_ids), got ",
+              "Transformer::forward_part: a block-causal model needs the documents of the rows [batch, seq] (document_ids), got ",
               documents_in.defined() ? documents_in.sizes() : at::IntArrayRef{}, " for input ", input.sizes());
   const at::Tensor documents = args_.block_causal ? documents_in : at::Tensor();
   if (part.embedding) {
-    TORCH_CHECK(input.dim() == 2, "Llama::forward expects tokens [batch, seq], got shape ", input.sizes());
-    TORCH_CHECK(rope.cos.size(0) >= input.size(1), "Llama::forward: the RoPE table has ", rope.cos.size(0),
+    TORCH_CHECK(input.dim() == 2, "Transformer::forward expects tokens [batch, seq], got shape ", input.sizes());
+    TORCH_CHECK(rope.cos.size(0) >= input.size(1), "Transformer::forward: the RoPE table has ", rope.cos.size(0),
                 " positions for ", input.size(1), " tokens");
     ForwardFn embed = [this](const at::Tensor& t) {
       return embedding_compute_ ? embedding_compute_(t, tok_embeddings_weight_)
@@ -325,7 +326,7 @@ at::Tensor Llama::forward_part(const at::Tensor& input, const RotaryTable& rope,
     h = compose(std::move(embed), embedding_wrappers_)(input);
     if (output_observer_) output_observer_("tok_embeddings", h);
   } else {
-    TORCH_CHECK(input.dim() == 3 && input.size(2) == args_.dim, "Llama::forward_part expects hidden states [batch, seq, ",
+    TORCH_CHECK(input.dim() == 3 && input.size(2) == args_.dim, "Transformer::forward_part expects hidden states [batch, seq, ",
                 args_.dim, "], got shape ", input.sizes());
   }
   static const std::vector<ForwardWrapper> kNoWrappers;
