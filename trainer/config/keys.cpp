@@ -88,8 +88,8 @@ std::vector<SectionSpec> build_table() {
               "causal: every token attends to all tokens before it in its row; block_causal: only "
               "to those of its own document. A row packs documents back to back; a document ends "
               "with the tokenizer's EOS token (the next token starts the next one), as torchtitan's "
-              "block_causal mask finds them. Positions stay global (RoPE is relative). Not yet with "
-              "pipeline or context parallelism.")
+              "block_causal mask finds them. Positions stay global (RoPE is relative). Every layout "
+              "(FSDP, TP, PP, CP) computes the same documents.")
               .one_of({"causal", "block_causal"}),
           key("tokenizer_path", &ModelSection::tokenizer_path,
               "\"\" = byte-level tokenizer; a tiktoken-format BPE file (Llama 3's "
