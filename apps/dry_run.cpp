@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "data/tokenizer.h"
-#include "model/args.h"
+#include "model/flavors.h"
 #include "model/transformer.h"
 #include "parallel/context_parallel/context_parallel.h"
 #include "parallel/comm/mesh.h"
@@ -77,7 +77,7 @@ void run_dry_run(const trainer::config::JobConfig& cfg, const DryRunRequest& req
     start = now;
   };
 
-  model::ModelArgs args = model::llama3_flavor(cfg.model.flavor);
+  model::ModelArgs args = model::model_flavor(cfg.model.name, cfg.model.flavor);
   std::string vocab_note;
   try {
     args.vocab_size = data::make_tokenizer(cfg.model.tokenizer_path)->vocab_size();

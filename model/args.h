@@ -1,5 +1,6 @@
-// model/args.h — Llama 3 shapes: flavors, parameter counts and FLOPs per token, all computed
-// from the arguments alone (no tensor is allocated, so the 405B numbers answer instantly).
+// model/args.h — a model's shapes (ModelArgs, what a family's flavor sets: model/flavors.h),
+// parameter counts and FLOPs per token, all computed from the arguments alone (no tensor is
+// allocated, so the 405B numbers answer instantly).
 #pragma once
 
 #include <cstdint>
@@ -44,19 +45,24 @@ struct ModelArgs {
   bool block_causal = false;
   int64_t eos_id = -1;               // the tokenizer's EOS (set at training time), which ends a document
 
+  // What the Qwen3 family changes (torchtitan's Qwen3ModelArgs); Llama 3 leaves them all unset.
+  std::string family = "llama3";    // model.name of the flavor
+  int64_t explicit_head_dim = 0;    // 0: dim / n_heads; Qwen3 sets it (128 for every flavor)
+  int64_t explicit_hidden_dim = 0;  // 0: Llama 3's rounding of 8 dim / 3 (ffn_hidden_dim); Qwen3 sets it
+  bool qk_norm = false;             // an RMSNorm over each head of q and of k, before RoPE
+  bool rope_rotate_half = false;    // RoPE rotates the pairs (i, i + hd/2) (HF / Qwen3), not (2i, 2i+1)
+  bool tie_embeddings = false;      // the output projection is the token embedding (output.weight)
+
   int64_t kv_heads() const { return n_kv_heads > 0 ? n_kv_heads : n_heads; }
-  int64_t head_dim() const { return dim / n_heads; }
-  // multiple_of * ceil(int(ffn_dim_multiplier * int(8 * dim / 3)) / multiple_of), as Meta's code.
+  int64_t head_dim() const { return explicit_head_dim > 0 ? explicit_head_dim : dim / n_heads; }
+  // explicit_hidden_dim, else multiple_of * ceil(int(ffn_dim_multiplier * int(8 * dim / 3)) /
+  // multiple_of), as Meta's code.
   int64_t ffn_hidden_dim() const;
 };
 
-// "debugmodel", "8B", "70B", "405B". Throws std::invalid_argument listing the valid names.
-ModelArgs llama3_flavor(const std::string& name);
-std::vector<std::string> llama3_flavor_names();
-
 struct ParamCount {
   int64_t total = 0;
-  int64_t embedding = 0;  // tok_embeddings only (the output projection is not tied)
+  int64_t embedding = 0;  // tok_embeddings only (an untied output projection is counted in total)
   int64_t per_layer = 0;
 };
 ParamCount count_params(const ModelArgs& args);

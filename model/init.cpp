@@ -15,9 +15,10 @@ InitSpec Transformer::init_spec(const std::string& fqn) const {
     return fqn.size() >= s.size() && fqn.compare(fqn.size() - s.size(), s.size(), s) == 0;
   };
   InitSpec spec;
-  if (fqn == "tok_embeddings.weight") {
+  if (fqn == "tok_embeddings.weight" && !args_.tie_embeddings) {
     spec.std = 1.0;  // normal_(0, 1), untruncated
-  } else if (fqn == "output.weight") {
+  } else if (fqn == "output.weight" || fqn == "tok_embeddings.weight") {
+    // A tied embedding is the output projection: torchtitan's Qwen3 draws it as the output last.
     // trunc_normal_(std = dim^-1/2, a = -3 std, b = 3 std)
     spec.std = 1.0 / std::sqrt(static_cast<double>(args_.dim));
     spec.lo = -3 * spec.std;

@@ -2,6 +2,7 @@
 #include "model/transformer.h"
 
 #include <ATen/ops/arange.h>
+#include <ATen/ops/cat.h>
 #include <ATen/ops/embedding.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/rms_norm.h>
@@ -70,6 +71,18 @@ at::Tensor apply_rotary(const at::Tensor& x, const RotaryTable& table) {
   return fused_rotary(x, table.cos, table.sin);
 }
 
+at::Tensor apply_rotary_half(const at::Tensor& x, const RotaryTable& table) {
+  const int64_t seq_len = x.size(1), half = x.size(3) / 2;
+  TORCH_CHECK(seq_len <= table.cos.size(0), "sequence length ", seq_len,
+              " exceeds the RoPE table (", table.cos.size(0), " positions)");
+  // [S, hd/2] -> [1, S, 1, hd/2]: every batch row and head; in the activations' dtype, as
+  // torchtitan's Qwen3 casts its cache.
+  const at::Tensor cos = table.cos.narrow(0, 0, seq_len).view({1, seq_len, 1, half}).to(x.scalar_type());
+  const at::Tensor sin = table.sin.narrow(0, 0, seq_len).view({1, seq_len, 1, half}).to(x.scalar_type());
+  const at::Tensor x1 = x.narrow(3, 0, half), x2 = x.narrow(3, half, half);
+  return at::cat({x1 * cos - x2 * sin, x2 * cos + x1 * sin}, 3);
+}
+
 // ---------------------------------------------------------------- Attention
 
 Attention::Attention(const std::string& prefix, const ModelArgs& args)
@@ -79,9 +92,14 @@ Attention::Attention(const std::string& prefix, const ModelArgs& args)
       wq(prefix + ".wq", args.dim, args.n_heads * args.head_dim()),
       wk(prefix + ".wk", args.dim, args.kv_heads() * args.head_dim()),
       wv(prefix + ".wv", args.dim, args.kv_heads() * args.head_dim()),
-      wo(prefix + ".wo", args.n_heads * args.head_dim(), args.dim) {
-  TORCH_CHECK(args.dim % args.n_heads == 0, "dim ", args.dim, " is not divisible by n_heads ",
-              args.n_heads);
+      wo(prefix + ".wo", args.n_heads * args.head_dim(), args.dim),
+      rope_rotate_half(args.rope_rotate_half) {
+  TORCH_CHECK(args.explicit_head_dim > 0 || args.dim % args.n_heads == 0, "dim ", args.dim,
+              " is not divisible by n_heads ", args.n_heads);
+  if (args.qk_norm) {
+    q_norm.emplace(prefix + ".q_norm", args.head_dim(), args.norm_eps);
+    k_norm.emplace(prefix + ".k_norm", args.head_dim(), args.norm_eps);
+  }
   TORCH_CHECK(args.n_heads % args.kv_heads() == 0, "n_heads ", args.n_heads,
               " is not divisible by n_kv_heads ", args.kv_heads());
   for (Linear* l : {&wq, &wk, &wv, &wo}) make_linear_meta(*l);
@@ -94,8 +112,13 @@ at::Tensor Attention::forward(const at::Tensor& x_in, const RotaryTable& rope, c
   at::Tensor q = wq.forward(x).view({batch, seq, -1, head_dim});  // [B, S, H, hd]
   at::Tensor k = wk.forward(x).view({batch, seq, -1, head_dim});  // [B, S, KV, hd]
   at::Tensor v = wv.forward(x).view({batch, seq, -1, head_dim});  // [B, S, KV, hd]
-  q = apply_rotary(q, rope).transpose(1, 2);                      // [B, H, S, hd]
-  k = apply_rotary(k, rope).transpose(1, 2);
+  if (q_norm) {  // Qwen3: each head's q and k normalized before RoPE
+    q = q_norm->forward(q);
+    k = k_norm->forward(k);
+  }
+  const auto rotate = rope_rotate_half ? apply_rotary_half : apply_rotary;
+  q = rotate(q, rope).transpose(1, 2);  // [B, H, S, hd]
+  k = rotate(k, rope).transpose(1, 2);
   v = v.transpose(1, 2);
   // Causal SDPA through the op layer, so per-op selective AC can keep its output; under context
   // parallelism, attention over the whole sequence with keys and values from the other ranks;
@@ -108,6 +131,10 @@ at::Tensor Attention::forward(const at::Tensor& x_in, const RotaryTable& rope, c
 
 void Attention::visit_params(const ParamVisitor& visit) {
   for (Linear* l : {&wq, &wk, &wv, &wo}) visit(l->fqn() + ".weight", l->weight);
+  if (q_norm) {
+    q_norm->visit_params(visit);
+    k_norm->visit_params(visit);
+  }
 }
 
 // ---------------------------------------------------------------- FeedForward
@@ -160,7 +187,7 @@ void TransformerBlock::visit_params(const ParamVisitor& visit) {
   ffn_norm.visit_params(visit);
 }
 
-// ---------------------------------------------------------------- Llama
+// ---------------------------------------------------------------- Transformer
 
 Transformer::Transformer(const ModelArgs& args)
     : args_(args),
@@ -177,7 +204,7 @@ void Transformer::visit_params(const ParamVisitor& visit) {
   visit("tok_embeddings.weight", tok_embeddings_weight_);
   for (auto& layer : layers_) layer->visit_params(visit);
   norm_.visit_params(visit);
-  visit("output.weight", output_.weight);
+  if (!args_.tie_embeddings) visit("output.weight", output_.weight);  // tied: the embedding itself
 }
 
 std::vector<TransformerBlock*> Transformer::blocks() {
@@ -341,7 +368,13 @@ at::Tensor Transformer::forward_part(const at::Tensor& input, const RotaryTable&
     if (output_observer_) output_observer_("layers." + std::to_string(block->layer_id), h);
   }
   if (!part.head) return h;
-  ForwardFn head = [this](const at::Tensor& x) { return output_.forward(norm_.forward(x)); };
+  ForwardFn head = [this](const at::Tensor& x) {
+    // Tied (Qwen3's small flavors): the output projection multiplies by the embedding's slot as it
+    // is now (whatever materialize or a checkpoint load put there), so both uses share one
+    // parameter and its gradient sums theirs.
+    if (args_.tie_embeddings) output_.weight = tok_embeddings_weight_;
+    return output_.forward(norm_.forward(x));
+  };
   NamedScope scope("output");
   at::Tensor logits = compose(std::move(head), head_wrappers_)(h);  // [B, S, vocab]
   if (output_observer_) output_observer_("output", logits);

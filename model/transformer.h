@@ -16,6 +16,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,8 @@ RotaryTable make_rotary_table(int64_t head_dim, int64_t max_seq_len, double thet
                               c10::Device device, const RopeScaling& scaling = {});
 // x: [B, S, H, head_dim]; rotates the pairs (x[2i], x[2i+1]) by position, as Meta's complex form.
 at::Tensor apply_rotary(const at::Tensor& x, const RotaryTable& table);
+// The same rotations over the pairs (x[i], x[i + head_dim/2]) (HF's rotate_half; Qwen3).
+at::Tensor apply_rotary_half(const at::Tensor& x, const RotaryTable& table);
 
 // Transforms a module's input before its first linear (torchtitan's PrepareModuleInput):
 // sequence parallel all-gathers the sequence shards here once for wq/wk/wv (or w1/w3), possibly
@@ -71,6 +74,8 @@ struct Attention {
 
   int64_t n_heads, n_kv_heads, head_dim;
   Linear wq, wk, wv, wo;  // wq [H*hd, D], wk/wv [KV*hd, D], wo [D, H*hd]
+  std::optional<RMSNorm> q_norm, k_norm;  // [head_dim] each, "<prefix>.q_norm.weight" (qk_norm)
+  bool rope_rotate_half = false;           // ModelArgs::rope_rotate_half
   ModuleInputHook prepare_input;  // empty: identity
   AttentionCompute sdpa;          // empty: attention_op
   std::string sdpa_name;          // what describe() prints for it ("ring(cp 2, alltoall)")

@@ -26,6 +26,7 @@
 
 #include "launcher/launcher.h"
 #include "launcher/world.h"
+#include "model/flavors.h"
 #include "tests/job_runs.h"
 #include "tests/temp_dir.h"
 #include "trainer/config/agreement.h"

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "model/args.h"
+#include "model/flavors.h"
 #include "parallel/comm/mesh.h"
 #include "tests/job_runs.h"
 #include "tests/temp_dir.h"
@@ -138,6 +138,6 @@ TEST_CASE("model.attn_mask_type: a misspelt value is a config error naming the k
   for (const char* degree : {"--parallelism.pipeline_parallel_degree", "--parallelism.context_parallel_degree"}) {
     const JobConfig cfg = job({"--model.flavor", "debugmodel_flex_attn", degree, "2"});
     const titan::parallel::comm::ParallelDims dims = parallel_dims(cfg, 2);
-    CHECK_NOTHROW(parallel_options(cfg, titan::model::llama3_flavor(cfg.model.flavor), dims, c10::kCPU, false));
+    CHECK_NOTHROW(parallel_options(cfg, titan::model::model_flavor(cfg.model.name, cfg.model.flavor), dims, c10::kCPU, false));
   }
 }

@@ -8,7 +8,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 
-#include "model/args.h"
+#include "model/flavors.h"
 #include "model/transformer.h"
 
 using namespace titan::model;

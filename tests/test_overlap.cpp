@@ -30,6 +30,7 @@
 #include <map>
 #include <sstream>
 
+#include "model/flavors.h"
 #include "model/transformer.h"
 #include "model/scope.h"
 #include "parallel/comm/mesh.h"

@@ -28,6 +28,7 @@
 
 #include "float8/scaling.h"
 #include "model/activation_checkpoint_ops.h"
+#include "model/flavors.h"
 #include "model/transformer.h"
 #include "parallel/fsdp.h"
 #include "parallel/parallelize.h"

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <string>
 
-#include "model/args.h"
+#include "model/flavors.h"
 #include "model/transformer.h"
 
 using namespace titan::model;

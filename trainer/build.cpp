@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "float8/recipe.h"
+#include "model/flavors.h"
 #include "model/scope.h"
 #include "parallel/comm/comm_trace.h"
 #include "parallel/comm/mesh.h"
@@ -141,7 +142,7 @@ void Trainer::init_data() {
 }
 
 void Trainer::build_model() {
-  model::ModelArgs args = model::llama3_flavor(cfg_.model.flavor);
+  model::ModelArgs args = model::model_flavor(cfg_.model.name, cfg_.model.flavor);
   args.vocab_size = tokenizer_->vocab_size();
   args.eos_id = tokenizer_->eos_id();  // ends a document (block-causal attention)
   args.block_causal = config::block_causal_attention(cfg_);
@@ -149,7 +150,7 @@ void Trainer::build_model() {
   if (cfg_.validation.enable) args.max_seq_len = std::max(args.max_seq_len, cfg_.validation.seq_len);
   model_ = std::make_unique<model::Transformer>(args);  // meta device: nothing allocated yet
   const model::ParamCount count = model::count_params(args);
-  util::log_info("model llama3 " + cfg_.model.flavor + ": " + std::to_string(args.n_layers) +
+  util::log_info("model " + cfg_.model.name + " " + cfg_.model.flavor + ": " + std::to_string(args.n_layers) +
                  " layers, dim " + std::to_string(args.dim) + ", vocab " + std::to_string(args.vocab_size) +
            ", " + observe::with_thousands(count.total) + " parameters, " +
            observe::with_thousands(static_cast<int64_t>(model::flops_per_token(args, cfg_.training.seq_len))) +

@@ -3,13 +3,14 @@
 // To add a key: add the field (with its default as the initializer) to its section struct in
 // job_config.h, then one row here. Parsing, type checks, range/choice checks, --help and
 // --job.print_args all follow from the row. Key names follow torchtitan where it has them.
+#include <algorithm>
 #include <cmath>
 #include <set>
 #include <sstream>
 #include <stdexcept>
 
 #include "float8/recipe.h"
-#include "model/args.h"
+#include "model/flavors.h"
 #include "trainer/config/key_table.h"
 
 namespace titan::trainer::config::detail {
@@ -20,6 +21,16 @@ namespace {
 std::vector<std::string> float8_recipe_choices() {
   std::vector<std::string> names = float8::recipe_names();
   names.insert(names.end(), {"all_axiswise", "lw_axiswise_with_gw_hp", float8::kBlockwiseRecipeName});
+  return names;
+}
+
+// Every family's flavors, each name once (model.flavor's choices; relations.cpp checks that the
+// flavor is one of model.name's).
+std::vector<std::string> all_flavor_names() {
+  std::vector<std::string> names;
+  for (const auto& family : model::model_names())
+    for (const auto& f : model::flavor_names(family))
+      if (std::find(names.begin(), names.end(), f) == names.end()) names.push_back(f);
   return names;
 }
 
@@ -78,12 +89,14 @@ std::vector<SectionSpec> build_table() {
               "(CPU) or use the known peak of the GPU.").at_least(0),
       }),
       section("model", &J::model, "Which model to build and how to tokenize.", {
-          key("name", &ModelSection::name, "Model family.").one_of({"llama3"}),
+          key("name", &ModelSection::name,
+              "Model family: llama3 (Llama 3), qwen3 (Qwen3's dense flavors; one process for now).")
+              .one_of(model::model_names()),
           key("flavor", &ModelSection::flavor,
-              "Model size (debugmodel is CPU-sized); torchtitan's debugmodel_flex_attn, "
-              "debugmodel_varlen_attn, 8B_flex and 8B_varlen are their base flavor with "
-              "block-causal attention (model.attn_mask_type).")
-              .one_of(model::llama3_flavor_names()),
+              "Model size, a flavor of model.name (debugmodel is CPU-sized in both); llama3's "
+              "debugmodel_flex_attn, debugmodel_varlen_attn, 8B_flex and 8B_varlen are their base "
+              "flavor with block-causal attention (model.attn_mask_type).")
+              .one_of(all_flavor_names()),
           key("attn_mask_type", &ModelSection::attn_mask_type,
               "causal: every token attends to all tokens before it in its row; block_causal: only "
               "to those of its own document. A row packs documents back to back; a document ends "

@@ -4,7 +4,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "model/args.h"
+#include "model/flavors.h"
 #include "parallel/activation_checkpoint.h"
 #include "parallel/parallelize.h"
 #include "trainer/config/pipeline_keys.h"
@@ -12,7 +12,7 @@
 namespace titan::trainer::config {
 
 bool block_causal_attention(const JobConfig& cfg) {
-  return cfg.model.attn_mask_type == "block_causal" || model::llama3_flavor(cfg.model.flavor).block_causal;
+  return cfg.model.attn_mask_type == "block_causal" || model::model_flavor(cfg.model.name, cfg.model.flavor).block_causal;
 }
 
 at::ScalarType dtype_from_name(const std::string& name, const char* key) {
@@ -37,7 +37,7 @@ std::optional<parallel::pipeline::PipelinePlan> pipeline_plan(const JobConfig& c
   if (dims.pp <= 1) return std::nullopt;
   const parallel::pipeline::PipelineConfig pc = pipeline_config(cfg);
   try {
-    const int64_t n_layers = model::llama3_flavor(cfg.model.flavor).n_layers;
+    const int64_t n_layers = model::model_flavor(cfg.model.name, cfg.model.flavor).n_layers;
     return parallel::pipeline::plan_pipeline(pc, dims.pp, n_layers, cfg.training.local_batch_size);
   } catch (const std::invalid_argument& e) {
     throw ConfigError(std::string("pipeline parallel: ") + e.what());
@@ -48,7 +48,7 @@ parallel::context_parallel::CpRotateMethod context_parallel_method(const JobConf
   try {
     const parallel::context_parallel::CpRotateMethod method =
         parallel::context_parallel::cp_rotate_method_from_name(cfg.parallelism.context_parallel_rotate_method);
-    parallel::context_parallel::check_cp_degree(model::llama3_flavor(cfg.model.flavor), dims.cp, dims.tp, cfg.training.seq_len, method);
+    parallel::context_parallel::check_cp_degree(model::model_flavor(cfg.model.name, cfg.model.flavor), dims.cp, dims.tp, cfg.training.seq_len, method);
     return method;
   } catch (const std::invalid_argument& e) {
     throw ConfigError(e.what());
@@ -70,6 +70,11 @@ int64_t global_batch_size(const JobConfig& cfg, const parallel::comm::ParallelDi
 parallel::ParallelOptions parallel_options(const JobConfig& cfg, const model::ModelArgs& args,
                                            const parallel::comm::ParallelDims& dims, c10::Device device, bool float8) {
   const int tp_degree = dims.tp;
+  // Qwen3 runs on one process for now (its tied embedding is not yet in the FSDP / TP / PP plans);
+  // the key check catches explicit degrees, this one a launch whose dp_shard = -1 took the world.
+  if (args.family == "qwen3" && dims.world_size > 1)
+    throw ConfigError("model.name = qwen3 trains on one process for now; this launch has " +
+                      std::to_string(dims.world_size) + " ranks (use model.name = llama3 for multi-process layouts)");
   parallel::ParallelOptions popt;
   popt.microbatches = global_batch_size(cfg, dims) / (cfg.training.local_batch_size * dims.dp());
   popt.reshard_after_forward = cfg.parallelism.fsdp_reshard_after_forward;

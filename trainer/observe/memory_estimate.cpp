@@ -9,6 +9,7 @@
 
 #include "data/tokenizer.h"
 #include "float8/recipe.h"
+#include "model/flavors.h"
 #include "trainer/config/pipeline_keys.h"
 #include "trainer/observe/memory.h"
 
@@ -334,7 +335,7 @@ MemoryEstimate estimate_memory(const EstimateInputs& in) {
 
 EstimateInputs estimate_inputs_from_config(const config::JobConfig& cfg) {
   EstimateInputs in;
-  in.args = model::llama3_flavor(cfg.model.flavor);
+  in.args = model::model_flavor(cfg.model.name, cfg.model.flavor);
   try {
     in.args.vocab_size = data::make_tokenizer(cfg.model.tokenizer_path)->vocab_size();
   } catch (const std::exception& e) {

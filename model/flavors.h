@@ -1,0 +1,30 @@
+// model/flavors.h — the model families titan trains (model.name) and their flavors
+// (model.flavor): each family's table lives in its folder (model/llama3/, model/qwen3/); the
+// Transformer they build is shared (model/transformer.h).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "model/args.h"
+
+namespace titan::model {
+
+// "llama3", "qwen3".
+const std::vector<std::string>& model_names();
+// The flavors of family `name`; throws std::invalid_argument listing the families.
+std::vector<std::string> flavor_names(const std::string& name);
+// Family `name`'s flavor `flavor`; throws std::invalid_argument naming model.name / model.flavor
+// and listing the valid values.
+ModelArgs model_flavor(const std::string& name, const std::string& flavor);
+
+// Llama 3 (model/llama3/flavors.cpp): "debugmodel", "8B", "70B", "405B", ... Throws
+// std::invalid_argument listing the valid names.
+ModelArgs llama3_flavor(const std::string& name);
+std::vector<std::string> llama3_flavor_names();
+
+// Qwen3 (model/qwen3/flavors.cpp): torchtitan 0.2.2's dense flavors "debugmodel", "0.6B" ... "32B".
+ModelArgs qwen3_flavor(const std::string& name);
+std::vector<std::string> qwen3_flavor_names();
+
+}  // namespace titan::model

@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""Runs torchtitan's own Qwen3 model (torchtitan/models/qwen3/model/model.py of a release) forward
+and backward on deterministic weights and tokens, and writes what it computed as the JSON fixture
+that tests/test_qwen3.cpp compares titan's Transformer with.
+
+    torchtitan_qwen3.py MODEL_PY MOE_PY > tests/fixtures/torchtitan/v0.2.2/qwen3_model.json
+
+MODEL_PY and MOE_PY are torchtitan/models/qwen3/model/model.py and torchtitan/models/moe/moe.py of
+that release (`git show v0.2.2:<path>` in a torchtitan clone, saved to files). They are executed
+with stand-ins for their torchtitan imports: the attention wrappers become the plain
+scaled_dot_product_attention call torchtitan's SDPA wrapper makes (causal), the model protocol an
+nn.Module, the model arguments a namespace with Qwen3ModelArgs' fields; nothing beyond torch
+needs to be installed.
+
+Every parameter `name` (in sorted order, index k from 1) is value(i) = scale * sin(1.7 * i + k)
+over its flat index i (norm weights: 1 + 0.1 * sin(...)), computed in float64 and rounded to
+float32, which the C++ test computes the same way; the tokens are (7 i + 3) mod vocab. The
+fixture holds the logits and, per parameter, its gradient's norm and its projection on
+value(i) with seed 1000 + k (scale 1).
+"""
+import json
+import math
+import sys
+import types
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# A small Qwen3: head_dim independent of dim / n_heads, grouped-query heads, qk-norm.
+SHAPES = dict(vocab_size=64, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, hidden_dim=48,
+              norm_eps=1e-6, rope_theta=1000000.0, qk_norm=True, max_seq_len=16, depth_init=True)
+BATCH, SEQ = 2, 12
+
+
+def values(shape, seed, scale, ones=False):
+    n = math.prod(shape)
+    flat = torch.tensor([(1.0 if ones else 0.0) + scale * math.sin(1.7 * i + seed) for i in range(n)],
+                        dtype=torch.float64)
+    return flat.to(torch.float32).view(shape)
+
+
+def stub(name, **attrs):
+    module = types.ModuleType(name)
+    module.__path__ = []
+    module.__dict__.update(attrs)
+    sys.modules[name] = module
+    return module
+
+
+def load(model_py, moe_py):
+    class SdpaWrapper(nn.Module):  # what torchtitan's ScaledDotProductAttentionWrapper computes
+        def forward(self, q, k, v, *, scale=None, enable_gqa=False, is_causal=True):
+            return F.scaled_dot_product_attention(q, k, v, scale=scale, is_causal=is_causal, enable_gqa=enable_gqa)
+
+    class ModelProtocol(nn.Module):
+        def __init__(self, model_args):
+            super().__init__()
+
+    for name in ("torchtitan", "torchtitan.models", "torchtitan.tools", "torchtitan.components",
+                 "torchtitan.protocols", "torchtitan.models.qwen3", "torchtitan.models.qwen3.model"):
+        stub(name)
+    stub("torchtitan.models.utils", trunc_normal_=torch.nn.init.trunc_normal_)
+    stub("torchtitan.tools.logging", logger=__import__("logging").getLogger("torchtitan"))
+    stub("torchtitan.components.tokenizer", BaseTokenizer=object)
+    stub("torchtitan.protocols.model", AttentionMasksType=object)
+    stub("torchtitan.protocols.train_spec", ModelProtocol=ModelProtocol)
+    unused = lambda *a, **k: None  # noqa: E731 (flex / varlen mask builders: not used by sdpa)
+    stub("torchtitan.models.attention", create_attention_mask=unused, create_varlen_metadata_for_document=unused,
+         FlexAttentionWrapper=SdpaWrapper, get_causal_mask_mod=unused, get_document_mask_mod=unused,
+         ScaledDotProductAttentionWrapper=SdpaWrapper, VarlenAttentionWrapper=SdpaWrapper, VarlenMetadata=object)
+    stub("torchtitan.models.moe.utils", indices_padding_wrapper=lambda fn: fn)
+    moe = types.ModuleType("torchtitan.models.moe")
+    moe.__path__ = []
+    sys.modules["torchtitan.models.moe"] = moe
+    moe_module = types.ModuleType("torchtitan.models.moe.moe")
+    moe_module.__package__ = "torchtitan.models.moe"
+    sys.modules["torchtitan.models.moe.moe"] = moe_module
+    with open(moe_py) as f:
+        exec(compile(f.read(), moe_py, "exec"), moe_module.__dict__)
+    moe.MoE, moe.MoEArgs = moe_module.MoE, moe_module.MoEArgs
+    stub("torchtitan.models.qwen3.model.args", Qwen3ModelArgs=object)
+    module = types.ModuleType("torchtitan.models.qwen3.model.model")
+    module.__package__ = "torchtitan.models.qwen3.model"
+    sys.modules[module.__name__] = module
+    with open(model_py) as f:
+        exec(compile(f.read(), model_py, "exec"), module.__dict__)
+    return module
+
+
+def main():
+    model_module = load(sys.argv[1], sys.argv[2])
+    cases = []
+    for tied in (True, False):
+        args = types.SimpleNamespace(**SHAPES, attn_type="sdpa", attn_mask_type="causal", eos_id=0,
+                                     enable_weight_tying=tied, moe_enabled=False, moe_inter_dim=0, moe_args=None)
+        torch.manual_seed(0)
+        model = model_module.Qwen3Model(args)
+        named = dict(model.named_parameters())  # a tied output.weight is the embedding: listed once
+        names = sorted(named)
+        with torch.no_grad():
+            for k, name in enumerate(names, start=1):
+                p = named[name]
+                if name.endswith("norm.weight"):
+                    p.copy_(values(list(p.shape), k, 0.1, ones=True))
+                else:
+                    p.copy_(values(list(p.shape), k, 1.0 if name == "tok_embeddings.weight" else 0.2))
+        tokens = torch.tensor([(7 * i + 3) % SHAPES["vocab_size"] for i in range(BATCH * SEQ)]).view(BATCH, SEQ)
+        logits = model(tokens)
+        logits.backward(values(list(logits.shape), 99, 1.0))
+        cases.append({
+            "tied": tied,
+            "parameters": names,
+            "logits": logits.detach().flatten().tolist(),
+            # Each gradient as two numbers (a full copy would make the fixture megabytes): its
+            # norm and its dot product with values(shape, 1000 + k, 1.0), which a wrong gradient
+            # changes at the first order.
+            "grads": {name: [named[name].grad.double().norm().item(),
+                             (named[name].grad.double() *
+                              values(list(named[name].shape), 1000 + k, 1.0).double()).sum().item()]
+                      for k, name in enumerate(names, start=1)},
+        })
+    json.dump({"release_file": "torchtitan/models/qwen3/model/model.py", "shapes": SHAPES, "batch": BATCH,
+               "seq": SEQ, "cases": cases}, sys.stdout)
+    sys.stdout.write("\n")
+
+
+if __name__ == "__main__":
+    main()
