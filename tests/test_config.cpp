@@ -372,3 +372,15 @@ TEST_CASE("every integer key has an upper bound", "[config]") {
   CHECK(parse_job_config(std::vector<std::string>{"--training.seed", "-9223372036854775808"}).training.seed ==
         INT64_MIN);
 }
+
+TEST_CASE("model.name picks the family; a flavor must be one of its family's", "[config]") {
+  const JobConfig qwen = parse_job_config(std::vector<std::string>{"--model.name", "qwen3", "--model.flavor", "0.6B"});
+  CHECK(qwen.model.name == "qwen3");
+  CHECK_THAT(error_of({"--model.name", "qwen3", "--model.flavor", "70B"}),
+             Contains("model.flavor = '70B' is not a qwen3 flavor (model.name)") && Contains("0.6B, 1.7B"));
+  CHECK_THAT(error_of({"--model.flavor", "0.6B"}), Contains("'0.6B' is not a llama3 flavor"));
+  CHECK_THAT(error_of({"--model.name", "gpt2"}), Contains("model.name = 'gpt2' is not allowed") && Contains("llama3, qwen3"));
+  // Qwen3 runs on one process for now: an explicit degree is a config error naming model.name.
+  CHECK_THAT(error_of({"--model.name", "qwen3", "--parallelism.tensor_parallel_degree", "2"}),
+             Contains("model.name = qwen3 trains on one process for now"));
+}

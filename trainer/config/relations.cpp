@@ -91,10 +91,17 @@ std::vector<std::pair<std::string, std::string>> check_key_relations(
                         std::to_string(rows) + ") is more than 2^40 tokens per step: make the "
                         "product at most " + std::to_string(kMaxTokensPerStep));
   }
-  // A flavor belongs to its family (the key table accepts every family's flavor names).
-  {
+  // A flavor belongs to its family (the key table accepts every family's flavor names and
+  // reports a name that is none of them itself).
+  const std::vector<std::string>& families = model::model_names();
+  if (std::find(families.begin(), families.end(), cfg.model.name) != families.end()) {
     const std::vector<std::string> flavors = model::flavor_names(cfg.model.name);
-    if (std::find(flavors.begin(), flavors.end(), cfg.model.flavor) == flavors.end()) {
+    bool known = false;
+    for (const auto& family : model::model_names()) {
+      const std::vector<std::string> theirs = model::flavor_names(family);
+      known = known || std::find(theirs.begin(), theirs.end(), cfg.model.flavor) != theirs.end();
+    }
+    if (known && std::find(flavors.begin(), flavors.end(), cfg.model.flavor) == flavors.end()) {
       std::string valid;
       for (const auto& f : flavors) valid += (valid.empty() ? "" : ", ") + f;
       problems.emplace_back(where("model.flavor"), "model.flavor = '" + cfg.model.flavor + "' is not a " +
