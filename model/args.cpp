@@ -30,13 +30,20 @@ ParamCount count_params(const ModelArgs& a) {
   const int64_t attention = a.dim * a.n_heads * head_dim        // wq
                             + 2 * a.dim * a.kv_heads() * head_dim  // wk, wv
                             + a.n_heads * head_dim * a.dim;      // wo
-  const int64_t feed_forward = 3 * a.dim * a.ffn_hidden_dim();   // w1, w2, w3
+  // w1, w2, w3; an MoE layer: the router, every expert and the shared experts.
+  const int64_t expert = 3 * a.dim * a.moe_hidden_dim;
+  const int64_t feed_forward =
+      a.moe ? a.dim * a.moe->num_experts + (a.moe->gate_bias ? a.moe->num_experts : 0) +
+                  (a.moe->num_experts + a.moe->num_shared_experts) * expert
+            : 3 * a.dim * a.ffn_hidden_dim();
   const int64_t norms = 2 * a.dim + (a.qk_norm ? 2 * head_dim : 0);  // attention_norm, ffn_norm, q/k_norm
   ParamCount count;
   count.per_layer = attention + feed_forward + norms;
   count.embedding = a.vocab_size * a.dim;
   count.total = count.embedding + a.n_layers * count.per_layer + a.dim /* norm */ +
                 (a.tie_embeddings ? 0 : a.vocab_size * a.dim) /* output */;
+  // torchtitan's get_moe_model_nparams_and_flops: the experts count top_k / num_experts.
+  count.active = a.moe ? count.total - a.n_layers * (a.moe->num_experts - a.moe->top_k) * expert : count.total;
   return count;
 }
 
@@ -46,7 +53,7 @@ double attention_flops_per_token(const ModelArgs& a, int64_t seq_len) {
 
 double flops_per_token(const ModelArgs& a, int64_t seq_len) {
   const ParamCount c = count_params(a);
-  return 6.0 * static_cast<double>(c.total - c.embedding) + attention_flops_per_token(a, seq_len);
+  return 6.0 * static_cast<double>(c.active - c.embedding) + attention_flops_per_token(a, seq_len);
 }
 
 }  // namespace titan::model

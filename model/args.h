@@ -4,8 +4,11 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "model/moe/moe_args.h"
 
 namespace titan::model {
 
@@ -52,6 +55,10 @@ struct ModelArgs {
   bool qk_norm = false;             // an RMSNorm over each head of q and of k, before RoPE
   bool rope_rotate_half = false;    // RoPE rotates the pairs (i, i + hd/2) (HF / Qwen3), not (2i, 2i+1)
   bool tie_embeddings = false;      // the output projection is the token embedding (output.weight)
+  // Mixture of experts (Qwen3-MoE): every block's feed-forward is an MoE layer of these
+  // arguments whose experts are SwiGLUs of moe_hidden_dim (torchtitan's moe_inter_dim).
+  std::optional<moe::MoEArgs> moe;
+  int64_t moe_hidden_dim = 0;
 
   int64_t kv_heads() const { return n_kv_heads > 0 ? n_kv_heads : n_heads; }
   int64_t head_dim() const { return explicit_head_dim > 0 ? explicit_head_dim : dim / n_heads; }
@@ -64,11 +71,15 @@ struct ParamCount {
   int64_t total = 0;
   int64_t embedding = 0;  // tok_embeddings only (an untied output projection is counted in total)
   int64_t per_layer = 0;
+  // The parameters one token uses: all but the experts a token is not routed to (top_k of
+  // num_experts per MoE layer); = total for a dense model. What FLOPs per token count.
+  int64_t active = 0;
 };
 ParamCount count_params(const ModelArgs& args);
 
 // Training FLOPs per token (forward + backward), torchtitan's formula:
-//   6 * (params - embedding params) + 12 * n_layers * n_heads * head_dim * seq_len
+//   6 * (active params - embedding params) + 12 * n_layers * n_heads * head_dim * seq_len
+// (active: an MoE layer's experts count top_k / num_experts, torchtitan's MoE formula)
 // The first term is the 2 (fwd) + 4 (bwd) FLOPs per weight per token of every matmul; the second
 // is the attention score and value products, which depend on the sequence length.
 double flops_per_token(const ModelArgs& args, int64_t seq_len);

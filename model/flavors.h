@@ -23,7 +23,8 @@ ModelArgs model_flavor(const std::string& name, const std::string& flavor);
 ModelArgs llama3_flavor(const std::string& name);
 std::vector<std::string> llama3_flavor_names();
 
-// Qwen3 (model/qwen3/flavors.cpp): torchtitan 0.2.2's dense flavors "debugmodel", "0.6B" ... "32B".
+// Qwen3 (model/qwen3/flavors.cpp): torchtitan 0.2.2's flavors, dense "debugmodel", "0.6B" ... "32B"
+// and MoE "debugmodel_moe", "30B-A3B", "235B-A22B".
 ModelArgs qwen3_flavor(const std::string& name);
 std::vector<std::string> qwen3_flavor_names();
 

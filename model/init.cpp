@@ -31,8 +31,11 @@ InitSpec Transformer::init_spec(const std::string& fqn) const {
     const int64_t layer_id = std::stoll(fqn.substr(7, fqn.find('.', 7) - 7));
     const double depth_std =
         0.02 / std::sqrt(2.0 * (args_.depth_init ? layer_id + 1 : args_.n_layers));
+    // MoE (torchtitan's MoE.init_weights): the router gate and the experts' w2 / w3 (stacked
+    // weights, no ".weight") at the depth std, w1 at 0.02; shared experts as a FeedForward.
     const bool depth_scaled = ends_with("wo.weight") || ends_with("w2.weight") ||
-                              ends_with("w3.weight");
+                              ends_with("w3.weight") || ends_with("experts.w2") || ends_with("experts.w3") ||
+                              ends_with("router.gate.weight");
     spec.std = depth_scaled ? depth_std : 0.02;
     spec.lo = -2.0;
     spec.hi = 2.0;

@@ -103,6 +103,24 @@ bool init_cuda_available() {
 void fill_init_box(const at::Tensor& out, const InitSpec& spec, uint64_t seed,
                    const std::string& fqn, at::IntArrayRef full_shape, at::IntArrayRef offsets) {
   at::NoGradGuard no_grad;
+  if (full_shape.size() > 2 && out.dim() == static_cast<int64_t>(full_shape.size())) {
+    // A stacked parameter ([experts, H, D]) is drawn as its 2-D view [experts H, D]: every element
+    // is a function of its flat index either way. A box must then hold whole middle dims (a shard
+    // of dim 0 and/or of the last: how FSDP and expert parallelism split stacked experts).
+    const size_t n = full_shape.size();
+    int64_t inner = 1;
+    for (size_t d = 1; d + 1 < n; ++d) {
+      if (offsets[d] != 0 || out.size(static_cast<int64_t>(d)) != full_shape[d])
+        throw std::invalid_argument("init of '" + fqn + "': a box of a " + std::to_string(n) +
+                                    "-D parameter must hold its middle dims whole");
+      inner *= full_shape[d];
+    }
+    const at::Tensor rows = out.view({out.size(0) * inner, out.size(static_cast<int64_t>(n) - 1)});
+    const std::vector<int64_t> shape2 = {full_shape[0] * inner, full_shape[n - 1]};
+    const std::vector<int64_t> offsets2 = {offsets[0] * inner, offsets[n - 1]};
+    fill_init_box(rows, spec, seed, fqn, shape2, offsets2);
+    return;
+  }
   const Box box = box_of(out, fqn, full_shape, offsets);
   if (out.numel() == 0) return;
   if (spec.ones) {

@@ -22,7 +22,9 @@ struct InitSpec {
 
 // `out` [lengths...] (1-D or 2-D, any dtype, device and strides) receives the elements of the
 // full parameter `fqn` [full_shape] that start at `offsets`: out[i, j] = value of full element
-// ((offsets[0] + i) * full_shape[1] + offsets[1] + j). Only these elements are computed.
+// ((offsets[0] + i) * full_shape[1] + offsets[1] + j). Only these elements are computed. A 3-D
+// or deeper parameter (stacked experts) is its 2-D view [all but the last dim, last dim], the box
+// holding its middle dims whole (a view of `out` must exist: contiguous within a row block).
 // Throws std::invalid_argument naming `fqn` when a non-empty box does not fit in full_shape.
 void fill_init_box(const at::Tensor& out, const InitSpec& spec, uint64_t seed,
                    const std::string& fqn, at::IntArrayRef full_shape, at::IntArrayRef offsets);

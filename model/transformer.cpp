@@ -3,6 +3,7 @@
 
 #include <ATen/ops/arange.h>
 #include <ATen/ops/cat.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/ops/embedding.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/rms_norm.h>
@@ -164,10 +165,13 @@ void FeedForward::visit_params(const ParamVisitor& visit) {
 TransformerBlock::TransformerBlock(int64_t id, const ModelArgs& args)
     : layer_id(id),
       attention("layers." + std::to_string(id) + ".attention", args),
-      feed_forward("layers." + std::to_string(id) + ".feed_forward", args.dim,
-                   args.ffn_hidden_dim()),
       attention_norm("layers." + std::to_string(id) + ".attention_norm", args.dim, args.norm_eps),
-      ffn_norm("layers." + std::to_string(id) + ".ffn_norm", args.dim, args.norm_eps) {}
+      ffn_norm("layers." + std::to_string(id) + ".ffn_norm", args.dim, args.norm_eps) {
+  if (args.moe)
+    moe = std::make_unique<moe::MoE>("layers." + std::to_string(id) + ".moe", *args.moe, args.dim, args.moe_hidden_dim);
+  else
+    feed_forward.emplace("layers." + std::to_string(id) + ".feed_forward", args.dim, args.ffn_hidden_dim());
+}
 
 at::Tensor TransformerBlock::forward(const at::Tensor& x, const RotaryTable& rope, const at::Tensor& documents) const {
   at::Tensor h;
@@ -175,14 +179,21 @@ at::Tensor TransformerBlock::forward(const at::Tensor& x, const RotaryTable& rop
     NamedScope scope("attention");
     h = x + attention.forward(attention_norm.forward(x), rope, documents);
   }
+  if (moe) {
+    NamedScope scope("moe");
+    return h + moe->forward(ffn_norm.forward(h));
+  }
   NamedScope scope("feed_forward");
-  return h + feed_forward.forward(ffn_norm.forward(h));
+  return h + feed_forward->forward(ffn_norm.forward(h));
 }
 
-// torchtitan's parameter order within a block: attention, feed_forward, attention_norm, ffn_norm.
+// torchtitan's parameter order within a block: attention, feed_forward (or moe), attention_norm, ffn_norm.
 void TransformerBlock::visit_params(const ParamVisitor& visit) {
   attention.visit_params(visit);
-  feed_forward.visit_params(visit);
+  if (moe)
+    moe->visit_params(visit);
+  else
+    feed_forward->visit_params(visit);
   attention_norm.visit_params(visit);
   ffn_norm.visit_params(visit);
 }
@@ -217,8 +228,13 @@ std::vector<Linear*> Transformer::linears() {
   std::vector<Linear*> all;
   for (auto& layer : layers_) {
     Attention& a = layer->attention;
-    FeedForward& f = layer->feed_forward;
-    for (Linear* l : {&a.wq, &a.wk, &a.wv, &a.wo, &f.w1, &f.w2, &f.w3}) all.push_back(l);
+    for (Linear* l : {&a.wq, &a.wk, &a.wv, &a.wo}) all.push_back(l);
+    if (layer->feed_forward)
+      for (Linear* l : {&layer->feed_forward->w1, &layer->feed_forward->w2, &layer->feed_forward->w3}) all.push_back(l);
+    // An MoE layer's shared experts are linears; its router gate is not converted (torchtitan's
+    // MoE configs filter "router.gate" from float8) and its experts are stacked weights.
+    if (layer->moe && layer->moe->shared_w1)
+      for (Linear* l : {&*layer->moe->shared_w1, &*layer->moe->shared_w2, &*layer->moe->shared_w3}) all.push_back(l);
   }
   all.push_back(&output_);
   return all;
@@ -234,6 +250,19 @@ void Transformer::materialize(c10::Device device, c10::ScalarType dtype) {
 void Transformer::materialize_buffers(c10::Device device) {
   rope_ = make_rotary_table(args_.head_dim(), args_.max_seq_len, args_.rope_theta, device,
                             args_.rope_scaling);
+  // MoE layers: the load-balancing bias starts at zero (a checkpoint may then restore it) and the
+  // token counts are zero until the first forward.
+  for (auto& layer : layers_) {
+    if (!layer->moe) continue;
+    const auto f32 = at::TensorOptions().device(device).dtype(at::kFloat);
+    layer->moe->tokens_per_expert = at::zeros({args_.moe->num_experts}, f32);
+    if (args_.moe->load_balance_coeff) layer->moe->expert_bias = at::zeros({args_.moe->num_experts}, f32);
+  }
+}
+
+void Transformer::visit_buffers(const ParamVisitor& visit) {
+  for (auto& layer : layers_)
+    if (layer->moe && layer->moe->expert_bias.defined()) visit(layer->moe->prefix + ".expert_bias", layer->moe->expert_bias);
 }
 
 namespace {
@@ -287,8 +316,17 @@ std::vector<std::string> Transformer::describe(const std::function<bool(const st
     if (id < block_wrappers_.size() && !block_wrappers_[id].empty())
       add(layer->layer_id, "layers.#: " + chain(block_wrappers_[id]));
     const Attention& a = layer->attention;
-    const FeedForward& f = layer->feed_forward;
-    for (const Linear* l : {&a.wq, &a.wk, &a.wv, &a.wo, &f.w1, &f.w2, &f.w3}) {
+    std::vector<const Linear*> linears = {&a.wq, &a.wk, &a.wv, &a.wo};
+    if (layer->feed_forward)
+      for (const Linear* l : {&layer->feed_forward->w1, &layer->feed_forward->w2, &layer->feed_forward->w3})
+        linears.push_back(l);
+    if (layer->moe) {
+      linears.push_back(&layer->moe->gate);
+      if (layer->moe->shared_w1)
+        for (const Linear* l : {&*layer->moe->shared_w1, &*layer->moe->shared_w2, &*layer->moe->shared_w3})
+          linears.push_back(l);
+    }
+    for (const Linear* l : linears) {
       const std::string& fqn = l->fqn();
       add(layer->layer_id, "layers.#" + fqn.substr(fqn.find('.', 7)) + ": " + l->compute()->describe());
     }

@@ -23,6 +23,7 @@
 #include "model/args.h"
 #include "model/init_fill.h"
 #include "model/linear.h"
+#include "model/moe/moe.h"
 
 namespace titan::model {
 
@@ -97,7 +98,8 @@ struct TransformerBlock {
 
   int64_t layer_id;
   Attention attention;
-  FeedForward feed_forward;
+  std::optional<FeedForward> feed_forward;  // a dense block's (every block without ModelArgs::moe)
+  std::unique_ptr<moe::MoE> moe;            // an MoE block's ("layers.<i>.moe": model/moe/moe.h)
   RMSNorm attention_norm, ffn_norm;
 };
 
@@ -138,8 +140,8 @@ class Transformer {
 
   // Replaces every (meta) parameter with uninitialized storage on `device` of `dtype`.
   void materialize(c10::Device device, c10::ScalarType dtype);
-  // Only the non-parameter buffers (RoPE tables): for sharded training, whose parameters never
-  // exist in full on one rank.
+  // Only the non-parameter buffers (RoPE tables, MoE layers' expert_bias and token counts): for
+  // sharded training, whose parameters never exist in full on one rank.
   void materialize_buffers(c10::Device device);
   // torchtitan's init (the distributions are listed in init.cpp) from `seed`, by the
   // counter-based generator: the same values on every device and in every layout.
@@ -163,6 +165,9 @@ class Transformer {
   const RotaryTable& rope_table() const { return rope_; }
 
   void visit_params(const ParamVisitor& visit);
+  // The persistent buffers a checkpoint holds beside the parameters: each MoE layer's
+  // "layers.<i>.moe.expert_bias" (load balancing's state; not a parameter: no gradient, no optimizer).
+  void visit_buffers(const ParamVisitor& visit);
   std::vector<Linear*> linears();  // every linear, in parameter order
   // Adds `wrapper` around block `layer_id`'s forward (outermost so far).
   void wrap_block(int64_t layer_id, ForwardWrapper wrapper);

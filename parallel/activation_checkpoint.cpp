@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "model/activation_checkpoint_ops.h"
+#include "model/moe/moe.h"
 #include "model/scope.h"
 
 namespace titan::parallel {
@@ -76,6 +77,7 @@ struct CheckpointBlockFunction : public torch::autograd::Function<CheckpointBloc
       model::NamedScope scope("recompute layers." + std::to_string(state->layer_id),
                               model::MemoryCategory::kActivations);
       at::AutoGradMode enable_grad(true);
+      model::moe::UncountedForward uncounted;  // the first forward counted (Note [Counted tokens])
       if (state->per_op) {
         model::OpCheckpointScope replay(&state->store, model::OpCheckpointPhase::kReplay);
         out = state->run(x);

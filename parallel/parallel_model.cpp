@@ -260,6 +260,28 @@ void ParallelModel::after_optimizer_step() {
   float8::sync_amax_history(float8::float8_computes(model_.linears()), all_reduce_max);
 }
 
+std::vector<double> ParallelModel::balance_experts() {
+  std::vector<model::moe::MoE*> layers;
+  for (model::TransformerBlock* block : model_.blocks())
+    if (block->moe) layers.push_back(block->moe.get());
+  if (layers.empty()) return {};
+  std::vector<at::Tensor> counts;
+  for (model::moe::MoE* layer : layers) counts.push_back(layer->tokens_per_expert);
+  at::Tensor all = at::stack(counts).contiguous();  // [layers, E]
+  if (comm::Comm* dp = mesh_.comm(comm::MeshDim::kDpCp)) dp->all_reduce(all, comm::ReduceOp::kSum);
+  std::vector<double> imbalance;
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const at::Tensor c = all.select(0, static_cast<int64_t>(i));
+    const double mean = c.mean().item<double>();
+    imbalance.push_back(mean > 0 ? c.max().item<double>() / mean : 1.0);
+    if (layers[i]->expert_bias.defined())
+      model::moe::update_expert_bias(layers[i]->expert_bias, c, *layers[i]->args.load_balance_coeff);
+    layers[i]->tokens_per_expert.zero_();
+  }
+  return imbalance;
+}
+
 void ParallelModel::after_backward() {
   if (fsdp_) fsdp_->finish_backward();
 }

@@ -114,6 +114,11 @@ class ParallelModel : public pipeline::MicrobatchHooks {
   // float8_precompute_fsdp_scales) and the delayed-scaling amax histories (one all-reduce over
   // all ranks, See Note [Delayed scaling]). No-op without float8.
   void after_optimizer_step();
+  // Once per optimizer step, before it (torchtitan's MoE load-balancing pre-hook): every MoE
+  // layer's token counts summed over dp x cp (one all-reduce), its expert_bias moved (Note
+  // [Aux-loss-free load balancing] in model/moe/moe.h), the counts zeroed. Returns each MoE
+  // layer's load imbalance, max / mean tokens per expert (1 = balanced); empty for a dense model.
+  std::vector<double> balance_experts();
 
   // The start-up picture: the mesh, one line per applied stage, then the model's wrapper and
   // compute chains (model::Transformer::describe).

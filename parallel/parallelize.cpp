@@ -162,7 +162,7 @@ TensorParallelPlan apply_tp(model::Transformer& model, comm::Comm& tp, const Par
       case TpStyle::kGatherInput: {
         const bool attention = name.size() >= 9 && name.compare(name.size() - 9, 9, "attention") == 0;
         model::ModuleInputHook& hook =
-            attention ? block->attention.prepare_input : block->feed_forward.prepare_input;
+            attention ? block->attention.prepare_input : block->feed_forward->prepare_input;
         const auto cast = options.float8_tp_input_all_gather
                               ? shared_float8_input_cast(linears, name,
                                                          attention ? std::vector<std::string>{"wq", "wk", "wv"}

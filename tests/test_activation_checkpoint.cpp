@@ -17,6 +17,7 @@
 #include "float8/convert.h"
 #include "float8/scaling.h"
 #include "model/activation_checkpoint_ops.h"
+#include "model/flavors.h"
 #include "model/transformer.h"
 #include "parallel/activation_checkpoint.h"
 
@@ -278,4 +279,40 @@ TEST_CASE("chunked CPU float8 casts equal the one-shot formulas bit for bit", "[
   }
   const at::Tensor t = float8::amax(x, float8::ScalingGranularity::Tensorwise, 0);
   CHECK(at::equal(t, at::amax(at::abs(x)).to(at::kFloat)));
+}
+
+TEST_CASE("MoE token counts: each training token counted once under every AC mode, never by validation",
+          "[ac][moe]") {
+  // Qwen3-MoE's routing on titan's small MoE flavor: 2 x 16 tokens, top 2, 4 layers. The counts
+  // of one forward + backward are 2 x 16 x 2 per layer with or without AC (its recompute in
+  // backward is uncounted), and the same per expert; a forward under UncountedForward adds none.
+  model::ModelArgs args = model::qwen3_flavor("debugmodel_moe_small");
+  args.vocab_size = 64;
+  args.max_seq_len = 16;
+  std::vector<at::Tensor> reference;
+  for (const char* mode : {"none", "full", "selective"}) {
+    INFO("AC " << mode);
+    model::Transformer m(args);
+    m.materialize(c10::kCPU, at::kFloat);
+    m.materialize_buffers(c10::kCPU);
+    m.init_weights(7);
+    m.visit_params([&](const std::string&, at::Tensor& p) { p.requires_grad_(true); });
+    parallel::apply_ac(m, parallel::parse_ac_options(mode, "op"));
+    at::manual_seed(3);
+    const at::Tensor tokens = at::randint(args.vocab_size, {2, 16});
+    torch::autograd::backward({m.forward(tokens, m.rope_table()).sum()});
+    std::vector<at::Tensor> counts;
+    for (model::TransformerBlock* block : m.blocks()) {
+      CHECK(block->moe->tokens_per_expert.sum().item<double>() == 2 * 16 * 2);
+      counts.push_back(block->moe->tokens_per_expert.clone());
+    }
+    if (reference.empty()) reference = counts;
+    for (size_t i = 0; i < counts.size(); ++i) CHECK(at::equal(counts[i], reference[i]));
+    {
+      at::NoGradGuard no_grad;
+      model::moe::UncountedForward uncounted;
+      m.forward(tokens, m.rope_table());
+    }
+    for (size_t i = 0; i < counts.size(); ++i) CHECK(at::equal(m.blocks()[i]->moe->tokens_per_expert, counts[i]));
+  }
 }

@@ -1,5 +1,5 @@
 // The Qwen3 family (model.name = qwen3): titan's Transformer with Qwen3's flavor switches (an
-// explicit head_dim, qk-norm, rotate-half RoPE, tied embeddings) against torchtitan 0.2.2's own
+// explicit head_dim, qk-norm, rotate-half RoPE, tied embeddings, MoE blocks) against torchtitan 0.2.2's own
 // Qwen3Model on the same weights and tokens (tests/fixtures/torchtitan/v0.2.2/qwen3_model.json,
 // written by scripts/reference/torchtitan_qwen3.py, which runs the release's model.py).
 //
@@ -41,7 +41,7 @@ at::Tensor values(const std::vector<int64_t>& shape, int seed, double scale, boo
 
 }  // namespace
 
-TEST_CASE("Qwen3 (explicit head_dim, qk-norm, rotate-half RoPE, tied or not) equals torchtitan 0.2.2's Qwen3Model",
+TEST_CASE("Qwen3 (explicit head_dim, qk-norm, rotate-half RoPE, tied or not, MoE) equals torchtitan 0.2.2's Qwen3Model",
           "[model][qwen3]") {
   const char* src = std::getenv("TITAN_SOURCE_DIR");
   REQUIRE(src != nullptr);  // ctest sets it
@@ -50,8 +50,8 @@ TEST_CASE("Qwen3 (explicit head_dim, qk-norm, rotate-half RoPE, tied or not) equ
   const nlohmann::json fixture = nlohmann::json::parse(in);
   const nlohmann::json& shapes = fixture.at("shapes");
   for (const nlohmann::json& c : fixture.at("cases")) {
-    const bool tied = c.at("tied");
-    INFO((tied ? "tied" : "untied") << " embeddings");
+    const bool tied = c.at("tied"), with_moe = c.at("moe");
+    INFO((tied ? "tied" : "untied") << " embeddings" << (with_moe ? ", MoE blocks" : ""));
     ModelArgs a = qwen3_flavor("debugmodel");  // the family's switches; the fixture's small shapes
     a.vocab_size = shapes.at("vocab_size");
     a.dim = shapes.at("dim");
@@ -62,6 +62,13 @@ TEST_CASE("Qwen3 (explicit head_dim, qk-norm, rotate-half RoPE, tied or not) equ
     a.explicit_hidden_dim = shapes.at("hidden_dim");
     a.max_seq_len = shapes.at("max_seq_len");
     a.tie_embeddings = tied;
+    if (with_moe) {  // qwen3_flavor("debugmodel_moe")'s routing with 4 experts, top 2
+      const ModelArgs moe = qwen3_flavor("debugmodel_moe");
+      a.moe = moe.moe;
+      a.moe->num_experts = 4;
+      a.moe->top_k = 2;
+      a.moe_hidden_dim = 24;
+    }
     CHECK(a.norm_eps == shapes.at("norm_eps").get<double>());
     CHECK(a.rope_theta == shapes.at("rope_theta").get<double>());
     Transformer model(a);
@@ -80,6 +87,9 @@ TEST_CASE("Qwen3 (explicit head_dim, qk-norm, rotate-half RoPE, tied or not) equ
                 : values(p.sizes().vec(), seed, names[k] == "tok_embeddings.weight" ? 1.0 : 0.2))
               .requires_grad_(true);
     }
+    model.materialize_buffers(c10::kCPU);
+    for (TransformerBlock* block : model.blocks())
+      if (block->moe) block->moe->expert_bias = values({4}, 500 + static_cast<int>(block->layer_id), 0.2);
     const int64_t B = fixture.at("batch"), S = fixture.at("seq");
     std::vector<int64_t> ids;
     for (int64_t i = 0; i < B * S; ++i) ids.push_back((7 * i + 3) % a.vocab_size);
@@ -91,6 +101,11 @@ TEST_CASE("Qwen3 (explicit head_dim, qk-norm, rotate-half RoPE, tied or not) equ
     const double logit_error = (logits.flatten() - want).abs().max().item<double>();
     INFO("max logit difference " << logit_error << " of max " << scale);
     CHECK(logit_error <= 1e-5 * scale);
+    if (with_moe) {  // the same routing decisions, counted once per forward
+      const std::vector<std::vector<float>> counts = c.at("tokens_per_expert");
+      for (TransformerBlock* block : model.blocks())
+        CHECK(at::equal(block->moe->tokens_per_expert, at::tensor(counts[static_cast<size_t>(block->layer_id)])));
+    }
     const nlohmann::json& grads = c.at("grads");
     for (size_t k = 0; k < names.size(); ++k) {
       INFO(names[k]);

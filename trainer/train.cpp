@@ -60,6 +60,7 @@ std::pair<double, double> Trainer::train_step(int64_t step) {
   model::NamedScope scope("optimizer", model::MemoryCategory::kOptimizerState);
   const double global_tokens = static_cast<double>(global_batch_size_) * t.seq_len;
   const double grad_norm = parallel_->clip_grad_norm(t.max_norm);  // one all-reduce
+  last_expert_load_ = parallel_->balance_experts();  // MoE: the bias update, before the optimizer step
   // Both are all-reduced, so every rank takes the same branch (Note [Non-finite steps]).
   if (!std::isfinite(loss_sum) || !std::isfinite(grad_norm)) {
     on_nonfinite_step(step, batch, loss_sum / global_tokens, grad_norm);  // throws unless skipping
@@ -105,6 +106,7 @@ TrainResult Trainer::train() {
     {
       observe::StepMetrics m{step, loss, grad_norm, cfg_.optimizer.lr * lr_schedule_.factor(step)};
       m.skipped_steps = skipped_steps_;
+      m.expert_load = last_expert_load_;
       if (world_.world_size > 1) {
         m.comm_seconds = mesh_->comm_seconds() - comm_seconds_logged_;
         m.comm_exposed_seconds = mesh_->comm_exposed_seconds() - comm_exposed_logged_;

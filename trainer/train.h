@@ -91,6 +91,7 @@ class Trainer {
   std::unique_ptr<data::Tokenizer> tokenizer_;
   std::unique_ptr<data::DataLoader> loader_;
   std::unique_ptr<Validator> validator_;  // validation.enable (trainer/validate.h)
+  std::vector<double> last_expert_load_;  // MoE: the last step's max / mean tokens per expert, per layer
   std::unique_ptr<model::Transformer> model_;
   std::unique_ptr<optim::AdamW> optimizer_;
   optim::LrSchedule lr_schedule_{};

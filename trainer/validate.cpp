@@ -4,6 +4,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "model/moe/moe.h"
 #include "parallel/parallel_model.h"
 #include "parallel/pipeline/schedule.h"
 #include "parallel/pipeline/schedule.h"
@@ -68,6 +69,7 @@ ValidationResult Validator::run(parallel::pipeline::Schedule& schedule, parallel
   double loss_sum = 0;
   for (int64_t b = 0; b < batches_; ++b) {
     const data::Batch batch = loader_->next_batch();  // this rank's rows of the global batch
+    model::moe::UncountedForward uncounted;  // validation tokens are no step's load (Note [Counted tokens])
     loss_sum += schedule.evaluate(batch.inputs, batch.labels);
   }
   loss_sum = model.sum_over_dp_cp(loss_sum);  // every token of every data-parallel rank

@@ -113,6 +113,14 @@ at::Tensor grouped_experts(const at::Tensor& x, const at::Tensor& w1, const at::
   return outputs.size() == 1 ? outputs[0] : at::cat(outputs, 0);
 }
 
+namespace {
+thread_local int uncounted_depth = 0;
+}  // namespace
+
+UncountedForward::UncountedForward() { ++uncounted_depth; }
+UncountedForward::~UncountedForward() { --uncounted_depth; }
+bool UncountedForward::active() { return uncounted_depth > 0; }
+
 void update_expert_bias(at::Tensor& expert_bias, const at::Tensor& tokens_per_expert, double coeff) {
   at::NoGradGuard no_grad;
   const at::Tensor counts = tokens_per_expert.to(at::kFloat);
@@ -148,7 +156,7 @@ at::Tensor MoE::forward(const at::Tensor& x) {
   at::Tensor logits = gate.forward(xf);  // [N, E]
   if (gate_bias.defined()) logits = logits + gate_bias;
   const Routing r = route(logits, expert_bias, args);
-  {
+  if (!UncountedForward::active()) {  // See Note [Counted tokens]
     at::NoGradGuard no_grad;
     tokens_per_expert.add_(r.tokens_per_expert.to(tokens_per_expert.device()));
   }

@@ -36,24 +36,9 @@
 #include <vector>
 
 #include "model/linear.h"
+#include "model/moe/moe_args.h"
 
 namespace titan::model::moe {
-
-// torchtitan's MoEArgs (its defaults).
-struct MoEArgs {
-  int64_t num_experts = 8;
-  int64_t num_shared_experts = 1;
-  std::string score_func = "sigmoid";  // "softmax" | "sigmoid"
-  bool route_norm = false;
-  double route_scale = 1.0;
-  bool gate_bias = false;
-  bool score_before_experts = true;
-  int64_t top_k = 1;
-  std::optional<int64_t> num_expert_groups;   // a divisor of num_experts, >= 2 experts each
-  std::optional<int64_t> num_limited_groups;  // required with num_expert_groups
-  std::optional<double> load_balance_coeff = 1e-3;  // none: no expert_bias
-  bool force_load_balance = false;  // debug.moe_force_load_balance: round-robin choice
-};
 
 // Throws std::invalid_argument naming the field, the value and what is allowed (top_k > experts,
 // groups that do not divide the experts, a limit without groups, an unknown score_func, ...).
@@ -73,6 +58,20 @@ Routing route(const at::Tensor& scores_logits, const at::Tensor& expert_bias, co
 // Differentiable in x and the weights. CPU and CUDA: one matmul chain per expert with rows.
 at::Tensor grouped_experts(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& w2, const at::Tensor& w3,
                            const std::vector<int64_t>& counts);
+
+// Note [Counted tokens]: tokens_per_expert is the load-balancing input of the training step, so
+// only a training forward counts. A forward under UncountedForward adds nothing: validation (its
+// tokens are not the step's) and activation checkpointing's recompute in backward (which would
+// count a block's tokens twice; torchtitan halves the counts of fully checkpointed blocks
+// instead, which per-op AC and partial AC leave wrong). Thread-local and nestable.
+class UncountedForward {
+ public:
+  UncountedForward();
+  ~UncountedForward();
+  UncountedForward(const UncountedForward&) = delete;
+  UncountedForward& operator=(const UncountedForward&) = delete;
+  static bool active();
+};
 
 // Note [Aux-loss-free load balancing]'s update of one layer, in place: expert_bias [E] float32,
 // tokens_per_expert [E] (already summed over the ranks).

@@ -16,7 +16,9 @@ Every parameter `name` (in sorted order, index k from 1) is value(i) = scale * s
 over its flat index i (norm weights: 1 + 0.1 * sin(...)), computed in float64 and rounded to
 float32, which the C++ test computes the same way; the tokens are (7 i + 3) mod vocab. The
 fixture holds the logits and, per parameter, its gradient's norm and its projection on
-value(i) with seed 1000 + k (scale 1).
+value(i) with seed 1000 + k (scale 1). Three cases: tied embeddings, untied, and Qwen3-MoE (every
+block an MoE layer of 4 experts, top 2, expert_bias of layer l = value(i) with seed 500 + l,
+scale 0.2), whose tokens per expert are recorded too.
 """
 import json
 import math
@@ -89,11 +91,21 @@ def load(model_py, moe_py):
 
 
 def main():
+    # The MoE router's torch.histc of int64 indices has a float-only CPU kernel (the CUDA one
+    # returns int64 counts): counted in float, returned as int64, as on the GPU.
+    histc = torch.histc
+    torch.histc = lambda t, *a, **k: histc(t, *a, **k) if t.is_floating_point() else histc(t.float(), *a, **k).long()
     model_module = load(sys.argv[1], sys.argv[2])
     cases = []
-    for tied in (True, False):
+    moe_module = sys.modules["torchtitan.models.moe.moe"]
+    # Qwen3-MoE's routing (softmax top 2 of 4, route_norm, weights after the experts, no shared
+    # expert, the default load balancing), small.
+    moe_args = moe_module.MoEArgs(num_experts=4, num_shared_experts=0, top_k=2, score_func="softmax",
+                                  route_norm=True, route_scale=1.0, score_before_experts=False, use_grouped_mm=False)
+    for tied, moe in ((True, False), (False, False), (False, True)):
         args = types.SimpleNamespace(**SHAPES, attn_type="sdpa", attn_mask_type="causal", eos_id=0,
-                                     enable_weight_tying=tied, moe_enabled=False, moe_inter_dim=0, moe_args=None)
+                                     enable_weight_tying=tied, moe_enabled=moe, moe_inter_dim=24 if moe else 0,
+                                     moe_args=moe_args if moe else None)
         torch.manual_seed(0)
         model = model_module.Qwen3Model(args)
         named = dict(model.named_parameters())  # a tied output.weight is the embedding: listed once
@@ -105,11 +117,17 @@ def main():
                     p.copy_(values(list(p.shape), k, 0.1, ones=True))
                 else:
                     p.copy_(values(list(p.shape), k, 1.0 if name == "tok_embeddings.weight" else 0.2))
+            for layer_id, layer in model.layers.items():  # a bias that changes choices
+                if moe:
+                    layer.moe.expert_bias.copy_(values([4], 500 + int(layer_id), 0.2))
+                    layer.moe.tokens_per_expert.zero_()
         tokens = torch.tensor([(7 * i + 3) % SHAPES["vocab_size"] for i in range(BATCH * SEQ)]).view(BATCH, SEQ)
         logits = model(tokens)
         logits.backward(values(list(logits.shape), 99, 1.0))
         cases.append({
             "tied": tied,
+            "moe": moe,
+            "tokens_per_expert": [layer.moe.tokens_per_expert.tolist() for layer in model.layers.values()] if moe else [],
             "parameters": names,
             "logits": logits.detach().flatten().tolist(),
             # Each gradient as two numbers (a full copy would make the fixture megabytes): its

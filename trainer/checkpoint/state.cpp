@@ -58,14 +58,26 @@ StateDict ModelState::state_dict() {
     if (save_dtype_ != at::kFloat) t.local = t.local.to(save_dtype_);
     sd.tensors.push_back(std::move(t));
   }
+  // Persistent buffers (MoE layers' expert_bias), float32 whatever the save dtype: the
+  // load-balancing state a resume must continue from.
+  model_.model().visit_buffers([&](const std::string& fqn, at::Tensor& buffer) {
+    sd.tensors.push_back(StateTensor{fqn, buffer.detach(), buffer.sizes().vec(),
+                                     std::vector<int64_t>(static_cast<size_t>(buffer.dim()), 0), writes_buffers_});
+  });
   return sd;
 }
 
 void ModelState::load_state_dict(StateSource& source) {
   at::NoGradGuard no_grad;
   const auto regions = model_.shard_regions();
-  // Every parameter of the model (under pp this rank reads only its stages' regions).
-  check_names(source, model_.all_param_names(), "the model's parameters");
+  // Every parameter of the model (under pp this rank reads only its stages' regions) and buffer.
+  std::vector<std::string> expected = model_.all_param_names();
+  model_.model().visit_buffers([&](const std::string& fqn, at::Tensor&) { expected.push_back(fqn); });
+  check_names(source, expected, "the model's parameters and buffers");
+  model_.model().visit_buffers([&](const std::string& fqn, at::Tensor& buffer) {
+    source.read(fqn, buffer.sizes().vec(), std::vector<int64_t>(static_cast<size_t>(buffer.dim()), 0), buffer);
+    check_weight_values(buffer, "buffer '" + fqn + "'", false);
+  });
   for (size_t i = 0; i < regions.size(); ++i) {
     read_region(source, regions[i].fqn, model_.master_params()[i], regions[i]);
     // This rank's region only: every rank checks its own, and the load's all-reduced error flag

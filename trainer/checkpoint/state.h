@@ -64,17 +64,20 @@ class Stateful {
   virtual void load_state_dict(StateSource& source) = 0;
 };
 
-// The master parameters. `save_dtype`: float32, or bfloat16 for a weights-only export.
+// The master parameters and the model's persistent buffers (model::Transformer::visit_buffers).
+// `save_dtype`: float32, or bfloat16 for a weights-only export. `writes_buffers`: this rank
+// writes the buffers (identical on every rank; a model with buffers trains on one process today).
 class ModelState final : public Stateful {
  public:
-  ModelState(parallel::ParallelModel& model, at::ScalarType save_dtype = at::kFloat)
-      : model_(model), save_dtype_(save_dtype) {}
+  ModelState(parallel::ParallelModel& model, at::ScalarType save_dtype = at::kFloat, bool writes_buffers = true)
+      : model_(model), save_dtype_(save_dtype), writes_buffers_(writes_buffers) {}
   StateDict state_dict() override;
   void load_state_dict(StateSource& source) override;  // the caller then runs model.after_load()
 
  private:
   parallel::ParallelModel& model_;
   at::ScalarType save_dtype_;
+  bool writes_buffers_;
 };
 
 class OptimizerState final : public Stateful {

@@ -1,5 +1,6 @@
 #include "trainer/observe/metrics.h"
 
+#include <algorithm>
 #include <ATen/Parallel.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/randn.h>
@@ -207,7 +208,14 @@ void MetricsLogger::log(const StepMetrics& m) {
                 util::color_code("cyan"), m.grad_norm, util::color_code("yellow"), gib, pct,
                 util::color_code("blue"), with_thousands(std::llround(tps)).c_str(), util::color_code("cyan"),
                 tflops, util::color_code("green"), mfu_text, util::color_code("reset"));
-  util::log_info(m.skipped_steps > 0 ? std::string(buf) + "  skipped: " + std::to_string(m.skipped_steps) : std::string(buf));
+  std::string line(buf);
+  if (!m.expert_load.empty()) {
+    char load[48];
+    std::snprintf(load, sizeof(load), "  expert_load: %.2f", *std::max_element(m.expert_load.begin(), m.expert_load.end()));
+    line += load;
+  }
+  if (m.skipped_steps > 0) line += "  skipped: " + std::to_string(m.skipped_steps);
+  util::log_info(line);
 
   if (!jsonl_path_.empty() && jsonl_fd_ < 0) open_jsonl();
   if (jsonl_fd_ >= 0) {
@@ -222,6 +230,7 @@ void MetricsLogger::log(const StepMetrics& m) {
     if (m.comm_seconds >= 0) record["comm_s"] = m.comm_seconds;
     if (m.comm_exposed_seconds >= 0) record["comm_exposed_s"] = m.comm_exposed_seconds;
     if (m.skipped_steps > 0) record["skipped_steps"] = m.skipped_steps;
+    if (!m.expert_load.empty()) record["expert_load"] = m.expert_load;  // per MoE layer, max / mean
     try {
       util::append_whole_record(jsonl_fd_, record.dump() + '\n', jsonl_path_);  // whole line or none
     } catch (const std::runtime_error& e) {

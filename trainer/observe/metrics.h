@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <fstream>
 #include <string>
+#include <vector>
 
 namespace titan::trainer::observe {
 
@@ -62,6 +63,9 @@ struct StepMetrics {
   // overlap does not hide); < 0 = not distributed.
   double comm_exposed_seconds = -1;
   int64_t skipped_steps = 0;  // non-finite steps skipped so far (training.skip_nonfinite_steps)
+  // MoE models: each MoE layer's max / mean tokens per expert in the logged step (1 = balanced);
+  // the line shows the worst layer ("expert_load"), the JSONL record every layer.
+  std::vector<double> expert_load;
 };
 
 class MetricsLogger {
