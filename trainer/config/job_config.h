@@ -61,12 +61,13 @@ struct MetricsSection {
 };
 
 struct ModelSection {
-  std::string name = "llama3";        // choices: llama3
-  std::string flavor = "debugmodel";  // choices: debugmodel, 8B, 70B, 405B
+  std::string name = "llama3";        // choices: llama3, qwen3 (model/flavors.h)
+  std::string flavor = "debugmodel";  // a flavor of `name`
   std::string tokenizer_path;         // "" = byte-level tokenizer; else a tiktoken-format BPE file
   std::string hf_assets_path;         // folder with tokenizer.json (+ tokenizer_config.json)
   std::vector<std::string> converters;  // model rewrites applied after build; choices: float8
   std::string attn_mask_type = "causal";  // causal | block_causal (attention within each document)
+  bool moe_force_load_balance = false;    // MoE: round-robin expert choice (torchtitan's debug switch)
 };
 
 struct OptimizerSection {

@@ -104,6 +104,10 @@ std::vector<SectionSpec> build_table() {
               "block_causal mask finds them. Positions stay global (RoPE is relative). Every layout "
               "(FSDP, TP, PP, CP) computes the same documents.")
               .one_of({"causal", "block_causal"}),
+          key("moe_force_load_balance", &ModelSection::moe_force_load_balance,
+              "Mixture-of-experts models only (debug): every token's experts chosen round robin, "
+              "(token x top_k + j) mod num_experts, instead of by the router, so every expert gets "
+              "the same load (torchtitan's debug.moe_force_load_balance)."),
           key("tokenizer_path", &ModelSection::tokenizer_path,
               "\"\" = byte-level tokenizer; a tiktoken-format BPE file (Llama 3's "
               "original/tokenizer.model), a tokenizer.json or a folder holding one; when not "

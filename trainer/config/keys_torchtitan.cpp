@@ -100,7 +100,7 @@ std::vector<Row> rows_of(const std::string& section) {
         accepted_any("gc_debug", false, "titan has no garbage collector to schedule", "v0.1.0+"),
         accepted_if("dtype", "float32",
                     "pure bfloat16 training without float32 masters (training.dtype)", "v0.2.0+"),
-        accepted_if("debug_moe_force_load_balance", false, "mixture-of-experts models", "v0.2.0"),
+        alias("debug_moe_force_load_balance", "model.moe_force_load_balance", "v0.2.0"),
     };
   }
   if (section == "parallelism") {
@@ -254,7 +254,7 @@ std::vector<SectionSpec> torchtitan_sections() {
           accepted_any("deterministic_warn_only", false,
                        "titan's deterministic mode has no nondeterministic op to warn about",
                        "v0.2.1+"),
-          accepted_if("moe_force_load_balance", false, "mixture-of-experts models", "v0.2.1+"),
+          alias("moe_force_load_balance", "model.moe_force_load_balance", "v0.2.1+"),
       }),
       torchtitan_section("memory_estimation", "torchtitan's FakeTensor memory estimation.", {
           accepted_if("enabled", false, "FakeTensor memory estimation as a training mode",
