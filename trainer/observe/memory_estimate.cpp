@@ -336,6 +336,16 @@ MemoryEstimate estimate_memory(const EstimateInputs& in) {
 EstimateInputs estimate_inputs_from_config(const config::JobConfig& cfg) {
   EstimateInputs in;
   in.args = model::model_flavor(cfg.model.name, cfg.model.flavor);
+  if (in.args.moe) {
+    // The per-block terms model one SwiGLU per token; a token's MoE rows are top_k (+ shared)
+    // SwiGLUs of moe_hidden_dim, so that is the width they see. Parameters, gradients and
+    // optimizer state count every expert (count_params).
+    const int64_t rows = in.args.moe->top_k + in.args.moe->num_shared_experts;
+    in.args.explicit_hidden_dim = rows * in.args.moe_hidden_dim;
+    in.notes.push_back("mixture of experts: activations as one SwiGLU of top_k x moe_hidden_dim = " +
+                       std::to_string(in.args.explicit_hidden_dim) +
+                       " per token; the router's and the reorder's buffers are not modeled yet");
+  }
   try {
     in.args.vocab_size = data::make_tokenizer(cfg.model.tokenizer_path)->vocab_size();
   } catch (const std::exception& e) {
