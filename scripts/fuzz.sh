@@ -33,7 +33,7 @@ declare -A SOURCES=(
   [fuzz_hf_tokenizer]="data/hf_tokenizer.cpp data/bpe_tokenizer.cpp data/pretokenizer.cpp data/tiktoken_file.cpp data/text_lines.cpp data/tokenizer.cpp"
   # titan_config's own sources, read from its CMake target so the list cannot drift from it.
   [fuzz_config]="$(sed -n 's/^add_library(titan_config STATIC \(.*\))$/\1/p' "$ROOT/trainer/config/CMakeLists.txt" |
-                   tr ' ' '\n' | sed 's|^|trainer/config/|' | tr '\n' ' ') model/args.cpp float8/recipe.cpp"
+                   tr ' ' '\n' | sed 's|^|trainer/config/|' | tr '\n' ' ') model/args.cpp model/flavors.cpp model/llama3/flavors.cpp model/qwen3/flavors.cpp float8/recipe.cpp"
 )
 declare -A LIBS=([fuzz_hf_tokenizer]="-lpcre2-8" [fuzz_config]="-ltomlplusplus")
 TARGETS=("$@")
