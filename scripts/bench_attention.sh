@@ -14,7 +14,8 @@
 # README.md and docs/*.md concatenated. debugmodel uses the byte-level tokenizer (model.tokenizer_path
 # = ""): a text of n bytes is n + 2 tokens (BOS, its UTF-8 bytes, EOS), so the text is folded to
 # ASCII and a document of L tokens gets L - 2 characters; the script checks every length through
-# titan-tokenize before training on it.
+# titan-tokenize before training on it. The lengths depend only on LONG_DOCS_SEED; the text
+# follows the checkout's docs, so the loss (not the attention work) moves when they are edited.
 #
 # One row of SEQ_LEN tokens per step (local batch 1), debugmodel, no activation checkpointing, one
 # intra-op thread per rank; cp > 1 runs cp CPU ranks (Gloo on 127.0.0.1) with the ring's alltoall
