@@ -5,6 +5,20 @@
 
 namespace titan::model {
 
+std::vector<std::string> flavor_names_of(const std::vector<NamedFlavor>& table) {
+  std::vector<std::string> names;
+  for (const auto& f : table) names.emplace_back(f.name);
+  return names;
+}
+
+ModelArgs find_flavor(const std::vector<NamedFlavor>& table, const std::string& family, const std::string& name) {
+  for (const auto& f : table)
+    if (name == f.name) return f.args;
+  std::string valid;
+  for (const auto& n : flavor_names_of(table)) valid += (valid.empty() ? "" : ", ") + n;
+  throw std::invalid_argument("unknown " + family + " flavor '" + name + "' (valid: " + valid + ")");
+}
+
 const std::vector<std::string>& model_names() {
   static const std::vector<std::string> names = {"llama3", "qwen3"};
   return names;

@@ -10,6 +10,16 @@
 
 namespace titan::model {
 
+// One family's table: a flavor's name and its arguments.
+struct NamedFlavor {
+  const char* name;
+  ModelArgs args;
+};
+// The names of `table`, in order; `family`'s flavor `name` from `table`, or std::invalid_argument
+// naming the family and listing the valid names (the one lookup every family's table uses).
+std::vector<std::string> flavor_names_of(const std::vector<NamedFlavor>& table);
+ModelArgs find_flavor(const std::vector<NamedFlavor>& table, const std::string& family, const std::string& name);
+
 // "llama3", "qwen3".
 const std::vector<std::string>& model_names();
 // The flavors of family `name`; throws std::invalid_argument listing the families.

@@ -10,11 +10,6 @@ namespace titan::model {
 
 namespace {
 
-struct Flavor {
-  const char* name;
-  ModelArgs args;
-};
-
 ModelArgs make_args(int64_t dim, int64_t n_layers, int64_t n_heads, int64_t n_kv_heads,
                     int64_t vocab_size, int64_t multiple_of, double ffn_dim_multiplier,
                     bool rope_scaling = true) {
@@ -36,8 +31,8 @@ ModelArgs block_causal(ModelArgs a) {
 }
 
 // torchtitan's llama3 flavors (torchtitan/models/llama3/__init__.py), with their sizes.
-const std::vector<Flavor>& flavors() {
-  static const std::vector<Flavor> table = {
+const std::vector<NamedFlavor>& flavors() {
+  static const std::vector<NamedFlavor> table = {
       {"debugmodel", make_args(256, 6, 16, 0, 2048, 256, 0.0)},
       {"8B", make_args(4096, 32, 32, 8, 128256, 1024, 1.3)},
       {"70B", make_args(8192, 80, 64, 8, 128256, 4096, 1.3)},
@@ -61,18 +56,8 @@ const std::vector<Flavor>& flavors() {
 
 }  // namespace
 
-std::vector<std::string> llama3_flavor_names() {
-  std::vector<std::string> names;
-  for (const auto& f : flavors()) names.emplace_back(f.name);
-  return names;
-}
+std::vector<std::string> llama3_flavor_names() { return flavor_names_of(flavors()); }
 
-ModelArgs llama3_flavor(const std::string& name) {
-  for (const auto& f : flavors())
-    if (name == f.name) return f.args;
-  std::string valid;
-  for (const auto& n : llama3_flavor_names()) valid += (valid.empty() ? "" : ", ") + n;
-  throw std::invalid_argument("unknown llama3 flavor '" + name + "' (valid: " + valid + ")");
-}
+ModelArgs llama3_flavor(const std::string& name) { return find_flavor(flavors(), "llama3", name); }
 
 }  // namespace titan::model

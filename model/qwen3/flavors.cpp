@@ -13,11 +13,6 @@
 namespace titan::model {
 namespace {
 
-struct Flavor {
-  const char* name;
-  ModelArgs args;
-};
-
 ModelArgs qwen3(int64_t dim, int64_t n_layers, int64_t n_heads, int64_t n_kv_heads, int64_t vocab_size,
                 int64_t hidden_dim, bool tie_embeddings) {
   ModelArgs a;
@@ -67,8 +62,8 @@ ModelArgs with_theta(ModelArgs a, double theta) {
   return a;
 }
 
-const std::vector<Flavor>& flavors() {
-  static const std::vector<Flavor> table = {
+const std::vector<NamedFlavor>& flavors() {
+  static const std::vector<NamedFlavor> table = {
       {"debugmodel", qwen3(256, 8, 16, 8, 2048, 3072, true)},
       {"0.6B", qwen3(1024, 28, 16, 8, 151936, 3072, true)},
       {"1.7B", qwen3(2048, 28, 16, 8, 151936, 6144, true)},
@@ -89,18 +84,8 @@ const std::vector<Flavor>& flavors() {
 
 }  // namespace
 
-std::vector<std::string> qwen3_flavor_names() {
-  std::vector<std::string> names;
-  for (const auto& f : flavors()) names.emplace_back(f.name);
-  return names;
-}
+std::vector<std::string> qwen3_flavor_names() { return flavor_names_of(flavors()); }
 
-ModelArgs qwen3_flavor(const std::string& name) {
-  for (const auto& f : flavors())
-    if (name == f.name) return f.args;
-  std::string valid;
-  for (const auto& n : qwen3_flavor_names()) valid += (valid.empty() ? "" : ", ") + n;
-  throw std::invalid_argument("unknown qwen3 flavor '" + name + "' (valid: " + valid + ")");
-}
+ModelArgs qwen3_flavor(const std::string& name) { return find_flavor(flavors(), "qwen3", name); }
 
 }  // namespace titan::model
