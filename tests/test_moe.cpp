@@ -34,6 +34,7 @@
 #include <fstream>
 
 #include "model/moe/moe.h"
+#include "tests/sin_values.h"
 
 using namespace titan::model::moe;
 using Catch::Matchers::Contains;
@@ -273,12 +274,8 @@ TEST_CASE("MoE layer equals torchtitan 0.2.2's own MoE module on the same weight
   REQUIRE(in.good());
   const nlohmann::json fixture = nlohmann::json::parse(in);
   const int64_t D = fixture.at("dim"), H = fixture.at("hidden_dim"), E = fixture.at("num_experts");
-  auto values = [](std::vector<int64_t> shape, int seed, double scale) {
-    int64_t n = 1;
-    for (int64_t d : shape) n *= d;
-    std::vector<float> v(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = static_cast<float>(scale * std::sin(1.7 * i + seed));
-    return at::tensor(v).view(shape).clone();
+  const auto values = [](const std::vector<int64_t>& shape, int seed, double scale) {
+    return titan::testing::sin_values(shape, seed, scale);
   };
   auto as_tensor = [](const nlohmann::json& list) { return at::tensor(list.get<std::vector<float>>()); };
   auto close = [](const at::Tensor& got, const at::Tensor& want) {

@@ -25,18 +25,14 @@
 
 #include "model/flavors.h"
 #include "model/transformer.h"
+#include "tests/sin_values.h"
 
 using namespace titan::model;
 
 namespace {
 
 at::Tensor values(const std::vector<int64_t>& shape, int seed, double scale, bool ones = false) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  std::vector<float> v(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i)
-    v[static_cast<size_t>(i)] = static_cast<float>((ones ? 1.0 : 0.0) + scale * std::sin(1.7 * i + seed));
-  return at::tensor(v).view(shape).clone();
+  return titan::testing::sin_values(shape, seed, scale, ones ? 1.0 : 0.0);
 }
 
 }  // namespace
