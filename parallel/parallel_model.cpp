@@ -83,22 +83,25 @@ HeldParam& ParallelModel::param(const std::string& fqn) {
 
 void ParallelModel::finalize() {
   const int tp = mesh_.size(comm::MeshDim::kTp);
-  std::map<std::string, const HeldParam*> by_fqn;
-  for (const auto& p : params_) by_fqn[p.fqn] = &p;
   if (fsdp_) {
     names_ = fsdp_->master_fqns();
     masters_ = fsdp_->masters();
-    TORCH_CHECK(names_.size() == params_.size(), "FSDP groups cover ", names_.size(), " of ",
-                params_.size(), " parameters");
-  } else {
-    for (auto& p : params_) {
-      p.master = at::zeros(p.tp_shape, at::TensorOptions().dtype(at::kFloat).device(options_.device));
-      p.master.requires_grad_(true);
-      names_.push_back(p.fqn);
-      masters_.push_back(p.master);
-    }
+    for (const std::string& name : names_) param(name).fsdp_sharded = true;
   }
-  for (const auto& name : names_) tp_replicated_.push_back(tp > 1 && by_fqn.at(name)->tp_dim < 0);
+  // The parameters FSDP does not own (all of them without FSDP; the EP-sharded experts with it).
+  for (auto& p : params_) {
+    if (p.fsdp_sharded) continue;
+    p.master = at::zeros(p.tp_shape, at::TensorOptions().dtype(at::kFloat).device(options_.device));
+    p.master.requires_grad_(true);
+    names_.push_back(p.fqn);
+    masters_.push_back(p.master);
+  }
+  TORCH_CHECK(names_.size() == params_.size(), "the plan holds ", names_.size(), " of ", params_.size(), " parameters");
+  for (const auto& name : names_) {
+    const HeldParam& p = param(name);
+    tp_replicated_.push_back(tp > 1 && p.tp_dim < 0);
+    expert_sharded_.push_back(p.ep_size > 1);
+  }
   model_.materialize_buffers(options_.device);
 }
 
@@ -117,7 +120,8 @@ void ParallelModel::load_full(const std::string& fqn, const at::Tensor& full) {
     throw std::runtime_error(os.str());
   }
   at::Tensor local = tp_local(p, full.to(at::kFloat));
-  if (fsdp_)
+  if (p.ep_size > 1) local = local.narrow(0, mesh_.local_rank(comm::MeshDim::kEp) * p.tp_shape[0], p.tp_shape[0]);
+  if (p.fsdp_sharded)
     fsdp_->load_full(fqn, local);
   else
     p.master.copy_(local);
@@ -147,7 +151,12 @@ at::Tensor ParallelModel::local_full_param(const std::string& fqn) {
   TORCH_CHECK(i < names_.size(), "the model has no parameter '", fqn, "'");
   const HeldParam* p = &param(fqn);
   at::Tensor local = masters_[i].detach().contiguous();
-  if (comm::Comm* shard = fsdp_ ? mesh_.comm(comm::MeshDim::kDpShardCp) : nullptr) {  // [d0p/N, ...] -> [d0, ...]
+  if (comm::Comm* ep = p->ep_size > 1 ? mesh_.comm(comm::MeshDim::kEp) : nullptr) {  // whole experts per rank
+    at::Tensor out = at::empty({ep->size() * local.numel()}, local.options());
+    ep->all_gather_into_tensor(out, local.view({-1}));
+    return out.view(p->full_shape);
+  }
+  if (comm::Comm* shard = p->fsdp_sharded ? mesh_.comm(comm::MeshDim::kDpShardCp) : nullptr) {  // [d0p/N, ...] -> [d0, ...]
     at::Tensor out = at::empty({shard->size() * local.numel()}, local.options());
     shard->all_gather_into_tensor(out, local.view({-1}));
     std::vector<int64_t> padded = p->tp_shape;
@@ -183,9 +192,9 @@ at::Tensor region_view(const at::Tensor& local, const ShardRegion& region) {
 
 std::vector<ShardRegion> ParallelModel::shard_regions() const {
   const int tp = mesh_.size(comm::MeshDim::kTp), tp_rank = mesh_.local_rank(comm::MeshDim::kTp);
-  const int shards = fsdp_ ? mesh_.size(comm::MeshDim::kDpShardCp) : 1;
-  const int shard_rank = fsdp_ ? mesh_.local_rank(comm::MeshDim::kDpShardCp) : 0;
   const bool replica0 = mesh_.local_rank(comm::MeshDim::kDpReplicate) == 0;
+  const int ep_rank = mesh_.local_rank(comm::MeshDim::kEp);
+  const bool efsdp0 = mesh_.local_rank(comm::MeshDim::kEfsdp) == 0;
   std::vector<ShardRegion> regions;
   for (const std::string& name : names_) {
     const HeldParam* p = nullptr;
@@ -196,6 +205,15 @@ std::vector<ShardRegion> ParallelModel::shard_regions() const {
     r.global_shape = p->full_shape;
     r.offsets.assign(p->full_shape.size(), 0);
     r.lengths = p->full_shape;
+    if (p->ep_size > 1) {  // EP: this rank's whole experts, replicated over efsdp
+      r.offsets[0] = ep_rank * p->tp_shape[0];
+      r.lengths[0] = p->tp_shape[0];
+      r.owner = replica0 && efsdp0 && r.numel() > 0;
+      regions.push_back(std::move(r));
+      continue;
+    }
+    const int shards = p->fsdp_sharded ? mesh_.size(comm::MeshDim::kDpShardCp) : 1;
+    const int shard_rank = p->fsdp_sharded ? mesh_.local_rank(comm::MeshDim::kDpShardCp) : 0;
     // TP: chunk tp_rank of the padded dim; its real elements are a prefix.
     int64_t dim0_real = p->tp_shape[0];  // real rows of the TP-local tensor
     if (p->tp_dim >= 0) {
@@ -237,9 +255,9 @@ void ParallelModel::init_weights(uint64_t seed) {
 }
 
 void ParallelModel::bind_compute_params() {
-  if (fsdp_) return;  // FSDP's gathers produce compute-dtype views
   for (auto& p : params_)
-    *p.slot = options_.compute_dtype == at::kFloat ? p.master : p.master.to(options_.compute_dtype);
+    if (!p.fsdp_sharded)  // FSDP's gathers produce compute-dtype views of its own
+      *p.slot = options_.compute_dtype == at::kFloat ? p.master : p.master.to(options_.compute_dtype);
 }
 
 at::Tensor ParallelModel::loss_sum(const at::Tensor& logits, const at::Tensor& labels) {
@@ -292,6 +310,14 @@ double ParallelModel::finish_gradients(double local_loss_sum) {
   return sum_over_dp_cp(local_loss_sum);
 }
 
+void ParallelModel::shard_over_ep(const std::string& fqn, int ep_size) {
+  HeldParam& p = param(fqn);
+  TORCH_CHECK(p.full_shape[0] % ep_size == 0, "expert parallel: ", fqn, " has ", p.full_shape[0],
+              " experts, not a multiple of ", ep_size);
+  p.ep_size = ep_size;
+  p.tp_shape[0] = p.full_shape[0] / ep_size;
+}
+
 void ParallelModel::shard_over_tp(const std::string& fqn, int dim, int tp_size) {
   HeldParam& p = param(fqn);
   p.tp_dim = dim;
@@ -324,6 +350,14 @@ void ParallelModel::reduce_grads() {
       if (tp_replicated_[i] && masters_[i].grad().defined()) grads.push_back(masters_[i].grad());
     all_reduce_grads(grads, *tp);
   }
+  // Expert weights under EP: their EP rank saw every token routed to them from its EP group; the
+  // efsdp ranks holding the same experts saw the rest (Note [Expert mesh] in mesh.h).
+  if (comm::Comm* efsdp = mesh_.comm(comm::MeshDim::kEfsdp)) {
+    std::vector<at::Tensor> grads;
+    for (size_t i = 0; i < masters_.size(); ++i)
+      if (expert_sharded_[i] && masters_[i].grad().defined()) grads.push_back(masters_[i].grad());
+    all_reduce_grads(grads, *efsdp);
+  }
   // HSDP / replicated data parallel: replicas sum their (already shard-reduced) gradients.
   // Once per step after accumulation: the sum is linear, so this equals per-backward reduction.
   if (comm::Comm* rep = mesh_.comm(comm::MeshDim::kDpReplicate)) {
@@ -336,15 +370,17 @@ void ParallelModel::reduce_grads() {
 
 double ParallelModel::clip_grad_norm(double max_norm) {
   // Each gradient element must be counted once over the mesh: FSDP shards and TP shards are
-  // disjoint; HSDP replicas count only on replica 0, TP-replicated weights only on TP rank 0.
+  // disjoint; HSDP replicas count only on replica 0, TP-replicated weights only on TP rank 0,
+  // EP-sharded experts only on efsdp rank 0.
   const bool replica0 = mesh_.local_rank(comm::MeshDim::kDpReplicate) == 0;
   const bool tp0 = mesh_.local_rank(comm::MeshDim::kTp) == 0;
+  const bool efsdp0 = mesh_.local_rank(comm::MeshDim::kEfsdp) == 0;
   std::vector<at::Tensor> grads;
   std::vector<bool> counted;
   for (size_t i = 0; i < masters_.size(); ++i) {
     if (!masters_[i].grad().defined()) continue;
     grads.push_back(masters_[i].grad());
-    counted.push_back(replica0 && (!tp_replicated_[i] || tp0));
+    counted.push_back(replica0 && (!tp_replicated_[i] || tp0) && (!expert_sharded_[i] || efsdp0));
   }
   return parallel::clip_grad_norm(grads, counted, max_norm, mesh_.world());
 }

@@ -29,8 +29,10 @@ namespace titan::parallel {
 // is the TP chunk (along tp_dim, zero-padded at the end of the full dim), then FSDP's dim-0
 // chunk of that (zero-padded at the end of the TP-local dim): in every dim the real elements
 // are a PREFIX of the local tensor, of `lengths` elements, starting at `offsets` in the full
-// tensor. Exactly one rank of the mesh is the `owner` of each element (HSDP replica 0; TP rank
-// 0 for a TP-replicated weight), so a save writes every element once.
+// tensor. A routed expert weight under expert parallelism is instead this EP rank's whole
+// experts (dim 0, no padding: the degree divides the experts), not sharded further. Exactly one
+// rank of the mesh is the `owner` of each element (HSDP replica 0; TP rank 0 for a TP-replicated
+// weight; efsdp rank 0 for an expert weight), so a save writes every element once.
 struct ShardRegion {
   std::string fqn;
   std::vector<int64_t> global_shape;  // the full parameter's shape
@@ -49,9 +51,11 @@ struct HeldParam {
   std::string fqn;
   at::Tensor* slot;                 // the model's tensor
   std::vector<int64_t> full_shape;  // the model's (meta) shape
-  std::vector<int64_t> tp_shape;    // after TP sharding (= full_shape when replicated)
+  std::vector<int64_t> tp_shape;    // after TP (or EP) sharding (= full_shape when replicated)
   int tp_dim = -1;                  // dim sharded over TP; -1 = replicated over TP
-  at::Tensor master;                // without FSDP: float32 [tp_shape], requires_grad
+  int ep_size = 1;                  // > 1: dim 0 (the experts) split over the EP group, whole experts each
+  bool fsdp_sharded = false;        // FSDP owns its master (dim-0 shards over dp_shard x cp)
+  at::Tensor master;                // not FSDP's: float32 [tp_shape], requires_grad
 };
 
 class ParallelModel : public pipeline::MicrobatchHooks {
@@ -132,7 +136,10 @@ class ParallelModel : public pipeline::MicrobatchHooks {
   const std::vector<HeldParam>& held_params() const { return params_; }
   // Tensor parallel: `fqn`'s weight is sharded along `dim` over `tp_size` ranks (zero-padded).
   void shard_over_tp(const std::string& fqn, int dim, int tp_size);
-  // FSDP owns the masters of every held parameter from now on.
+  // Expert parallel: `fqn`'s stacked experts (dim 0) are split over `ep_size` ranks.
+  void shard_over_ep(const std::string& fqn, int ep_size);
+  // FSDP owns the masters of the parameters it declared from now on (the others get their own
+  // in finalize).
   void attach_fsdp(std::unique_ptr<Fsdp> fsdp) { fsdp_ = std::move(fsdp); }
   // One line of the start-up picture (describe()).
   void add_plan_line(std::string line) { log_.push_back(std::move(line)); }
@@ -156,6 +163,7 @@ class ParallelModel : public pipeline::MicrobatchHooks {
   std::vector<std::string> names_;
   std::vector<at::Tensor> masters_;   // what the optimizer steps, in names_ order
   std::vector<bool> tp_replicated_;   // per master
+  std::vector<bool> expert_sharded_;  // per master: an EP-sharded expert weight (summed over efsdp)
   std::unique_ptr<Fsdp> fsdp_;
   std::vector<std::string> log_;
 };

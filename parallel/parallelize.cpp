@@ -12,6 +12,7 @@
 
 #include "float8/block_scaled_linear.h"
 #include "float8/float8_linear.h"
+#include "parallel/expert_parallel/expert_parallel.h"
 #include "parallel/tensor_parallel/async_tp.h"
 #include "parallel/pipeline/pipeline_schedule.h"
 #include "parallel/tensor_parallel/tensor_parallel.h"
@@ -256,7 +257,7 @@ FsdpPlan apply_fsdp(model::Transformer& model, comm::Comm& dp_shard_cp, comm::De
     if (!holds(name)) continue;
     std::vector<std::string> fqns;
     for (const auto& p : params)
-      if (p.fqn.compare(0, name.size() + 1, name + ".") == 0) fqns.push_back(p.fqn);
+      if (p.fqn.compare(0, name.size() + 1, name + ".") == 0 && p.ep_size == 1) fqns.push_back(p.fqn);
     model.wrap_block(block->layer_id, add_group(name, fqns, block->layer_id == n_layers - 1));
   }
   if (holds("norm"))
@@ -298,6 +299,14 @@ std::unique_ptr<ParallelModel> parallelize_llama(model::Transformer& model, comm
                       " computes sequence chunks " + std::to_string(cp->rank()) + " and " +
                       std::to_string(2 * cp->size() - 1 - cp->rank()) + " of " + std::to_string(2 * cp->size()) +
                       "; attention " + context_parallel::cp_rotate_method_name(options.cp_rotate_method));
+  }
+  // 1c. Expert parallel: each MoE layer's experts sharded over ep, tokens moved by all-to-all
+  //     (See Note [Expert parallelism]); FSDP below leaves those weights to their EP ranks.
+  if (comm::Comm* ep = mesh.comm(comm::MeshDim::kEp)) {
+    const expert_parallel::ExpertParallelPlan plan =
+        expert_parallel::apply_ep(model, *ep, mesh.size(comm::MeshDim::kEfsdp), holds);
+    for (const std::string& fqn : plan.sharded_experts) pm->shard_over_ep(fqn, ep->size());
+    pm->add_plan_line(plan.description);
   }
   // 2. Activation checkpointing wraps each checkpointed block's forward...
   apply_ac(model, options.ac);

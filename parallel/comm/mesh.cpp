@@ -51,17 +51,34 @@ MeshDim comm_owner(const ParallelDims& d, MeshDim dim) {
   return dim;
 }
 
+bool expert_dim(MeshDim dim) { return dim == MeshDim::kEp || dim == MeshDim::kEfsdp; }
+
+// A rank's coordinates on the expert mesh (Note [Expert mesh]): its (pp, dp_replicate) block and
+// its efsdp, ep and etp ranks within it.
+struct ExpertCoord {
+  int block = 0, efsdp = 0, ep = 0, etp = 0;
+};
+ExpertCoord expert_coord(const ParallelDims& d, int rank) {
+  const int inner = d.dp_shard * d.cp * d.tp;
+  const int b = rank % inner;
+  return {rank / inner, b / (d.etp * d.ep), (b / d.etp) % d.ep, b % d.etp};
+}
+int expert_rank(const ParallelDims& d, const ExpertCoord& c) {
+  return c.block * d.dp_shard * d.cp * d.tp + (c.efsdp * d.ep + c.ep) * d.etp + c.etp;
+}
+
 }  // namespace
 
 std::string ParallelDims::describe() const {
   std::ostringstream os;
   os << "pp " << pp << " x dp_replicate " << dp_replicate << " x dp_shard " << dp_shard << " x cp " << cp
      << " x tp " << tp << " = " << world_size << " rank" << (world_size == 1 ? "" : "s");
+  if (ep > 1) os << "; ep " << ep << " x etp " << etp << " over efsdp " << efsdp();
   return os.str();
 }
 
 ParallelDims resolve_parallel_dims(int64_t dp_replicate, int64_t dp_shard, int64_t tp,
-                                   int64_t pp, int64_t cp, int world_size) {
+                                   int64_t pp, int64_t cp, int world_size, int64_t ep, int64_t etp) {
   auto product = [&](int64_t shard) {
     std::ostringstream os;
     os << "dp_replicate(" << dp_replicate << ") * dp_shard(" << shard << ") * cp(" << cp << ") * tp(" << tp
@@ -93,6 +110,25 @@ ParallelDims resolve_parallel_dims(int64_t dp_replicate, int64_t dp_shard, int64
   d.cp = static_cast<int>(cp);
   d.tp = static_cast<int>(tp);
   d.world_size = world_size;
+  if (ep < 1 || etp < 1)
+    throw std::invalid_argument("Invalid expert parallel dims: expert_parallel_degree(" + std::to_string(ep) +
+                                ") and expert_tensor_parallel_degree(" + std::to_string(etp) + ") must be >= 1");
+  if (ep > 1) {
+    if (etp != 1 && etp != tp)
+      throw std::invalid_argument("Invalid expert parallel dims: expert_tensor_parallel_degree(" + std::to_string(etp) +
+                                  ") must be 1 or tensor_parallel_degree(" + std::to_string(tp) +
+                                  ") when expert_parallel_degree > 1");
+    const int64_t borrowed = dp_shard * cp * tp / etp;  // Note [Expert mesh]
+    if (borrowed % ep != 0) {
+      std::ostringstream os;
+      os << "Invalid expert parallel dims: expert_parallel_degree(" << ep << ") must divide the ranks it borrows, dp_shard("
+         << dp_shard << ") * cp(" << cp << ")" << (etp == 1 && tp > 1 ? " * tp(" + std::to_string(tp) + ")" : "")
+         << " = " << borrowed;
+      throw std::invalid_argument(os.str());
+    }
+    d.ep = static_cast<int>(ep);
+    d.etp = static_cast<int>(etp);
+  }
   return d;
 }
 
@@ -122,11 +158,28 @@ const char* mesh_dim_name(MeshDim dim) {
     case MeshDim::kDp: return "dp";
     case MeshDim::kDpShardCp: return "dp_shard_cp";
     case MeshDim::kDpCp: return "dp_cp";
+    case MeshDim::kEp: return "ep";
+    case MeshDim::kEfsdp: return "efsdp";
   }
   return "?";
 }
 
 std::vector<std::vector<int>> mesh_groups(const ParallelDims& d, MeshDim dim) {
+  if (expert_dim(dim)) {  // vary one expert coordinate, keep the others
+    const bool ep = dim == MeshDim::kEp;
+    std::vector<std::vector<int>> groups;
+    for (int r = 0; r < d.world_size; ++r) {
+      ExpertCoord c = expert_coord(d, r);
+      if ((ep ? c.ep : c.efsdp) != 0) continue;
+      std::vector<int> members;
+      for (int i = 0; i < (ep ? d.ep : d.efsdp()); ++i) {
+        (ep ? c.ep : c.efsdp) = i;
+        members.push_back(expert_rank(d, c));
+      }
+      groups.push_back(std::move(members));
+    }
+    return groups;
+  }
   const std::vector<MeshDim> spanned = spanned_dims(dim);
   int group_size = 1;
   for (MeshDim s : spanned) group_size *= size_of(d, s);
@@ -153,7 +206,7 @@ std::vector<std::vector<int>> mesh_groups(const ParallelDims& d, MeshDim dim) {
 }
 
 DeviceMesh::DeviceMesh(std::unique_ptr<Comm> world, ParallelDims dims)
-    : world_(std::move(world)), dims_(dims), comms_(static_cast<size_t>(MeshDim::kDpCp) + 1) {
+    : world_(std::move(world)), dims_(dims), comms_(static_cast<size_t>(MeshDim::kEfsdp) + 1) {
   if (!world_) {  // one process: every dimension has size 1 and no communicator
     if (dims_.world_size != 1)
       throw CommError("device mesh " + dims_.describe() + " needs a process group of " +
@@ -169,9 +222,9 @@ DeviceMesh::DeviceMesh(std::unique_ptr<Comm> world, ParallelDims dims)
   coord_ = mesh_coord(dims_, world_->rank());
   // Fixed order on every rank (see mesh.h); a rank only joins the groups it is a member of. The
   // first four are the order of the two-dimensional mesh titan had before, so their group names
-  // and sequence numbers are unchanged.
+  // and sequence numbers are unchanged; the expert mesh's come last.
   for (MeshDim dim : {MeshDim::kTp, MeshDim::kDpShard, MeshDim::kDpReplicate, MeshDim::kDp, MeshDim::kCp,
-                      MeshDim::kDpShardCp, MeshDim::kDpCp, MeshDim::kPp}) {
+                      MeshDim::kDpShardCp, MeshDim::kDpCp, MeshDim::kPp, MeshDim::kEp, MeshDim::kEfsdp}) {
     if (size(dim) <= 1 || comm_owner(dims_, dim) != dim) continue;
     const auto groups = mesh_groups(dims_, dim);
     for (size_t g = 0; g < groups.size(); ++g) {
@@ -188,12 +241,18 @@ Comm* DeviceMesh::comm(MeshDim dim) {
 }
 
 int DeviceMesh::size(MeshDim dim) const {
+  if (dim == MeshDim::kEp) return dims_.ep;
+  if (dim == MeshDim::kEfsdp) return dims_.efsdp();
   int n = 1;
   for (MeshDim s : spanned_dims(dim)) n *= size_of(dims_, s);
   return n;
 }
 
 int DeviceMesh::local_rank(MeshDim dim) const {
+  if (expert_dim(dim)) {
+    const ExpertCoord c = expert_coord(dims_, rank());
+    return dim == MeshDim::kEp ? c.ep : c.efsdp;
+  }
   int index = 0;
   MeshCoord c = coord_;
   for (MeshDim s : spanned_dims(dim)) index = index * size_of(dims_, s) + coord_of(c, s);

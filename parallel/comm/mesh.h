@@ -11,7 +11,15 @@
 //   dp          = dp_replicate x dp_shard        the batch split (data loading, tokens)
 //   dp_shard_cp = dp_shard x cp                  FSDP shards parameters over it
 //   dp_cp       = dp_replicate x dp_shard x cp   the loss sum and its token count
-// and "world" carries the global grad norm. A Comm exists for every dimension of size > 1; a
+// and "world" carries the global grad norm.
+//
+// Note [Expert mesh]: expert parallelism (ep > 1) borrows ranks instead of adding a dimension
+// (torchtitan's sparse mesh). Within one (pp, dp_replicate) block the ranks of dp_shard x cp x tp,
+// in mesh order, are read again as efsdp x ep x etp (etp = tp or 1):
+//   b = (dp_shard_rank * cp + cp_rank) * tp + tp_rank = (efsdp_rank * ep + ep_rank) * etp + etp_rank
+// so an EP group is ep neighbouring (dp_shard, cp) coordinates (and the tp ranks too when etp = 1),
+// and efsdp = dp_shard * cp * tp / (ep * etp) are the ranks that hold the same experts: the experts'
+// gradients are summed over them (and over dp_replicate). A Comm exists for every dimension of size > 1; a
 // flattened view whose extra dimension has size 1 shares the Comm of the view without it
 // (dp_shard_cp is dp_shard while cp = 1). Every rank builds every group it belongs to, in one
 // fixed order, through Comm::new_group — so the same code runs under titan-run, torchrun and srun.
@@ -33,22 +41,27 @@ struct ParallelDims {
   int dp_shard = 1;
   int cp = 1;
   int tp = 1;
+  int ep = 1;   // expert parallel: borrowed from dp_shard x cp (x tp when etp = 1), Note [Expert mesh]
+  int etp = 1;  // expert tensor parallel: 1 or tp (meaningful when ep > 1)
   int world_size = 1;
 
   int dp() const { return dp_replicate * dp_shard; }           // batch split (data loading)
   int dp_shard_cp() const { return dp_shard * cp; }            // FSDP's shard group
   int dp_cp() const { return dp_replicate * dp_shard * cp; }   // loss / token-count reduction
+  int efsdp() const { return dp_shard * cp * tp / (ep * etp); }  // ranks holding the same experts
   // What tokens/s is divided by: ranks that see the same tokens (torchtitan's
   // non_data_parallel_size).
   int non_data_parallel_size() const { return pp * cp * tp; }
-  std::string describe() const;  // "pp 1 x dp_replicate 1 x dp_shard 2 x cp 1 x tp 2 = 4 ranks"
+  // "pp 1 x dp_replicate 1 x dp_shard 2 x cp 1 x tp 2 = 4 ranks" (+ "; ep 2 x etp 1 over efsdp 1")
+  std::string describe() const;
 };
 
 // Resolves data_parallel_shard_degree -1 ("the rest") and checks the product against the world
 // size. Throws std::invalid_argument with the numbers, as torchtitan words it:
 //   "Invalid parallel dims: dp_replicate(2) * dp_shard(2) * cp(1) * tp(2) * pp(1) != WORLD_SIZE(10)".
+// ep / etp (Note [Expert mesh]): etp must be 1 or tp, and ep must divide the ranks it borrows.
 ParallelDims resolve_parallel_dims(int64_t dp_replicate, int64_t dp_shard, int64_t tp,
-                                   int64_t pp, int64_t cp, int world_size);
+                                   int64_t pp, int64_t cp, int world_size, int64_t ep = 1, int64_t etp = 1);
 
 // This rank's coordinate on each mesh dimension.
 struct MeshCoord {
@@ -61,9 +74,10 @@ struct MeshCoord {
 MeshCoord mesh_coord(const ParallelDims& dims, int rank);
 int mesh_rank(const ParallelDims& dims, const MeshCoord& coord);
 
-// The five dimensions, then the flattened views of several of them.
-enum class MeshDim { kPp, kDpReplicate, kDpShard, kCp, kTp, kDp, kDpShardCp, kDpCp };
-// "pp", "dp_replicate", "dp_shard", "cp", "tp", "dp", "dp_shard_cp", "dp_cp"
+// The five dimensions, then the flattened views of several of them, then the expert mesh's
+// two (Note [Expert mesh]).
+enum class MeshDim { kPp, kDpReplicate, kDpShard, kCp, kTp, kDp, kDpShardCp, kDpCp, kEp, kEfsdp };
+// "pp", "dp_replicate", "dp_shard", "cp", "tp", "dp", "dp_shard_cp", "dp_cp", "ep", "efsdp"
 const char* mesh_dim_name(MeshDim dim);
 
 // The global ranks of every group along `dim`, groups in ascending order of their first rank.

@@ -7,11 +7,13 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <sstream>
 #include <stdexcept>
 #include <string>
 
 #include "model/activation_checkpoint_ops.h"
 #include "model/moe/moe.h"
+#include "model/transformer.h"
 #include "parallel/comm/autograd_comm.h"
 #include "parallel/comm/process_group.h"
 
@@ -106,6 +108,34 @@ at::Tensor expert_parallel_experts(const at::Tensor& rows, const std::vector<int
   const at::Tensor back = computed.index_select(0, at::argsort(by_expert));
   // 4. Combine: every row back to its source, in the order it left.
   return RowsAllToAll::apply(back, in_splits, out_splits, &ep)[0];
+}
+
+ExpertParallelPlan apply_ep(model::Transformer& model, comm::Comm& ep, int efsdp,
+                            const std::function<bool(const std::string&)>& holds) {
+  ExpertParallelPlan plan;
+  int64_t num_experts = 0, layers = 0;
+  for (model::TransformerBlock* block : model.blocks()) {
+    if (!block->moe || !holds("layers." + std::to_string(block->layer_id))) continue;
+    model::moe::MoE& moe = *block->moe;
+    num_experts = moe.args.num_experts;
+    local_experts_begin(num_experts, ep.size(), ep.rank());  // the degree divides the experts
+    moe.experts_compute = [&ep](const at::Tensor& rows, const std::vector<int64_t>& counts, const at::Tensor& w1,
+                                const at::Tensor& w2, const at::Tensor& w3) {
+      return expert_parallel_experts(rows, counts, w1, w2, w3, ep);
+    };
+    for (const char* w : {"w1", "w2", "w3"}) plan.sharded_experts.push_back(moe.prefix + ".experts." + w);
+    ++layers;
+  }
+  std::ostringstream os;
+  const int64_t local = num_experts / ep.size(), first = local_experts_begin(num_experts, ep.size(), ep.rank());
+  os << "expert parallel " << ep.size() << ": " << layers << " MoE layers; this rank (ep rank " << ep.rank()
+     << ") holds experts [" << first << ", " << first + local << ") of " << num_experts
+     << ", rank j of the EP group experts [j*" << local << ", (j+1)*" << local
+     << "); tokens dispatched and combined by all-to-all; router and shared experts replicated; experts' gradients "
+     << (efsdp > 1 ? "all-reduced over the " + std::to_string(efsdp) + " efsdp ranks holding the same experts"
+                   : "complete on their EP rank");
+  plan.description = os.str();
+  return plan;
 }
 
 }  // namespace titan::parallel::expert_parallel

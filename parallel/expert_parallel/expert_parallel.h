@@ -21,8 +21,13 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
+#include <string>
 #include <vector>
 
+namespace titan::model {
+class Transformer;
+}
 namespace titan::parallel::comm {
 class Comm;
 }
@@ -39,5 +44,17 @@ at::Tensor expert_parallel_experts(const at::Tensor& rows, const std::vector<int
 // This rank's experts of E over an EP group of n: [first, first + E/n). Throws std::invalid_argument
 // naming parallelism.expert_parallel_degree when n does not divide E.
 int64_t local_experts_begin(int64_t num_experts, int ep_size, int ep_rank);
+
+// What apply_ep decided: the stacked expert weights now sharded on dim 0 over the EP group
+// (the plan's ParallelModel::shard_over_ep), and the plan line.
+struct ExpertParallelPlan {
+  std::vector<std::string> sharded_experts;  // "layers.<i>.moe.experts.w1", ...
+  std::string description;
+};
+// The plan's expert-parallel stage: every MoE layer this rank holds (`holds("layers.<i>")`) runs
+// its experts through expert_parallel_experts over `ep`. `efsdp`: the ranks holding the same
+// experts (their gradients are summed over them, Note [Expert mesh] in parallel/comm/mesh.h).
+ExpertParallelPlan apply_ep(model::Transformer& model, comm::Comm& ep, int efsdp,
+                            const std::function<bool(const std::string&)>& holds);
 
 }  // namespace titan::parallel::expert_parallel

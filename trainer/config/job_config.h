@@ -167,6 +167,8 @@ struct ParallelismSection {
   std::vector<std::string> module_fqns_per_model_part;
   int64_t context_parallel_degree = 1;
   std::string context_parallel_rotate_method = "allgather";  // allgather|alltoall|titan_ulysses
+  int64_t expert_parallel_degree = 1;         // EP: borrowed from dp_shard x cp (x tp when etp = 1)
+  int64_t expert_tensor_parallel_degree = 1;  // 1 or tensor_parallel_degree (when EP > 1)
 };
 
 struct ActivationCheckpointSection {

@@ -260,6 +260,13 @@ std::vector<SectionSpec> build_table() {
               "How attention exchanges keys and values under context parallelism: allgather (all at once), "
               "alltoall (passed around the ring), titan_ulysses (titan's own: heads re-sharded by all-to-all).")
               .one_of({"allgather", "alltoall", "titan_ulysses"}),  // parallel::cp_rotate_method_names()
+          key("expert_parallel_degree", &ParallelismSection::expert_parallel_degree,
+              "Expert parallel degree: ranks over which each MoE layer's experts are sharded, borrowed from "
+              "dp_shard x cp (x tp when expert_tensor_parallel_degree = 1); tokens reach their experts by "
+              "all-to-all (docs/moe.md). No effect on a dense model.").count_at_least(1),
+          key("expert_tensor_parallel_degree", &ParallelismSection::expert_tensor_parallel_degree,
+              "Tensor parallel degree of the routed experts when expert_parallel_degree > 1: 1 (EP borrows "
+              "the tp ranks too) or tensor_parallel_degree.").count_at_least(1),
       }),
       section("checkpoint", &J::checkpoint,
               "Saving and resuming runs; initial and exported weights (docs/checkpoint.md).", {

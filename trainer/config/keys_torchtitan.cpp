@@ -111,10 +111,6 @@ std::vector<Row> rows_of(const std::string& section) {
                      "v0.2.1+"),
         accepted_if("context_parallel_load_balancer", "headtail",
                     "other context-parallel load balancers (titan splits head + tail chunks)", "v0.2.2"),
-        accepted_if("expert_parallel_degree", int64_t{1},
-                    "expert parallelism in the plan (MoE models train on one process for now)", "v0.2.0+"),
-        accepted_if("expert_tensor_parallel_degree", int64_t{1},
-                    "expert tensor parallelism (MoE models train on one process for now)", "v0.2.0+"),
         accepted_any("expert_parallel_comm_backend", "standard", kOnlyWithMoE, "v0.2.1+"),
     };
   }

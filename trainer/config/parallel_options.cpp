@@ -22,12 +22,23 @@ at::ScalarType dtype_from_name(const std::string& name, const char* key) {
   throw ConfigError(std::string(key) + " '" + name + "' (valid: float32, bfloat16, float16)");
 }
 
+namespace {
+// "8B, 14B, ..." : the flavors of `family` whose output projection has its own weight.
+std::string untied_flavors(const std::string& family) {
+  std::string names;
+  for (const std::string& f : model::flavor_names(family))
+    if (!model::model_flavor(family, f).tie_embeddings) names += (names.empty() ? "" : ", ") + f;
+  return names;
+}
+}  // namespace
+
 parallel::comm::ParallelDims parallel_dims(const JobConfig& cfg, int world_size) {
   const auto& p = cfg.parallelism;
   try {
     return parallel::comm::resolve_parallel_dims(p.data_parallel_replicate_degree, p.data_parallel_shard_degree,
                                                  p.tensor_parallel_degree, p.pipeline_parallel_degree,
-                                                 p.context_parallel_degree, world_size);
+                                                 p.context_parallel_degree, world_size, p.expert_parallel_degree,
+                                                 p.expert_tensor_parallel_degree);
   } catch (const std::invalid_argument& e) {
     throw ConfigError(e.what());
   }
@@ -70,11 +81,21 @@ int64_t global_batch_size(const JobConfig& cfg, const parallel::comm::ParallelDi
 parallel::ParallelOptions parallel_options(const JobConfig& cfg, const model::ModelArgs& args,
                                            const parallel::comm::ParallelDims& dims, c10::Device device, bool float8) {
   const int tp_degree = dims.tp;
-  // Qwen3 runs on one process for now (its tied embedding is not yet in the FSDP / TP / PP plans);
-  // the key check catches explicit degrees, this one a launch whose dp_shard = -1 took the world.
-  if (args.family == "qwen3" && dims.world_size > 1)
-    throw ConfigError("model.name = qwen3 trains on one process for now; this launch has " +
-                      std::to_string(dims.world_size) + " ranks (use model.name = llama3 for multi-process layouts)");
+  // A tied embedding is not yet in the FSDP / TP / PP plans (docs/moe.md); the key check catches
+  // explicit degrees, this one a launch whose dp_shard = -1 took the world.
+  if (args.tie_embeddings && dims.world_size > 1)
+    throw ConfigError("model.flavor = " + cfg.model.flavor + " ties its output projection to the token embedding, "
+                      "which trains on one process for now; this launch has " + std::to_string(dims.world_size) +
+                      " ranks (choose an untied flavor: " + untied_flavors(cfg.model.name) + ")");
+  if (dims.ep > 1 && args.moe) {
+    if (args.moe->num_experts % dims.ep != 0)
+      throw ConfigError("parallelism.expert_parallel_degree " + std::to_string(dims.ep) + " does not divide the " +
+                        std::to_string(args.moe->num_experts) + " experts of model.flavor " + cfg.model.flavor +
+                        " (each EP rank holds num_experts / degree whole experts)");
+    if (dims.tp > 1)
+      throw ConfigError("parallelism.expert_parallel_degree > 1 with parallelism.tensor_parallel_degree > 1 is not "
+                        "implemented yet (expert parallelism composes with FSDP, HSDP, CP and PP): set one of them to 1");
+  }
   parallel::ParallelOptions popt;
   popt.microbatches = global_batch_size(cfg, dims) / (cfg.training.local_batch_size * dims.dp());
   popt.reshard_after_forward = cfg.parallelism.fsdp_reshard_after_forward;

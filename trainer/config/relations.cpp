@@ -58,6 +58,18 @@ void warn_about_unreached_profiling(JobConfig& cfg) {
   }
 }
 
+// torchtitan's expert parallelism has "no effect for non-MoE models": the same here, said once.
+void warn_about_expert_parallel_without_experts(JobConfig& cfg) {
+  if (cfg.parallelism.expert_parallel_degree <= 1) return;
+  const std::vector<std::string> families = model::model_names();
+  if (std::find(families.begin(), families.end(), cfg.model.name) == families.end()) return;  // an error already
+  const std::vector<std::string> flavors = model::flavor_names(cfg.model.name);
+  if (std::find(flavors.begin(), flavors.end(), cfg.model.flavor) == flavors.end()) return;
+  if (model::model_flavor(cfg.model.name, cfg.model.flavor).moe) return;
+  cfg.warnings.push_back("parallelism.expert_parallel_degree = " + std::to_string(cfg.parallelism.expert_parallel_degree) +
+                         " has no effect: model " + cfg.model.name + " / " + cfg.model.flavor + " has no experts");
+}
+
 }  // namespace
 
 // Products of keys that the trainer and loader compute in int64 (rows x tokens per step), and
@@ -108,18 +120,23 @@ std::vector<std::pair<std::string, std::string>> check_key_relations(
                                                        cfg.model.name + " flavor (model.name); choose from: " + valid);
     }
   }
-  // Qwen3 today: one process (its tied embedding and the rest of the family's plan are still
-  // to come under FSDP, TP, PP and CP: docs/moe.md), no Hugging Face weights yet.
+  // Qwen3 today: no tensor parallel plan yet (its qk-norm and MoE layers are not in the TP table),
+  // one process for the flavors with a tied embedding, no Hugging Face weights yet (docs/moe.md).
   if (cfg.model.name == "qwen3") {
     const ParallelismSection& p = cfg.parallelism;
+    if (p.tensor_parallel_degree > 1)
+      problems.emplace_back(where("parallelism.tensor_parallel_degree"),
+                            "model.name = qwen3 has no tensor parallel plan yet: set parallelism.tensor_parallel_degree "
+                            "to 1 (FSDP, HSDP, context, pipeline and expert parallelism train it)");
     const bool parallel = p.data_parallel_shard_degree > 1 || p.data_parallel_replicate_degree > 1 ||
-                          p.tensor_parallel_degree > 1 || p.pipeline_parallel_degree > 1 ||
-                          p.context_parallel_degree > 1;
-    if (parallel)
-      problems.emplace_back(where("model.name"),
-                            "model.name = qwen3 trains on one process for now: set the parallelism degrees "
-                            "(data_parallel_shard_degree, data_parallel_replicate_degree, tensor_parallel_degree, "
-                            "pipeline_parallel_degree, context_parallel_degree) to 1, or use model.name = llama3");
+                          p.pipeline_parallel_degree > 1 || p.context_parallel_degree > 1;
+    const std::vector<std::string> flavors = model::flavor_names("qwen3");
+    if (parallel && std::find(flavors.begin(), flavors.end(), cfg.model.flavor) != flavors.end() &&
+        model::model_flavor("qwen3", cfg.model.flavor).tie_embeddings)
+      problems.emplace_back(where("model.flavor"),
+                            "model.flavor = " + cfg.model.flavor + " ties its output projection to the token embedding, "
+                            "which trains on one process for now: set the parallelism degrees to 1 or choose an untied "
+                            "flavor (8B, 14B, 32B, debugmodel_moe, 30B-A3B, 235B-A22B, debugmodel_moe_small)");
     if (cfg.checkpoint.initial_load_in_hf || cfg.checkpoint.last_save_in_hf)
       problems.emplace_back(where("model.name"), "model.name = qwen3: Hugging Face weights (checkpoint.initial_load_in_hf, "
                                                  "checkpoint.last_save_in_hf) are not yet mapped for Qwen3");
@@ -165,6 +182,7 @@ std::vector<std::pair<std::string, std::string>> check_key_relations(
 void add_start_up_warnings(JobConfig& cfg) {
   warn_about_clamped_lr_phases(cfg);
   warn_about_unreached_profiling(cfg);
+  warn_about_expert_parallel_without_experts(cfg);
 }
 
 }  // namespace titan::trainer::config::detail
