@@ -287,6 +287,10 @@ std::vector<double> ParallelModel::balance_experts() {
   for (model::moe::MoE* layer : layers) counts.push_back(layer->tokens_per_expert);
   at::Tensor all = at::stack(counts).contiguous();  // [layers, E]
   if (comm::Comm* dp = mesh_.comm(comm::MeshDim::kDpCp)) dp->all_reduce(all, comm::ReduceOp::kSum);
+  // Under pp each layer's counts are on its stage's ranks (zero elsewhere): summed over pp too,
+  // every rank moves every layer's bias the same way, so expert_bias is identical on all ranks
+  // (rank 0 saves it) and every rank's line shows every layer's load.
+  if (comm::Comm* pp = mesh_.comm(comm::MeshDim::kPp)) pp->all_reduce(all, comm::ReduceOp::kSum);
   std::vector<double> imbalance;
   at::NoGradGuard no_grad;
   for (size_t i = 0; i < layers.size(); ++i) {

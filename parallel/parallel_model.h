@@ -119,7 +119,8 @@ class ParallelModel : public pipeline::MicrobatchHooks {
   // all ranks, See Note [Delayed scaling]). No-op without float8.
   void after_optimizer_step();
   // Once per optimizer step, before it (torchtitan's MoE load-balancing pre-hook): every MoE
-  // layer's token counts summed over dp x cp (one all-reduce), its expert_bias moved (Note
+  // layer's token counts summed over dp x cp (one all-reduce; and over pp, so that every rank
+  // holds every layer's bias, identical everywhere), its expert_bias moved (Note
   // [Aux-loss-free load balancing] in model/moe/moe.h), the counts zeroed. Returns each MoE
   // layer's load imbalance, max / mean tokens per expert (1 = balanced); empty for a dense model.
   std::vector<double> balance_experts();

@@ -81,8 +81,12 @@ inline void check_same_steps(const std::string& what, const std::vector<Step>& g
 
 // The single-process reference, run once per global batch size and extra overrides (e.g. the
 // float8 recipe, which the reference must share with the layout it is compared to).
-inline const std::vector<Step>& reference(int64_t global_batch = 8, const std::string& extra = "") {
-  static std::map<std::pair<int64_t, std::string>, std::vector<Step>> cache;
+struct Reference {
+  fs::path dump;
+  std::vector<Step> steps;
+};
+inline const Reference& reference_run(int64_t global_batch = 8, const std::string& extra = "") {
+  static std::map<std::pair<int64_t, std::string>, Reference> cache;
   const auto key = std::make_pair(global_batch, extra);
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
@@ -91,7 +95,10 @@ inline const std::vector<Step>& reference(int64_t global_batch = 8, const std::s
                       dump.string() + ".log");
   INFO(r.log);
   REQUIRE(r.exit_code == 0);
-  return cache[key] = read_metrics(dump / "metrics.jsonl");
+  return cache[key] = Reference{dump, read_metrics(dump / "metrics.jsonl")};
+}
+inline const std::vector<Step>& reference(int64_t global_batch = 8, const std::string& extra = "") {
+  return reference_run(global_batch, extra).steps;
 }
 
 struct Tolerance {

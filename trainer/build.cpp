@@ -82,6 +82,7 @@ void Trainer::init_mesh() {
   const parallel::comm::ParallelDims dims = config::parallel_dims(cfg_, world_.world_size);
   config::pipeline_plan(cfg_, dims);  // config errors now, before any rank connects
   config::context_parallel_method(cfg_, dims);
+  config::check_model_layout(cfg_, dims);
   std::unique_ptr<parallel::comm::Comm> world;  // a single process needs none
   if (world_.world_size > 1) {
 #ifdef TITAN_WITH_CUDA

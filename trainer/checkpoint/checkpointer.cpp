@@ -98,7 +98,7 @@ nlohmann::json Checkpointer::model_shape() const {
 
 Holders Checkpointer::state_holders() {
   holders_.clear();
-  holders_.push_back(std::make_unique<ModelState>(parallel_));
+  holders_.push_back(std::make_unique<ModelState>(parallel_, at::kFloat, rank_ == 0));
   holders_.push_back(std::make_unique<OptimizerState>(optimizer_, parallel_));
   holders_.push_back(std::make_unique<DataLoaderState>(loader_));
   holders_.push_back(std::make_unique<Float8State>(model_, device_, rank_ == 0));
@@ -134,7 +134,7 @@ void Checkpointer::save(int64_t step) {
   if (model_only) {
     const at::ScalarType dtype =
         step > 0 ? config::dtype_from_name(cfg_.checkpoint.export_dtype, "checkpoint.export_dtype") : at::kFloat;
-    weights = std::make_unique<ModelState>(parallel_, dtype);
+    weights = std::make_unique<ModelState>(parallel_, dtype, rank_ == 0);
     holders = {{"model", weights.get()}};
   } else {
     holders = state_holders();

@@ -66,7 +66,7 @@ class Stateful {
 
 // The master parameters and the model's persistent buffers (model::Transformer::visit_buffers).
 // `save_dtype`: float32, or bfloat16 for a weights-only export. `writes_buffers`: this rank
-// writes the buffers (identical on every rank; a model with buffers trains on one process today).
+// writes the buffers (rank 0: they are identical on every rank, ParallelModel::balance_experts).
 class ModelState final : public Stateful {
  public:
   ModelState(parallel::ParallelModel& model, at::ScalarType save_dtype = at::kFloat, bool writes_buffers = true)

@@ -78,9 +78,8 @@ int64_t global_batch_size(const JobConfig& cfg, const parallel::comm::ParallelDi
   return global;
 }
 
-parallel::ParallelOptions parallel_options(const JobConfig& cfg, const model::ModelArgs& args,
-                                           const parallel::comm::ParallelDims& dims, c10::Device device, bool float8) {
-  const int tp_degree = dims.tp;
+void check_model_layout(const JobConfig& cfg, const parallel::comm::ParallelDims& dims) {
+  const model::ModelArgs args = model::model_flavor(cfg.model.name, cfg.model.flavor);
   // A tied embedding is not yet in the FSDP / TP / PP plans (docs/moe.md); the key check catches
   // explicit degrees, this one a launch whose dp_shard = -1 took the world.
   if (args.tie_embeddings && dims.world_size > 1)
@@ -96,6 +95,12 @@ parallel::ParallelOptions parallel_options(const JobConfig& cfg, const model::Mo
       throw ConfigError("parallelism.expert_parallel_degree > 1 with parallelism.tensor_parallel_degree > 1 is not "
                         "implemented yet (expert parallelism composes with FSDP, HSDP, CP and PP): set one of them to 1");
   }
+}
+
+parallel::ParallelOptions parallel_options(const JobConfig& cfg, const model::ModelArgs& args,
+                                           const parallel::comm::ParallelDims& dims, c10::Device device, bool float8) {
+  const int tp_degree = dims.tp;
+  check_model_layout(cfg, dims);
   parallel::ParallelOptions popt;
   popt.microbatches = global_batch_size(cfg, dims) / (cfg.training.local_batch_size * dims.dp());
   popt.reshard_after_forward = cfg.parallelism.fsdp_reshard_after_forward;

@@ -48,6 +48,11 @@ std::optional<parallel::pipeline::PipelinePlan> pipeline_plan(const JobConfig& c
 parallel::context_parallel::CpRotateMethod context_parallel_method(const JobConfig& cfg,
                                                                    const parallel::comm::ParallelDims& dims);
 
+// What the model's flavor allows of this layout, before any process group: a tied embedding
+// trains on one process for now; expert_parallel_degree must divide the MoE flavor's experts and
+// not meet tensor parallelism yet. Throws ConfigError naming the keys.
+void check_model_layout(const JobConfig& cfg, const parallel::comm::ParallelDims& dims);
+
 // The parallelization options the config asks for. `dims`: the mesh's degrees; `float8`:
 // whether the converters made float8 linears.
 parallel::ParallelOptions parallel_options(const JobConfig& cfg, const model::ModelArgs& args,

@@ -1,0 +1,122 @@
+// Qwen3-MoE (titan's small MoE flavor: 4 blocks, 8 experts, top 2) in the layouts expert
+// parallelism composes with, as real titan-train ranks under titan-run: every rank's losses and
+// grad norms against one process over 10 steps (tests/layout_check.h's tolerances: the same
+// float32 math in another reduction order), with real routing and with the debug round-robin
+// routing; each layer's expert load every step and expert_bias after the 10 steps equal.
+//
+// Why the load and the bias are compared exactly: the per-expert token counts are integers
+// summed exactly in float32, and the bias moves by coeff * sign(mean - count); a layout that
+// routed one token differently would show a different count. (A top-k near-tie flipped by a
+// 1e-7 reduction-order difference could in principle do that too; the 10 steps here have none.)
+#include <catch2/catch.hpp>
+
+#include <ATen/ops/equal.h>
+#include <ATen/ops/zeros.h>
+
+#include <string>
+#include <vector>
+
+#include "tests/layout_check.h"
+#include "trainer/checkpoint/manager.h"
+
+namespace layout = titan::testing::layout;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kMoe =
+    "--model.name qwen3 --model.flavor debugmodel_moe_small --checkpoint.enable_checkpoint --checkpoint.interval 10 "
+    "--checkpoint.no_last_save_model_only";
+constexpr int kLayers = 4, kExperts = 8;
+
+std::vector<std::vector<double>> expert_loads(const fs::path& metrics) {
+  std::vector<std::vector<double>> loads;
+  for (const auto& j : titan::testing::read_metrics_lines(metrics))
+    if (j.contains("expert_load")) loads.push_back(j.at("expert_load").get<std::vector<double>>());
+  return loads;
+}
+
+std::vector<at::Tensor> expert_biases(const fs::path& dump) {
+  titan::trainer::checkpoint::CheckpointReader reader((dump / "checkpoint" / "step-10").string());
+  std::vector<at::Tensor> biases;
+  for (int layer = 0; layer < kLayers; ++layer) {
+    at::Tensor b = at::zeros({kExperts});
+    reader.read("model.layers." + std::to_string(layer) + ".moe.expert_bias", {kExperts}, {0}, b);
+    biases.push_back(b);
+  }
+  return biases;
+}
+
+// One layout against one process: the metrics (layout_check), then rank 0's expert loads (the
+// layers it holds: under PP the first stage's) and every layer's expert_bias from the step-10
+// checkpoint.
+void check_moe_layout(const std::string& name, int nproc, const std::string& overrides, const std::string& routing) {
+  const std::string shared = kMoe + routing;
+  layout::check_layout(name, nproc, overrides, 8, shared);
+  const layout::Reference& ref = layout::reference_run(8, shared);
+  const auto want = expert_loads(ref.dump / "metrics.jsonl");
+  const auto got = expert_loads(layout::root() / name / "metrics_rank0.jsonl");
+  REQUIRE(want.size() == 10);
+  REQUIRE(got.size() == want.size());
+  for (size_t s = 0; s < got.size(); ++s) {
+    INFO(name << " step " << s + 1);
+    REQUIRE(got[s].size() <= want[s].size());
+    for (size_t l = 0; l < got[s].size(); ++l) CHECK(got[s][l] == want[s][l]);
+  }
+  const std::vector<at::Tensor> want_bias = expert_biases(ref.dump), got_bias = expert_biases(layout::root() / name);
+  for (size_t l = 0; l < want_bias.size(); ++l) {
+    INFO(name << " layer " << l << ": " << got_bias[l] << " vs one process " << want_bias[l]);
+    CHECK(at::equal(got_bias[l], want_bias[l]));
+  }
+}
+
+const std::vector<std::tuple<std::string, int, std::string>> kLayouts = {
+    {"ep2", 2, "--parallelism.expert_parallel_degree 2"},
+    {"ep4", 4, "--parallelism.expert_parallel_degree 4"},
+    {"ep2_fsdp2", 4, "--parallelism.expert_parallel_degree 2"},  // dp_shard 4: experts summed over efsdp 2
+    {"ep2_hsdp", 4, "--parallelism.expert_parallel_degree 2 --parallelism.data_parallel_replicate_degree 2"},
+    {"ep2_pp2", 4, "--parallelism.expert_parallel_degree 2 --parallelism.pipeline_parallel_degree 2"},
+    {"ep2_cp2", 4, "--parallelism.expert_parallel_degree 2 --parallelism.context_parallel_degree 2"},
+    {"fsdp2", 2, ""},  // no EP: the experts are FSDP-sharded with the rest of their block
+    {"pp2", 2, "--parallelism.pipeline_parallel_degree 2 --parallelism.pipeline_parallel_schedule Interleaved1F1B"},
+};
+
+}  // namespace
+
+TEST_CASE("Qwen3-MoE with real routing: EP 2, EP 4, EP 2 x FSDP 2, HSDP, PP 2, CP 2, and FSDP / PP without EP equal one process",
+          "[moe][dist]") {
+  for (const auto& [name, nproc, overrides] : kLayouts) check_moe_layout(name, nproc, overrides, "");
+}
+
+TEST_CASE("Qwen3-MoE with forced load balance: EP 2, EP 2 x FSDP 2, EP 2 x CP 2 equal one process", "[moe][dist]") {
+  for (const auto& [name, nproc, overrides] : kLayouts)
+    if (name == "ep2" || name == "ep2_fsdp2" || name == "ep2_cp2")
+      check_moe_layout(name + "_balanced", nproc, overrides, " --model.moe_force_load_balance");
+}
+
+TEST_CASE("expert parallel degrees that do not fit are config errors before any process group", "[moe][dist]") {
+  struct Case {
+    int nproc;
+    std::string overrides, error;
+  };
+  const std::vector<Case> cases = {
+      {2, "--parallelism.expert_parallel_degree 3", "expert_parallel_degree(3) must divide the ranks it borrows"},
+      {4, "--parallelism.expert_parallel_degree 4 --parallelism.data_parallel_replicate_degree 2",
+       "expert_parallel_degree(4) must divide the ranks it borrows, dp_shard(2) * cp(1) = 2"},
+      {3, "--parallelism.expert_parallel_degree 3 --training.global_batch_size 6",
+       "parallelism.expert_parallel_degree 3 does not divide the 8 experts of model.flavor debugmodel_moe_small"},
+      {2, "--parallelism.expert_parallel_degree 2 --parallelism.expert_tensor_parallel_degree 2",
+       "expert_tensor_parallel_degree(2) must be 1 or tensor_parallel_degree(1)"},
+  };
+  for (const Case& c : cases) {
+    const fs::path dump = layout::root() / "bad_ep";
+    const layout::Run r = layout::run_job(std::string(TITAN_RUN_PATH) + " --nproc-per-node " + std::to_string(c.nproc) +
+                                              " -- " + TITAN_TRAIN_PATH + " " + layout::train_args(dump) + " " + kMoe +
+                                              " " + c.overrides,
+                                          dump.string() + ".log");
+    INFO(c.overrides << ":\n" << r.log);
+    CHECK(r.exit_code != 0);
+    CHECK_THAT(r.log, Catch::Matchers::Contains(c.error));
+    CHECK_THAT(r.log, !Catch::Matchers::Contains("gloo"));  // refused before any process group
+  }
+}
