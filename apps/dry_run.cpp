@@ -109,7 +109,7 @@ void run_dry_run(const trainer::config::JobConfig& cfg, const DryRunRequest& req
     bytes += m.nbytes();
   }
   const int64_t total = model::count_params(args).total;
-  out << "dry run: llama3 " << cfg.model.flavor << " (" << total << " parameters, vocab "
+  out << "dry run: " << cfg.model.name << " " << cfg.model.flavor << " (" << total << " parameters, vocab "
       << args.vocab_size << vocab_note << "), rank " << request.rank << " of "
       << dims.describe() << ", device " << device.str() << ", " << at::get_num_threads()
       << " threads\n";
@@ -132,6 +132,16 @@ void run_dry_run(const trainer::config::JobConfig& cfg, const DryRunRequest& req
     out << "this rank's share of each sequence (cp rank " << cp_rank << " of " << dims.cp << ", attention "
         << parallel::context_parallel::cp_rotate_method_name(popt.cp_rotate_method) << "): positions " << pos.front() << "-"
         << pos[half - 1] << " and " << pos[half] << "-" << pos.back() << " of " << t.seq_len << "\n";
+  }
+  if (dims.ep > 1 && args.moe) {  // the experts this rank holds (See Note [Expert mesh])
+    const int ep_rank = mesh.local_rank(parallel::comm::MeshDim::kEp);
+    const int64_t local_experts = args.moe->num_experts / dims.ep;
+    out << "this rank's experts (ep rank " << ep_rank << " of " << dims.ep << "): [" << ep_rank * local_experts << ", "
+        << (ep_rank + 1) * local_experts << ") of " << args.moe->num_experts << " in every MoE layer"
+        << (dims.efsdp() > 1 ? ", FSDP-sharded over efsdp " + std::to_string(dims.efsdp()) + " (efsdp rank " +
+                                   std::to_string(mesh.local_rank(parallel::comm::MeshDim::kEfsdp)) + ")"
+                             : std::string())
+        << "\n";
   }
   std::snprintf(line, sizeof line, "| %-42s | %9s | %10s | %10s |\n", "phase", "seconds", "RSS", "peak RSS");
   out << line << "|" << std::string(44, '-') << "|" << std::string(11, '-') << "|"

@@ -83,10 +83,13 @@ HeldParam& ParallelModel::param(const std::string& fqn) {
 
 void ParallelModel::finalize() {
   const int tp = mesh_.size(comm::MeshDim::kTp);
-  if (fsdp_) {
-    names_ = fsdp_->master_fqns();
-    masters_ = fsdp_->masters();
-    for (const std::string& name : names_) param(name).fsdp_sharded = true;
+  for (Fsdp* fsdp : {fsdp_.get(), expert_fsdp_.get()}) {
+    if (!fsdp) continue;
+    const std::vector<std::string> fqns = fsdp->master_fqns();
+    const std::vector<at::Tensor> masters = fsdp->masters();
+    names_.insert(names_.end(), fqns.begin(), fqns.end());
+    masters_.insert(masters_.end(), masters.begin(), masters.end());
+    for (const std::string& name : fqns) param(name).fsdp_sharded = true;
   }
   // The parameters FSDP does not own (all of them without FSDP; the EP-sharded experts with it).
   for (auto& p : params_) {
@@ -100,7 +103,6 @@ void ParallelModel::finalize() {
   for (const auto& name : names_) {
     const HeldParam& p = param(name);
     tp_replicated_.push_back(tp > 1 && p.tp_dim < 0);
-    expert_sharded_.push_back(p.ep_size > 1);
   }
   model_.materialize_buffers(options_.device);
 }
@@ -122,7 +124,7 @@ void ParallelModel::load_full(const std::string& fqn, const at::Tensor& full) {
   at::Tensor local = tp_local(p, full.to(at::kFloat));
   if (p.ep_size > 1) local = local.narrow(0, mesh_.local_rank(comm::MeshDim::kEp) * p.tp_shape[0], p.tp_shape[0]);
   if (p.fsdp_sharded)
-    fsdp_->load_full(fqn, local);
+    (p.ep_size > 1 ? expert_fsdp_ : fsdp_)->load_full(fqn, local);
   else
     p.master.copy_(local);
 }
@@ -151,17 +153,18 @@ at::Tensor ParallelModel::local_full_param(const std::string& fqn) {
   TORCH_CHECK(i < names_.size(), "the model has no parameter '", fqn, "'");
   const HeldParam* p = &param(fqn);
   at::Tensor local = masters_[i].detach().contiguous();
-  if (comm::Comm* ep = p->ep_size > 1 ? mesh_.comm(comm::MeshDim::kEp) : nullptr) {  // whole experts per rank
-    at::Tensor out = at::empty({ep->size() * local.numel()}, local.options());
-    ep->all_gather_into_tensor(out, local.view({-1}));
-    return out.view(p->full_shape);
-  }
-  if (comm::Comm* shard = p->fsdp_sharded ? mesh_.comm(comm::MeshDim::kDpShardCp) : nullptr) {  // [d0p/N, ...] -> [d0, ...]
+  const comm::MeshDim fsdp_dim = p->ep_size > 1 ? comm::MeshDim::kEfsdp : comm::MeshDim::kDpShardCp;
+  if (comm::Comm* shard = p->fsdp_sharded ? mesh_.comm(fsdp_dim) : nullptr) {  // [d0p/N, ...] -> [d0, ...]
     at::Tensor out = at::empty({shard->size() * local.numel()}, local.options());
     shard->all_gather_into_tensor(out, local.view({-1}));
     std::vector<int64_t> padded = p->tp_shape;
     padded[0] = local.size(0) * shard->size();
     local = out.view(padded).narrow(0, 0, p->tp_shape[0]).contiguous();
+  }
+  if (comm::Comm* ep = p->ep_size > 1 ? mesh_.comm(comm::MeshDim::kEp) : nullptr) {  // whole experts per rank
+    at::Tensor out = at::empty({ep->size() * local.numel()}, local.options());
+    ep->all_gather_into_tensor(out, local.contiguous().view({-1}));
+    return out.view(p->full_shape);
   }
   if (comm::Comm* tp = p->tp_dim >= 0 ? mesh_.comm(comm::MeshDim::kTp) : nullptr) {  // TP chunks along tp_dim
     at::Tensor out = at::empty({tp->size() * local.numel()}, local.options());
@@ -194,7 +197,6 @@ std::vector<ShardRegion> ParallelModel::shard_regions() const {
   const int tp = mesh_.size(comm::MeshDim::kTp), tp_rank = mesh_.local_rank(comm::MeshDim::kTp);
   const bool replica0 = mesh_.local_rank(comm::MeshDim::kDpReplicate) == 0;
   const int ep_rank = mesh_.local_rank(comm::MeshDim::kEp);
-  const bool efsdp0 = mesh_.local_rank(comm::MeshDim::kEfsdp) == 0;
   std::vector<ShardRegion> regions;
   for (const std::string& name : names_) {
     const HeldParam* p = nullptr;
@@ -205,15 +207,18 @@ std::vector<ShardRegion> ParallelModel::shard_regions() const {
     r.global_shape = p->full_shape;
     r.offsets.assign(p->full_shape.size(), 0);
     r.lengths = p->full_shape;
-    if (p->ep_size > 1) {  // EP: this rank's whole experts, replicated over efsdp
-      r.offsets[0] = ep_rank * p->tp_shape[0];
-      r.lengths[0] = p->tp_shape[0];
-      r.owner = replica0 && efsdp0 && r.numel() > 0;
+    // FSDP's group: dp_shard x cp, or efsdp for the EP-sharded experts.
+    const comm::MeshDim fsdp_dim = p->ep_size > 1 ? comm::MeshDim::kEfsdp : comm::MeshDim::kDpShardCp;
+    const int shards = p->fsdp_sharded ? mesh_.size(fsdp_dim) : 1;
+    const int shard_rank = p->fsdp_sharded ? mesh_.local_rank(fsdp_dim) : 0;
+    if (p->ep_size > 1) {  // EP: this rank's whole experts, then FSDP's chunk of them (or all, efsdp 1)
+      const ShardLayout layout = shard_layout(p->tp_shape[0], shard_rank, shards);
+      r.offsets[0] = ep_rank * p->tp_shape[0] + shard_rank * layout.shard_rows;
+      r.lengths[0] = layout.valid_rows;
+      r.owner = replica0 && r.numel() > 0;
       regions.push_back(std::move(r));
       continue;
     }
-    const int shards = p->fsdp_sharded ? mesh_.size(comm::MeshDim::kDpShardCp) : 1;
-    const int shard_rank = p->fsdp_sharded ? mesh_.local_rank(comm::MeshDim::kDpShardCp) : 0;
     // TP: chunk tp_rank of the padded dim; its real elements are a prefix.
     int64_t dim0_real = p->tp_shape[0];  // real rows of the TP-local tensor
     if (p->tp_dim >= 0) {
@@ -251,6 +256,7 @@ void ParallelModel::init_weights(uint64_t seed) {
                          region.fqn, region.global_shape, region.offsets);
   }
   if (fsdp_) fsdp_->attach_params();
+  if (expert_fsdp_) expert_fsdp_->attach_params();
   bind_compute_params();
 }
 
@@ -306,6 +312,7 @@ std::vector<double> ParallelModel::balance_experts() {
 
 void ParallelModel::after_backward() {
   if (fsdp_) fsdp_->finish_backward();
+  if (expert_fsdp_) expert_fsdp_->finish_backward();
 }
 
 double ParallelModel::finish_gradients(double local_loss_sum) {
@@ -354,14 +361,6 @@ void ParallelModel::reduce_grads() {
       if (tp_replicated_[i] && masters_[i].grad().defined()) grads.push_back(masters_[i].grad());
     all_reduce_grads(grads, *tp);
   }
-  // Expert weights under EP: their EP rank saw every token routed to them from its EP group; the
-  // efsdp ranks holding the same experts saw the rest (Note [Expert mesh] in mesh.h).
-  if (comm::Comm* efsdp = mesh_.comm(comm::MeshDim::kEfsdp)) {
-    std::vector<at::Tensor> grads;
-    for (size_t i = 0; i < masters_.size(); ++i)
-      if (expert_sharded_[i] && masters_[i].grad().defined()) grads.push_back(masters_[i].grad());
-    all_reduce_grads(grads, *efsdp);
-  }
   // HSDP / replicated data parallel: replicas sum their (already shard-reduced) gradients.
   // Once per step after accumulation: the sum is linear, so this equals per-backward reduction.
   if (comm::Comm* rep = mesh_.comm(comm::MeshDim::kDpReplicate)) {
@@ -374,17 +373,16 @@ void ParallelModel::reduce_grads() {
 
 double ParallelModel::clip_grad_norm(double max_norm) {
   // Each gradient element must be counted once over the mesh: FSDP shards and TP shards are
-  // disjoint; HSDP replicas count only on replica 0, TP-replicated weights only on TP rank 0,
-  // EP-sharded experts only on efsdp rank 0.
+  // disjoint (so are the EP ranks' experts and their efsdp shards); HSDP replicas count only on
+  // replica 0, TP-replicated weights only on TP rank 0.
   const bool replica0 = mesh_.local_rank(comm::MeshDim::kDpReplicate) == 0;
   const bool tp0 = mesh_.local_rank(comm::MeshDim::kTp) == 0;
-  const bool efsdp0 = mesh_.local_rank(comm::MeshDim::kEfsdp) == 0;
   std::vector<at::Tensor> grads;
   std::vector<bool> counted;
   for (size_t i = 0; i < masters_.size(); ++i) {
     if (!masters_[i].grad().defined()) continue;
     grads.push_back(masters_[i].grad());
-    counted.push_back(replica0 && (!tp_replicated_[i] || tp0) && (!expert_sharded_[i] || efsdp0));
+    counted.push_back(replica0 && (!tp_replicated_[i] || tp0));
   }
   return parallel::clip_grad_norm(grads, counted, max_norm, mesh_.world());
 }

@@ -30,9 +30,9 @@ namespace titan::parallel {
 // chunk of that (zero-padded at the end of the TP-local dim): in every dim the real elements
 // are a PREFIX of the local tensor, of `lengths` elements, starting at `offsets` in the full
 // tensor. A routed expert weight under expert parallelism is instead this EP rank's whole
-// experts (dim 0, no padding: the degree divides the experts), not sharded further. Exactly one
-// rank of the mesh is the `owner` of each element (HSDP replica 0; TP rank 0 for a TP-replicated
-// weight; efsdp rank 0 for an expert weight), so a save writes every element once.
+// experts (dim 0, no padding: the degree divides the experts), then FSDP's dim-0 chunk of that
+// over efsdp when efsdp > 1. Exactly one rank of the mesh is the `owner` of each element (HSDP
+// replica 0; TP rank 0 for a TP-replicated weight), so a save writes every element once.
 struct ShardRegion {
   std::string fqn;
   std::vector<int64_t> global_shape;  // the full parameter's shape
@@ -54,7 +54,7 @@ struct HeldParam {
   std::vector<int64_t> tp_shape;    // after TP (or EP) sharding (= full_shape when replicated)
   int tp_dim = -1;                  // dim sharded over TP; -1 = replicated over TP
   int ep_size = 1;                  // > 1: dim 0 (the experts) split over the EP group, whole experts each
-  bool fsdp_sharded = false;        // FSDP owns its master (dim-0 shards over dp_shard x cp)
+  bool fsdp_sharded = false;        // FSDP owns its master (dim-0 shards over dp_shard x cp; efsdp for experts)
   at::Tensor master;                // not FSDP's: float32 [tp_shape], requires_grad
 };
 
@@ -140,8 +140,11 @@ class ParallelModel : public pipeline::MicrobatchHooks {
   // Expert parallel: `fqn`'s stacked experts (dim 0) are split over `ep_size` ranks.
   void shard_over_ep(const std::string& fqn, int ep_size);
   // FSDP owns the masters of the parameters it declared from now on (the others get their own
-  // in finalize).
-  void attach_fsdp(std::unique_ptr<Fsdp> fsdp) { fsdp_ = std::move(fsdp); }
+  // in finalize); `expert_fsdp` (or null) those of the EP-sharded experts, over efsdp.
+  void attach_fsdp(std::unique_ptr<Fsdp> fsdp, std::unique_ptr<Fsdp> expert_fsdp = nullptr) {
+    fsdp_ = std::move(fsdp);
+    expert_fsdp_ = std::move(expert_fsdp);
+  }
   // One line of the start-up picture (describe()).
   void add_plan_line(std::string line) { log_.push_back(std::move(line)); }
   // Allocates the masters FSDP does not own, and the model's buffers: the plan's last stage.
@@ -164,8 +167,8 @@ class ParallelModel : public pipeline::MicrobatchHooks {
   std::vector<std::string> names_;
   std::vector<at::Tensor> masters_;   // what the optimizer steps, in names_ order
   std::vector<bool> tp_replicated_;   // per master
-  std::vector<bool> expert_sharded_;  // per master: an EP-sharded expert weight (summed over efsdp)
   std::unique_ptr<Fsdp> fsdp_;
+  std::unique_ptr<Fsdp> expert_fsdp_;  // the EP-sharded experts over efsdp (Note [Expert mesh])
   std::vector<std::string> log_;
 };
 

@@ -225,10 +225,15 @@ FsdpPlan apply_fsdp(model::Transformer& model, comm::Comm& dp_shard_cp, comm::De
   const bool pipelined = o.pipeline.has_value();
   plan.fsdp->set_defer_reduce_scatter(pipelined);
   const std::string reshard_policy = pipelined && o.reshard_after_forward == "default" ? "never" : o.reshard_after_forward;
-  Fsdp& fsdp = *plan.fsdp;
   std::map<std::string, model::Linear*> by_weight;
   for (model::Linear* l : model.linears()) by_weight[l->fqn() + ".weight"] = l;
-  auto add_group = [&](const std::string& name, const std::vector<std::string>& fqns, bool last) {
+  // The experts under EP: their own FSDP over efsdp (Note [Expert mesh] in mesh.h).
+  comm::Comm* efsdp = mesh.comm(comm::MeshDim::kEfsdp);
+  if (efsdp) {
+    plan.expert_fsdp = std::make_unique<Fsdp>(*efsdp, o.compute_dtype, o.device, nullptr, o.fsdp_overlap);
+    plan.expert_fsdp->set_defer_reduce_scatter(pipelined);
+  }
+  auto add_group = [&](Fsdp& fsdp, const std::string& name, const std::vector<std::string>& fqns, bool last) {
     std::vector<FsdpParamSpec> specs;
     for (const std::string& fqn : fqns) {
       const HeldParam& p = *by_fqn.at(fqn);
@@ -243,25 +248,30 @@ FsdpPlan apply_fsdp(model::Transformer& model, comm::Comm& dp_shard_cp, comm::De
     const bool reshard = reshard_policy == "always" || (reshard_policy == "default" && !last);
     const int g = fsdp.add_group(name, specs, reshard);
     // The wrapper of group g: "fsdp" frees its gathered parameters after forward, "fsdp(kept)"
-    // keeps them for backward.
-    return model::ForwardWrapper{reshard ? "fsdp" : "fsdp(kept)",
+    // keeps them for backward ("efsdp" for the experts' group).
+    const std::string kind = &fsdp == plan.expert_fsdp.get() ? "efsdp" : "fsdp";
+    return model::ForwardWrapper{reshard ? kind : kind + "(kept)",
                                  [&fsdp, g](const at::Tensor& x, const model::ForwardFn& inner) {
                                    return fsdp.run_group(g, x, inner);
                                  }};
   };
+  Fsdp& fsdp = *plan.fsdp;
   if (holds("tok_embeddings"))
-    model.wrap_stage(model::Stage::kEmbedding, add_group("tok_embeddings", {"tok_embeddings.weight"}, false));
+    model.wrap_stage(model::Stage::kEmbedding, add_group(fsdp, "tok_embeddings", {"tok_embeddings.weight"}, false));
   const int64_t n_layers = model.args().n_layers;
   for (model::TransformerBlock* block : model.blocks()) {
     const std::string name = "layers." + std::to_string(block->layer_id);
     if (!holds(name)) continue;
-    std::vector<std::string> fqns;
+    std::vector<std::string> fqns, experts;
     for (const auto& p : params)
-      if (p.fqn.compare(0, name.size() + 1, name + ".") == 0 && p.ep_size == 1) fqns.push_back(p.fqn);
-    model.wrap_block(block->layer_id, add_group(name, fqns, block->layer_id == n_layers - 1));
+      if (p.fqn.compare(0, name.size() + 1, name + ".") == 0) (p.ep_size > 1 ? experts : fqns).push_back(p.fqn);
+    const bool last = block->layer_id == n_layers - 1;
+    model.wrap_block(block->layer_id, add_group(fsdp, name, fqns, last));
+    if (plan.expert_fsdp && !experts.empty())
+      model.wrap_block(block->layer_id, add_group(*plan.expert_fsdp, name + ".moe.experts", experts, last));
   }
   if (holds("norm"))
-    model.wrap_stage(model::Stage::kHead, add_group("norm+output", {"norm.weight", "output.weight"}, true));
+    model.wrap_stage(model::Stage::kHead, add_group(fsdp, "norm+output", {"norm.weight", "output.weight"}, true));
   std::ostringstream os;
   os << (mesh.size(comm::MeshDim::kDpReplicate) > 1 ? "HSDP " : "FSDP ") << dp_shard_cp.size() << ": "
      << fsdp.num_groups() << " groups (tok_embeddings, one per block, norm+output"
@@ -272,6 +282,9 @@ FsdpPlan apply_fsdp(model::Transformer& model, comm::Comm& dp_shard_cp, comm::De
      << (o.fsdp_overlap ? ", overlapped (prefetch + deferred reduce-scatter)" : ", blocking");
   if (fsdp.num_float8_params() > 0)
     os << ", " << fsdp.num_float8_params() << " float8 linear weights gathered in float8";
+  if (plan.expert_fsdp)
+    os << "; the EP-sharded experts: FSDP " << efsdp->size() << " over efsdp, " << plan.expert_fsdp->num_groups()
+       << " groups (one per MoE block), largest gathered group " << plan.expert_fsdp->unsharded_bytes_max() << " bytes";
   plan.description = os.str();
   return plan;
 }
@@ -315,7 +328,7 @@ std::unique_ptr<ParallelModel> parallelize_llama(model::Transformer& model, comm
   //    re-gathers before AC recomputes (See Note [FSDP wraps AC]).
   if (comm::Comm* shard = mesh.comm(comm::MeshDim::kDpShardCp)) {
     FsdpPlan plan = apply_fsdp(model, *shard, mesh, options, pm->held_params(), holds);
-    pm->attach_fsdp(std::move(plan.fsdp));
+    pm->attach_fsdp(std::move(plan.fsdp), std::move(plan.expert_fsdp));
     pm->add_plan_line(plan.description);
   }
   if (mesh.size(comm::MeshDim::kDpReplicate) > 1)

@@ -48,11 +48,14 @@ TensorParallelPlan apply_tp(model::Transformer& model, comm::Comm& tp, const Par
 // the start-up picture.
 struct FsdpPlan {
   std::unique_ptr<Fsdp> fsdp;
+  std::unique_ptr<Fsdp> expert_fsdp;  // the EP-sharded experts over efsdp (efsdp > 1), else null
   std::string description;
 };
 // 3. FSDP (HSDP when dp_replicate > 1) over `dp_shard_cp` of `params` (this rank's parameters
 // as TP left them): one group per block plus the embedding and norm+output, each wrapping its
-// block outermost (See Note [FSDP wraps AC] in activation_checkpoint.h).
+// block outermost (See Note [FSDP wraps AC] in activation_checkpoint.h). Under expert
+// parallelism the EP-sharded experts are FSDP-sharded over efsdp instead (the ranks holding the
+// same experts, Note [Expert mesh]): one more group per MoE block, wrapping it outside the first.
 FsdpPlan apply_fsdp(model::Transformer& model, comm::Comm& dp_shard_cp, comm::DeviceMesh& mesh,
                     const ParallelOptions& options, const std::vector<HeldParam>& params,
                     const std::function<bool(const std::string&)>& holds);

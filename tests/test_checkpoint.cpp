@@ -555,11 +555,12 @@ TEST_CASE("CP 2 resumes bitwise and reshards into 1 process and CP 4", "[checkpo
               1e-5);
 }
 
-TEST_CASE("Qwen3-MoE at EP 2 resumes bitwise (expert_bias included) and reshards into 1 process and EP 4",
+TEST_CASE("Qwen3-MoE at EP 2 resumes bitwise (expert_bias included) and reshards into 1 process, EP 4, EP 2 x efsdp 2",
           "[checkpoint][dist][slow][moe]") {
   // Each EP rank saves its whole experts as a region of the stacked weights (Note [Checkpoint
-  // shards]) and rank 0 the load-balancing biases, identical on every rank; 1 process and EP 4
-  // continue from the same state in another reduction order (the layout tolerance).
+  // shards]) and rank 0 the load-balancing biases, identical on every rank; 1 process, EP 4 and
+  // EP 2 over 4 ranks (experts FSDP-sharded over efsdp 2) continue from the same state in another
+  // reduction order (the layout tolerance).
   const std::vector<std::string> moe = {"--model.name", "qwen3", "--model.flavor", "debugmodel_moe_small"};
   auto with = [&](const std::vector<std::string>& layout) {
     std::vector<std::string> args = moe;
@@ -571,4 +572,5 @@ TEST_CASE("Qwen3-MoE at EP 2 resumes bitwise (expert_bias included) and reshards
   resume_from(src, "moe_ep2_resumed", 2, ep2, 0);
   resume_from(src, "moe_ep2_to_1", 1, moe, 1e-5);
   resume_from(src, "moe_ep2_to_ep4", 4, with({"--parallelism.expert_parallel_degree", "4"}), 1e-5);
+  resume_from(src, "moe_ep2_to_efsdp2", 4, ep2, 1e-5);  // 4 ranks: each EP rank's experts FSDP-sharded over 2
 }

@@ -11,18 +11,18 @@
 //   dp          = dp_replicate x dp_shard        the batch split (data loading, tokens)
 //   dp_shard_cp = dp_shard x cp                  FSDP shards parameters over it
 //   dp_cp       = dp_replicate x dp_shard x cp   the loss sum and its token count
-// and "world" carries the global grad norm.
+// and "world" carries the global grad norm. A Comm exists for every dimension of size > 1; a
+// flattened view whose extra dimension has size 1 shares the Comm of the view without it
+// (dp_shard_cp is dp_shard while cp = 1). Every rank builds every group it belongs to, in one
+// fixed order, through Comm::new_group — so the same code runs under titan-run, torchrun and srun.
 //
 // Note [Expert mesh]: expert parallelism (ep > 1) borrows ranks instead of adding a dimension
 // (torchtitan's sparse mesh). Within one (pp, dp_replicate) block the ranks of dp_shard x cp x tp,
 // in mesh order, are read again as efsdp x ep x etp (etp = tp or 1):
 //   b = (dp_shard_rank * cp + cp_rank) * tp + tp_rank = (efsdp_rank * ep + ep_rank) * etp + etp_rank
 // so an EP group is ep neighbouring (dp_shard, cp) coordinates (and the tp ranks too when etp = 1),
-// and efsdp = dp_shard * cp * tp / (ep * etp) are the ranks that hold the same experts: the experts'
-// gradients are summed over them (and over dp_replicate). A Comm exists for every dimension of size > 1; a
-// flattened view whose extra dimension has size 1 shares the Comm of the view without it
-// (dp_shard_cp is dp_shard while cp = 1). Every rank builds every group it belongs to, in one
-// fixed order, through Comm::new_group — so the same code runs under titan-run, torchrun and srun.
+// and efsdp = dp_shard * cp * tp / (ep * etp) are the ranks that hold the same experts: FSDP shards
+// the experts over them (and HSDP replicas sum their gradients over dp_replicate).
 #pragma once
 
 #include <cstdint>

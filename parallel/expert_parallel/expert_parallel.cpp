@@ -131,9 +131,9 @@ ExpertParallelPlan apply_ep(model::Transformer& model, comm::Comm& ep, int efsdp
   os << "expert parallel " << ep.size() << ": " << layers << " MoE layers; this rank (ep rank " << ep.rank()
      << ") holds experts [" << first << ", " << first + local << ") of " << num_experts
      << ", rank j of the EP group experts [j*" << local << ", (j+1)*" << local
-     << "); tokens dispatched and combined by all-to-all; router and shared experts replicated; experts' gradients "
-     << (efsdp > 1 ? "all-reduced over the " + std::to_string(efsdp) + " efsdp ranks holding the same experts"
-                   : "complete on their EP rank");
+     << "); tokens dispatched and combined by all-to-all; router and shared experts replicated; "
+     << (efsdp > 1 ? "the " + std::to_string(efsdp) + " efsdp ranks holding the same experts FSDP-shard them"
+                   : "no other rank holds the same experts");
   plan.description = os.str();
   return plan;
 }
