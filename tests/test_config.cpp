@@ -380,7 +380,19 @@ TEST_CASE("model.name picks the family; a flavor must be one of its family's", "
              Contains("model.flavor = '70B' is not a qwen3 flavor (model.name)") && Contains("0.6B, 1.7B"));
   CHECK_THAT(error_of({"--model.flavor", "0.6B"}), Contains("'0.6B' is not a llama3 flavor"));
   CHECK_THAT(error_of({"--model.name", "gpt2"}), Contains("model.name = 'gpt2' is not allowed") && Contains("llama3, qwen3"));
-  // Qwen3 runs on one process for now: an explicit degree is a config error naming model.name.
-  CHECK_THAT(error_of({"--model.name", "qwen3", "--parallelism.tensor_parallel_degree", "2"}),
-             Contains("model.name = qwen3 trains on one process for now"));
+  // Qwen3 has no TP plan yet, and a tied flavor trains on one process: config errors naming the key.
+  CHECK_THAT(error_of({"--model.name", "qwen3", "--model.flavor", "8B", "--parallelism.tensor_parallel_degree", "2"}),
+             Contains("model.name = qwen3 has no tensor parallel plan yet: set parallelism.tensor_parallel_degree to 1"));
+  CHECK_THAT(error_of({"--model.name", "qwen3", "--parallelism.data_parallel_shard_degree", "2"}),
+             Contains("model.flavor = debugmodel ties its output projection to the token embedding") &&
+                 Contains("debugmodel_moe"));
+  const JobConfig moe = parse_job_config(std::vector<std::string>{
+      "--model.name", "qwen3", "--model.flavor", "debugmodel_moe", "--parallelism.data_parallel_shard_degree", "4",
+      "--parallelism.expert_parallel_degree", "4"});
+  CHECK(moe.parallelism.expert_parallel_degree == 4);
+  // torchtitan: expert parallelism has no effect on a dense model; titan says so once.
+  const JobConfig dense = parse_job_config(std::vector<std::string>{"--parallelism.expert_parallel_degree", "2"});
+  REQUIRE(dense.warnings.size() == 1);
+  CHECK_THAT(dense.warnings[0], Contains("parallelism.expert_parallel_degree = 2 has no effect: model llama3 / "
+                                          "debugmodel has no experts"));
 }

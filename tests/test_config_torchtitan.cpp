@@ -370,8 +370,6 @@ TEST_CASE("a torchtitan key asking for a feature titan lacks is refused by name"
                       "metrics.enable_wandb = true (accepted only as false); W&B has no C++"));
   CHECK_THAT(error_of({"--fault_tolerance.enable"}),
              Contains("titan does not implement") && Contains("fault_tolerance.enable"));
-  CHECK_THAT(error_of({"--parallelism.expert_parallel_degree", "2"}),
-             Contains("titan does not implement expert parallelism"));
   CHECK_THAT(error_of({"--model.converters", "mx", "--mx.recipe_name", "mxfp4_cutlass"}),
              Contains("titan does not implement the MXFP4 hardware GEMM"));
   CHECK_THAT(error_of({"--checkpoint.initial_load_in_hf"}),
@@ -392,14 +390,14 @@ TEST_CASE("a torchtitan key asking for a feature titan lacks is refused by name"
              Contains("titan does not implement pure bfloat16 training"));
   // Accepted with a value that asks for nothing, and printed only when not torchtitan's default.
   const JobConfig ok = parse_job_config(
-      {"--validation.freq", "7", "--parallelism.expert_parallel_degree", "1", "--checkpoint.folder",
+      {"--validation.freq", "7", "--parallelism.pipeline_parallel_expert_parallel_overlap", "true", "--checkpoint.folder",
        "ckpt", "--experimental.pipeline_parallel_schedule", "Interleaved1F1B"},
       kCpuMachine);
   const std::string printed = config_to_toml(ok);
   CHECK_THAT(printed, Contains("[validation]") && Contains("freq = 7") &&
                           Contains("folder = \"ckpt\"") &&
                           Contains("pipeline_parallel_schedule = \"Interleaved1F1B\""));
-  CHECK(printed.find("expert_parallel_degree") == std::string::npos);
+  CHECK(printed.find("pipeline_parallel_expert_parallel_overlap") == std::string::npos);
 }
 
 TEST_CASE("every problem of a config is reported at once, with file:line", "[config]") {

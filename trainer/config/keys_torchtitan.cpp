@@ -15,7 +15,6 @@ namespace {
 
 using Strings = std::vector<std::string>;
 
-constexpr const char* kOnlyWithMoE = "it only concerns mixture-of-experts models; Llama 3 is dense";
 constexpr const char* kNoPython = "it configures Python-side machinery titan does not have";
 constexpr const char* kOnlyWithFaultTolerance =
     "it is read only by torchft, which titan refuses (fault_tolerance.enable)";
@@ -107,11 +106,14 @@ std::vector<Row> rows_of(const std::string& section) {
     return {
         accepted_any("enable_compiled_autograd", false,
                      "titan has no JIT; its backward is compiled ahead of time", "v0.1.0, v0.2.0"),
-        accepted_any("pipeline_parallel_expert_parallel_overlap", true, kOnlyWithMoE,
-                     "v0.2.1+"),
+        accepted_any("pipeline_parallel_expert_parallel_overlap", true,
+                     "titan runs a pipeline's and its experts' communication one after the other: the setting "
+                     "changes speed, not numbers", "v0.2.1+"),
         accepted_if("context_parallel_load_balancer", "headtail",
                     "other context-parallel load balancers (titan splits head + tail chunks)", "v0.2.2"),
-        accepted_any("expert_parallel_comm_backend", "standard", kOnlyWithMoE, "v0.2.1+"),
+        accepted_if("expert_parallel_comm_backend", "standard",
+                    "the DeepEP all-to-all kernels (titan's expert parallelism uses the process group's all-to-all)",
+                    "v0.2.1+"),
     };
   }
   if (section == "checkpoint") {
@@ -132,7 +134,7 @@ std::vector<Row> rows_of(const std::string& section) {
   if (section == "activation_checkpoint") {
     return {
         accepted_any("per_op_sac_force_recompute_mm_shapes_by_fqns", Strings{"moe.router.gate"},
-                     kOnlyWithMoE, "v0.2.0+"),
+                     "titan's per-op AC decides by op, not by GEMM shape (docs/memory.md)", "v0.2.0+"),
         accepted_any("early_stop", false,
                      "stopping a recompute early saves time, not values; titan recomputes whole",
                      "v0.2.0+"),
@@ -226,11 +228,11 @@ std::vector<SectionSpec> torchtitan_sections() {
       }),
       torchtitan_section("quantize.grouped_mm.float8",
                          "torchtitan's float8 grouped GEMMs for MoE (v0.2.0+).", {
-          accepted_any("fqns", Strings{}, kOnlyWithMoE, "v0.2.0+"),
+          accepted_if("fqns", Strings{}, "float8 grouped GEMMs for the MoE experts", "v0.2.0+"),
       }),
       torchtitan_section("quantize.grouped_mm.mx", "torchtitan's MX grouped GEMMs (v0.2.0+).", {
-          accepted_any("recipe_name", "mxfp8", kOnlyWithMoE, "v0.2.0+"),
-          accepted_any("fqns", Strings{}, kOnlyWithMoE, "v0.2.0+"),
+          accepted_any("recipe_name", "mxfp8", "it applies only to the modules in fqns, which must be empty", "v0.2.0+"),
+          accepted_if("fqns", Strings{}, "MX grouped GEMMs for the MoE experts", "v0.2.0+"),
       }),
       torchtitan_section("training.dataloader", "torchtitan's DataLoader worker settings.", {
           accepted_any("num_workers", int64_t{0}, kLoaderWorkers, "v0.2.1+"),

@@ -38,6 +38,10 @@ struct EstimateInputs {
   // fall ~1/cp) and holds the exchange's K/V buffers. dp_shard above already includes cp (FSDP
   // shards over dp_shard x cp).
   int64_t cp = 1;
+  // Expert parallel (MoE models): each rank holds num_experts / ep experts of every MoE layer,
+  // FSDP-sharded over the rest of dp_shard x cp, so an FSDP gather of a block carries only those;
+  // each MoE layer adds its dispatch and combine buffers.
+  int64_t ep = 1;
   parallel::context_parallel::CpRotateMethod cp_rotate_method = parallel::context_parallel::CpRotateMethod::kAllGather;
   // Pipeline parallel: the plan, and which pp rank the estimate is for (See Note [Pipeline
   // memory] in memory_estimate.cpp). Unset: the rank holds the whole model.
