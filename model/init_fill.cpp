@@ -105,16 +105,26 @@ void fill_init_box(const at::Tensor& out, const InitSpec& spec, uint64_t seed,
   at::NoGradGuard no_grad;
   if (full_shape.size() > 2 && out.dim() == static_cast<int64_t>(full_shape.size())) {
     // A stacked parameter ([experts, H, D]) is drawn as its 2-D view [experts H, D]: every element
-    // is a function of its flat index either way. A box must then hold whole middle dims (a shard
-    // of dim 0 and/or of the last: how FSDP and expert parallelism split stacked experts).
+    // is a function of its flat index either way (a shard of dim 0 and/or of the last: how FSDP
+    // and expert parallelism split stacked experts).
     const size_t n = full_shape.size();
-    int64_t inner = 1;
-    for (size_t d = 1; d + 1 < n; ++d) {
-      if (offsets[d] != 0 || out.size(static_cast<int64_t>(d)) != full_shape[d])
-        throw std::invalid_argument("init of '" + fqn + "': a box of a " + std::to_string(n) +
-                                    "-D parameter must hold its middle dims whole");
-      inner *= full_shape[d];
+    bool middle_whole = true;
+    for (size_t d = 1; d + 1 < n; ++d)
+      middle_whole = middle_whole && offsets[d] == 0 && out.size(static_cast<int64_t>(d)) == full_shape[d];
+    if (!middle_whole) {
+      // A shard of a middle dim too (tensor-parallel experts: [experts, H / tp, D]): one dim-0
+      // index at a time, dims 0 and 1 merged into one ([experts H, ...] has the same flat order).
+      std::vector<int64_t> merged_shape(full_shape.begin() + 1, full_shape.end());
+      merged_shape[0] *= full_shape[0];
+      std::vector<int64_t> merged_offsets(offsets.begin() + 1, offsets.end());
+      for (int64_t i = 0; i < out.size(0); ++i) {
+        merged_offsets[0] = (offsets[0] + i) * full_shape[1] + offsets[1];
+        fill_init_box(out.select(0, i), spec, seed, fqn, merged_shape, merged_offsets);
+      }
+      return;
     }
+    int64_t inner = 1;
+    for (size_t d = 1; d + 1 < n; ++d) inner *= full_shape[d];
     const at::Tensor rows = out.view({out.size(0) * inner, out.size(static_cast<int64_t>(n) - 1)});
     const std::vector<int64_t> shape2 = {full_shape[0] * inner, full_shape[n - 1]};
     const std::vector<int64_t> offsets2 = {offsets[0] * inner, offsets[n - 1]};

@@ -102,7 +102,8 @@ void ParallelModel::finalize() {
   TORCH_CHECK(names_.size() == params_.size(), "the plan holds ", names_.size(), " of ", params_.size(), " parameters");
   for (const auto& name : names_) {
     const HeldParam& p = param(name);
-    tp_replicated_.push_back(tp > 1 && p.tp_dim < 0);
+    // (An EP-sharded expert is never replicated over TP: with ETP = 1 the tp ranks are EP ranks.)
+    tp_replicated_.push_back(tp > 1 && p.tp_dim < 0 && p.ep_size == 1);
   }
   model_.materialize_buffers(options_.device);
 }
@@ -164,7 +165,9 @@ at::Tensor ParallelModel::local_full_param(const std::string& fqn) {
   if (comm::Comm* ep = p->ep_size > 1 ? mesh_.comm(comm::MeshDim::kEp) : nullptr) {  // whole experts per rank
     at::Tensor out = at::empty({ep->size() * local.numel()}, local.options());
     ep->all_gather_into_tensor(out, local.contiguous().view({-1}));
-    return out.view(p->full_shape);
+    std::vector<int64_t> shape = local.sizes().vec();
+    shape[0] *= ep->size();
+    local = out.view(shape);
   }
   if (comm::Comm* tp = p->tp_dim >= 0 ? mesh_.comm(comm::MeshDim::kTp) : nullptr) {  // TP chunks along tp_dim
     at::Tensor out = at::empty({tp->size() * local.numel()}, local.options());
@@ -215,6 +218,11 @@ std::vector<ShardRegion> ParallelModel::shard_regions() const {
       const ShardLayout layout = shard_layout(p->tp_shape[0], shard_rank, shards);
       r.offsets[0] = ep_rank * p->tp_shape[0] + shard_rank * layout.shard_rows;
       r.lengths[0] = layout.valid_rows;
+      if (p->tp_dim > 0) {  // ETP = TP: and the tp rank's chunk of the hidden dim
+        const auto d = static_cast<size_t>(p->tp_dim);
+        r.offsets[d] = tp_rank * p->tp_shape[d];
+        r.lengths[d] = tensor_parallel::valid_in_chunk(p->full_shape[d], tp_rank, tp);
+      }
       r.owner = replica0 && r.numel() > 0;
       regions.push_back(std::move(r));
       continue;
@@ -293,6 +301,8 @@ std::vector<double> ParallelModel::balance_experts() {
   for (model::moe::MoE* layer : layers) counts.push_back(layer->tokens_per_expert);
   at::Tensor all = at::stack(counts).contiguous();  // [layers, E]
   if (comm::Comm* dp = mesh_.comm(comm::MeshDim::kDpCp)) dp->all_reduce(all, comm::ReduceOp::kSum);
+  if (comm::Comm* tp = expert_counts_over_tp_ ? mesh_.comm(comm::MeshDim::kTp) : nullptr)
+    tp->all_reduce(all, comm::ReduceOp::kSum);  // each tp rank routed its own sequence shard
   // Under pp each layer's counts are on its stage's ranks (zero elsewhere): summed over pp too,
   // every rank moves every layer's bias the same way, so expert_bias is identical on all ranks
   // (rank 0 saves it) and every rank's line shows every layer's load.

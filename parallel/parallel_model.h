@@ -139,6 +139,9 @@ class ParallelModel : public pipeline::MicrobatchHooks {
   void shard_over_tp(const std::string& fqn, int dim, int tp_size);
   // Expert parallel: `fqn`'s stacked experts (dim 0) are split over `ep_size` ranks.
   void shard_over_ep(const std::string& fqn, int ep_size);
+  // MoE layers route each tp rank's own sequence shard (MoeTp::kSequence): the token counts of
+  // load balancing are then summed over tp too.
+  void count_experts_over_tp() { expert_counts_over_tp_ = true; }
   // FSDP owns the masters of the parameters it declared from now on (the others get their own
   // in finalize); `expert_fsdp` (or null) those of the EP-sharded experts, over efsdp.
   void attach_fsdp(std::unique_ptr<Fsdp> fsdp, std::unique_ptr<Fsdp> expert_fsdp = nullptr) {
@@ -169,6 +172,7 @@ class ParallelModel : public pipeline::MicrobatchHooks {
   std::vector<bool> tp_replicated_;   // per master
   std::unique_ptr<Fsdp> fsdp_;
   std::unique_ptr<Fsdp> expert_fsdp_;  // the EP-sharded experts over efsdp (Note [Expert mesh])
+  bool expert_counts_over_tp_ = false;
   std::vector<std::string> log_;
 };
 

@@ -121,10 +121,11 @@ void check_tp_degree(const model::ModelArgs& args, int tp, int64_t seq_len) {
   if (seq_len > 0 && seq_len % tp) fail("training.seq_len (sequence parallel)", seq_len);
 }
 
-// 1. Tensor + sequence parallel: torchtitan's Llama plan as a table. Each float8 linear is
+// 1. Tensor + sequence parallel: torchtitan's Llama plan as a table (and its Qwen3 plan: the
+// qk-norms are replicated weights on local heads; MoE layers per MoeTp). Each float8 linear is
 // rebuilt with its TP sharding (See Note [Scales under TP]); a module whose readers all take a
 // float8 tensorwise input gathers it in float8.
-TensorParallelPlan apply_tp(model::Transformer& model, comm::Comm& tp, const ParallelOptions& options,
+TensorParallelPlan apply_tp(model::Transformer& model, comm::Comm& tp, const ParallelOptions& options, MoeTp moe_tp,
                             const std::function<bool(const std::string&)>& holds) {
   TensorParallelPlan plan;
   std::map<std::string, model::Linear*> linears;
@@ -191,10 +192,33 @@ TensorParallelPlan apply_tp(model::Transformer& model, comm::Comm& tp, const Par
       }
     }
   };
-  for (model::TransformerBlock* block : model.blocks())
-    if (holds("layers." + std::to_string(block->layer_id)))
-      for (const auto& [name, style] : kBlockTpPlan)
-        apply("layers." + std::to_string(block->layer_id) + "." + name, style, block);
+  int moe_layers = 0;
+  for (model::TransformerBlock* block : model.blocks()) {
+    const std::string prefix = "layers." + std::to_string(block->layer_id) + ".";
+    if (!holds("layers." + std::to_string(block->layer_id))) continue;
+    for (const auto& [name, style] : kBlockTpPlan)
+      if (!block->moe || name.compare(0, 12, "feed_forward") != 0) apply(prefix + name, style, block);
+    if (!block->moe) continue;
+    // The MoE layer (torchtitan's apply_moe_ep_tp). Its router is replicated: the gate's gradient is
+    // a partial sum on every tp rank (of the sequence shard, or of the hidden shard through the
+    // partial expert outputs), summed over TP with the other replicated weights' (reduce_grads).
+    ++moe_layers;
+    model::moe::MoE& moe = *block->moe;
+    if (moe_tp == MoeTp::kSequence) continue;  // shared experts replicated; EP moves the rows
+    moe.gather_input = [&tp](const at::Tensor& x) { return tensor_parallel::all_gather_seq(x, tp); };
+    moe.reduce_output = [&tp](const at::Tensor& y) { return tensor_parallel::reduce_scatter_seq(y, tp); };
+    plan.sharded_weights.emplace_back(moe.prefix + ".experts.w1", 1);  // [E, H, D]: hidden rows
+    plan.sharded_weights.emplace_back(moe.prefix + ".experts.w3", 1);
+    plan.sharded_weights.emplace_back(moe.prefix + ".experts.w2", 2);  // [E, D, H]: hidden columns; partial output
+    if (moe.shared_w1) {
+      for (model::Linear* l : {&*moe.shared_w1, &*moe.shared_w3}) {
+        l->set_compute(std::make_shared<tensor_parallel::ColwiseLinear>(sharded(*l, -1, /*rows*/ 0, /*columns*/ 1)));
+        shard_weight(l->fqn(), 0);
+      }
+      moe.shared_w2->set_compute(sharded(*moe.shared_w2, /*columns*/ 1, /*columns*/ 1, -1));  // partial, no reduce
+      shard_weight(moe.shared_w2->fqn(), 1);
+    }
+  }
   for (const auto& [name, style] : kModelTpPlan)
     if (holds(name)) apply(name, style, nullptr);
   plan.description = "tensor parallel " + std::to_string(tp.size()) + ": sequence parallel, loss " +
@@ -202,7 +226,13 @@ TensorParallelPlan apply_tp(model::Transformer& model, comm::Comm& tp, const Par
                      (float8_gathers ? ", " + std::to_string(float8_gathers) + " module inputs all-gathered in float8"
                                      : std::string()) +
                      (async_chunks ? ", async (" + std::to_string(async_chunks) + " chunks per sequence shard)"
-                                   : std::string());
+                                   : std::string()) +
+                     (moe_layers == 0 ? std::string()
+                      : moe_tp == MoeTp::kSequence
+                          ? "; " + std::to_string(moe_layers) + " MoE layers on sequence shards (EP over the tp ranks)"
+                          : "; " + std::to_string(moe_layers) +
+                                " MoE layers on the gathered sequence, experts sharded on their hidden dim, output "
+                                "reduce-scattered");
   return plan;
 }
 
@@ -298,7 +328,10 @@ std::unique_ptr<ParallelModel> parallelize_llama(model::Transformer& model, comm
   //    the float8 computes with their TP sharding.
   if (comm::Comm* tp = mesh.comm(comm::MeshDim::kTp)) {
     check_tp_degree(model.args(), tp->size(), options.seq_len / mesh.size(comm::MeshDim::kCp));
-    const TensorParallelPlan plan = apply_tp(model, *tp, options, holds);
+    const comm::ParallelDims& d = mesh.dims();
+    const MoeTp moe_tp = d.ep > 1 && d.etp == 1 ? MoeTp::kSequence : MoeTp::kShardExperts;
+    const TensorParallelPlan plan = apply_tp(model, *tp, options, moe_tp, holds);
+    if (moe_tp == MoeTp::kSequence) pm->count_experts_over_tp();
     for (const auto& [fqn, dim] : plan.sharded_weights) pm->shard_over_tp(fqn, dim, tp->size());
     pm->add_plan_line(plan.description);
   }

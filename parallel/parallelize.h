@@ -39,9 +39,16 @@ struct TensorParallelPlan {
   std::vector<std::pair<std::string, int>> sharded_weights;
   std::string description;
 };
+// How MoE layers meet tensor parallelism (torchtitan's apply_moe_ep_tp), from the EP and ETP degrees.
+enum class MoeTp {
+  kShardExperts,  // no EP, or ETP = TP: the layer runs on the gathered sequence, router replicated,
+                  // routed and shared experts sharded on their hidden dim, the output reduce-scattered
+  kSequence,      // EP with ETP = 1 (EP borrows the tp ranks): each tp rank routes its own sequence
+                  // shard to whole experts; router and shared experts replicated
+};
 // 1. Tensor + sequence parallel over `tp` on the modules `holds` names (this rank's pipeline
 // stages): installs the TP computes and input hooks on `model` (torchtitan's Llama TP plan).
-TensorParallelPlan apply_tp(model::Transformer& model, comm::Comm& tp, const ParallelOptions& options,
+TensorParallelPlan apply_tp(model::Transformer& model, comm::Comm& tp, const ParallelOptions& options, MoeTp moe_tp,
                             const std::function<bool(const std::string&)>& holds);
 
 // What apply_fsdp decided: the FSDP groups (which own the masters from then on) and the line of

@@ -555,7 +555,8 @@ TEST_CASE("CP 2 resumes bitwise and reshards into 1 process and CP 4", "[checkpo
               1e-5);
 }
 
-TEST_CASE("Qwen3-MoE at EP 2 resumes bitwise (expert_bias included) and reshards into 1 process, EP 4, EP 2 x efsdp 2",
+TEST_CASE("Qwen3-MoE at EP 2 resumes bitwise (expert_bias included) and reshards into 1 process, EP 4, EP 2 x efsdp 2, "
+          "EP 2 x ETP 2",
           "[checkpoint][dist][slow][moe]") {
   // Each EP rank saves its whole experts as a region of the stacked weights (Note [Checkpoint
   // shards]) and rank 0 the load-balancing biases, identical on every rank; 1 process, EP 4 and
@@ -573,4 +574,8 @@ TEST_CASE("Qwen3-MoE at EP 2 resumes bitwise (expert_bias included) and reshards
   resume_from(src, "moe_ep2_to_1", 1, moe, 1e-5);
   resume_from(src, "moe_ep2_to_ep4", 4, with({"--parallelism.expert_parallel_degree", "4"}), 1e-5);
   resume_from(src, "moe_ep2_to_efsdp2", 4, ep2, 1e-5);  // 4 ranks: each EP rank's experts FSDP-sharded over 2
+  resume_from(src, "moe_ep2_to_etp2", 4,  // experts sharded over EP and over TP on their hidden dim
+              with({"--parallelism.expert_parallel_degree", "2", "--parallelism.tensor_parallel_degree", "2",
+                    "--parallelism.expert_tensor_parallel_degree", "2"}),
+              1e-5);
 }

@@ -77,20 +77,27 @@ const std::vector<std::tuple<std::string, int, std::string>> kLayouts = {
     {"ep2_hsdp", 4, "--parallelism.expert_parallel_degree 2 --parallelism.data_parallel_replicate_degree 2"},
     {"ep2_pp2", 4, "--parallelism.expert_parallel_degree 2 --parallelism.pipeline_parallel_degree 2"},
     {"ep2_cp2", 4, "--parallelism.expert_parallel_degree 2 --parallelism.context_parallel_degree 2"},
+    {"ep2_tp2", 4, "--parallelism.expert_parallel_degree 2 --parallelism.tensor_parallel_degree 2"},  // ETP 1
+    {"ep2_etp2", 4,
+     "--parallelism.expert_parallel_degree 2 --parallelism.tensor_parallel_degree 2 "
+     "--parallelism.expert_tensor_parallel_degree 2"},
+    {"tp2", 2, "--parallelism.tensor_parallel_degree 2"},  // no EP: experts sharded on their hidden dim
     {"fsdp2", 2, ""},  // no EP: the experts are FSDP-sharded with the rest of their block
     {"pp2", 2, "--parallelism.pipeline_parallel_degree 2 --parallelism.pipeline_parallel_schedule Interleaved1F1B"},
 };
 
 }  // namespace
 
-TEST_CASE("Qwen3-MoE with real routing: EP 2, EP 4, EP 2 x FSDP 2, HSDP, PP 2, CP 2, and FSDP / PP without EP equal one process",
+TEST_CASE("Qwen3-MoE with real routing: EP 2, EP 4, EP 2 x FSDP 2, HSDP, PP 2, CP 2, TP 2 (ETP 1, 2), and TP / FSDP / PP "
+          "without EP equal one process",
           "[moe][dist]") {
   for (const auto& [name, nproc, overrides] : kLayouts) check_moe_layout(name, nproc, overrides, "");
 }
 
-TEST_CASE("Qwen3-MoE with forced load balance: EP 2, EP 2 x FSDP 2, EP 2 x CP 2 equal one process", "[moe][dist]") {
+TEST_CASE("Qwen3-MoE with forced load balance: EP 2, EP 2 x FSDP 2, EP 2 x CP 2, EP 2 x TP 2 equal one process",
+          "[moe][dist]") {
   for (const auto& [name, nproc, overrides] : kLayouts)
-    if (name == "ep2" || name == "ep2_fsdp2" || name == "ep2_cp2")
+    if (name == "ep2" || name == "ep2_fsdp2" || name == "ep2_cp2" || name == "ep2_tp2")
       check_moe_layout(name + "_balanced", nproc, overrides, " --model.moe_force_load_balance");
 }
 
@@ -107,6 +114,9 @@ TEST_CASE("expert parallel degrees that do not fit are config errors before any 
        "parallelism.expert_parallel_degree 3 does not divide the 8 experts of model.flavor debugmodel_moe_small"},
       {2, "--parallelism.expert_parallel_degree 2 --parallelism.expert_tensor_parallel_degree 2",
        "expert_tensor_parallel_degree(2) must be 1 or tensor_parallel_degree(1)"},
+      {4, "--parallelism.expert_parallel_degree 4 --parallelism.tensor_parallel_degree 2 "
+          "--parallelism.expert_tensor_parallel_degree 2",
+       "expert_parallel_degree(4) must divide the ranks it borrows, dp_shard(2) * cp(1) = 2"},
   };
   for (const Case& c : cases) {
     const fs::path dump = layout::root() / "bad_ep";

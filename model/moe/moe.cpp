@@ -149,7 +149,8 @@ MoE::MoE(const std::string& prefix_, const MoEArgs& args_, int64_t dim_, int64_t
   tokens_per_expert = meta({E});
 }
 
-at::Tensor MoE::forward(const at::Tensor& x) {
+at::Tensor MoE::forward(const at::Tensor& x_in) {
+  const at::Tensor x = gather_input ? gather_input(x_in) : x_in;
   TORCH_CHECK(x.dim() == 3 && x.size(2) == dim, "moe ", prefix, ": expects [B, S, ", dim, "], got ", x.sizes());
   const int64_t N = x.size(0) * x.size(1), K = args.top_k;
   const at::Tensor xf = x.reshape({N, dim});
@@ -184,7 +185,7 @@ at::Tensor MoE::forward(const at::Tensor& x) {
                        ? unsorted.sum(1)
                        : at::bmm(r.top_scores.view({N, 1, K}), unsorted.to(at::kFloat)).to(x.scalar_type()).squeeze(1);
   if (shared.defined()) out = shared + out;
-  return out.view(x.sizes());
+  return reduce_output ? reduce_output(out.view(x.sizes())) : out.view(x.sizes());
 }
 
 void MoE::visit_params(const std::function<void(const std::string& fqn, at::Tensor& param)>& visit) {

@@ -90,7 +90,7 @@ struct MoE {
   MoE(const std::string& prefix, const MoEArgs& args, int64_t dim, int64_t hidden_dim);
   // x [B, S, D] -> [B, S, D] (See Note [MoE forward]); adds this forward's counts to
   // tokens_per_expert (no gradient).
-  at::Tensor forward(const at::Tensor& x);
+  at::Tensor forward(const at::Tensor& x_in);
   // Every parameter with its fully-qualified name (the experts' stacked weights as parameters).
   void visit_params(const std::function<void(const std::string& fqn, at::Tensor& param)>& visit);
 
@@ -104,6 +104,10 @@ struct MoE {
   at::Tensor expert_bias;             // [E] float32 (load balancing on), else undefined
   at::Tensor tokens_per_expert;       // [E] float32, summed over forwards until the bias update
   ExpertsCompute experts_compute;     // empty: grouped_experts (w1/w2/w3 then hold every expert)
+  // Tensor parallelism installs these when the layer runs on the whole sequence: the input's
+  // sequence shards gathered before the router, the partial output reduce-scattered back
+  // (torchtitan's PrepareModuleInputOutput on "moe"). Empty: identity.
+  std::function<at::Tensor(const at::Tensor&)> gather_input, reduce_output;
 };
 
 }  // namespace titan::model::moe

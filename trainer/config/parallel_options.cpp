@@ -86,15 +86,10 @@ void check_model_layout(const JobConfig& cfg, const parallel::comm::ParallelDims
     throw ConfigError("model.flavor = " + cfg.model.flavor + " ties its output projection to the token embedding, "
                       "which trains on one process for now; this launch has " + std::to_string(dims.world_size) +
                       " ranks (choose an untied flavor: " + untied_flavors(cfg.model.name) + ")");
-  if (dims.ep > 1 && args.moe) {
-    if (args.moe->num_experts % dims.ep != 0)
-      throw ConfigError("parallelism.expert_parallel_degree " + std::to_string(dims.ep) + " does not divide the " +
-                        std::to_string(args.moe->num_experts) + " experts of model.flavor " + cfg.model.flavor +
-                        " (each EP rank holds num_experts / degree whole experts)");
-    if (dims.tp > 1)
-      throw ConfigError("parallelism.expert_parallel_degree > 1 with parallelism.tensor_parallel_degree > 1 is not "
-                        "implemented yet (expert parallelism composes with FSDP, HSDP, CP and PP): set one of them to 1");
-  }
+  if (dims.ep > 1 && args.moe && args.moe->num_experts % dims.ep != 0)
+    throw ConfigError("parallelism.expert_parallel_degree " + std::to_string(dims.ep) + " does not divide the " +
+                      std::to_string(args.moe->num_experts) + " experts of model.flavor " + cfg.model.flavor +
+                      " (each EP rank holds num_experts / degree whole experts)");
 }
 
 parallel::ParallelOptions parallel_options(const JobConfig& cfg, const model::ModelArgs& args,

@@ -120,16 +120,13 @@ std::vector<std::pair<std::string, std::string>> check_key_relations(
                                                        cfg.model.name + " flavor (model.name); choose from: " + valid);
     }
   }
-  // Qwen3 today: no tensor parallel plan yet (its qk-norm and MoE layers are not in the TP table),
-  // one process for the flavors with a tied embedding, no Hugging Face weights yet (docs/moe.md).
+  // Qwen3 today: one process for the flavors with a tied embedding, no Hugging Face weights yet
+  // (docs/moe.md).
   if (cfg.model.name == "qwen3") {
     const ParallelismSection& p = cfg.parallelism;
-    if (p.tensor_parallel_degree > 1)
-      problems.emplace_back(where("parallelism.tensor_parallel_degree"),
-                            "model.name = qwen3 has no tensor parallel plan yet: set parallelism.tensor_parallel_degree "
-                            "to 1 (FSDP, HSDP, context, pipeline and expert parallelism train it)");
     const bool parallel = p.data_parallel_shard_degree > 1 || p.data_parallel_replicate_degree > 1 ||
-                          p.pipeline_parallel_degree > 1 || p.context_parallel_degree > 1;
+                          p.tensor_parallel_degree > 1 || p.pipeline_parallel_degree > 1 ||
+                          p.context_parallel_degree > 1;
     const std::vector<std::string> flavors = model::flavor_names("qwen3");
     if (parallel && std::find(flavors.begin(), flavors.end(), cfg.model.flavor) != flavors.end() &&
         model::model_flavor("qwen3", cfg.model.flavor).tie_embeddings)
