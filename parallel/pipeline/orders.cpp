@@ -270,9 +270,9 @@ PipelineScheduleKind pipeline_schedule_from_name(const std::string& name) {
     if (lower(name) == lower(k.name)) return k.kind;
   if (lower(name) == "dualpipev")
     throw std::invalid_argument(
-        "pipeline schedule 'DualPipeV' is not supported by titan: it overlaps one micro-batch's forward "
-        "with another's backward to hide MoE all-to-all communication, which a dense Llama does not "
-        "have; ZBVZeroBubble has the same V placement and fills the bubbles with weight gradients");
+        "pipeline schedule 'DualPipeV' is not supported by titan yet: it overlaps one micro-batch's forward "
+        "with another's backward to hide the MoE all-to-all, which titan's expert parallelism runs in "
+        "place; ZBVZeroBubble has the same V placement and fills the bubbles with weight gradients");
   std::string valid;
   for (const KindInfo& k : kKinds) valid += std::string(valid.empty() ? "" : ", ") + k.name;
   throw std::invalid_argument("unknown pipeline schedule '" + name + "' (valid: " + valid +
