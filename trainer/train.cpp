@@ -107,12 +107,15 @@ TrainResult Trainer::train() {
       observe::StepMetrics m{step, loss, grad_norm, cfg_.optimizer.lr * lr_schedule_.factor(step)};
       m.skipped_steps = skipped_steps_;
       m.expert_load = last_expert_load_;
+      const std::map<std::string, double> by_dim = mesh_->comm_seconds_by_dim();
       if (world_.world_size > 1) {
         m.comm_seconds = mesh_->comm_seconds() - comm_seconds_logged_;
         m.comm_exposed_seconds = mesh_->comm_exposed_seconds() - comm_exposed_logged_;
+        for (const auto& [dim, seconds] : by_dim) m.comm_seconds_by_dim[dim] = seconds - comm_by_dim_logged_[dim];
       }
       comm_seconds_logged_ = mesh_->comm_seconds();
       comm_exposed_logged_ = mesh_->comm_exposed_seconds();
+      comm_by_dim_logged_ = by_dim;
       metrics_->log(m);
     }
     if (validator_ && validator_->due(step, cfg_.training.steps)) {

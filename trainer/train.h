@@ -15,6 +15,7 @@
 #include <c10/core/Device.h>
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -104,6 +105,7 @@ class Trainer {
   std::unique_ptr<parallel::pipeline::Schedule> schedule_;     // runs the micro-batches through them
   double comm_seconds_logged_ = 0;   // mesh comm time at the last metrics line
   double comm_exposed_logged_ = 0;   // of which exposed (waited for), at the last metrics line
+  std::map<std::string, double> comm_by_dim_logged_;  // per mesh dimension, at the last metrics line
   std::unique_ptr<checkpoint::Checkpointer> checkpointer_;
   // Debug hooks run before each step, installed at start-up only when their keys are set (the
   // fault tests' comm.debug_fail_* / comm.debug_stall_*, trainer/fault_injection.h); a

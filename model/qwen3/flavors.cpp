@@ -57,6 +57,13 @@ ModelArgs small_moe() {
   return a;
 }
 
+// ~100M active parameters (364M in all): 14 layers of width 512, 8 experts of hidden 2048, top 2.
+ModelArgs moe_100m_active() {
+  ModelArgs a = qwen3_moe(qwen3(512, 14, 4, 2, 2048, 1536, false), 8, 2048);
+  a.moe->top_k = 2;
+  return a;
+}
+
 ModelArgs with_theta(ModelArgs a, double theta) {
   a.rope_theta = theta;
   return a;
@@ -78,6 +85,9 @@ const std::vector<NamedFlavor>& flavors() {
       // through in a fraction of a second (debugmodel_moe holds 315M parameters): 4 layers of
       // 8 experts of which each token takes 2, head_dim 32.
       {"debugmodel_moe_small", small_moe()},
+      // Not a torchtitan flavor either: the MoE benchmark's larger case (scripts/bench_moe.sh), as
+      // titan's Llama "100M" is bench_train.sh's.
+      {"moe_100M_active", moe_100m_active()},
   };
   return table;
 }

@@ -267,6 +267,14 @@ double DeviceMesh::sum_over_comms(double (Comm::*seconds)() const) const {
 }
 
 double DeviceMesh::comm_seconds() const { return sum_over_comms(&Comm::total_seconds); }
+
+std::map<std::string, double> DeviceMesh::comm_seconds_by_dim() const {
+  std::map<std::string, double> by_dim;
+  if (world_) by_dim["world"] = world_->total_seconds();
+  for (size_t d = 0; d < comms_.size(); ++d)
+    if (comms_[d]) by_dim[mesh_dim_name(static_cast<MeshDim>(d))] = comms_[d]->total_seconds();
+  return by_dim;
+}
 double DeviceMesh::comm_exposed_seconds() const { return sum_over_comms(&Comm::exposed_seconds); }
 
 }  // namespace titan::parallel::comm

@@ -26,6 +26,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -107,6 +108,9 @@ class DeviceMesh {
   // spent blocked in wait() (See Note [Asynchronous collectives] in process_group.h).
   double comm_seconds() const;
   double comm_exposed_seconds() const;
+  // comm_seconds() per Comm, by its dimension's name ("tp", "dp_shard", "ep", ...; a flattened
+  // view that shares another's Comm is counted under that one), the world group's as "world".
+  std::map<std::string, double> comm_seconds_by_dim() const;
 
  private:
   double sum_over_comms(double (Comm::*seconds)() const) const;

@@ -103,22 +103,26 @@ def torchtitan_dir():
         os.path.dirname(os.path.abspath(__file__)), "..", "..", ".deps", "torchtitan")
 
 
-def load_torchtitan_llama3(root):
-    """Import torchtitan's llama3 model files from `root` (a pip --target folder) without its
-    training stack (see the module docstring). Returns (model module, args module, version)."""
+def import_torchtitan_models(root, packages):
+    """Prepare imports of torchtitan's model files from `root` (a pip --target folder) without its
+    training stack (see the module docstring): package shells for torchtitan, torchtitan.models,
+    torchtitan.protocols / components / tools and each of `packages` (dotted names under
+    torchtitan.models, e.g. "llama3.model"), and the stubs the model files need. Returns the
+    installed version."""
     src = os.path.join(root, "torchtitan")
     if not os.path.isfile(os.path.join(src, "models", "llama3", "model", "model.py")):
         raise SystemExit(f"torchtitan is not installed in {root} (scripts/bench_train.sh installs it)")
     dist = glob.glob(os.path.join(root, "torchtitan-*.dist-info"))
     version = os.path.basename(dist[0])[len("torchtitan-"):-len(".dist-info")] if dist else "unknown"
-    from torch import nn
 
     # Package shells: submodules resolve into the installed sources, no __init__.py runs.
-    for name, sub in (("torchtitan", ""), ("torchtitan.models", "models"),
-                      ("torchtitan.models.llama3", "models/llama3"),
-                      ("torchtitan.models.llama3.model", "models/llama3/model"),
-                      ("torchtitan.protocols", "protocols"), ("torchtitan.components", "components"),
-                      ("torchtitan.tools", "tools")):
+    shells = [("torchtitan", ""), ("torchtitan.models", "models"), ("torchtitan.protocols", "protocols"),
+              ("torchtitan.components", "components"), ("torchtitan.tools", "tools")]
+    for dotted in packages:
+        parts = dotted.split(".")
+        for i in range(1, len(parts) + 1):
+            shells.append(("torchtitan.models." + ".".join(parts[:i]), "models/" + "/".join(parts[:i])))
+    for name, sub in shells:
         pkg = types.ModuleType(name)
         pkg.__path__ = [os.path.join(src, sub)]
         sys.modules[name] = pkg
@@ -137,6 +141,13 @@ def load_torchtitan_llama3(root):
     # The real train_spec imports the data loader, metrics, optimizer and validator components.
     stub("torchtitan.protocols.train_spec", ModelProtocol=protocols_model.ModelProtocol,
          BaseModelArgs=protocols_model.BaseModelArgs)
+    return version
+
+
+def load_torchtitan_llama3(root):
+    """torchtitan's llama3 model files from `root`. Returns (model module, args module, version)."""
+    from torch import nn
+    version = import_torchtitan_models(root, ["llama3.model"])
     args = importlib.import_module("torchtitan.models.llama3.model.args")
     model = importlib.import_module("torchtitan.models.llama3.model.model")
     assert issubclass(model.Transformer, nn.Module)

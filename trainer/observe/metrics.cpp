@@ -229,6 +229,7 @@ void MetricsLogger::log(const StepMetrics& m) {
                              {"elapsed_s", elapsed}};
     if (m.comm_seconds >= 0) record["comm_s"] = m.comm_seconds;
     if (m.comm_exposed_seconds >= 0) record["comm_exposed_s"] = m.comm_exposed_seconds;
+    if (!m.comm_seconds_by_dim.empty()) record["comm_s_by_dim"] = m.comm_seconds_by_dim;
     if (m.skipped_steps > 0) record["skipped_steps"] = m.skipped_steps;
     if (!m.expert_load.empty()) record["expert_load"] = m.expert_load;  // per MoE layer, max / mean
     try {

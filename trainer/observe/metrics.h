@@ -24,6 +24,7 @@
 #include <chrono>
 #include <cstdint>
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -62,6 +63,9 @@ struct StepMetrics {
   // Of comm_seconds, the time the training thread was blocked waiting on a collective (what
   // overlap does not hide); < 0 = not distributed.
   double comm_exposed_seconds = -1;
+  // Of comm_seconds, per mesh dimension ("ep": expert parallelism's all-to-alls, "dp_shard":
+  // FSDP, ...; DeviceMesh::comm_seconds_by_dim). JSONL only.
+  std::map<std::string, double> comm_seconds_by_dim;
   int64_t skipped_steps = 0;  // non-finite steps skipped so far (training.skip_nonfinite_steps)
   // MoE models: each MoE layer's max / mean tokens per expert in the logged step (1 = balanced);
   // the line shows the worst layer ("expert_load"), the JSONL record every layer.
