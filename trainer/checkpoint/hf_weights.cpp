@@ -1,6 +1,7 @@
 #include "trainer/checkpoint/hf_weights.h"
 
 #include <ATen/ops/empty.h>
+#include <ATen/ops/stack.h>
 
 #include <filesystem>
 #include <fstream>
@@ -25,22 +26,39 @@ nlohmann::json hf_rope_scaling(const model::RopeScaling& r) {
 }
 
 // Suffix pairs inside a block: titan (after "layers.<i>.") <-> HF (after "model.layers.<i>.").
+// One table for every family: a name a family lacks (q_norm in Llama) is then simply not among
+// its parameters.
 const std::vector<std::pair<std::string, std::string>> kBlockNames = {
     {"attention.wq.weight", "self_attn.q_proj.weight"},
     {"attention.wk.weight", "self_attn.k_proj.weight"},
     {"attention.wv.weight", "self_attn.v_proj.weight"},
     {"attention.wo.weight", "self_attn.o_proj.weight"},
+    {"attention.q_norm.weight", "self_attn.q_norm.weight"},
+    {"attention.k_norm.weight", "self_attn.k_norm.weight"},
     {"feed_forward.w1.weight", "mlp.gate_proj.weight"},
     {"feed_forward.w2.weight", "mlp.down_proj.weight"},
     {"feed_forward.w3.weight", "mlp.up_proj.weight"},
+    {"moe.router.gate.weight", "mlp.gate.weight"},
     {"attention_norm.weight", "input_layernorm.weight"},
     {"ffn_norm.weight", "post_attention_layernorm.weight"},
+};
+// A block's stacked experts: titan (after "layers.<i>.") <-> expert j's HF tensor (after
+// "model.layers.<i>.mlp.experts.<j>.").
+const std::vector<std::pair<std::string, std::string>> kExpertNames = {
+    {"moe.experts.w1", "gate_proj.weight"},
+    {"moe.experts.w2", "down_proj.weight"},
+    {"moe.experts.w3", "up_proj.weight"},
 };
 const std::vector<std::pair<std::string, std::string>> kTopNames = {
     {"tok_embeddings.weight", "model.embed_tokens.weight"},
     {"norm.weight", "model.norm.weight"},
     {"output.weight", "lm_head.weight"},
 };
+
+// A layer or expert number: digits, few enough that std::stoll cannot overflow.
+bool is_index(const std::string& s) {
+  return !s.empty() && s.find_first_not_of("0123456789") == std::string::npos && s.size() < 10;
+}
 
 // "layers.12.rest" -> ("12", "rest") for prefix "layers."; false otherwise.
 bool split_layer(const std::string& name, const std::string& prefix, std::string* layer, std::string* rest) {
@@ -49,11 +67,21 @@ bool split_layer(const std::string& name, const std::string& prefix, std::string
   if (dot == std::string::npos) return false;
   *layer = name.substr(prefix.size(), dot - prefix.size());
   *rest = name.substr(dot + 1);
-  return !layer->empty() && layer->find_first_not_of("0123456789") == std::string::npos;
+  return is_index(*layer);
 }
 
-// Heads of wq / wk (0: not a rotary projection).
+// layers.<i>.moe.experts.w1 / w2 / w3: E experts' weights in one [E, ...] tensor.
+bool is_stacked_experts(const std::string& fqn) {
+  std::string layer, rest;
+  if (!split_layer(fqn, "layers.", &layer, &rest)) return false;
+  for (const auto& [t, h] : kExpertNames)
+    if (rest == t) return true;
+  return false;
+}
+
+// Heads of wq / wk of a model that rotates interleaved pairs (0: no permutation).
 int64_t rotary_heads(const std::string& fqn, const model::ModelArgs& args) {
+  if (args.rope_rotate_half) return 0;  // titan rotates halves, as HF does
   auto ends = [&](const char* s) {
     const std::string suffix(s);
     return fqn.size() >= suffix.size() && fqn.compare(fqn.size() - suffix.size(), suffix.size(), suffix) == 0;
@@ -67,28 +95,105 @@ void write_json_atomic(const fs::path& path, const nlohmann::json& j) {
   util::write_file_atomic(path.string(), j.dump(2) + '\n');
 }
 
+std::string shape_text(const at::Tensor& t) { return nlohmann::json(t.sizes().vec()).dump(); }
+
+// The file that lists a checkpoint's tensors: its index, else model.safetensors.
+fs::path listing_file(const std::string& path) {
+  if (!fs::is_directory(path)) return path;
+  const fs::path index = fs::path(path) / "model.safetensors.index.json";
+  return fs::exists(index) ? index : fs::path(path) / "model.safetensors";
+}
+
+// config.json must describe the model titan builds: shapes are checked per tensor on load; these
+// change the numerics (or the model) without changing a shape.
+void check_hf_config(const std::string& file, const model::ModelArgs& args) {
+  std::ifstream in(file);
+  nlohmann::json cfg;
+  try {
+    cfg = nlohmann::json::parse(in);
+  } catch (const std::exception& e) {
+    throw std::runtime_error("Hugging Face config '" + file + "' is not valid JSON: " + e.what());
+  }
+  auto differs = [&](const char* key, const nlohmann::json& ours) {
+    if (!cfg.contains(key) || cfg[key].is_null()) return false;
+    const nlohmann::json& theirs = cfg[key];
+    if (theirs.is_number() && ours.is_number()) return theirs.get<double>() != ours.get<double>();
+    return theirs != ours;
+  };
+  auto expect = [&](const char* key, const nlohmann::json& ours, const char* titan_key) {
+    if (differs(key, ours))
+      throw std::runtime_error("Hugging Face config '" + file + "' has " + key + " = " + cfg[key].dump() +
+                               ", but titan's model has " + titan_key + " = " + ours.dump() +
+                               ": choose the matching model.name and model.flavor");
+  };
+  expect("model_type", hf_architecture(args).second, "model_type");
+  expect("hidden_size", args.dim, "dim");
+  expect("num_hidden_layers", args.n_layers, "n_layers");
+  expect("num_attention_heads", args.n_heads, "n_heads");
+  expect("num_key_value_heads", args.kv_heads(), "n_kv_heads");
+  expect("rope_theta", args.rope_theta, "rope_theta");
+  expect("rms_norm_eps", args.norm_eps, "norm_eps");
+  if (args.moe) {
+    expect("num_experts", args.moe->num_experts, "num_experts");
+    expect("num_experts_per_tok", args.moe->top_k, "top_k");
+    expect("norm_topk_prob", args.moe->route_norm, "route_norm");
+  }
+  const nlohmann::json theirs = cfg.contains("rope_scaling") ? cfg["rope_scaling"] : nlohmann::json(nullptr);
+  const nlohmann::json ours = hf_rope_scaling(args.rope_scaling);
+  auto same_scaling = [&] {
+    if (theirs.is_null() || ours.is_null()) return theirs.is_null() && ours.is_null();
+    for (const char* k : {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"})
+      if (!theirs.contains(k) || theirs[k].get<double>() != ours[k].get<double>()) return false;
+    return theirs.value("rope_type", std::string("llama3")) == "llama3";
+  };
+  if (!same_scaling())
+    throw std::runtime_error("Hugging Face config '" + file + "' has rope_scaling " + theirs.dump() +
+                             ", but titan's model has " + ours.dump() + ": choose the matching model.flavor");
+}
+
 }  // namespace
 
-std::string hf_name(const std::string& fqn) {
+std::vector<std::string> hf_names(const std::string& fqn, const model::ModelArgs& args) {
   for (const auto& [t, h] : kTopNames)
-    if (fqn == t) return h;
+    if (fqn == t) return {h};
   std::string layer, rest;
-  if (split_layer(fqn, "layers.", &layer, &rest))
+  if (split_layer(fqn, "layers.", &layer, &rest)) {
+    const std::string block = "model.layers." + layer + ".";
     for (const auto& [t, h] : kBlockNames)
-      if (rest == t) return "model.layers." + layer + "." + h;
+      if (rest == t) return {block + h};
+    for (const auto& [t, h] : kExpertNames)
+      if (rest == t && args.moe) {
+        std::vector<std::string> names;
+        for (int64_t j = 0; j < args.moe->num_experts; ++j)
+          names.push_back(block + "mlp.experts." + std::to_string(j) + "." + h);
+        return names;
+      }
+  }
   throw std::invalid_argument("no Hugging Face name for titan parameter '" + fqn + "'");
 }
 
-std::string titan_name_from_hf(const std::string& hf) {
+TitanSlot titan_slot_from_hf(const std::string& hf, const model::ModelArgs& args) {
+  if (hf == "lm_head.weight" && args.tie_embeddings) return {};  // HF ties it to the embedding too
   for (const auto& [t, h] : kTopNames)
-    if (hf == h) return t;
+    if (hf == h) return {t};
   std::string layer, rest;
   if (split_layer(hf, "model.layers.", &layer, &rest)) {
     for (const auto& [t, h] : kBlockNames)
-      if (rest == h) return "layers." + layer + "." + t;
-    if (rest == "self_attn.rotary_emb.inv_freq") return "";  // a buffer of older exports
+      if (rest == h) return {"layers." + layer + "." + t};
+    if (rest == "self_attn.rotary_emb.inv_freq") return {};  // a buffer of older exports
+    std::string expert, weight;
+    if (split_layer(rest, "mlp.experts.", &expert, &weight))
+      for (const auto& [t, h] : kExpertNames) {
+        if (weight != h) continue;
+        const int64_t j = std::stoll(expert);
+        const int64_t experts = args.moe ? args.moe->num_experts : 0;
+        if (j >= experts)
+          throw std::invalid_argument("Hugging Face tensor '" + hf + "' is expert " + expert +
+                                      ", but titan's model has " + std::to_string(experts) + " experts per layer");
+        return {"layers." + layer + "." + t, j};
+      }
   }
-  throw std::invalid_argument("Hugging Face tensor '" + hf + "' is not a Llama weight titan knows");
+  throw std::invalid_argument("Hugging Face tensor '" + hf + "' is not a Llama 3 or Qwen3 weight titan knows");
 }
 
 at::Tensor to_hf_layout(const std::string& fqn, const at::Tensor& w, const model::ModelArgs& args) {
@@ -105,35 +210,85 @@ at::Tensor from_hf_layout(const std::string& fqn, const at::Tensor& w, const mod
   return w.reshape({heads, 2, hd / 2, dim}).transpose(1, 2).reshape({heads * hd, dim}).contiguous();
 }
 
+std::pair<std::string, std::string> hf_architecture(const model::ModelArgs& args) {
+  auto refuse = [&](const std::string& what) {
+    throw std::invalid_argument("titan's " + args.family + " model has no Hugging Face counterpart: " + what);
+  };
+  if (args.family == "llama3") {
+    if (args.qk_norm || args.rope_rotate_half || args.moe) refuse("Llama with q/k norms, half rotation or experts");
+    return {"LlamaForCausalLM", "llama"};
+  }
+  if (args.family != "qwen3") refuse("only Llama 3 and Qwen3 are mapped");
+  if (!args.qk_norm || !args.rope_rotate_half) refuse("Qwen3 without q/k norms or with interleaved rotation");
+  if (!args.moe) return {"Qwen3ForCausalLM", "qwen3"};
+  // HF's Qwen3-MoE block: softmax over every expert, the top k (renormalized by norm_topk_prob)
+  // weighing the experts' outputs, nothing else.
+  const model::moe::MoEArgs& m = *args.moe;
+  if (m.score_func != "softmax") refuse("router score_func '" + m.score_func + "' (HF's is softmax)");
+  if (m.num_shared_experts > 0) refuse("shared experts");
+  if (m.gate_bias) refuse("a router gate bias");
+  if (m.route_scale != 1.0) refuse("route_scale " + std::to_string(m.route_scale) + " (HF's is 1)");
+  if (m.score_before_experts) refuse("scores applied before the experts (HF weighs their outputs)");
+  if (m.num_expert_groups) refuse("group-limited routing");
+  return {"Qwen3MoeForCausalLM", "qwen3_moe"};
+}
+
 nlohmann::json hf_config(const model::ModelArgs& args, at::ScalarType dtype) {
-  return {{"architectures", {"LlamaForCausalLM"}},
-          {"model_type", "llama"},
-          {"hidden_size", args.dim},
-          {"intermediate_size", args.ffn_hidden_dim()},
-          {"num_hidden_layers", args.n_layers},
-          {"num_attention_heads", args.n_heads},
-          {"num_key_value_heads", args.kv_heads()},
-          {"head_dim", args.head_dim()},
-          {"hidden_act", "silu"},
-          {"rms_norm_eps", args.norm_eps},
-          {"rope_theta", args.rope_theta},
-          {"rope_scaling", hf_rope_scaling(args.rope_scaling)},
-          {"max_position_embeddings", args.max_seq_len},
-          {"vocab_size", args.vocab_size},
-          {"tie_word_embeddings", false},
-          {"attention_bias", false},
-          {"attention_dropout", 0.0},
-          {"mlp_bias", false},
-          {"initializer_range", 0.02},
-          {"use_cache", true},
-          {"torch_dtype", dtype == at::kBFloat16 ? "bfloat16" : (dtype == at::kHalf ? "float16" : "float32")}};
+  const auto [architecture, model_type] = hf_architecture(args);
+  nlohmann::json c = {
+      {"architectures", {architecture}},
+      {"model_type", model_type},
+      {"hidden_size", args.dim},
+      {"intermediate_size", args.ffn_hidden_dim()},
+      {"num_hidden_layers", args.n_layers},
+      {"num_attention_heads", args.n_heads},
+      {"num_key_value_heads", args.kv_heads()},
+      {"head_dim", args.head_dim()},
+      {"hidden_act", "silu"},
+      {"rms_norm_eps", args.norm_eps},
+      {"rope_theta", args.rope_theta},
+      {"rope_scaling", hf_rope_scaling(args.rope_scaling)},
+      {"max_position_embeddings", args.max_seq_len},
+      {"vocab_size", args.vocab_size},
+      {"tie_word_embeddings", args.tie_embeddings},
+      {"attention_bias", false},
+      {"attention_dropout", 0.0},
+      {"initializer_range", 0.02},
+      {"use_cache", true},
+      {"torch_dtype", dtype == at::kBFloat16 ? "bfloat16" : (dtype == at::kHalf ? "float16" : "float32")}};
+  if (model_type == "llama") {
+    c["mlp_bias"] = false;
+    return c;
+  }
+  // Qwen3 attends over the whole causal window in every layer.
+  c["use_sliding_window"] = false;
+  c["sliding_window"] = nullptr;
+  c["max_window_layers"] = args.n_layers;
+  if (!args.moe) return c;
+  c["num_experts"] = args.moe->num_experts;
+  c["num_experts_per_tok"] = args.moe->top_k;
+  c["moe_intermediate_size"] = args.moe_hidden_dim;
+  c["norm_topk_prob"] = args.moe->route_norm;
+  // Every block's feed-forward is a mixture of experts.
+  c["decoder_sparse_step"] = 1;
+  c["mlp_only_layers"] = nlohmann::json::array();
+  // titan balances the experts' load with expert_bias, not with an auxiliary loss.
+  c["router_aux_loss_coef"] = 0.0;
+  c["output_router_logits"] = false;
+  return c;
 }
 
 int64_t write_hf_folder(const std::string& dir, const std::vector<std::string>& fqns,
                         const std::vector<std::vector<int64_t>>& shapes, const model::ModelArgs& args,
                         at::ScalarType dtype, const std::function<at::Tensor(const std::string&)>& fetch,
                         bool writer, int64_t max_shard_bytes) {
-  // Shards are planned from the shapes, so every file name ("-of-K") is known up front.
+  // Every name and the config before the first gather: a model HF cannot hold fails on every
+  // rank alike, not on the writer alone in the middle of the collectives.
+  const nlohmann::json config = hf_config(args, dtype);
+  std::vector<std::vector<std::string>> names;
+  for (const std::string& fqn : fqns) names.push_back(hf_names(fqn, args));
+  // Shards are planned from the shapes, so every file name ("-of-K") is known up front; a
+  // stacked expert weight's E tensors share one shard.
   std::vector<int> shard_of(fqns.size());
   int shards = 1;
   int64_t in_shard = 0, total = 0;
@@ -160,9 +315,15 @@ int64_t write_hf_folder(const std::string& dir, const std::vector<std::string>& 
   for (size_t i = 0; i < fqns.size(); ++i) {
     at::Tensor full = fetch(fqns[i]);  // every rank: may be a collective
     if (!writer) continue;
-    const std::string name = hf_name(fqns[i]);
-    pending.emplace_back(name, to_hf_layout(fqns[i], full.to(at::kCPU).to(dtype), args));
-    weight_map[name] = file_name(shard_of[i]);
+    const at::Tensor hf = to_hf_layout(fqns[i], full.to(at::kCPU).to(dtype), args);
+    const bool stacked = is_stacked_experts(fqns[i]);
+    if (stacked && hf.size(0) != static_cast<int64_t>(names[i].size()))
+      throw std::runtime_error("titan parameter '" + fqns[i] + "' stacks " + std::to_string(hf.size(0)) +
+                               " experts, but the model has " + std::to_string(names[i].size()));
+    for (size_t j = 0; j < names[i].size(); ++j) {
+      pending.emplace_back(names[i][j], stacked ? hf.select(0, static_cast<int64_t>(j)).contiguous() : hf);
+      weight_map[names[i][j]] = file_name(shard_of[i]);
+    }
     if (i + 1 == fqns.size() || shard_of[i + 1] != shard_of[i]) {
       save_safetensors((fs::path(dir) / file_name(shard_of[i])).string(), pending, {{"format", "pt"}});
       for (const auto& p : pending) written += static_cast<int64_t>(p.second.nbytes());
@@ -172,7 +333,7 @@ int64_t write_hf_folder(const std::string& dir, const std::vector<std::string>& 
   if (!writer) return 0;
   write_json_atomic(fs::path(dir) / "model.safetensors.index.json",
                     {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}});
-  write_json_atomic(fs::path(dir) / "config.json", hf_config(args, dtype));
+  write_json_atomic(fs::path(dir) / "config.json", config);
   return written;
 }
 
@@ -210,42 +371,14 @@ std::map<std::string, std::vector<std::string>> hf_checkpoint_files(const std::s
 
 void read_hf_checkpoint(const std::string& path, const model::ModelArgs& args,
                         const std::function<void(const std::string&, const at::Tensor&)>& visit) {
-  fs::path dir = fs::is_directory(path) ? fs::path(path) : fs::path(path).parent_path();
-  // config.json, when present, must describe the model titan builds (shapes are checked per
-  // tensor on load; these change the numerics without changing a shape).
-  if (fs::exists(dir / "config.json")) {
-    std::ifstream in(dir / "config.json");
-    nlohmann::json cfg;
-    try {
-      cfg = nlohmann::json::parse(in);
-    } catch (const std::exception& e) {
-      throw std::runtime_error("Hugging Face config '" + (dir / "config.json").string() + "' is not valid JSON: " + e.what());
-    }
-    auto expect = [&](const char* key, double titan, const char* titan_key) {
-      if (cfg.contains(key) && cfg[key].is_number() && cfg[key].get<double>() != titan)
-        throw std::runtime_error("Hugging Face config '" + (dir / "config.json").string() + "' has " + key + " = " +
-                                 cfg[key].dump() + ", but titan's model has " + titan_key + " = " +
-                                 nlohmann::json(titan).dump() + ": choose the matching model.flavor");
-    };
-    expect("hidden_size", static_cast<double>(args.dim), "dim");
-    expect("num_hidden_layers", static_cast<double>(args.n_layers), "n_layers");
-    expect("num_attention_heads", static_cast<double>(args.n_heads), "n_heads");
-    expect("num_key_value_heads", static_cast<double>(args.kv_heads()), "n_kv_heads");
-    expect("rope_theta", args.rope_theta, "rope_theta");
-    expect("rms_norm_eps", args.norm_eps, "norm_eps");
-    const nlohmann::json theirs = cfg.contains("rope_scaling") ? cfg["rope_scaling"] : nlohmann::json(nullptr);
-    const nlohmann::json ours = hf_rope_scaling(args.rope_scaling);
-    auto same_scaling = [&] {
-      if (theirs.is_null() || ours.is_null()) return theirs.is_null() && ours.is_null();
-      for (const char* k : {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"})
-        if (!theirs.contains(k) || theirs[k].get<double>() != ours[k].get<double>()) return false;
-      return theirs.value("rope_type", std::string("llama3")) == "llama3";
-    };
-    if (!same_scaling())
-      throw std::runtime_error("Hugging Face config '" + (dir / "config.json").string() + "' has rope_scaling " +
-                               theirs.dump() + ", but titan's model has " + ours.dump() +
-                               ": choose the matching model.flavor");
-  }
+  const fs::path dir = fs::is_directory(path) ? fs::path(path) : fs::path(path).parent_path();
+  if (fs::exists(dir / "config.json")) check_hf_config((dir / "config.json").string(), args);
+  // A stacked expert weight's experts, until all of them are read (they may span shards).
+  struct Experts {
+    std::vector<at::Tensor> rows;
+    int64_t read = 0;
+  };
+  std::map<std::string, Experts> experts;
   const auto by_file = hf_checkpoint_files(path);  // read file by file
   for (const auto& [file, names] : by_file) {
     const std::string file_path = (dir / file).string();
@@ -255,8 +388,8 @@ void read_hf_checkpoint(const std::string& path, const model::ModelArgs& args,
     const auto entries = read_safetensors_header(file_path);
     std::ifstream in(file_path, std::ios::binary);
     for (const std::string& name : names) {
-      const std::string fqn = titan_name_from_hf(name);
-      if (fqn.empty()) continue;
+      const TitanSlot slot = titan_slot_from_hf(name, args);
+      if (slot.fqn.empty()) continue;
       const auto e = entries.find(name);
       if (e == entries.end())
         throw std::runtime_error("Hugging Face shard '" + file_path + "' lacks tensor '" + name + "' (the index names it)");
@@ -264,8 +397,29 @@ void read_hf_checkpoint(const std::string& path, const model::ModelArgs& args,
       in.seekg(e->second.begin);
       in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(t.nbytes()));
       if (!in) throw std::runtime_error("Hugging Face shard '" + file_path + "': tensor '" + name + "' is truncated");
-      visit(fqn, from_hf_layout(fqn, t.to(at::kFloat), args));
+      if (slot.expert < 0) {
+        visit(slot.fqn, from_hf_layout(slot.fqn, t.to(at::kFloat), args));
+        continue;
+      }
+      Experts& x = experts[slot.fqn];
+      if (x.rows.empty()) x.rows.resize(static_cast<size_t>(args.moe->num_experts));
+      for (const at::Tensor& other : x.rows)
+        if (other.defined() && other.sizes() != t.sizes())
+          throw std::runtime_error("Hugging Face shard '" + file_path + "': tensor '" + name + "' has shape " +
+                                   shape_text(t) + ", another expert of the same layer " + shape_text(other));
+      x.rows[static_cast<size_t>(slot.expert)] = t.to(at::kFloat);
+      if (++x.read == args.moe->num_experts) {
+        visit(slot.fqn, at::stack(x.rows));
+        experts.erase(slot.fqn);
+      }
     }
+  }
+  for (const auto& [fqn, x] : experts) {  // some expert of a layer no file names
+    const std::vector<std::string> hf = hf_names(fqn, args);
+    for (size_t j = 0; j < x.rows.size(); ++j)
+      if (!x.rows[j].defined())
+        throw std::runtime_error("Hugging Face checkpoint '" + listing_file(path).string() + "' lacks tensor '" +
+                                 hf[j] + "' (expert " + std::to_string(j) + " of titan's '" + fqn + "')");
   }
 }
 

@@ -1,15 +1,22 @@
-// trainer/checkpoint/hf_weights.h — Llama weights in Hugging Face's layout (LlamaForCausalLM), in and out.
+// trainer/checkpoint/hf_weights.h — weights in Hugging Face's layout, in and out: Llama 3
+// (LlamaForCausalLM), Qwen3 (Qwen3ForCausalLM) and Qwen3-MoE (Qwen3MoeForCausalLM).
 //
 // Names: tok_embeddings.weight <-> model.embed_tokens.weight; layers.<i>.attention.w{q,k,v,o}
-// <-> model.layers.<i>.self_attn.{q,k,v,o}_proj; feed_forward.w1/w2/w3 <-> mlp.gate_proj /
-// down_proj / up_proj; attention_norm / ffn_norm <-> input_layernorm / post_attention_layernorm;
-// norm <-> model.norm; output <-> lm_head.
+// <-> model.layers.<i>.self_attn.{q,k,v,o}_proj; attention.{q,k}_norm <-> self_attn.{q,k}_norm
+// (Qwen3); feed_forward.w1/w2/w3 <-> mlp.gate_proj / down_proj / up_proj; attention_norm /
+// ffn_norm <-> input_layernorm / post_attention_layernorm; norm <-> model.norm; output <->
+// lm_head (absent when the embedding is tied). Qwen3-MoE: moe.router.gate <-> mlp.gate, and
+// titan's stacked experts moe.experts.w1 [E, H, D] / w3 [E, H, D] / w2 [E, D, H] are E tensors
+// each in HF, expert j's row being mlp.experts.<j>.gate_proj / up_proj / down_proj. The
+// load-balancing expert_bias is a buffer, not a weight: HF's Qwen3-MoE routes without one, so an
+// export routes as titan does with a zero bias.
 //
-// Note [HF rotary permutation]: titan (like Meta's Llama code) rotates interleaved pairs
-// (x[2i], x[2i+1]) of each head; HF's Llama rotates halves (x[i], x[i + hd/2]). HF's
+// Note [HF rotary permutation]: titan's Llama (like Meta's code) rotates interleaved pairs
+// (x[2i], x[2i+1]) of each head; HF rotates halves (x[i], x[i + hd/2]). HF's
 // convert_llama_weights_to_hf.py therefore permutes the rows of wq and wk within each head:
 //   hf = w.view(heads, hd/2, 2, dim).transpose(1, 2).reshape(heads * hd, dim)
-// so that q·k (hence the logits) are unchanged. Import applies the inverse.
+// so that q·k (hence the logits) are unchanged. Import applies the inverse. Qwen3 rotates
+// halves in titan too (ModelArgs::rope_rotate_half), so its rows go out and in unpermuted.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -18,27 +25,44 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "model/args.h"
 
 namespace titan::trainer::checkpoint {
 
-// titan fqn -> HF name; throws std::invalid_argument for a name titan's Llama does not have.
-std::string hf_name(const std::string& fqn);
-// HF name -> titan fqn; "" for names titan has no parameter for (rotary inv_freq buffers).
-std::string titan_name_from_hf(const std::string& hf);
-// Applies (to_hf) or undoes (from_hf) Note [HF rotary permutation] for wq/wk; others unchanged.
+// The HF tensors of titan parameter `fqn`: one name, or for a stacked expert weight one per
+// expert (element j: expert j, row j of the [E, ...] tensor). Throws std::invalid_argument for a
+// parameter HF's model of this family does not have.
+std::vector<std::string> hf_names(const std::string& fqn, const model::ModelArgs& args);
+
+// Where an HF tensor goes in titan.
+struct TitanSlot {
+  std::string fqn;      // "" for a tensor titan has no parameter for (rotary inv_freq, a tied lm_head)
+  int64_t expert = -1;  // >= 0: row `expert` of the stacked [E, ...] parameter `fqn`
+};
+// Throws std::invalid_argument for a name titan does not know, or an expert beyond titan's E.
+TitanSlot titan_slot_from_hf(const std::string& hf, const model::ModelArgs& args);
+
+// Applies (to_hf) or undoes (from_hf) Note [HF rotary permutation] for wq/wk of a model that
+// rotates interleaved pairs; every other tensor unchanged.
 at::Tensor to_hf_layout(const std::string& fqn, const at::Tensor& w, const model::ModelArgs& args);
 at::Tensor from_hf_layout(const std::string& fqn, const at::Tensor& w, const model::ModelArgs& args);
 
-// config.json of a LlamaForCausalLM with these shapes.
+// HF's architecture and model_type for titan's model: LlamaForCausalLM / "llama",
+// Qwen3ForCausalLM / "qwen3", Qwen3MoeForCausalLM / "qwen3_moe". Throws std::invalid_argument,
+// saying what, for a model HF's class would compute differently (e.g. shared experts).
+std::pair<std::string, std::string> hf_architecture(const model::ModelArgs& args);
+
+// config.json of hf_architecture(args) with these shapes.
 nlohmann::json hf_config(const model::ModelArgs& args, at::ScalarType dtype);
 
 // Writes a Hugging Face folder: config.json, model.safetensors.index.json and shards of at most
 // `max_shard_bytes`, files fsync'd then renamed. `fetch(fqn)` returns each full float32 tensor in
 // titan's layout (called once per name, in order; may be a collective on every rank);
-// only `writer` writes. Returns the bytes written.
+// only `writer` writes. A stacked expert weight is written as its E experts' tensors, in one
+// shard. Returns the bytes written.
 int64_t write_hf_folder(const std::string& dir, const std::vector<std::string>& fqns,
                         const std::vector<std::vector<int64_t>>& shapes, const model::ModelArgs& args,
                         at::ScalarType dtype, const std::function<at::Tensor(const std::string&)>& fetch,
@@ -51,7 +75,8 @@ bool is_hf_checkpoint(const std::string& path);
 // from model.safetensors.index.json, else model.safetensors's header. Errors name the file.
 std::map<std::string, std::vector<std::string>> hf_checkpoint_files(const std::string& path);
 // Calls `visit(titan fqn, full tensor in titan's layout)` for every weight of an HF checkpoint,
-// reading one tensor at a time. Errors name the file and the tensor.
+// reading one tensor at a time; the E experts of a stacked weight are kept until the last one
+// is read, then stacked. Errors name the file and the tensor (a missing expert: its HF name).
 void read_hf_checkpoint(const std::string& path, const model::ModelArgs& args,
                         const std::function<void(const std::string&, const at::Tensor&)>& visit);
 

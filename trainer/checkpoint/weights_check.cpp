@@ -59,33 +59,35 @@ void load_weights_file(const std::string& path, const model::ModelArgs& args, co
                        const std::function<void(const std::string&, const at::Tensor&)>& load) {
   const bool hf = is_hf_checkpoint(path);
   const std::string where = "checkpoint.initial_load_path '" + path + "'";
-  // Names first: the file's names as titan fqns (an HF name titan has no parameter for is listed
-  // under its own spelling).
-  std::set<std::string> missing(fqns.begin(), fqns.end());
+  // Names first, in the file's spelling: what the model's parameters are called there (a
+  // stacked expert weight is E HF tensors), against what the file holds.
+  std::set<std::string> missing;
+  for (const std::string& fqn : fqns)
+    if (hf) {
+      for (const std::string& name : hf_names(fqn, args)) missing.insert(name);
+    } else {
+      missing.insert(fqn);
+    }
   std::vector<std::string> unexpected;
-  auto see = [&](const std::string& fqn, const std::string& as_named) {
-    if (missing.erase(fqn) == 0) unexpected.push_back(as_named);
-  };
   std::map<std::string, SafetensorsEntry> entries;  // the titan safetensors file's
   if (hf) {
     for (const auto& [file, names] : hf_checkpoint_files(path))
       for (const std::string& name : names) {
-        std::string fqn;
+        if (missing.erase(name) > 0) continue;
+        bool ignored = false;  // a rotary buffer or a tied lm_head titan has no parameter for
         try {
-          fqn = titan_name_from_hf(name);
-        } catch (const std::invalid_argument&) {
-          unexpected.push_back(name);
-          continue;
+          ignored = titan_slot_from_hf(name, args).fqn.empty();
+        } catch (const std::invalid_argument&) {  // a name titan does not know: unexpected
         }
-        if (!fqn.empty()) see(fqn, name);  // "" is a rotary buffer titan recomputes
+        if (!ignored) unexpected.push_back(name);
       }
   } else {
     entries = read_safetensors_header(path);
-    for (const auto& [name, entry] : entries) see(name, name);
+    for (const auto& [name, entry] : entries)
+      if (missing.erase(name) == 0) unexpected.push_back(name);
   }
   if (!unexpected.empty() || !missing.empty()) {
-    std::vector<std::string> absent;
-    for (const std::string& fqn : missing) absent.push_back(hf ? hf_name(fqn) : fqn);
+    const std::vector<std::string> absent(missing.begin(), missing.end());
     std::string msg = where + " does not match the model (flavor and vocabulary size): ";
     if (!unexpected.empty())
       msg += std::to_string(unexpected.size()) + " tensor(s) the model lacks: " + name_list(unexpected);
@@ -94,8 +96,14 @@ void load_weights_file(const std::string& path, const model::ModelArgs& args, co
              " parameter(s) missing from it: " + name_list(absent);
     throw std::runtime_error(msg);
   }
+  // A tensor as the file names it; a stacked expert weight by its first and last expert's names.
+  auto file_name = [&](const std::string& fqn) {
+    if (!hf) return "'" + fqn + "'";
+    const std::vector<std::string> names = hf_names(fqn, args);
+    return names.size() == 1 ? "'" + names[0] + "'" : "'" + names.front() + "' .. '" + names.back() + "'";
+  };
   auto load_checked = [&](const std::string& fqn, const at::Tensor& full) {
-    check_weight_values(full, where + ": tensor '" + (hf ? hf_name(fqn) : fqn) + "'");
+    check_weight_values(full, where + ": tensor " + file_name(fqn));
     try {
       load(fqn, full);
     } catch (const std::runtime_error& e) {

@@ -305,8 +305,9 @@ std::vector<SectionSpec> build_table() {
               "The initial weights are a Hugging Face folder: initial_load_path, or "
               "model.hf_assets_path when that is \"\" (torchtitan's reading); anything else is an error."),
           key("last_save_in_hf", &CheckpointSection::last_save_in_hf,
-              "The last save (model_weights_only, in export_dtype) is a Hugging Face "
-              "LlamaForCausalLM folder, step-N under the checkpoint folder."),
+              "The last save (model_weights_only, in export_dtype) is a Hugging Face folder "
+              "(LlamaForCausalLM, Qwen3ForCausalLM or Qwen3MoeForCausalLM), step-N under the "
+              "checkpoint folder."),
           key("create_seed_checkpoint", &CheckpointSection::create_seed_checkpoint,
               "Write step-0 (the initial weights) to the checkpoint folder and exit."),
           key("enable_first_step_checkpoint", &CheckpointSection::enable_first_step_checkpoint,
@@ -321,7 +322,8 @@ std::vector<SectionSpec> build_table() {
               "Write the final weights here; \"\" = don't export."),
           key("export_format", &CheckpointSection::export_format,
               "torchtitan = one safetensors file with titan/torchtitan names; hf = a Hugging "
-              "Face LlamaForCausalLM folder (config.json, model.safetensors.index.json, shards).")
+              "Face folder of the model's family (LlamaForCausalLM, Qwen3ForCausalLM or "
+              "Qwen3MoeForCausalLM: config.json, model.safetensors.index.json, shards).")
               .one_of({"torchtitan", "hf"}),
           key("export_dtype", &CheckpointSection::export_dtype,
               "dtype of exported weights (and of a model_weights_only checkpoint).")

@@ -120,8 +120,7 @@ std::vector<std::pair<std::string, std::string>> check_key_relations(
                                                        cfg.model.name + " flavor (model.name); choose from: " + valid);
     }
   }
-  // Qwen3 today: one process for the flavors with a tied embedding, no Hugging Face weights yet
-  // (docs/moe.md).
+  // Qwen3 today: one process for the flavors with a tied embedding (docs/moe.md).
   if (cfg.model.name == "qwen3") {
     const ParallelismSection& p = cfg.parallelism;
     const bool parallel = p.data_parallel_shard_degree > 1 || p.data_parallel_replicate_degree > 1 ||
@@ -134,9 +133,6 @@ std::vector<std::pair<std::string, std::string>> check_key_relations(
                             "model.flavor = " + cfg.model.flavor + " ties its output projection to the token embedding, "
                             "which trains on one process for now: set the parallelism degrees to 1 or choose an untied "
                             "flavor (8B, 14B, 32B, debugmodel_moe, 30B-A3B, 235B-A22B, debugmodel_moe_small)");
-    if (cfg.checkpoint.initial_load_in_hf || cfg.checkpoint.last_save_in_hf)
-      problems.emplace_back(where("model.name"), "model.name = qwen3: Hugging Face weights (checkpoint.initial_load_in_hf, "
-                                                 "checkpoint.last_save_in_hf) are not yet mapped for Qwen3");
   }
   // torchtitan's Hugging Face switches: the folder to read, and a last save that can only be
   // the model (an HF folder holds no optimizer or data position).

@@ -1,0 +1,253 @@
+// Hugging Face weights in and out (docs/checkpoint.md): Llama 3, Qwen3 and Qwen3-MoE exported,
+// imported back bit for bit, and the export's logits computed in Python (transformers when it is
+// importable, else scripts/hf_llama_check.py's re-implementation of HF's modeling code) equal to
+// titan's within float32 reduction error (the script's docstring gives the tolerance).
+#include <catch2/catch.hpp>
+
+#include <ATen/ops/arange.h>
+#include <ATen/ops/equal.h>
+#include <ATen/core/grad_mode.h>
+
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "tests/temp_dir.h"
+#include "trainer/checkpoint/hf_weights.h"
+#include "trainer/checkpoint/safetensors.h"
+#include "trainer/train.h"
+
+#if !defined(TITAN_PYTHON)
+#error "TITAN_PYTHON must be defined by the build"
+#endif
+
+namespace fs = std::filesystem;
+using namespace titan::trainer;
+using namespace titan::trainer::checkpoint;
+using namespace titan::trainer::config;
+using Catch::Matchers::Contains;
+
+namespace {
+
+// The scratch folder; at exit its shard files (the Qwen3 debug model's are 126 MB each) are
+// deleted, the logs and configs stay for diagnosis.
+struct ScratchFolder {
+  fs::path dir = titan::testing::fresh_temp_dir("test_checkpoint_hf");
+  ~ScratchFolder() {
+    std::error_code ec;
+    for (auto it = fs::recursive_directory_iterator(dir, ec); it != fs::recursive_directory_iterator(); it.increment(ec))
+      if (it->path().extension() == ".safetensors") fs::remove(it->path(), ec);
+  }
+};
+fs::path root() {
+  static const ScratchFolder scratch;
+  return scratch.dir;
+}
+
+// Logits: `trainer`'s forward on fixed tokens vs the HF folder `hf`'s model computed by
+// scripts/hf_llama_check.py (transformers when it is installed, else the script's own
+// re-implementation of HF's modeling code; its docstring gives the tolerance).
+void check_hf_logits(Trainer& trainer, const fs::path& hf, const fs::path& dump) {
+  at::Tensor tokens = at::arange(32, at::kLong).remainder(200).view({1, 32}) * 7 % 251;
+  at::Tensor logits;
+  {
+    at::NoGradGuard no_grad;
+    logits = trainer.model().forward(tokens, trainer.model().rope_table()).to(at::kFloat);
+  }
+  const fs::path probe = dump / "titan_logits.safetensors";
+  save_safetensors(probe.string(), {{"tokens", tokens}, {"logits", logits}});
+  const std::string source = std::getenv("TITAN_SOURCE_DIR") ? std::getenv("TITAN_SOURCE_DIR") : ".";
+  const std::string cmd = std::string(TITAN_PYTHON) + " " + source + "/scripts/hf_llama_check.py " + hf.string() +
+                          " " + probe.string() + " > " + (dump / "hf_check.log").string() + " 2>&1";
+  const int status = std::system(cmd.c_str());
+  std::ifstream in(dump / "hf_check.log");
+  const std::string log((std::istreambuf_iterator<char>(in)), {});
+  INFO(log);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  CHECK_THAT(log, Contains("logits match"));
+}
+
+
+}  // namespace
+
+TEST_CASE("Hugging Face export loads back bitwise and gives HF Llama's logits", "[checkpoint][slow]") {
+  const fs::path dump = root() / "hf", hf = dump / "hf_export";
+  std::vector<std::string> args = {"--training.seq_len", "32", "--training.local_batch_size", "2",
+                                   "--training.steps", "3", "--training.num_threads", "1", "--metrics.peak_flops", "1e12",
+                                   "--job.dump_folder", dump.string(), "--checkpoint.export_path", hf.string(),
+                                   "--checkpoint.export_format", "hf"};
+  Trainer first(parse_job_config(args));
+  first.train();
+  for (const char* f : {"config.json", "model.safetensors.index.json", "model-00001-of-00001.safetensors"})
+    CHECK(fs::exists(hf / f));
+  const auto tensors = load_safetensors((hf / "model-00001-of-00001.safetensors").string());
+  CHECK(tensors.count("model.layers.0.self_attn.q_proj.weight") == 1);
+  CHECK(tensors.count("lm_head.weight") == 1);
+  // Import: --checkpoint.initial_load_path names the folder; every master comes back bitwise.
+  args.insert(args.end(), {"--checkpoint.initial_load_path", hf.string()});
+  Trainer second(parse_job_config(args));
+  for (size_t i = 0; i < first.master_params().size(); ++i) {
+    INFO(first.param_names()[i]);
+    CHECK(at::equal(first.master_params()[i], second.master_params()[i]));
+  }
+  {
+    // torchtitan v0.2.2's spellings, as its docs give them: last_save_in_hf alone (the last save
+    // is model-only by default) writes the last checkpoint as an HF folder (step-3, export
+    // dtype), initial_load_in_hf reads one from initial_load_path or, when that is empty,
+    // model.hf_assets_path; the masters come back bitwise again.
+    const fs::path tt = dump / "torchtitan_hf";
+    std::vector<std::string> save = {"--training.seq_len", "32", "--training.local_batch_size", "2",
+                                     "--training.steps", "3", "--training.num_threads", "1", "--metrics.peak_flops",
+                                     "1e12", "--job.dump_folder", tt.string(), "--checkpoint.enable",
+                                     "--checkpoint.interval", "100", "--checkpoint.last_save_in_hf"};
+    Trainer saver(parse_job_config(save));
+    saver.train();
+    const fs::path step3 = tt / "checkpoint" / "step-3";
+    CHECK(fs::exists(step3 / "model.safetensors.index.json"));
+    CHECK(!fs::exists(tt / "checkpoint" / "step-3.tmp"));
+    std::vector<std::string> load = {"--training.seq_len", "32", "--training.steps", "3", "--metrics.peak_flops",
+                                     "1e12", "--job.dump_folder", (dump / "tt_load").string(),
+                                     "--model.tokenizer_path", "", "--checkpoint.initial_load_in_hf",
+                                     "--model.hf_assets_path", step3.string()};
+    Trainer loaded(parse_job_config(load));
+    for (size_t i = 0; i < saver.master_params().size(); ++i) {
+      INFO(saver.param_names()[i]);
+      CHECK(at::equal(saver.master_params()[i], loaded.master_params()[i]));
+    }
+    // A folder that is not an HF checkpoint is refused naming the key that pointed to it.
+    load.back() = (dump / "tt_load").string();
+    CHECK_THROWS_WITH(Trainer(parse_job_config(load)),
+                      Contains("model.hf_assets_path") && Contains("is not a Hugging Face checkpoint"));
+  }
+  {  // an HF config whose numerics differ from titan's model is refused by name
+    const fs::path other = dump / "hf_other";
+    fs::copy(hf, other, fs::copy_options::recursive);
+    std::ifstream in(other / "config.json");
+    auto cfg = nlohmann::json::parse(in);
+    cfg["rope_theta"] = 10000.0;
+    std::ofstream(other / "config.json") << cfg.dump();
+    std::vector<std::string> bad = args;
+    bad.back() = other.string();
+    CHECK_THROWS_WITH(Trainer(parse_job_config(bad)), Contains("rope_theta") && Contains("config.json"));
+  }
+  check_hf_logits(second, hf, dump);
+}
+
+TEST_CASE("Hugging Face export of Qwen3-MoE and Qwen3 loads back bitwise and gives HF Qwen3's logits",
+          "[checkpoint][slow][moe]") {
+  auto job = [](const std::string& flavor, const fs::path& dump, std::vector<std::string> extra) {
+    std::vector<std::string> args = {"--model.name", "qwen3", "--model.flavor", flavor, "--training.seq_len", "32",
+                                     "--training.local_batch_size", "2", "--training.num_threads", "1",
+                                     "--metrics.peak_flops", "1e12", "--job.dump_folder", dump.string()};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return parse_job_config(args);
+  };
+  auto same_masters = [](Trainer& a, Trainer& b) {
+    REQUIRE(a.master_params().size() == b.master_params().size());
+    for (size_t i = 0; i < a.master_params().size(); ++i) {
+      INFO(a.param_names()[i]);
+      CHECK(at::equal(a.master_params()[i], b.master_params()[i]));
+    }
+  };
+  {
+    // Qwen3-MoE through torchtitan's switches: the last save (step-3) as an HF folder, read back
+    // with initial_load_in_hf. Each expert of titan's stacked [E, ...] weights is its own HF
+    // tensor; expert_bias, a buffer, is not exported, and the importing run starts with it zero,
+    // routing as HF's model does.
+    const fs::path dump = root() / "hf_qwen3_moe", step3 = dump / "checkpoint" / "step-3";
+    Trainer saver(job("debugmodel_moe_small", dump,
+                      {"--training.steps", "3", "--checkpoint.enable", "--checkpoint.interval", "100",
+                       "--checkpoint.last_save_in_hf"}));
+    saver.train();
+    const auto tensors = load_safetensors((step3 / "model-00001-of-00001.safetensors").string());
+    const std::vector<std::pair<std::string, std::vector<int64_t>>> shapes = {
+        {"model.layers.0.mlp.gate.weight", {8, 128}},
+        {"model.layers.0.mlp.experts.0.gate_proj.weight", {64, 128}},
+        {"model.layers.3.mlp.experts.7.up_proj.weight", {64, 128}},
+        {"model.layers.3.mlp.experts.7.down_proj.weight", {128, 64}},
+        {"model.layers.0.self_attn.q_norm.weight", {32}},
+        {"model.layers.0.self_attn.q_proj.weight", {128, 128}},
+        {"lm_head.weight", {258, 128}}};  // the byte-level tokenizer's vocabulary
+    for (const auto& [name, shape] : shapes) {
+      INFO(name);
+      REQUIRE(tensors.count(name) == 1);
+      CHECK(tensors.at(name).sizes().vec() == shape);
+    }
+    CHECK(tensors.size() == 1 + 4 * (4 + 2 + 1 + 3 * 8 + 2) + 1 + 1);  // embed, blocks, norm, lm_head
+    std::ifstream config_in(step3 / "config.json");
+    const auto config = nlohmann::json::parse(config_in);
+    CHECK(config.at("architectures") == nlohmann::json({"Qwen3MoeForCausalLM"}));
+    CHECK(config.at("model_type") == "qwen3_moe");
+    CHECK(config.at("num_experts") == 8);
+    CHECK(config.at("num_experts_per_tok") == 2);
+    CHECK(config.at("moe_intermediate_size") == 64);
+    CHECK(config.at("norm_topk_prob") == true);
+    CHECK(config.at("tie_word_embeddings") == false);
+    Trainer loaded(job("debugmodel_moe_small", dump / "load",
+                       {"--training.steps", "3", "--checkpoint.initial_load_in_hf", "--checkpoint.initial_load_path",
+                        step3.string()}));
+    same_masters(saver, loaded);
+    {  // an expert the index does not list is named, with the file that should list it
+      const fs::path other = dump / "hf_missing_expert";
+      fs::copy(step3, other, fs::copy_options::recursive);
+      std::ifstream in(other / "model.safetensors.index.json");
+      auto index = nlohmann::json::parse(in);
+      index["weight_map"].erase("model.layers.1.mlp.experts.5.up_proj.weight");
+      std::ofstream(other / "model.safetensors.index.json") << index.dump();
+      CHECK_THROWS_WITH(Trainer(job("debugmodel_moe_small", dump / "load_missing",
+                                    {"--checkpoint.initial_load_path", other.string()})),
+                        Contains("model.layers.1.mlp.experts.5.up_proj.weight") && Contains(other.string()) &&
+                            Contains("missing from it"));
+      CHECK_THROWS_WITH(read_hf_checkpoint(other.string(), saver.model().args(), [](const auto&, const auto&) {}),
+                        Contains("model.layers.1.mlp.experts.5.up_proj.weight") &&
+                            Contains((other / "model.safetensors.index.json").string()) &&
+                            Contains("layers.1.moe.experts.w3"));
+    }
+    {  // a layer's experts spread over two shards, as the Hub's large checkpoints have them
+      const fs::path split = dump / "hf_split";
+      fs::create_directories(split);
+      fs::copy_file(step3 / "config.json", split / "config.json");
+      std::vector<std::pair<std::string, at::Tensor>> first_half, second_half;
+      nlohmann::json weight_map;
+      for (const auto& [name, t] : tensors) {
+        const bool odd_expert = name.find(".experts.") != std::string::npos &&
+                                std::stoi(name.substr(name.find(".experts.") + 9)) % 2 == 1;
+        (odd_expert ? second_half : first_half).emplace_back(name, t);
+        weight_map[name] = odd_expert ? "b.safetensors" : "a.safetensors";
+      }
+      save_safetensors((split / "a.safetensors").string(), first_half);
+      save_safetensors((split / "b.safetensors").string(), second_half);
+      std::ofstream(split / "model.safetensors.index.json") << nlohmann::json({{"weight_map", weight_map}}).dump();
+      Trainer from_split(job("debugmodel_moe_small", dump / "load_split",
+                             {"--training.steps", "3", "--checkpoint.initial_load_path", split.string()}));
+      same_masters(saver, from_split);
+    }
+    check_hf_logits(loaded, step3, dump);
+  }
+  {
+    // Dense Qwen3 (debugmodel ties its output projection to the embedding: no lm_head).
+    const fs::path dump = root() / "hf_qwen3", hf = dump / "hf_export";
+    Trainer first(job("debugmodel", dump,
+                      {"--training.steps", "1", "--checkpoint.export_path", hf.string(), "--checkpoint.export_format",
+                       "hf"}));
+    first.train();
+    const auto tensors = load_safetensors((hf / "model-00001-of-00001.safetensors").string());
+    CHECK(tensors.count("model.layers.7.self_attn.k_norm.weight") == 1);
+    CHECK(tensors.count("model.layers.7.mlp.down_proj.weight") == 1);
+    CHECK(tensors.count("lm_head.weight") == 0);
+    std::ifstream config_in(hf / "config.json");
+    const auto config = nlohmann::json::parse(config_in);
+    CHECK(config.at("architectures") == nlohmann::json({"Qwen3ForCausalLM"}));
+    CHECK(config.at("tie_word_embeddings") == true);
+    Trainer second(
+        job("debugmodel", dump / "load", {"--training.steps", "1", "--checkpoint.initial_load_path", hf.string()}));
+    same_masters(first, second);
+    check_hf_logits(second, hf, dump);
+  }
+}
