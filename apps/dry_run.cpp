@@ -80,7 +80,8 @@ void run_dry_run(const trainer::config::JobConfig& cfg, const DryRunRequest& req
   model::ModelArgs args = model::model_flavor(cfg.model.name, cfg.model.flavor);
   std::string vocab_note;
   try {
-    args.vocab_size = data::make_tokenizer(cfg.model.tokenizer_path)->vocab_size();
+    args = model::trained_model_args(cfg.model.name, cfg.model.flavor,
+                                     data::make_tokenizer(cfg.model.tokenizer_path)->vocab_size());
   } catch (const std::exception& e) {
     // As the memory estimate: answer before the assets are in place.
     vocab_note = " (tokenizer not readable: the flavor's vocabulary)";

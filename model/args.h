@@ -35,7 +35,10 @@ struct ModelArgs {
   int64_t n_layers = 32;
   int64_t n_heads = 32;
   int64_t n_kv_heads = 0;            // 0 = n_heads (plain multi-head attention)
-  int64_t vocab_size = 128256;       // replaced by the tokenizer's size at training time
+  int64_t vocab_size = 128256;       // replaced by the tokenizer's size at training time (trained_model_args)
+  // > 0: the embedding rows of the family's published checkpoints, which pad the tokenizer's
+  // vocabulary (Qwen3: 151,669 tokens in 151,936 rows); a tokenizer that fits keeps these rows.
+  int64_t padded_vocab_size = 0;
   int64_t multiple_of = 256;         // SwiGLU hidden size is rounded up to a multiple of this
   double ffn_dim_multiplier = 0.0;   // 0 = none
   double norm_eps = 1e-5;

@@ -130,3 +130,13 @@ TEST_CASE("Qwen3 flavors: torchtitan's shapes, parameter counts with tied embedd
   CHECK_THROWS_WITH(model_flavor("qwen3", "70B"), Catch::Contains("not a qwen3 flavor") && Catch::Contains("0.6B"));
   CHECK_THROWS_WITH(model_flavor("gpt2", "debugmodel"), Catch::Contains("model.name 'gpt2'") && Catch::Contains("qwen3"));
 }
+
+TEST_CASE("a Qwen3 flavor keeps the Hub checkpoints' 151,936 embedding rows for a tokenizer that fits", "[model]") {
+  // Qwen3's tokenizer has 151,669 tokens; its published embeddings and lm_head have 151,936 rows.
+  CHECK(titan::model::trained_model_args("qwen3", "0.6B", 151669).vocab_size == 151936);
+  CHECK(titan::model::trained_model_args("qwen3", "30B-A3B", 151669).vocab_size == 151936);
+  CHECK(titan::model::trained_model_args("qwen3", "8B", 200000).vocab_size == 200000);  // a larger tokenizer: its own
+  // The debug flavors and Llama 3 take the tokenizer's size, as before.
+  CHECK(titan::model::trained_model_args("qwen3", "debugmodel_moe_small", 258).vocab_size == 258);
+  CHECK(titan::model::trained_model_args("llama3", "8B", 128256).vocab_size == 128256);
+}

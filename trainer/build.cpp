@@ -143,8 +143,7 @@ void Trainer::init_data() {
 }
 
 void Trainer::build_model() {
-  model::ModelArgs args = model::model_flavor(cfg_.model.name, cfg_.model.flavor);
-  args.vocab_size = tokenizer_->vocab_size();
+  model::ModelArgs args = model::trained_model_args(cfg_.model.name, cfg_.model.flavor, tokenizer_->vocab_size());
   args.eos_id = tokenizer_->eos_id();  // ends a document (block-causal attention)
   args.block_causal = config::block_causal_attention(cfg_);
   if (args.moe) args.moe->force_load_balance = cfg_.model.moe_force_load_balance;

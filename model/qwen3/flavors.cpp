@@ -31,6 +31,7 @@ ModelArgs qwen3(int64_t dim, int64_t n_layers, int64_t n_heads, int64_t n_kv_hea
   a.rope_rotate_half = true;
   a.tie_embeddings = tie_embeddings;
   a.max_seq_len = 4096;
+  if (vocab_size == 151936) a.padded_vocab_size = vocab_size;  // the Hub checkpoints' rows
   return a;
 }
 

@@ -22,15 +22,6 @@ at::ScalarType dtype_from_name(const std::string& name, const char* key) {
   throw ConfigError(std::string(key) + " '" + name + "' (valid: float32, bfloat16, float16)");
 }
 
-namespace {
-// "8B, 14B, ..." : the flavors of `family` whose output projection has its own weight.
-std::string untied_flavors(const std::string& family) {
-  std::string names;
-  for (const std::string& f : model::flavor_names(family))
-    if (!model::model_flavor(family, f).tie_embeddings) names += (names.empty() ? "" : ", ") + f;
-  return names;
-}
-}  // namespace
 
 parallel::comm::ParallelDims parallel_dims(const JobConfig& cfg, int world_size) {
   const auto& p = cfg.parallelism;
@@ -85,7 +76,7 @@ void check_model_layout(const JobConfig& cfg, const parallel::comm::ParallelDims
   if (args.tie_embeddings && dims.world_size > 1)
     throw ConfigError("model.flavor = " + cfg.model.flavor + " ties its output projection to the token embedding, "
                       "which trains on one process for now; this launch has " + std::to_string(dims.world_size) +
-                      " ranks (choose an untied flavor: " + untied_flavors(cfg.model.name) + ")");
+                      " ranks (choose an untied flavor: " + model::untied_flavors(cfg.model.name) + ")");
   if (dims.ep > 1 && args.moe && args.moe->num_experts % dims.ep != 0)
     throw ConfigError("parallelism.expert_parallel_degree " + std::to_string(dims.ep) + " does not divide the " +
                       std::to_string(args.moe->num_experts) + " experts of model.flavor " + cfg.model.flavor +

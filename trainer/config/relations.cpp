@@ -132,7 +132,7 @@ std::vector<std::pair<std::string, std::string>> check_key_relations(
       problems.emplace_back(where("model.flavor"),
                             "model.flavor = " + cfg.model.flavor + " ties its output projection to the token embedding, "
                             "which trains on one process for now: set the parallelism degrees to 1 or choose an untied "
-                            "flavor (8B, 14B, 32B, debugmodel_moe, 30B-A3B, 235B-A22B, debugmodel_moe_small)");
+                            "flavor (" + model::untied_flavors("qwen3") + ")");
   }
   // torchtitan's Hugging Face switches: the folder to read, and a last save that can only be
   // the model (an HF folder holds no optimizer or data position).

@@ -354,7 +354,9 @@ EstimateInputs estimate_inputs_from_config(const config::JobConfig& cfg) {
                        " per token; the router's and the reorder's buffers are not modeled yet");
   }
   try {
-    in.args.vocab_size = data::make_tokenizer(cfg.model.tokenizer_path)->vocab_size();
+    in.args.vocab_size = model::trained_model_args(cfg.model.name, cfg.model.flavor,
+                                                   data::make_tokenizer(cfg.model.tokenizer_path)->vocab_size())
+                             .vocab_size;
   } catch (const std::exception& e) {
     // The estimate should answer before the assets are in place: the flavor's vocabulary.
     in.notes.push_back(std::string("tokenizer not readable (") + e.what() + "): assuming the " +
