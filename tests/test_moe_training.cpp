@@ -4,6 +4,7 @@
 #include <ATen/ops/equal.h>
 
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -64,4 +65,22 @@ TEST_CASE("MoE training: the bias moves once per step, the load is logged, a res
   CHECK(rest.losses[1] == all.losses[3]);
   const std::vector<at::Tensor> resumed_bias = expert_biases(resumed);
   for (size_t i = 0; i < bias.size(); ++i) CHECK(at::equal(resumed_bias[i], bias[i]));
+}
+
+TEST_CASE("validation adds no token counts: the biases equal a run without validation", "[trainer][moe]") {
+  // Note [Counted tokens]: only a training forward counts. Validation every step (its tokens are
+  // not the step's) must leave every bias as it is without validation; a forward that counted
+  // would move the counts, and with them the sign() of some expert's update.
+  const std::filesystem::path dump = titan::testing::fresh_temp_dir("test_moe_training_validation");
+  Trainer plain(moe_job(dump / "plain"));
+  plain.train();
+  Trainer validated(moe_job(dump / "validated", {"--validation.enable", "--validation.dataset", "fortunes",
+                                                 "--validation.freq", "1", "--validation.steps", "2",
+                                                 "--validation.local_batch_size", "4"}));
+  validated.train();
+  const std::vector<at::Tensor> want = expert_biases(plain), got = expert_biases(validated);
+  REQUIRE(want.size() == got.size());
+  for (size_t i = 0; i < want.size(); ++i) CHECK(at::equal(got[i], want[i]));
+  const auto lines = titan::testing::read_metrics_lines(dump / "validated" / "metrics.jsonl");
+  CHECK(std::count_if(lines.begin(), lines.end(), [](const auto& j) { return j.contains("validation_metrics/loss"); }) == 4);
 }

@@ -177,7 +177,8 @@ at::Tensor MoE::forward(const at::Tensor& x_in) {
   }
   const at::Tensor routed = experts_compute ? experts_compute(rows, counts, w1, w2, w3)
                                             : grouped_experts(rows, w1, w2, w3, counts);
-  // Shared experts before the combine (under expert parallelism they overlap its exchange).
+  // Shared experts (under expert parallelism they could overlap the combine's all-to-all, which
+  // experts_compute still waits for in place: docs/moe.md).
   at::Tensor shared;
   if (shared_w1) {
     const at::Tensor g = shared_w1->forward(xf);
