@@ -187,7 +187,8 @@ TensorParallelPlan apply_tp(model::Transformer& model, comm::Comm& tp, const Par
         model::Linear& l = *linears.at(name);
         l.set_compute(std::make_shared<tensor_parallel::VocabParallelOutput>(sharded(l, -1, /*rows*/ 0, /*columns*/ 1), tp,
                                                             model.args().vocab_size, options.loss_parallel));
-        shard_weight(name, 0);
+        // A tied output reads the embedding's weight, whose vocabulary rows are already sharded alike.
+        if (!model.args().tie_embeddings) shard_weight(name, 0);
         break;
       }
     }

@@ -71,12 +71,15 @@ int64_t global_batch_size(const JobConfig& cfg, const parallel::comm::ParallelDi
 
 void check_model_layout(const JobConfig& cfg, const parallel::comm::ParallelDims& dims) {
   const model::ModelArgs args = model::model_flavor(cfg.model.name, cfg.model.flavor);
-  // A tied embedding is not yet in the FSDP / TP / PP plans (docs/moe.md); the key check catches
-  // explicit degrees, this one a launch whose dp_shard = -1 took the world.
-  if (args.tie_embeddings && dims.world_size > 1)
+  // A tied embedding is in the TP plan (the embedding and the output shard the vocabulary rows
+  // alike) and replicated data parallel, not yet in FSDP's groups or across pipeline stages
+  // (docs/moe.md); the key check catches explicit degrees, this one a launch whose dp_shard = -1
+  // took the world.
+  if (args.tie_embeddings && (dims.dp_shard_cp() > 1 || dims.pp > 1))
     throw ConfigError("model.flavor = " + cfg.model.flavor + " ties its output projection to the token embedding, "
-                      "which trains on one process for now; this launch has " + std::to_string(dims.world_size) +
-                      " ranks (choose an untied flavor: " + model::untied_flavors(cfg.model.name) + ")");
+                      "which FSDP and pipeline parallelism do not shard yet; this launch has " +
+                      dims.describe() + " (use tensor_parallel_degree / data_parallel_replicate_degree for the "
+                      "ranks, or an untied flavor: " + model::untied_flavors(cfg.model.name) + ")");
   if (dims.ep > 1 && args.moe && args.moe->num_experts % dims.ep != 0)
     throw ConfigError("parallelism.expert_parallel_degree " + std::to_string(dims.ep) + " does not divide the " +
                       std::to_string(args.moe->num_experts) + " experts of model.flavor " + cfg.model.flavor +
