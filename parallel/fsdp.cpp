@@ -101,6 +101,7 @@ struct Fsdp::Group {
   std::optional<Gather> gather;                 // in flight: See Note [FSDP overlap]
   std::optional<ReduceScatter> reduce_scatter;  // in flight
   size_t grads_ready = 0;
+  size_t grads_per_backward = 0;  // the parameters' uses: accumulations before the reduce-scatter
 };
 
 struct FsdpGradReadyHook : torch::autograd::PostAccumulateGradHook {
@@ -143,6 +144,7 @@ int Fsdp::add_group(const std::string& name, const std::vector<FsdpParamSpec>& s
     p.shard_offset = group->shard_numel;
     group->shard_numel += p.shard_numel;
     p.float8 = spec.float8;
+    group->grads_per_backward += static_cast<size_t>(spec.uses);
     int64_t& gather_numel = p.float8 ? group->f8_shard_numel : group->hp_shard_numel;
     p.gather_offset = gather_numel;
     gather_numel += p.shard_numel;
@@ -397,7 +399,7 @@ void Fsdp::prefetch(int g) {
 
 void Fsdp::on_grad_ready(int g) {
   Group& group = *groups_[static_cast<size_t>(g)];
-  if (++group.grads_ready < group.params.size() || defer_reduce_scatter_) return;
+  if (++group.grads_ready < group.grads_per_backward || defer_reduce_scatter_) return;
   reduce_scatter_grads(g);
 }
 

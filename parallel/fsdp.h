@@ -95,6 +95,9 @@ struct FsdpParamSpec {
   at::Tensor* slot;            // the model's tensor: FSDP points it at the unsharded view
   std::vector<int64_t> shape;  // unsharded (tensor-parallel-local) shape [d0, rest...]
   std::optional<FsdpFloat8Weight> float8 = std::nullopt;  // set: gathered in float8
+  // Gradient accumulations into the parameter per backward: 2 for a tied embedding (the
+  // embedding's and the output's); the group reduce-scatters once all of them arrived.
+  int uses = 1;
 };
 
 class Fsdp {

@@ -258,6 +258,7 @@ FsdpPlan apply_fsdp(model::Transformer& model, comm::Comm& dp_shard_cp, comm::De
   const std::string reshard_policy = pipelined && o.reshard_after_forward == "default" ? "never" : o.reshard_after_forward;
   std::map<std::string, model::Linear*> by_weight;
   for (model::Linear* l : model.linears()) by_weight[l->fqn() + ".weight"] = l;
+  const bool tied = model.args().tie_embeddings;
   // The experts under EP: their own FSDP over efsdp (Note [Expert mesh] in mesh.h).
   comm::Comm* efsdp = mesh.comm(comm::MeshDim::kEfsdp);
   if (efsdp) {
@@ -269,6 +270,7 @@ FsdpPlan apply_fsdp(model::Transformer& model, comm::Comm& dp_shard_cp, comm::De
     for (const std::string& fqn : fqns) {
       const HeldParam& p = *by_fqn.at(fqn);
       FsdpParamSpec spec{p.fqn, p.slot, p.tp_shape};
+      if (tied && p.fqn == "tok_embeddings.weight") spec.uses = 2;  // the output's gradient too
       auto l = by_weight.find(p.fqn);
       const float8::Float8LinearCompute* c = l == by_weight.end() ? nullptr : float8_compute(*l->second);
       if (o.float8_fsdp_all_gather && c && c->accepts_float8_weight(c->recipe().weight.dtype))
@@ -287,8 +289,10 @@ FsdpPlan apply_fsdp(model::Transformer& model, comm::Comm& dp_shard_cp, comm::De
                                  }};
   };
   Fsdp& fsdp = *plan.fsdp;
+  // A tied embedding stays gathered from the embedding's forward to the output's backward (the
+  // output reads it): the group is kept, as the last one is, and reduce-scatters after both uses.
   if (holds("tok_embeddings"))
-    model.wrap_stage(model::Stage::kEmbedding, add_group(fsdp, "tok_embeddings", {"tok_embeddings.weight"}, false));
+    model.wrap_stage(model::Stage::kEmbedding, add_group(fsdp, "tok_embeddings", {"tok_embeddings.weight"}, tied));
   const int64_t n_layers = model.args().n_layers;
   for (model::TransformerBlock* block : model.blocks()) {
     const std::string name = "layers." + std::to_string(block->layer_id);
@@ -302,7 +306,11 @@ FsdpPlan apply_fsdp(model::Transformer& model, comm::Comm& dp_shard_cp, comm::De
       model.wrap_block(block->layer_id, add_group(*plan.expert_fsdp, name + ".moe.experts", experts, last));
   }
   if (holds("norm"))
-    model.wrap_stage(model::Stage::kHead, add_group(fsdp, "norm+output", {"norm.weight", "output.weight"}, true));
+    model.wrap_stage(model::Stage::kHead,
+                     add_group(fsdp, tied ? "norm" : "norm+output",
+                               tied ? std::vector<std::string>{"norm.weight"}
+                                    : std::vector<std::string>{"norm.weight", "output.weight"},
+                               true));
   std::ostringstream os;
   os << (mesh.size(comm::MeshDim::kDpReplicate) > 1 ? "HSDP " : "FSDP ") << dp_shard_cp.size() << ": "
      << fsdp.num_groups() << " groups (tok_embeddings, one per block, norm+output"

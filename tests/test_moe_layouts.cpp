@@ -159,16 +159,18 @@ TEST_CASE("expert parallel degrees that do not fit are config errors before any 
   }
 }
 
-TEST_CASE("Qwen3 with a tied embedding under TP 2 (loss parallel and not) and replicated data parallel 2 equals one "
-          "process",
+TEST_CASE("Qwen3 with a tied embedding under FSDP 2, HSDP 2 x 2, TP 2 (loss parallel and not), FSDP 2 x TP 2 and "
+          "replicated data parallel 2 equals one process",
           "[moe][dist]") {
   // The output reads the embedding's weight: under TP both shard the vocabulary rows alike, so the
   // tied weight's gradient sums the embedding's and the output's on each rank's rows (every
-  // gradient checked element by element in tests/test_moe_tp_grads.cpp).
-  // Grad-norm tolerance under TP: this flavor's 16 heads of 128 (q 2048 wide on a width of 256)
-  // and per-head qk-norms sum over far more terms per step than the small models: its TP 2 grad
-  // norm differs by 3.9e-6 relative already at step 1 (identical weights, reduction order only)
-  // and by at most 1.2e-5 over 10 steps (measured); 5e-5 keeps ~4x of that, far below the
+  // gradient checked element by element in tests/test_moe_tp_grads.cpp); under FSDP the
+  // embedding's group stays gathered until the output's backward and reduce-scatters after both
+  // gradients arrived (FsdpParamSpec::uses).
+  // Grad-norm tolerance under TP and FSDP: this flavor's 16 heads of 128 (q 2048 wide on a width
+  // of 256) and per-head qk-norms sum over far more terms per step than the small models: its TP 2
+  // grad norm differs by 3.9e-6 relative already at step 1 (identical weights, reduction order
+  // only) and by at most 1.2e-5 over 10 steps (measured); 5e-5 keeps ~4x of that, far below the
   // factor-of-2 of a missed or doubled reduction.
   const std::string tied = "--model.name qwen3 --model.flavor debugmodel";
   layout::Tolerance tp_tol;
@@ -176,6 +178,13 @@ TEST_CASE("Qwen3 with a tied embedding under TP 2 (loss parallel and not) and re
   layout::check_layout("qwen3_tied_tp2", 2, "--parallelism.tensor_parallel_degree 2", 8, tied, tp_tol);
   layout::check_layout("qwen3_tied_tp2_no_loss_parallel", 2,
                        "--parallelism.tensor_parallel_degree 2 --parallelism.disable_loss_parallel", 8, tied, tp_tol);
+  layout::check_layout("qwen3_tied_fsdp2", 2, "--parallelism.data_parallel_shard_degree 2", 8, tied, tp_tol);
+  layout::check_layout("qwen3_tied_hsdp", 4,
+                       "--parallelism.data_parallel_replicate_degree 2 --parallelism.data_parallel_shard_degree 2", 8,
+                       tied, tp_tol);
+  layout::check_layout("qwen3_tied_fsdp2_tp2", 4,
+                       "--parallelism.data_parallel_shard_degree 2 --parallelism.tensor_parallel_degree 2", 8, tied,
+                       tp_tol);
   layout::check_layout("qwen3_tied_replicate2", 2,
                        "--parallelism.data_parallel_replicate_degree 2 --parallelism.data_parallel_shard_degree 1", 8,
                        tied);

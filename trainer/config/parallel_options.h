@@ -49,7 +49,8 @@ parallel::context_parallel::CpRotateMethod context_parallel_method(const JobConf
                                                                    const parallel::comm::ParallelDims& dims);
 
 // What the model's flavor allows of this layout, before any process group: a tied embedding
-// trains on one process for now; expert_parallel_degree must divide the MoE flavor's experts.
+// trains without pipeline parallelism for now; expert_parallel_degree must divide the MoE
+// flavor's experts.
 // Throws ConfigError naming the keys.
 void check_model_layout(const JobConfig& cfg, const parallel::comm::ParallelDims& dims);
 

@@ -120,19 +120,16 @@ std::vector<std::pair<std::string, std::string>> check_key_relations(
                                                        cfg.model.name + " flavor (model.name); choose from: " + valid);
     }
   }
-  // Qwen3 today: the flavors with a tied embedding train without FSDP and PP (docs/moe.md).
-  if (cfg.model.name == "qwen3") {
-    const ParallelismSection& p = cfg.parallelism;
-    const bool parallel = p.data_parallel_shard_degree > 1 || p.pipeline_parallel_degree > 1 ||
-                          p.context_parallel_degree > 1;  // FSDP (over dp_shard x cp) or PP
+  // Qwen3 today: the flavors with a tied embedding train without pipeline parallelism (docs/moe.md).
+  if (cfg.model.name == "qwen3" && cfg.parallelism.pipeline_parallel_degree > 1) {
     const std::vector<std::string> flavors = model::flavor_names("qwen3");
-    if (parallel && std::find(flavors.begin(), flavors.end(), cfg.model.flavor) != flavors.end() &&
+    if (std::find(flavors.begin(), flavors.end(), cfg.model.flavor) != flavors.end() &&
         model::model_flavor("qwen3", cfg.model.flavor).tie_embeddings)
       problems.emplace_back(where("model.flavor"),
                             "model.flavor = " + cfg.model.flavor + " ties its output projection to the token embedding, "
-                            "which FSDP and pipeline parallelism do not shard yet: set data_parallel_shard_degree, "
-                            "context_parallel_degree and pipeline_parallel_degree to 1 (tensor and replicated data "
-                            "parallelism train it) or choose an untied flavor (" + model::untied_flavors("qwen3") + ")");
+                            "which pipeline parallelism does not split yet (the first and last stages would share "
+                            "it): set parallelism.pipeline_parallel_degree to 1 or choose an untied flavor (" +
+                            model::untied_flavors("qwen3") + ")");
   }
   // torchtitan's Hugging Face switches: the folder to read, and a last save that can only be
   // the model (an HF folder holds no optimizer or data position).
