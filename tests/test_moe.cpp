@@ -336,3 +336,34 @@ TEST_CASE("MoE layer equals torchtitan 0.2.2's own MoE module on the same weight
     }
   }
 }
+
+TEST_CASE("CUDA: the experts' grouped GEMM equals the per-expert loop on the CPU", "[model][moe][cuda]") {
+  // bfloat16 on the GPU (LibTorch's grouped GEMM: one kernel per projection) against the CPU loop
+  // in float32 on the very same bf16 values. Each output element is a dot product over D = 64
+  // (then H = 96) terms accumulated in float32 and rounded to bf16 after each of the three
+  // products and the SwiGLU: a few units of bf16's roundoff u = 2^-8 of the largest value;
+  // bound 8u. A row sent to the wrong expert is off by O(1).
+  at::manual_seed(7);
+  const int64_t E = 8, D = 64, H = 96;
+  const std::vector<int64_t> counts = {5, 0, 17, 1, 0, 33, 8, 2};  // uneven, two empty experts
+  int64_t T = 0;
+  for (int64_t c : counts) T += c;
+  const at::Tensor x0 = at::randn({T, D}).to(at::kBFloat16), g0 = at::randn({T, D}).to(at::kBFloat16);
+  const at::Tensor w10 = (at::randn({E, H, D}) * 0.1).to(at::kBFloat16), w30 = (at::randn({E, H, D}) * 0.1).to(at::kBFloat16);
+  const at::Tensor w20 = (at::randn({E, D, H}) * 0.1).to(at::kBFloat16);
+  const auto cuda = at::TensorOptions().device(c10::kCUDA).dtype(at::kBFloat16);
+  auto run = [&](const at::TensorOptions& o) {
+    at::Tensor x = x0.to(o).requires_grad_(true), w1 = w10.to(o).requires_grad_(true);
+    at::Tensor w2 = w20.to(o).requires_grad_(true), w3 = w30.to(o).requires_grad_(true);
+    const at::Tensor y = titan::model::moe::grouped_experts(x, w1, w2, w3, counts);
+    torch::autograd::backward({y}, {g0.to(o)});
+    return std::vector<at::Tensor>{y, x.grad(), w1.grad(), w2.grad(), w3.grad()};
+  };
+  const std::vector<at::Tensor> gpu = run(cuda), cpu = run(at::TensorOptions().dtype(at::kFloat));
+  const char* names[] = {"output", "x grad", "w1 grad", "w2 grad", "w3 grad"};
+  for (size_t i = 0; i < gpu.size(); ++i) {
+    const double largest = cpu[i].abs().max().item<double>();
+    INFO(names[i] << ": largest " << largest);
+    CHECK((gpu[i].cpu().to(at::kFloat) - cpu[i]).abs().max().item<double>() <= 8.0 / 256 * largest);
+  }
+}

@@ -2,6 +2,7 @@
 #include "model/moe/moe.h"
 
 #include <ATen/ops/arange.h>
+#include <ATen/ops/_grouped_mm.h>
 #include <ATen/ops/argsort.h>
 #include <ATen/ops/bincount.h>
 #include <ATen/ops/bmm.h>
@@ -12,11 +13,13 @@
 #include <ATen/ops/silu.h>
 #include <ATen/ops/softmax.h>
 #include <ATen/ops/split_with_sizes.h>
+#include <ATen/ops/tensor.h>
 #include <ATen/ops/unbind.h>
 #include <ATen/ops/zeros.h>
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <stdexcept>
@@ -94,6 +97,16 @@ Routing route(const at::Tensor& scores_logits, const at::Tensor& expert_bias, co
   return {top_scores, selected, counts};
 }
 
+namespace {
+std::atomic<bool> grouped_mm_disabled{false};
+bool grouped_mm_usable() { return !grouped_mm_disabled.load(); }
+void disable_grouped_mm(const std::string& why) {
+  if (!grouped_mm_disabled.exchange(true))
+    TORCH_WARN("MoE experts: LibTorch's grouped GEMM is not usable here (", why.substr(0, why.find('\n')),
+               "); the experts run as one matmul chain per expert from now on");
+}
+}  // namespace
+
 at::Tensor grouped_experts(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& w2, const at::Tensor& w3,
                            const std::vector<int64_t>& counts) {
   TORCH_CHECK(x.dim() == 2 && w1.dim() == 3 && static_cast<int64_t>(counts.size()) == w1.size(0),
@@ -101,6 +114,23 @@ at::Tensor grouped_experts(const at::Tensor& x, const at::Tensor& w1, const at::
   int64_t total = 0;
   for (int64_t rows : counts) total += rows;
   TORCH_CHECK(total == x.size(0), "grouped experts: the group sizes add up to ", total, " rows, x has ", x.size(0));
+  if (x.is_cuda() && x.scalar_type() == at::kBFloat16 && w1.scalar_type() == at::kBFloat16 && grouped_mm_usable()) {
+    // Note [Grouped GEMM]: on CUDA in bfloat16, LibTorch's grouped GEMM runs every expert's rows in
+    // one kernel per projection (groups given by their end offsets, empty ones allowed), as
+    // torchtitan's _run_experts_grouped_mm; its backward is LibTorch's too. Where the GPU or this
+    // LibTorch has none, the first call says so once and the loop below runs from then on.
+    try {
+      std::vector<int32_t> ends(counts.size());
+      int64_t end = 0;
+      for (size_t e = 0; e < counts.size(); ++e) ends[e] = static_cast<int32_t>(end += counts[e]);
+      const at::Tensor offs = at::tensor(ends, at::kInt).to(x.device());
+      const at::Tensor gate = at::_grouped_mm(x, w1.transpose(-2, -1), offs);  // [T, H]
+      const at::Tensor up = at::_grouped_mm(x, w3.transpose(-2, -1), offs);
+      return at::_grouped_mm(at::silu(gate) * up, w2.transpose(-2, -1), offs);  // [T, D]
+    } catch (const c10::Error& e) {
+      disable_grouped_mm(e.what_without_backtrace());
+    }
+  }
   // Split and unbind, not narrow / select per expert: their backward is ONE cat of the row
   // gradients and ONE stack of the experts' weight gradients. Per-expert views would each
   // allocate and zero-fill a gradient of the whole input / stacked weight in backward, E times

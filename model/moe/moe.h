@@ -55,7 +55,8 @@ Routing route(const at::Tensor& scores_logits, const at::Tensor& expert_bias, co
 
 // The experts over rows sorted by expert (step 6): x [T, D] whose first counts[0] rows go to
 // expert 0, the next counts[1] to expert 1, ...; w1, w3 [E, H, D], w2 [E, D, H] -> [T, D].
-// Differentiable in x and the weights. CPU and CUDA: one matmul chain per expert with rows.
+// Differentiable in x and the weights. CUDA in bfloat16: LibTorch's grouped GEMM, one kernel per
+// projection (Note [Grouped GEMM] in moe.cpp); otherwise one matmul chain per expert with rows.
 at::Tensor grouped_experts(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& w2, const at::Tensor& w3,
                            const std::vector<int64_t>& counts);
 
