@@ -18,4 +18,18 @@ inline std::filesystem::path fresh_temp_dir(const std::string& name) {
   return dir;
 }
 
+// A fresh_temp_dir whose checkpoint shards (*.safetensors, the bulk) are deleted when it is
+// destroyed (a function-local static: at process exit); logs, metrics and manifests stay for
+// diagnosis.
+struct ScratchWithShards {
+  std::filesystem::path dir;
+  explicit ScratchWithShards(const std::string& name) : dir(fresh_temp_dir(name)) {}
+  ~ScratchWithShards() {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    for (auto it = fs::recursive_directory_iterator(dir, ec); it != fs::recursive_directory_iterator(); it.increment(ec))
+      if (it->path().extension() == ".safetensors") fs::remove(it->path(), ec);
+  }
+};
+
 }  // namespace titan::testing

@@ -46,18 +46,9 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-// The scratch folder; at exit its shard files (about 1 GB over all cases) are deleted, the logs,
-// metrics and manifests stay for diagnosis.
-struct ScratchFolder {
-  fs::path dir = titan::testing::fresh_temp_dir("test_checkpoint");
-  ~ScratchFolder() {
-    std::error_code ec;
-    for (auto it = fs::recursive_directory_iterator(dir, ec); it != fs::recursive_directory_iterator(); it.increment(ec))
-      if (it->path().extension() == ".safetensors") fs::remove(it->path(), ec);
-  }
-};
+// The scratch folder; at exit its shard files (about 1 GB over all cases) are deleted.
 fs::path root() {
-  static const ScratchFolder scratch;
+  static const titan::testing::ScratchWithShards scratch("test_checkpoint");
   return scratch.dir;
 }
 

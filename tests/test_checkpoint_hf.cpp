@@ -34,18 +34,9 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-// The scratch folder; at exit its shard files (the Qwen3 debug model's are 126 MB each) are
-// deleted, the logs and configs stay for diagnosis.
-struct ScratchFolder {
-  fs::path dir = titan::testing::fresh_temp_dir("test_checkpoint_hf");
-  ~ScratchFolder() {
-    std::error_code ec;
-    for (auto it = fs::recursive_directory_iterator(dir, ec); it != fs::recursive_directory_iterator(); it.increment(ec))
-      if (it->path().extension() == ".safetensors") fs::remove(it->path(), ec);
-  }
-};
+// The scratch folder; at exit its shard files (the Qwen3 debug model's are 126 MB each) are deleted.
 fs::path root() {
-  static const ScratchFolder scratch;
+  static const titan::testing::ScratchWithShards scratch("test_checkpoint_hf");
   return scratch.dir;
 }
 
