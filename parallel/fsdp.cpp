@@ -102,6 +102,7 @@ struct Fsdp::Group {
   std::optional<ReduceScatter> reduce_scatter;  // in flight
   size_t grads_ready = 0;
   size_t grads_per_backward = 0;  // the parameters' uses: accumulations before the reduce-scatter
+  bool used_later_in_forward = false;  // a parameter used twice (a tied embedding): kept until the forward ends
 };
 
 struct FsdpGradReadyHook : torch::autograd::PostAccumulateGradHook {
@@ -145,6 +146,7 @@ int Fsdp::add_group(const std::string& name, const std::vector<FsdpParamSpec>& s
     group->shard_numel += p.shard_numel;
     p.float8 = spec.float8;
     group->grads_per_backward += static_cast<size_t>(spec.uses);
+    group->used_later_in_forward = group->used_later_in_forward || spec.uses > 1;
     int64_t& gather_numel = p.float8 ? group->f8_shard_numel : group->hp_shard_numel;
     p.gather_offset = gather_numel;
     gather_numel += p.shard_numel;
@@ -379,7 +381,12 @@ at::Tensor Fsdp::run_group(int g, const at::Tensor& x,
   prefetch(g + 1);  // See Note [FSDP overlap]
   at::Tensor out = run(x);
   const bool training = at::GradMode::is_enabled() && out.requires_grad();
-  if (groups_[static_cast<size_t>(g)]->reshard_after_forward || !training) reshard(g);
+  const Group& group = *groups_[static_cast<size_t>(g)];
+  if (group.reshard_after_forward || (!training && !group.used_later_in_forward)) reshard(g);
+  // Without autograd (validation) nothing stays gathered past the forward: once the last group
+  // ran, also the ones kept for a later use in it (the tied embedding the output read).
+  if (!training && g == num_groups() - 1)
+    for (int i = 0; i < num_groups(); ++i) reshard(i);
   if (training) {
     out.register_hook([this, g](const at::Tensor&) {
       finish_unshard(g);

@@ -159,8 +159,8 @@ TEST_CASE("expert parallel degrees that do not fit are config errors before any 
   }
 }
 
-TEST_CASE("Qwen3 with a tied embedding under FSDP 2, HSDP 2 x 2, TP 2 (loss parallel and not), FSDP 2 x TP 2 and "
-          "replicated data parallel 2 equals one process",
+TEST_CASE("Qwen3 with a tied embedding under FSDP 2 (with validation), HSDP 2 x 2, TP 2 (loss parallel and not), "
+          "FSDP 2 x TP 2 and replicated data parallel 2 equals one process",
           "[moe][dist]") {
   // The output reads the embedding's weight: under TP both shard the vocabulary rows alike, so the
   // tied weight's gradient sums the embedding's and the output's on each rank's rows (every
@@ -185,6 +185,25 @@ TEST_CASE("Qwen3 with a tied embedding under FSDP 2, HSDP 2 x 2, TP 2 (loss para
   layout::check_layout("qwen3_tied_fsdp2_tp2", 4,
                        "--parallelism.data_parallel_shard_degree 2 --parallelism.tensor_parallel_degree 2", 8, tied,
                        tp_tol);
+  // Validation (no autograd) reshards every group when the forward ends, the tied one included
+  // once the output read it: one process and FSDP 2 see the same 2 validation rows.
+  const std::string validation =
+      " --validation.enable --validation.dataset fortunes --validation.freq 5 --validation.steps 2"
+      " --validation.seq_len 32 --validation.local_batch_size 2";
+  layout::check_layout("qwen3_tied_fsdp2_validation", 2,
+                       "--parallelism.data_parallel_shard_degree 2 --validation.local_batch_size 1", 8,
+                       tied + validation, tp_tol);
+  auto validation_losses = [](const fs::path& metrics) {
+    std::vector<double> losses;
+    for (const auto& j : titan::testing::read_metrics_lines(metrics))
+      if (j.contains("validation_metrics/loss")) losses.push_back(j.at("validation_metrics/loss").get<double>());
+    return losses;
+  };
+  const std::vector<double> want = validation_losses(layout::reference_run(8, tied + validation).dump / "metrics.jsonl");
+  const std::vector<double> got = validation_losses(layout::root() / "qwen3_tied_fsdp2_validation" / "metrics_rank0.jsonl");
+  REQUIRE(want.size() == 2);
+  REQUIRE(got.size() == want.size());
+  for (size_t i = 0; i < want.size(); ++i) CHECK(got[i] == Approx(want[i]).epsilon(layout::kLossRelTol));
   layout::check_layout("qwen3_tied_replicate2", 2,
                        "--parallelism.data_parallel_replicate_degree 2 --parallelism.data_parallel_shard_degree 1", 8,
                        tied);
