@@ -51,18 +51,7 @@ else
   OUT="$(mktemp -d)"; trap 'rm -rf "$OUT"' EXIT
 fi
 
-# torchtitan's model files only (the wheel without its dependencies, as .deps/torchao in
-# scripts/setup.sh); torchtitan_llama.py imports them without torchtitan's training stack.
-TORCHTITAN_VERSION="0.2.2"
-export TORCHTITAN_DIR="$ROOT/.deps/torchtitan"
-if [[ " $ENGINES " == *" torchtitan"* &&
-      "$(cat "$TORCHTITAN_DIR/.installed" 2>/dev/null)" != "$TORCHTITAN_VERSION" ]]; then
-  echo "[bench] installing torchtitan==$TORCHTITAN_VERSION into $TORCHTITAN_DIR" >&2
-  rm -rf "$TORCHTITAN_DIR"
-  "$ROOT/.deps/venv/bin/pip" install -q --disable-pip-version-check --no-deps --target "$TORCHTITAN_DIR" \
-    "torchtitan==$TORCHTITAN_VERSION"
-  echo "$TORCHTITAN_VERSION" > "$TORCHTITAN_DIR/.installed"
-fi
+if [[ " $ENGINES " == *" torchtitan"* ]]; then source "$ROOT/scripts/bench/install_torchtitan.sh"; fi
 
 # name flavor batch seq_len timed_steps
 CASES=("debug debugmodel 4 128 30" "100M 100M 2 256 8")
