@@ -102,6 +102,8 @@ std::vector<at::Tensor> checkpointable_op_multi(
   return std::move(entry.outputs);  // handed over: the store no longer holds them
 }
 
+bool op_checkpoint_active() { return t_store != nullptr; }
+
 at::Tensor checkpointable_op(const char* name, const std::function<at::Tensor()>& fn) {
   return checkpointable_op_multi(name, [&] { return std::vector<at::Tensor>{fn()}; })[0];
 }

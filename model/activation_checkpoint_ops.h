@@ -101,6 +101,11 @@ at::Tensor checkpointable_op(const char* name, const std::function<at::Tensor()>
 std::vector<at::Tensor> checkpointable_op_multi(const char* name,
                                                 const std::function<std::vector<at::Tensor>()>& fn);
 
+// Whether a per-op checkpointing store is current on this thread (record or replay): code that
+// would split an op across autograd Functions (an exchange issued in one, waited in another) runs
+// it whole instead, so it can be kept and replayed as one op.
+bool op_checkpoint_active();
+
 // Scaled dot-product attention through the op layer (kept as "sdpa").
 // q [B, H, S, hd], k/v [B, KV, S, hd] -> [B, H, S, hd]; causal, no dropout.
 at::Tensor attention_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);

@@ -16,6 +16,7 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include <chrono>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -128,7 +129,7 @@ TEST_CASE("expert parallel dispatch, experts and combine over EP 2 and 4 equal a
 
 TEST_CASE("a whole MoE layer under EP 2 equals the layer with every expert on each rank", "[parallel][moe]") {
   // Qwen3-MoE's router (softmax, top 2, route_norm, score after experts) and one shared expert;
-  // each rank its own tokens. The gate stays replicated: its gradient is each rank's own.
+  // each rank its own tokens (the shared expert runs while the combine travels). The gate stays replicated: its gradient is each rank's own.
   tmod::moe::MoEArgs args;
   args.num_experts = kExperts;
   args.score_func = "softmax";
@@ -169,15 +170,31 @@ TEST_CASE("a whole MoE layer under EP 2 equals the layer with every expert on ea
         tmod::moe::MoE layer("layers.0.moe", args, kDim, kHidden);
         build(layer, first, local);
         tp::comm::Comm* comm = &ep;
-        layer.experts_compute = [comm](const at::Tensor& rows, const std::vector<int64_t>& counts, const at::Tensor& w1,
-                                       const at::Tensor& w2, const at::Tensor& w3) {
-          return tp::expert_parallel::expert_parallel_experts(rows, counts, w1, w2, w3, *comm);
+        // The shared expert overlaps the combine: it runs after the combine was issued (the EP
+        // group's 3rd collective: counts, dispatch, combine), and its weight gradient arrives
+        // after the combine's gradient was issued (4th) and before the dispatch's (5th).
+        uint64_t issued_when_shared_ran = 0, issued_when_shared_grad = 0;
+        layer.experts_compute = [&, comm](const at::Tensor& rows, const std::vector<int64_t>& counts,
+                                          const at::Tensor& w1, const at::Tensor& w2, const at::Tensor& w3,
+                                          const std::function<void()>& shared) {
+          return tp::expert_parallel::expert_parallel_experts(rows, counts, w1, w2, w3, *comm, [&] {
+            issued_when_shared_ran = comm->sequence_number();
+            shared();
+          });
         };
+        layer.shared_w1->weight.register_hook([&](const at::Tensor& g) {
+          issued_when_shared_grad = comm->sequence_number();
+          return g;
+        });
         at::Tensor x = normal({2, 6, kDim}, 300 + rank).requires_grad_(true);
         const at::Tensor out = layer.forward(x);
         torch::autograd::backward({out}, {normal({2, 6, kDim}, 400 + rank)});
         const Want& w = want[static_cast<size_t>(rank)];
         std::ostringstream bad;
+        if (issued_when_shared_ran != 3 || issued_when_shared_grad != 4 || comm->sequence_number() != 5)
+          bad << "shared expert not overlapped with the combine: it ran after collective " << issued_when_shared_ran
+              << " (want 3), its gradient after " << issued_when_shared_grad << " (want 4) of "
+              << comm->sequence_number() << " (want 5); ";
         auto expect = [&](const at::Tensor& got, const at::Tensor& ref, const char* what) {
           const double d = relative(got, ref);
           if (!(d < 1e-5)) bad << what << " differs by " << d << " relative; ";

@@ -205,15 +205,21 @@ at::Tensor MoE::forward(const at::Tensor& x_in) {
     const at::Tensor sorted_scores = r.top_scores.reshape({-1}).index_select(0, order);
     rows = (rows.to(at::kFloat) * sorted_scores.unsqueeze(1)).to(x.scalar_type());
   }
-  const at::Tensor routed = experts_compute ? experts_compute(rows, counts, w1, w2, w3)
-                                            : grouped_experts(rows, w1, w2, w3, counts);
-  // Shared experts (under expert parallelism they could overlap the combine's all-to-all, which
-  // experts_compute still waits for in place: docs/moe.md).
+  // The shared experts do not need the routed rows: under expert parallelism they run while the
+  // combine's all-to-all is in flight (See Note [Expert parallelism]).
   at::Tensor shared;
-  if (shared_w1) {
+  const std::function<void()> shared_experts = [&] {
+    if (!shared_w1) return;
     const at::Tensor g = shared_w1->forward(xf);
     const at::Tensor u = shared_w3->forward(xf);
     shared = shared_w2->forward(fused_swiglu(g, u));
+  };
+  at::Tensor routed;
+  if (experts_compute) {
+    routed = experts_compute(rows, counts, w1, w2, w3, shared_experts);
+  } else {
+    routed = grouped_experts(rows, w1, w2, w3, counts);
+    shared_experts();
   }
   // Back to (token, choice) order: the inverse permutation of `order`.
   const at::Tensor unsorted = routed.index_select(0, at::argsort(order)).view({N, K, dim});

@@ -81,8 +81,12 @@ void update_expert_bias(at::Tensor& expert_bias, const at::Tensor& tokens_per_ex
 // The experts of one layer over rows sorted by expert (grouped_experts' arguments): expert
 // parallelism installs one that sends the rows to the ranks holding their experts
 // (parallel/expert_parallel/expert_parallel.h); empty: grouped_experts on this rank.
+// `while_combining` is the layer's work that does not need the routed rows (the shared experts):
+// it must be called exactly once, and an implementation that sends the rows back asynchronously
+// calls it while they travel.
 using ExpertsCompute = std::function<at::Tensor(const at::Tensor& rows, const std::vector<int64_t>& counts,
-                                                const at::Tensor& w1, const at::Tensor& w2, const at::Tensor& w3)>;
+                                                const at::Tensor& w1, const at::Tensor& w2, const at::Tensor& w3,
+                                                const std::function<void()>& while_combining)>;
 
 // One MoE layer. Parameters ("<prefix>.router.gate.weight", "<prefix>.experts.w1", ...,
 // "<prefix>.shared_experts.w1.weight", ...) and the buffer "<prefix>.expert_bias" are torchtitan's

@@ -12,7 +12,10 @@
 
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <ATen/ops/zeros.h>
+
 #include <cstdint>
+#include <vector>
 
 #include "parallel/comm/process_group.h"
 
@@ -24,6 +27,13 @@ inline void save_comm(torch::autograd::AutogradContext* ctx, Comm& comm) {
 
 inline Comm& saved_comm(torch::autograd::AutogradContext* ctx) {
   return *reinterpret_cast<Comm*>(static_cast<intptr_t>(ctx->saved_data.at("comm").toInt()));
+}
+
+// A storage-less tensor of `shape` standing for data that exists elsewhere (a collective's
+// output still in flight, a float8 chunk): autograd needs a tensor, nobody reads its values
+// (See Note [Deferred collective results] in parallel/tensor_parallel/async_tp.cpp).
+inline at::Tensor stand_in(const std::vector<int64_t>& shape, const at::TensorOptions& options) {
+  return at::zeros({}, options).expand(shape);
 }
 
 }  // namespace titan::parallel::comm

@@ -10,6 +10,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "model/activation_checkpoint_ops.h"
 #include "model/moe/moe.h"
@@ -23,15 +24,25 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-at::Tensor exchange(const at::Tensor& input, const std::vector<int64_t>& out_splits,
-                    const std::vector<int64_t>& in_splits, comm::Comm& ep) {
+// Issues `sent`'s exchange; the output buffer is `landing` until `work` is waited for.
+void issue(comm::Comm& ep, const at::Tensor& input, const std::vector<int64_t>& out_splits,
+           const std::vector<int64_t>& in_splits, at::Tensor& sent, at::Tensor& landing, comm::CommWork& work) {
   int64_t rows = 0;
   for (int64_t n : out_splits) rows += n;
   std::vector<int64_t> shape = input.sizes().vec();
   shape[0] = rows;
-  at::Tensor output = at::empty(shape, input.options());
-  ep.all_to_all_async(output, input.contiguous(), out_splits, in_splits).wait();
-  return output;
+  sent = input.contiguous();
+  landing = at::empty(shape, input.options());
+  work = ep.all_to_all_async(landing, sent, out_splits, in_splits);
+}
+
+at::Tensor exchange(const at::Tensor& input, const std::vector<int64_t>& out_splits,
+                    const std::vector<int64_t>& in_splits, comm::Comm& ep) {
+  at::Tensor sent, landing;
+  comm::CommWork work;
+  issue(ep, input, out_splits, in_splits, sent, landing, work);
+  work.wait();
+  return landing;
 }
 
 // Rows to the ranks that hold their experts (or back): the adjoint swaps the split sizes.
@@ -50,6 +61,59 @@ struct RowsAllToAll : public torch::autograd::Function<RowsAllToAll> {
   }
 };
 
+// The combine split in two (See Note [Deferred collective results] in
+// parallel/tensor_parallel/async_tp.cpp), so the shared experts run while the rows travel:
+//   forward:  IssueCombine (issues the all-to-all, returns a stand-in) -> the shared experts ->
+//             WaitCombine (waits, returns the rows)
+//   backward: WaitCombine (issues the gradient's all-to-all, returns a stand-in) -> the shared
+//             experts' backward -> IssueCombine (waits, returns the gradient)
+// Autograd runs the shared experts' backward between the two: its ready nodes run newest first.
+struct CombineInFlight : torch::CustomClassHolder {
+  std::vector<int64_t> out_splits, in_splits;  // of the forward exchange
+  comm::CommWork forward_work, backward_work;
+  at::Tensor forward_sent, forward_landing, backward_sent, backward_landing;
+};
+using Combine = c10::intrusive_ptr<CombineInFlight>;
+
+Combine combine_of(AutogradContext* ctx) {
+  return c10::static_intrusive_pointer_cast<CombineInFlight>(ctx->saved_data.at("combine").toCapsule());
+}
+
+void keep_combine(AutogradContext* ctx, const Combine& combine) {
+  ctx->saved_data["combine"] = c10::IValue::make_capsule(c10::intrusive_ptr<torch::CustomClassHolder>(combine));
+}
+
+struct IssueCombine : public torch::autograd::Function<IssueCombine> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& rows, const Combine& c, comm::Comm* ep) {
+    issue(*ep, rows.detach(), c->out_splits, c->in_splits, c->forward_sent, c->forward_landing, c->forward_work);
+    keep_combine(ctx, c);
+    return {comm::stand_in(c->forward_landing.sizes().vec(), rows.options())};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list) {
+    Combine c = combine_of(ctx);
+    c->backward_work.wait();
+    c->backward_sent = at::Tensor();
+    return {std::exchange(c->backward_landing, at::Tensor()), at::Tensor(), at::Tensor()};
+  }
+};
+
+struct WaitCombine : public torch::autograd::Function<WaitCombine> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& /*stand_in*/, const Combine& c,
+                               comm::Comm* ep) {
+    c->forward_work.wait();
+    c->forward_sent = at::Tensor();
+    keep_combine(ctx, c);
+    comm::save_comm(ctx, *ep);
+    return {std::exchange(c->forward_landing, at::Tensor())};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    Combine c = combine_of(ctx);
+    issue(comm::saved_comm(ctx), grads[0], c->in_splits, c->out_splits, c->backward_sent, c->backward_landing,
+          c->backward_work);
+    return {comm::stand_in(grads[0].sizes().vec(), grads[0].options()), at::Tensor(), at::Tensor()};
+  }
+};
+
 }  // namespace
 
 int64_t local_experts_begin(int64_t num_experts, int ep_size, int ep_rank) {
@@ -61,7 +125,8 @@ int64_t local_experts_begin(int64_t num_experts, int ep_size, int ep_rank) {
 }
 
 at::Tensor expert_parallel_experts(const at::Tensor& rows, const std::vector<int64_t>& counts, const at::Tensor& w1,
-                                   const at::Tensor& w2, const at::Tensor& w3, comm::Comm& ep) {
+                                   const at::Tensor& w2, const at::Tensor& w3, comm::Comm& ep,
+                                   const std::function<void()>& while_combining) {
   const int n = ep.size();
   const int64_t E = static_cast<int64_t>(counts.size()), local = E / n;
   local_experts_begin(E, n, ep.rank());
@@ -106,8 +171,19 @@ at::Tensor expert_parallel_experts(const at::Tensor& rows, const std::vector<int
   const at::Tensor by_expert = at::tensor(order, at::kLong).to(rows.device());
   const at::Tensor computed = model::moe::grouped_experts(arrived.index_select(0, by_expert), w1, w2, w3, local_counts);
   const at::Tensor back = computed.index_select(0, at::argsort(by_expert));
-  // 4. Combine: every row back to its source, in the order it left.
-  return RowsAllToAll::apply(back, in_splits, out_splits, &ep)[0];
+  // 4. Combine: every row back to its source, in the order it left, with `while_combining` run
+  // while the rows travel. Per-op AC keeps the exchange as one op, so there it runs whole.
+  if (model::op_checkpoint_active()) {
+    const at::Tensor combined = RowsAllToAll::apply(back, in_splits, out_splits, &ep)[0];
+    if (while_combining) while_combining();
+    return combined;
+  }
+  Combine combine = c10::make_intrusive<CombineInFlight>();
+  combine->out_splits = in_splits;
+  combine->in_splits = out_splits;
+  const at::Tensor in_flight = IssueCombine::apply(back, combine, &ep)[0];
+  if (while_combining) while_combining();
+  return WaitCombine::apply(in_flight, combine, &ep)[0];
 }
 
 ExpertParallelPlan apply_ep(model::Transformer& model, comm::Comm& ep, int efsdp,
@@ -120,8 +196,8 @@ ExpertParallelPlan apply_ep(model::Transformer& model, comm::Comm& ep, int efsdp
     num_experts = moe.args.num_experts;
     local_experts_begin(num_experts, ep.size(), ep.rank());  // the degree divides the experts
     moe.experts_compute = [&ep](const at::Tensor& rows, const std::vector<int64_t>& counts, const at::Tensor& w1,
-                                const at::Tensor& w2, const at::Tensor& w3) {
-      return expert_parallel_experts(rows, counts, w1, w2, w3, ep);
+                                const at::Tensor& w2, const at::Tensor& w3, const std::function<void()>& meanwhile) {
+      return expert_parallel_experts(rows, counts, w1, w2, w3, ep, meanwhile);
     };
     for (const char* w : {"w1", "w2", "w3"}) plan.sharded_experts.push_back(moe.prefix + ".experts." + w);
     ++layers;
@@ -131,7 +207,7 @@ ExpertParallelPlan apply_ep(model::Transformer& model, comm::Comm& ep, int efsdp
   os << "expert parallel " << ep.size() << ": " << layers << " MoE layers; this rank (ep rank " << ep.rank()
      << ") holds experts [" << first << ", " << first + local << ") of " << num_experts
      << ", rank j of the EP group experts [j*" << local << ", (j+1)*" << local
-     << "); tokens dispatched and combined by all-to-all; router and shared experts replicated; "
+     << "); tokens dispatched and combined by all-to-all; router and shared experts replicated, the shared experts computed while the combine travels; "
      << (efsdp > 1 ? "the " + std::to_string(efsdp) + " efsdp ranks holding the same experts FSDP-shard them"
                    : "no other rank holds the same experts");
   plan.description = os.str();

@@ -12,10 +12,14 @@
 //   3. a local permutation grouping them by local expert (then by source), the local experts
 //      over their groups, and the inverse permutation;
 //   4. combine: the inverse all-to-all, so each row returns to its token's rank in the order it
-//      left. Autograd runs the exchanges in reverse (an all-to-all's adjoint is the all-to-all
-//      with the split sizes swapped); an expert's weight gradient sums every rank's rows.
+//      left. It is asynchronous: the layer's shared experts (which need only the layer's input)
+//      run while the rows travel, and in backward their gradient runs while the combine's
+//      gradient travels back. Autograd runs the exchanges in reverse (an all-to-all's adjoint is
+//      the all-to-all with the split sizes swapped); an expert's weight gradient sums every
+//      rank's rows.
 // The router and everything outside the experts stay as they are on every rank. Per-op AC keeps
-// each exchange's output ("ep_all_to_all"), so a recompute repeats no communication.
+// each exchange's output ("ep_all_to_all"), so a recompute repeats no communication; there the
+// combine runs whole (a kept op is one call) and the shared experts after it.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -38,8 +42,10 @@ namespace titan::parallel::expert_parallel {
 // [T, D] sorted by global expert with counts[e] rows for expert e (E = counts.size(), a multiple of
 // ep.size()); w1, w3 [E/n, H, D], w2 [E/n, D, H]: this rank's experts. Returns [T, D], each row the
 // output of its expert, in the order of `rows`. Differentiable in rows and the local weights.
+// `while_combining` (may be empty) runs once, while the combine's all-to-all is in flight.
 at::Tensor expert_parallel_experts(const at::Tensor& rows, const std::vector<int64_t>& counts, const at::Tensor& w1,
-                                   const at::Tensor& w2, const at::Tensor& w3, comm::Comm& ep);
+                                   const at::Tensor& w2, const at::Tensor& w3, comm::Comm& ep,
+                                   const std::function<void()>& while_combining = {});
 
 // This rank's experts of E over an EP group of n: [first, first + E/n). Throws std::invalid_argument
 // naming parallelism.expert_parallel_degree when n does not divide E.

@@ -33,6 +33,7 @@ namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
+using comm::stand_in;
 
 // The collectives of one chunked gather or scatter and their buffers (See Note [Deferred
 // collective results]). Buffers handed to a collective stay referenced here until it is waited.
@@ -68,12 +69,6 @@ State state_of(AutogradContext* ctx) {
 
 void keep_state(AutogradContext* ctx, const State& state) {
   ctx->saved_data["state"] = c10::IValue::make_capsule(c10::intrusive_ptr<torch::CustomClassHolder>(state));
-}
-
-// A storage-less tensor of `shape` standing for data that exists elsewhere (a chunk in flight,
-// a float8 chunk): autograd needs a tensor, nobody reads its values.
-at::Tensor stand_in(const std::vector<int64_t>& shape, const at::TensorOptions& options) {
-  return at::zeros({}, options).expand(shape);
 }
 
 // [n, B, r, D] rank-major -> [B, n * r, D]: rank t's r rows at [t r, (t+1) r).
