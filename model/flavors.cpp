@@ -41,13 +41,6 @@ ModelArgs model_flavor(const std::string& name, const std::string& flavor) {
   throw std::invalid_argument("model.flavor '" + flavor + "' is not a " + name + " flavor (valid: " + valid + ")");
 }
 
-std::string untied_flavors(const std::string& family) {
-  std::string names;
-  for (const std::string& f : flavor_names(family))
-    if (!model_flavor(family, f).tie_embeddings) names += (names.empty() ? "" : ", ") + f;
-  return names;
-}
-
 ModelArgs trained_model_args(const std::string& name, const std::string& flavor, int64_t tokenizer_vocab) {
   ModelArgs args = model_flavor(name, flavor);
   args.vocab_size = args.padded_vocab_size >= tokenizer_vocab ? args.padded_vocab_size : tokenizer_vocab;

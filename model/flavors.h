@@ -27,9 +27,6 @@ std::vector<std::string> flavor_names(const std::string& name);
 // Family `name`'s flavor `flavor`; throws std::invalid_argument naming model.name / model.flavor
 // and listing the valid values.
 ModelArgs model_flavor(const std::string& name, const std::string& flavor);
-// "8B, 14B, ...": the flavors of `family` whose output projection has its own weight (a tied
-// embedding trains on one process for now).
-std::string untied_flavors(const std::string& family);
 // The flavor as a run trains it: vocab_size = the tokenizer's `tokenizer_vocab`, or the flavor's
 // padded_vocab_size when that holds it (so Hugging Face checkpoints load with their shapes).
 ModelArgs trained_model_args(const std::string& name, const std::string& flavor, int64_t tokenizer_vocab);

@@ -47,7 +47,7 @@ ParallelModel::ParallelModel(model::Transformer& model, comm::DeviceMesh& mesh, 
                 " is already materialized; build the model on the meta device");
     all_names_.push_back(fqn);
     all_shapes_.push_back(slot.sizes().vec());
-    if (!holds(module_of(fqn))) return;  // another pipeline stage's
+    if (!holds_param(fqn)) return;  // another pipeline stage's
     HeldParam p;
     p.fqn = fqn;
     p.slot = &slot;
@@ -65,7 +65,26 @@ bool ParallelModel::holds(const std::string& module) const {
   return false;
 }
 
-bool ParallelModel::holds_param(const std::string& fqn) const { return holds(module_of(fqn)); }
+bool ParallelModel::holds_param(const std::string& fqn) const {
+  if (holds(module_of(fqn))) return true;
+  return fqn == "tok_embeddings.weight" && model_.args().tie_embeddings && holds("output");
+}
+
+bool ParallelModel::tied_copy() const {
+  return model_.args().tie_embeddings && holds("output") && !holds("tok_embeddings");
+}
+
+void ParallelModel::tie_embedding_across_stages() {
+  comm::Comm* pp = mesh_.comm(comm::MeshDim::kPp);
+  if (!pp || !model_.args().tie_embeddings) return;
+  const pipeline::PipelinePlan& plan = *options_.pipeline;
+  const int first = plan.stage_rank.front(), last = plan.stage_rank.back();
+  if (first != last && (pp->rank() == first || pp->rank() == last))
+    tied_embedding_pair_ = pp->new_group({first, last}, pp->name() + "/tied_embedding");
+  add_plan_line("tied embedding: held by pp rank " + std::to_string(first) + " (embedding) and pp rank " +
+                std::to_string(last) + " (output)" +
+                (first == last ? ", one tensor" : ", gradients summed between them once per step"));
+}
 
 std::vector<std::string> ParallelModel::all_param_names() const { return all_names_; }
 
@@ -148,10 +167,15 @@ at::Tensor ParallelModel::full_param(const std::string& fqn) {
   return local_full_param(fqn);
 }
 
-at::Tensor ParallelModel::local_full_param(const std::string& fqn) {
+size_t ParallelModel::master_index(const std::string& fqn) const {
   size_t i = 0;
   while (i < names_.size() && names_[i] != fqn) ++i;
   TORCH_CHECK(i < names_.size(), "the model has no parameter '", fqn, "'");
+  return i;
+}
+
+at::Tensor ParallelModel::local_full_param(const std::string& fqn) {
+  const size_t i = master_index(fqn);
   const HeldParam* p = &param(fqn);
   at::Tensor local = masters_[i].detach().contiguous();
   const comm::MeshDim fsdp_dim = p->ep_size > 1 ? comm::MeshDim::kEfsdp : comm::MeshDim::kDpShardCp;
@@ -240,7 +264,8 @@ std::vector<ShardRegion> ParallelModel::shard_regions() const {
     const int64_t first = shard_rank * layout.shard_rows;
     r.offsets[0] += first;
     r.lengths[0] = std::max<int64_t>(0, std::min(dim0_real, first + layout.shard_rows) - first);
-    r.owner = replica0 && (p->tp_dim >= 0 || tp_rank == 0) && r.numel() > 0;
+    r.owner = replica0 && (p->tp_dim >= 0 || tp_rank == 0) && r.numel() > 0 &&
+              !(tied_copy() && name == "tok_embeddings.weight");  // the embedding's stage writes it
     regions.push_back(std::move(r));
   }
   return regions;
@@ -371,6 +396,14 @@ void ParallelModel::reduce_grads() {
       if (tp_replicated_[i] && masters_[i].grad().defined()) grads.push_back(masters_[i].grad());
     all_reduce_grads(grads, *tp);
   }
+  // A tied embedding under pp: its two stages' gradients (See Note [Tied embedding across stages]).
+  if (tied_embedding_pair_) {
+    const at::Tensor& grad = masters_[master_index("tok_embeddings.weight")].grad();
+    TORCH_CHECK(grad.defined(), "tied embedding: no gradient on pp rank ", mesh_.local_rank(comm::MeshDim::kPp));
+    at::Tensor sum = grad.contiguous();
+    tied_embedding_pair_->all_reduce(sum, comm::ReduceOp::kSum);
+    if (!sum.is_same(grad)) grad.copy_(sum);
+  }
   // HSDP / replicated data parallel: replicas sum their (already shard-reduced) gradients.
   // Once per step after accumulation: the sum is linear, so this equals per-backward reduction.
   if (comm::Comm* rep = mesh_.comm(comm::MeshDim::kDpReplicate)) {
@@ -392,7 +425,8 @@ double ParallelModel::clip_grad_norm(double max_norm) {
   for (size_t i = 0; i < masters_.size(); ++i) {
     if (!masters_[i].grad().defined()) continue;
     grads.push_back(masters_[i].grad());
-    counted.push_back(replica0 && (!tp_replicated_[i] || tp0));
+    const bool tied_copy_here = tied_copy() && names_[i] == "tok_embeddings.weight";  // counted on the embedding's rank
+    counted.push_back(replica0 && (!tp_replicated_[i] || tp0) && !tied_copy_here);
   }
   return parallel::clip_grad_norm(grads, counted, max_norm, mesh_.world());
 }

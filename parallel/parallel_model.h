@@ -78,7 +78,9 @@ class ParallelModel : public pipeline::MicrobatchHooks {
   std::vector<int64_t> full_shape(const std::string& fqn) const;
   // Whether this rank holds module `module` ("tok_embeddings", "layers.3", "norm", "output").
   bool holds(const std::string& module) const;
-  bool holds_param(const std::string& fqn) const;  // "layers.3.attention.wq.weight"
+  // "layers.3.attention.wq.weight"; a tied embedding is held by the stages of the embedding and
+  // of the output (See Note [Tied embedding across stages]).
+  bool holds_param(const std::string& fqn) const;
   const std::vector<at::Tensor>& master_params() const { return masters_; }
 
   // Where each master lies in its full parameter, in param_names() order (See Note [Checkpoint
@@ -148,6 +150,15 @@ class ParallelModel : public pipeline::MicrobatchHooks {
     fsdp_ = std::move(fsdp);
     expert_fsdp_ = std::move(expert_fsdp);
   }
+  // Note [Tied embedding across stages]: under pp a tied embedding (Qwen3's small flavors) is
+  // held by the rank of the first stage (the embedding) and by the rank of the last (the output
+  // reads it): both initialize, load and step the same values. After the step's backward the
+  // two ranks sum their gradients (this all-reduce over a group of the two; nothing when one
+  // rank holds both stages, as ZBV's V puts them), so both apply the same update, as one
+  // process's parameter does with both uses' gradients. The first stage's rank counts it in the
+  // grad norm and writes it to checkpoints; the last stage's copy is only read. Collective over
+  // the pp group (its sub-group is created here): the plan's stage after FSDP calls it.
+  void tie_embedding_across_stages();
   // One line of the start-up picture (describe()).
   void add_plan_line(std::string line) { log_.push_back(std::move(line)); }
   // Allocates the masters FSDP does not own, and the model's buffers: the plan's last stage.
@@ -155,6 +166,7 @@ class ParallelModel : public pipeline::MicrobatchHooks {
 
  private:
   HeldParam& param(const std::string& fqn);
+  size_t master_index(const std::string& fqn) const;  // in names_ / masters_
   at::Tensor local_full_param(const std::string& fqn);  // full_param within this stage's groups
   at::Tensor tp_local(const HeldParam& p, const at::Tensor& full) const;
   // Sums over TP (replicated weights) and over dp_replicate (HSDP) of this step's gradients.
@@ -173,6 +185,9 @@ class ParallelModel : public pipeline::MicrobatchHooks {
   std::unique_ptr<Fsdp> fsdp_;
   std::unique_ptr<Fsdp> expert_fsdp_;  // the EP-sharded experts over efsdp (Note [Expert mesh])
   bool expert_counts_over_tp_ = false;
+  // The output stage's copy of a tied embedding, on a rank without the embedding's stage.
+  bool tied_copy() const;
+  std::unique_ptr<comm::Comm> tied_embedding_pair_;  // the two ranks holding it (Note [Tied embedding across stages])
   std::vector<std::string> log_;
 };
 

@@ -187,8 +187,10 @@ TensorParallelPlan apply_tp(model::Transformer& model, comm::Comm& tp, const Par
         model::Linear& l = *linears.at(name);
         l.set_compute(std::make_shared<tensor_parallel::VocabParallelOutput>(sharded(l, -1, /*rows*/ 0, /*columns*/ 1), tp,
                                                             model.args().vocab_size, options.loss_parallel));
-        // A tied output reads the embedding's weight, whose vocabulary rows are already sharded alike.
+        // A tied output reads the embedding's weight, its vocabulary rows sharded alike: by the
+        // embedding's entry when this rank holds it too, else here (the last pipeline stage's copy).
         if (!model.args().tie_embeddings) shard_weight(name, 0);
+        else if (!holds("tok_embeddings")) shard_weight("tok_embeddings", 0);
         break;
       }
     }
@@ -258,7 +260,10 @@ FsdpPlan apply_fsdp(model::Transformer& model, comm::Comm& dp_shard_cp, comm::De
   const std::string reshard_policy = pipelined && o.reshard_after_forward == "default" ? "never" : o.reshard_after_forward;
   std::map<std::string, model::Linear*> by_weight;
   for (model::Linear* l : model.linears()) by_weight[l->fqn() + ".weight"] = l;
+  // A tied embedding whose two uses are both on this rank (always without pp); under pp the
+  // output's stage may hold its own copy (See Note [Tied embedding across stages]).
   const bool tied = model.args().tie_embeddings;
+  const bool tied_here = tied && holds("tok_embeddings") && holds("output");
   // The experts under EP: their own FSDP over efsdp (Note [Expert mesh] in mesh.h).
   comm::Comm* efsdp = mesh.comm(comm::MeshDim::kEfsdp);
   if (efsdp) {
@@ -270,7 +275,7 @@ FsdpPlan apply_fsdp(model::Transformer& model, comm::Comm& dp_shard_cp, comm::De
     for (const std::string& fqn : fqns) {
       const HeldParam& p = *by_fqn.at(fqn);
       FsdpParamSpec spec{p.fqn, p.slot, p.tp_shape};
-      if (tied && p.fqn == "tok_embeddings.weight") spec.uses = 2;  // the output's gradient too
+      if (tied_here && p.fqn == "tok_embeddings.weight") spec.uses = 2;  // the output's gradient too
       auto l = by_weight.find(p.fqn);
       const float8::Float8LinearCompute* c = l == by_weight.end() ? nullptr : float8_compute(*l->second);
       if (o.float8_fsdp_all_gather && c && c->accepts_float8_weight(c->recipe().weight.dtype))
@@ -292,7 +297,7 @@ FsdpPlan apply_fsdp(model::Transformer& model, comm::Comm& dp_shard_cp, comm::De
   // A tied embedding stays gathered from the embedding's forward to the output's backward (the
   // output reads it): the group is kept, as the last one is, and reduce-scatters after both uses.
   if (holds("tok_embeddings"))
-    model.wrap_stage(model::Stage::kEmbedding, add_group(fsdp, "tok_embeddings", {"tok_embeddings.weight"}, tied));
+    model.wrap_stage(model::Stage::kEmbedding, add_group(fsdp, "tok_embeddings", {"tok_embeddings.weight"}, tied_here));
   const int64_t n_layers = model.args().n_layers;
   for (model::TransformerBlock* block : model.blocks()) {
     const std::string name = "layers." + std::to_string(block->layer_id);
@@ -305,12 +310,16 @@ FsdpPlan apply_fsdp(model::Transformer& model, comm::Comm& dp_shard_cp, comm::De
     if (plan.expert_fsdp && !experts.empty())
       model.wrap_block(block->layer_id, add_group(*plan.expert_fsdp, name + ".moe.experts", experts, last));
   }
-  if (holds("norm"))
+  if (holds("norm")) {
+    // The output's weight: its own, the embedding's copy of this stage, or (tied_here) the
+    // embedding's group, still gathered.
+    const std::string output = !tied ? "output.weight" : tied_here ? "" : "tok_embeddings.weight";
     model.wrap_stage(model::Stage::kHead,
-                     add_group(fsdp, tied ? "norm" : "norm+output",
-                               tied ? std::vector<std::string>{"norm.weight"}
-                                    : std::vector<std::string>{"norm.weight", "output.weight"},
+                     add_group(fsdp, output.empty() ? "norm" : "norm+output",
+                               output.empty() ? std::vector<std::string>{"norm.weight"}
+                                              : std::vector<std::string>{"norm.weight", output},
                                true));
+  }
   std::ostringstream os;
   os << (mesh.size(comm::MeshDim::kDpReplicate) > 1 ? "HSDP " : "FSDP ") << dp_shard_cp.size() << ": "
      << fsdp.num_groups() << " groups (tok_embeddings, one per block, norm+output"
@@ -376,6 +385,8 @@ std::unique_ptr<ParallelModel> parallelize_llama(model::Transformer& model, comm
   if (mesh.size(comm::MeshDim::kDpReplicate) > 1)
     pm->add_plan_line("data-parallel replicas " + std::to_string(mesh.size(comm::MeshDim::kDpReplicate)) +
                       ": gradients all-reduced across them once per step");
+  // 3b. A tied embedding split across pipeline stages: the two copies' gradients summed.
+  pm->tie_embedding_across_stages();
   // 4. This rank's master parameters (the ones FSDP does not own) and the model's buffers.
   pm->finalize();
   return pm;

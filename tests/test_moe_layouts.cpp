@@ -208,3 +208,23 @@ TEST_CASE("Qwen3 with a tied embedding under FSDP 2 (with validation), HSDP 2 x 
                        "--parallelism.data_parallel_replicate_degree 2 --parallelism.data_parallel_shard_degree 1", 8,
                        tied);
 }
+
+TEST_CASE("Qwen3 with a tied embedding across pipeline stages: PP 2 (1F1B: two ranks' copies; ZBV: one rank holds "
+          "both), PP 2 x FSDP 2, PP 2 x TP 2 equal one process",
+          "[moe][dist][pipeline]") {
+  // Note [Tied embedding across stages]: the first and the last stage's ranks each hold the
+  // embedding and sum their gradients once per step; ZBV's V puts both stages on pp rank 0, one
+  // tensor as in one process. Same tolerance as the other tied layouts (reduction order only).
+  const std::string tied = "--model.name qwen3 --model.flavor debugmodel";
+  layout::Tolerance tol;
+  tol.grad_norm = 5e-5;  // See the tied FSDP / TP case above
+  layout::check_layout("qwen3_tied_pp2", 2, "--parallelism.pipeline_parallel_degree 2", 8, tied, tol);
+  layout::check_layout("qwen3_tied_pp2_zbv", 2,
+                       "--parallelism.pipeline_parallel_degree 2 --parallelism.pipeline_parallel_schedule ZBVZeroBubble",
+                       8, tied, tol);
+  layout::check_layout("qwen3_tied_pp2_fsdp2", 4,
+                       "--parallelism.pipeline_parallel_degree 2 --parallelism.data_parallel_shard_degree 2", 8, tied,
+                       tol);
+  layout::check_layout("qwen3_tied_pp2_tp2", 4,
+                       "--parallelism.pipeline_parallel_degree 2 --parallelism.tensor_parallel_degree 2", 8, tied, tol);
+}

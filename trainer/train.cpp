@@ -104,7 +104,11 @@ TrainResult Trainer::train() {
     result.steps_completed = step;
     if (step == 1 || step % cfg_.metrics.log_freq == 0 || step == cfg_.training.steps)
     {
-      observe::StepMetrics m{step, loss, grad_norm, cfg_.optimizer.lr * lr_schedule_.factor(step)};
+      observe::StepMetrics m;
+      m.step = step;
+      m.loss = loss;
+      m.grad_norm = grad_norm;
+      m.lr = cfg_.optimizer.lr * lr_schedule_.factor(step);
       m.skipped_steps = skipped_steps_;
       m.expert_load = last_expert_load_;
       const std::map<std::string, double> by_dim = mesh_->comm_seconds_by_dim();

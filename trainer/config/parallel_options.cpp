@@ -71,14 +71,6 @@ int64_t global_batch_size(const JobConfig& cfg, const parallel::comm::ParallelDi
 
 void check_model_layout(const JobConfig& cfg, const parallel::comm::ParallelDims& dims) {
   const model::ModelArgs args = model::model_flavor(cfg.model.name, cfg.model.flavor);
-  // A tied embedding is in the TP plan (the embedding and the output shard the vocabulary rows
-  // alike) and FSDP's (one group, kept gathered until the output's backward), not yet across
-  // pipeline stages (the first and the last stage would share it; docs/moe.md).
-  if (args.tie_embeddings && dims.pp > 1)
-    throw ConfigError("model.flavor = " + cfg.model.flavor + " ties its output projection to the token embedding, "
-                      "which pipeline parallelism does not split yet (the first and last stages would share it): set "
-                      "parallelism.pipeline_parallel_degree to 1 or choose an untied flavor: " +
-                      model::untied_flavors(cfg.model.name));
   if (dims.ep > 1 && args.moe && args.moe->num_experts % dims.ep != 0)
     throw ConfigError("parallelism.expert_parallel_degree " + std::to_string(dims.ep) + " does not divide the " +
                       std::to_string(args.moe->num_experts) + " experts of model.flavor " + cfg.model.flavor +

@@ -120,17 +120,6 @@ std::vector<std::pair<std::string, std::string>> check_key_relations(
                                                        cfg.model.name + " flavor (model.name); choose from: " + valid);
     }
   }
-  // Qwen3 today: the flavors with a tied embedding train without pipeline parallelism (docs/moe.md).
-  if (cfg.model.name == "qwen3" && cfg.parallelism.pipeline_parallel_degree > 1) {
-    const std::vector<std::string> flavors = model::flavor_names("qwen3");
-    if (std::find(flavors.begin(), flavors.end(), cfg.model.flavor) != flavors.end() &&
-        model::model_flavor("qwen3", cfg.model.flavor).tie_embeddings)
-      problems.emplace_back(where("model.flavor"),
-                            "model.flavor = " + cfg.model.flavor + " ties its output projection to the token embedding, "
-                            "which pipeline parallelism does not split yet (the first and last stages would share "
-                            "it): set parallelism.pipeline_parallel_degree to 1 or choose an untied flavor (" +
-                            model::untied_flavors("qwen3") + ")");
-  }
   // torchtitan's Hugging Face switches: the folder to read, and a last save that can only be
   // the model (an HF folder holds no optimizer or data position).
   const CheckpointSection& ck = cfg.checkpoint;

@@ -153,6 +153,10 @@ MemoryEstimate estimate_pipeline_rank(const EstimateInputs& in, const BlockTerms
   std::map<int, double> saved;      // per stage: bytes one micro-batch keeps
   std::map<int, double> transient;  // per stage: what its backward adds while it runs
   const HeadBytes head = head_bytes(in, tokens);
+  // A tied embedding is one tensor where this rank holds the embedding's stage; the output's
+  // stage elsewhere holds a copy of it.
+  bool holds_embedding = false;
+  for (int s : stages) holds_embedding = holds_embedding || plan.stage_parts[static_cast<size_t>(s)].embedding;
   for (int s : stages) {
     const model::ModelPart& part = plan.stage_parts[static_cast<size_t>(s)];
     double keep = 0;
@@ -163,7 +167,7 @@ MemoryEstimate estimate_pipeline_rank(const EstimateInputs& in, const BlockTerms
     double back = bt.backward_transient * tokens + tokens * d * e;
     if (part.embedding) params += static_cast<double>(pc.embedding);
     if (part.head) {
-      params += d * vocab + d;
+      params += (a.tie_embeddings && holds_embedding ? 0 : d * vocab) + d;
       keep += head.saved;
       back = std::max(back, head.backward);
     }
