@@ -119,10 +119,19 @@ void ParallelModel::finalize() {
     masters_.push_back(p.master);
   }
   TORCH_CHECK(names_.size() == params_.size(), "the plan holds ", names_.size(), " of ", params_.size(), " parameters");
+  // See Note [Compute copies]: which masters get a leaf copy.
+  const bool low_precision = options_.compute_dtype != at::kFloat;
+  const bool one_backward = options_.microbatches == 1;
+  const bool replicas = mesh_.size(comm::MeshDim::kDpReplicate) > 1;
   for (const auto& name : names_) {
-    const HeldParam& p = param(name);
+    HeldParam& p = param(name);
     // (An EP-sharded expert is never replicated over TP: with ETP = 1 the tp ranks are EP ranks.)
     tp_replicated_.push_back(tp > 1 && p.tp_dim < 0 && p.ep_size == 1);
+    const bool summed = tp_replicated_.back() || replicas || (tied_embedding_pair_ && name == "tok_embeddings.weight");
+    if (low_precision && one_backward && !p.fsdp_sharded && !summed)
+      p.compute_copy = at::empty(p.tp_shape, at::TensorOptions().dtype(options_.compute_dtype).device(options_.device))
+                           .requires_grad_(true);
+    compute_copies_.push_back(p.compute_copy);
   }
   model_.materialize_buffers(options_.device);
 }
@@ -147,6 +156,7 @@ void ParallelModel::load_full(const std::string& fqn, const at::Tensor& full) {
     (p.ep_size > 1 ? expert_fsdp_ : fsdp_)->load_full(fqn, local);
   else
     p.master.copy_(local);
+  copies_stale_ = true;
 }
 
 at::Tensor ParallelModel::full_param(const std::string& fqn) {
@@ -273,6 +283,7 @@ std::vector<ShardRegion> ParallelModel::shard_regions() const {
 
 void ParallelModel::after_load() {
   if (fsdp_ && options_.float8_precompute_fsdp_scales) fsdp_->precompute_float8_scales();
+  copies_stale_ = true;
   bind_compute_params();
 }
 
@@ -290,13 +301,28 @@ void ParallelModel::init_weights(uint64_t seed) {
   }
   if (fsdp_) fsdp_->attach_params();
   if (expert_fsdp_) expert_fsdp_->attach_params();
+  copies_stale_ = true;
   bind_compute_params();
 }
 
 void ParallelModel::bind_compute_params() {
-  for (auto& p : params_)
-    if (!p.fsdp_sharded)  // FSDP's gathers produce compute-dtype views of its own
+  for (auto& p : params_) {
+    if (p.fsdp_sharded) continue;  // FSDP's gathers produce compute-dtype views of its own
+    if (p.compute_copy.defined()) {  // See Note [Compute copies]: rewritten by the optimizer
+      if (copies_stale_) {
+        at::NoGradGuard no_grad;
+        p.compute_copy.copy_(p.master);
+      }
+      *p.slot = p.compute_copy;
+    } else {
       *p.slot = options_.compute_dtype == at::kFloat ? p.master : p.master.to(options_.compute_dtype);
+    }
+  }
+  copies_stale_ = false;
+}
+
+at::Tensor ParallelModel::gradient(size_t i) const {
+  return compute_copies_[i].defined() ? compute_copies_[i].grad() : masters_[i].grad();
 }
 
 at::Tensor ParallelModel::loss_sum(const at::Tensor& logits, const at::Tensor& labels) {
@@ -414,7 +440,7 @@ void ParallelModel::reduce_grads() {
   }
 }
 
-double ParallelModel::clip_grad_norm(double max_norm) {
+ParallelModel::ClippedNorm ParallelModel::clip_grad_norm(double max_norm) {
   // Each gradient element must be counted once over the mesh: FSDP shards and TP shards are
   // disjoint (so are the EP ranks' experts and their efsdp shards); HSDP replicas count only on
   // replica 0, TP-replicated weights only on TP rank 0.
@@ -423,30 +449,46 @@ double ParallelModel::clip_grad_norm(double max_norm) {
   std::vector<at::Tensor> grads;
   std::vector<bool> counted;
   for (size_t i = 0; i < masters_.size(); ++i) {
-    if (!masters_[i].grad().defined()) continue;
-    grads.push_back(masters_[i].grad());
+    const at::Tensor grad = gradient(i);
+    if (!grad.defined()) continue;
+    grads.push_back(grad);
     const bool tied_copy_here = tied_copy() && names_[i] == "tok_embeddings.weight";  // counted on the embedding's rank
     counted.push_back(replica0 && (!tp_replicated_[i] || tp0) && !tied_copy_here);
   }
-  return parallel::clip_grad_norm(grads, counted, max_norm, mesh_.world());
+  ClippedNorm clipped;
+  clipped.norm = parallel::clip_grad_norm(grads, counted, max_norm, mesh_.world(), &clipped.copy_grad_scale);
+  return clipped;
 }
 
 double clip_grad_norm(const std::vector<at::Tensor>& grads, const std::vector<bool>& counted,
-                      double max_norm, comm::Comm* world) {
+                      double max_norm, comm::Comm* world, double* low_precision_scale) {
   TORCH_CHECK(grads.size() == counted.size(), "clip_grad_norm: ", grads.size(), " gradients but ",
               counted.size(), " flags");
   at::NoGradGuard no_grad;
+  // Float32 gradients (scaled in place) and the others (norms taken in float32, not scaled).
+  std::vector<at::Tensor> full, low;
+  std::vector<double> full_counted, low_counted;  // 1 or 0: exact products
+  for (size_t i = 0; i < grads.size(); ++i) {
+    const bool is_full = grads[i].scalar_type() == at::kFloat;
+    (is_full ? full : low).push_back(grads[i]);
+    (is_full ? full_counted : low_counted).push_back(counted[i] ? 1.0 : 0.0);
+  }
   const auto f64 = at::TensorOptions().dtype(at::kDouble);
   at::Tensor sum_sq = at::zeros({1}, f64.device(grads.empty() ? c10::Device(c10::kCPU) : grads[0].device()));
-  if (!grads.empty()) {
-    std::vector<double> weights(counted.begin(), counted.end());  // 1 or 0: exact products
-    at::Tensor w = at::tensor(weights, f64).to(grads[0].device());
-    sum_sq = (at::stack(at::_foreach_norm(grads, 2)).to(at::kDouble).pow(2) * w).sum().reshape({1});
-  }
+  auto add_squares = [&](const std::vector<at::Tensor>& list, const std::vector<double>& weights,
+                         std::optional<at::ScalarType> dtype) {
+    if (list.empty()) return;
+    at::Tensor w = at::tensor(weights, f64).to(list[0].device());
+    sum_sq = sum_sq + (at::stack(at::_foreach_norm(list, 2, dtype)).to(at::kDouble).pow(2) * w).sum().reshape({1});
+  };
+  add_squares(full, full_counted, std::nullopt);
+  add_squares(low, low_counted, at::kFloat);
   if (world) world->all_reduce(sum_sq, comm::ReduceOp::kSum);
   const double total = std::sqrt(sum_sq.item<double>());
   const double coef = max_norm / (total + 1e-6);
-  if (coef < 1.0 && !grads.empty()) at::_foreach_mul_(grads, coef);
+  if (coef < 1.0 && !full.empty()) at::_foreach_mul_(full, coef);
+  TORCH_CHECK(low.empty() || low_precision_scale, "clip_grad_norm: low-precision gradients need low_precision_scale");
+  if (low_precision_scale) *low_precision_scale = coef < 1.0 ? coef : 1.0;
   return total;
 }
 

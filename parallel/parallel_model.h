@@ -56,6 +56,7 @@ struct HeldParam {
   int ep_size = 1;                  // > 1: dim 0 (the experts) split over the EP group, whole experts each
   bool fsdp_sharded = false;        // FSDP owns its master (dim-0 shards over dp_shard x cp; efsdp for experts)
   at::Tensor master;                // not FSDP's: float32 [tp_shape], requires_grad
+  at::Tensor compute_copy;          // bf16 [tp_shape] leaf the model reads, or undefined (Note [Compute copies])
 };
 
 class ParallelModel : public pipeline::MicrobatchHooks {
@@ -82,6 +83,18 @@ class ParallelModel : public pipeline::MicrobatchHooks {
   // of the output (See Note [Tied embedding across stages]).
   bool holds_param(const std::string& fqn) const;
   const std::vector<at::Tensor>& master_params() const { return masters_; }
+  // Note [Compute copies]: under a low-precision compute dtype, a master that is not
+  // FSDP-sharded is read by the model through a copy in that dtype. Where one backward per step
+  // reaches it and no collective sums its gradient (no TP replication, no dp replicas, not a
+  // tied embedding's pair), the copy is a leaf of its own, kept between steps, whose gradient
+  // stays bf16 and which the optimizer rewrites in its update (trainer/optim/adamw_kernels.h,
+  // Note [Optimizer over compute copies]). Elsewhere the copy is a cast of the master per
+  // micro-batch whose backward widens the gradient into the master's float32 .grad (exact
+  // accumulation over micro-batches, float32 reductions). Per master, in master_params() order:
+  // the leaf copy, or undefined.
+  const std::vector<at::Tensor>& compute_copies() const { return compute_copies_; }
+  // Master i's gradient this step: its own (float32) or its compute copy's (bf16); undefined if none.
+  at::Tensor gradient(size_t i) const;
 
   // Where each master lies in its full parameter, in param_names() order (See Note [Checkpoint
   // shards]). Pure arithmetic: no collective.
@@ -111,8 +124,13 @@ class ParallelModel : public pipeline::MicrobatchHooks {
   // sum is linear) and returns the global loss sum (this rank's, summed over dp x cp).
   double finish_gradients(double local_loss_sum);
   // Clips by the global L2 norm of all gradients (each element counted once over the mesh;
-  // one all-reduce); returns the norm before clipping.
-  double clip_grad_norm(double max_norm);
+  // one all-reduce): float32 gradients in place; the compute copies' bf16 gradients are left
+  // unrounded and the factor is returned for the optimizer to apply as it reads them.
+  struct ClippedNorm {
+    double norm = 0;              // before clipping
+    double copy_grad_scale = 1;   // the factor for compute_copies()' gradients (1: none)
+  };
+  ClippedNorm clip_grad_norm(double max_norm);
   // Sum over the ranks that hold distinct tokens, dp x cp (TP ranks hold the same value): the
   // global loss sum and token count.
   double sum_over_dp_cp(double local);
@@ -182,6 +200,8 @@ class ParallelModel : public pipeline::MicrobatchHooks {
   std::vector<std::string> names_;
   std::vector<at::Tensor> masters_;   // what the optimizer steps, in names_ order
   std::vector<bool> tp_replicated_;   // per master
+  std::vector<at::Tensor> compute_copies_;  // per master (Note [Compute copies])
+  bool copies_stale_ = true;          // masters written since the copies were (init, load)
   std::unique_ptr<Fsdp> fsdp_;
   std::unique_ptr<Fsdp> expert_fsdp_;  // the EP-sharded experts over efsdp (Note [Expert mesh])
   bool expert_counts_over_tp_ = false;
@@ -196,9 +216,11 @@ class ParallelModel : public pipeline::MicrobatchHooks {
 // rank (a gradient replicated over ranks counts on one of them only); `world`, when set, sums
 // the squares over all ranks (one all-reduce). Per-tensor norms in float32, as
 // torch.nn.utils.clip_grad_norm_; squares summed in float64 so the norm does not depend on how
-// many shards a tensor was split into.
+// many shards a tensor was split into. Float32 gradients are scaled in place; lower-precision
+// ones are not (scaling would round them): `*low_precision_scale`, when given, receives their
+// factor (1 when nothing is clipped).
 double clip_grad_norm(const std::vector<at::Tensor>& grads, const std::vector<bool>& counted,
-                      double max_norm, comm::Comm* world);
+                      double max_norm, comm::Comm* world, double* low_precision_scale = nullptr);
 
 
 }  // namespace titan::parallel

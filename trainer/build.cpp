@@ -202,7 +202,7 @@ void Trainer::init_optimizer() {
   opt.weight_decay = cfg_.optimizer.weight_decay;
   {
     model::NamedScope scope("optimizer", model::MemoryCategory::kOptimizerState);
-    optimizer_ = std::make_unique<optim::AdamW>(master_params(), opt);
+    optimizer_ = std::make_unique<optim::AdamW>(master_params(), opt, parallel_->compute_copies());
   }
   {
     int64_t param_bytes = 0;

@@ -65,7 +65,7 @@ void Trainer::on_nonfinite_step(int64_t step, const data::Batch& batch, double l
   double largest = 0;
   std::string largest_name;
   for (size_t i = masters.size(); i-- > 0;) {  // backward order: the gradient computed first
-    if (!all_finite(masters[i].grad())) {
+    if (!all_finite(parallel_->gradient(i))) {
       ++bad_grads;
       if (first_grad.empty()) first_grad = names[i];
     }

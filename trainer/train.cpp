@@ -59,7 +59,8 @@ std::pair<double, double> Trainer::train_step(int64_t step) {
                        args.block_causal ? model::attention_work_fraction(model::document_ids(batch.inputs, args.eos_id)) : 1.0);
   model::NamedScope scope("optimizer", model::MemoryCategory::kOptimizerState);
   const double global_tokens = static_cast<double>(global_batch_size_) * t.seq_len;
-  const double grad_norm = parallel_->clip_grad_norm(t.max_norm);  // one all-reduce
+  const parallel::ParallelModel::ClippedNorm clipped = parallel_->clip_grad_norm(t.max_norm);  // one all-reduce
+  const double grad_norm = clipped.norm;
   last_expert_load_ = parallel_->balance_experts();  // MoE: the bias update, before the optimizer step
   // Both are all-reduced, so every rank takes the same branch (Note [Non-finite steps]).
   if (!std::isfinite(loss_sum) || !std::isfinite(grad_norm)) {
@@ -67,7 +68,7 @@ std::pair<double, double> Trainer::train_step(int64_t step) {
     return {loss_sum / global_tokens, grad_norm};                         // no optimizer update
   }
   consecutive_skipped_steps_ = 0;
-  optimizer_->step(lr);
+  optimizer_->step(lr, clipped.copy_grad_scale);  // also rewrites the bf16 compute copies
   parallel_->after_optimizer_step();  // float8: next FSDP scales, delayed amax histories
   return {loss_sum / global_tokens, grad_norm};
 }

@@ -12,6 +12,7 @@
 
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 
 #include "model/kernels/fused_ops_cuda.h"
 
@@ -39,19 +40,40 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// Where the fused kernels run: float32 on the CPU; on CUDA only when opted in (Note [Fused ops
+// Where the fused kernels run: float32 or bfloat16 on the CPU; float32 on CUDA only when opted in (Note [Fused ops
 // on CUDA] in model/kernels/fused_ops_cuda.h).
 enum class Path { kComposite, kCpu, kCuda };
 
-Path path_for(std::initializer_list<at::Tensor> tensors) {
+// `tensors`: the operands that share the compute dtype (float32; on the CPU also bfloat16);
+// `tables`: float32 operands whatever the dtype (RoPE's angles).
+Path path_for(std::initializer_list<at::Tensor> tensors, std::initializer_list<at::Tensor> tables = {}) {
   if (!fused_ops_enabled()) return Path::kComposite;
   const at::Tensor& first = *tensors.begin();
   const bool cuda = first.is_cuda();
   if (cuda && !fused_ops_cuda_enabled()) return Path::kComposite;
   if (!cuda && (!first.device().is_cpu() || !cpu_has_avx2_kernels())) return Path::kComposite;
+  const at::ScalarType dtype = first.scalar_type();
+  if (dtype != at::kFloat && (cuda || dtype != at::kBFloat16)) return Path::kComposite;
   for (const at::Tensor& t : tensors)
+    if (t.scalar_type() != dtype || t.device() != first.device()) return Path::kComposite;
+  for (const at::Tensor& t : tables)
     if (t.scalar_type() != at::kFloat || t.device() != first.device()) return Path::kComposite;
   return cuda ? Path::kCuda : Path::kCpu;
+}
+
+// A CPU tensor's data as the kernels' element type (float32 or bfloat16).
+template <typename T>
+T* data(const at::Tensor& t) {
+  return t.data_ptr<T>();
+}
+
+// Calls fn with a null pointer of the kernels' element type for `t`'s dtype.
+template <typename Fn>
+void by_dtype(const at::Tensor& t, const Fn& fn) {
+  if (t.scalar_type() == at::kBFloat16)
+    fn(static_cast<at::BFloat16*>(nullptr));
+  else
+    fn(static_cast<float*>(nullptr));
 }
 
 // ---------------------------------------------------------------- RMSNorm
@@ -61,12 +83,15 @@ struct RMSNormFunction : public torch::autograd::Function<RMSNormFunction> {
     const at::Tensor x = x_in.contiguous(), w = w_in.contiguous();
     const int64_t dim = w.numel(), rows = x.numel() / dim;
     at::Tensor y = at::empty_like(x);
-    at::Tensor rstd = at::empty({rows}, x.options());  // [rows] float32: all the backward adds to x
+    at::Tensor rstd = at::empty({rows}, x.options().dtype(at::kFloat));  // [rows]: all the backward adds to x
     if (x.is_cuda()) {
       cuda_ops::rms_norm_forward(x, w, eps, y, rstd);
     } else {
-      kernels::rms_norm_forward_cpu(x.data_ptr<float>(), w.data_ptr<float>(), rows, dim,
-                                    static_cast<float>(eps), y.data_ptr<float>(), rstd.data_ptr<float>());
+      by_dtype(x, [&](auto* type) {
+        using T = std::remove_pointer_t<decltype(type)>;
+        kernels::rms_norm_forward_cpu(data<T>(x), data<T>(w), rows, dim, static_cast<float>(eps), data<T>(y),
+                                      rstd.data_ptr<float>());
+      });
     }
     ctx->save_for_backward({x, w, rstd});
     return y;
@@ -75,15 +100,17 @@ struct RMSNormFunction : public torch::autograd::Function<RMSNormFunction> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto s = ctx->get_saved_variables();
     const at::Tensor &x = s[0], &w = s[1], &rstd = s[2];
-    const at::Tensor g = grads[0].contiguous();
+    const at::Tensor g = grads[0].contiguous().to(x.scalar_type());
     const int64_t dim = w.numel(), rows = x.numel() / dim;
     at::Tensor gx = at::empty_like(x), gw = at::empty_like(w);
     if (x.is_cuda()) {
       cuda_ops::rms_norm_backward(g, x, w, rstd, gx, gw);
     } else {
-      kernels::rms_norm_backward_cpu(g.data_ptr<float>(), x.data_ptr<float>(), w.data_ptr<float>(),
-                                     rstd.data_ptr<float>(), rows, dim, gx.data_ptr<float>(),
-                                     gw.data_ptr<float>());
+      by_dtype(x, [&](auto* type) {
+        using T = std::remove_pointer_t<decltype(type)>;
+        kernels::rms_norm_backward_cpu(data<T>(g), data<T>(x), data<T>(w), rstd.data_ptr<float>(), rows, dim,
+                                       data<T>(gx), data<T>(gw));
+      });
     }
     return {gx, gw, at::Tensor()};
   }
@@ -99,8 +126,11 @@ struct RotaryFunction : public torch::autograd::Function<RotaryFunction> {
     if (x.is_cuda()) {
       cuda_ops::rotary(x, cos, sin, inverse, y);
     } else {
-      kernels::rotary_cpu(x.data_ptr<float>(), cos.data_ptr<float>(), sin.data_ptr<float>(), x.size(0),
-                          x.size(1), x.size(2), x.size(3) / 2, inverse, y.data_ptr<float>());
+      by_dtype(x, [&](auto* type) {
+        using T = std::remove_pointer_t<decltype(type)>;
+        kernels::rotary_cpu(data<T>(x), cos.data_ptr<float>(), sin.data_ptr<float>(), x.size(0), x.size(1),
+                            x.size(2), x.size(3) / 2, inverse, data<T>(y));
+      });
     }
     return y;
   }
@@ -123,7 +153,10 @@ struct SwiGLUFunction : public torch::autograd::Function<SwiGLUFunction> {
     if (gate.is_cuda()) {
       cuda_ops::swiglu_forward(gate, up, y);
     } else {
-      kernels::swiglu_forward_cpu(gate.data_ptr<float>(), up.data_ptr<float>(), gate.numel(), y.data_ptr<float>());
+      by_dtype(gate, [&](auto* type) {
+        using T = std::remove_pointer_t<decltype(type)>;
+        kernels::swiglu_forward_cpu(data<T>(gate), data<T>(up), gate.numel(), data<T>(y));
+      });
     }
     ctx->save_for_backward({gate, up});  // silu(gate) is recomputed, not saved
     return y;
@@ -131,13 +164,16 @@ struct SwiGLUFunction : public torch::autograd::Function<SwiGLUFunction> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto s = ctx->get_saved_variables();
     const at::Tensor &gate = s[0], &up = s[1];
-    const at::Tensor dy = grads[0].contiguous();
+    const at::Tensor dy = grads[0].contiguous().to(gate.scalar_type());
     at::Tensor dgate = at::empty_like(gate), dup = at::empty_like(up);
     if (gate.is_cuda()) {
       cuda_ops::swiglu_backward(dy, gate, up, dgate, dup);
     } else {
-      kernels::swiglu_backward_cpu(dy.data_ptr<float>(), gate.data_ptr<float>(), up.data_ptr<float>(),
-                                   gate.numel(), dgate.data_ptr<float>(), dup.data_ptr<float>());
+      by_dtype(gate, [&](auto* type) {
+        using T = std::remove_pointer_t<decltype(type)>;
+        kernels::swiglu_backward_cpu(data<T>(dy), data<T>(gate), data<T>(up), gate.numel(), data<T>(dgate),
+                                     data<T>(dup));
+      });
     }
     return {dgate, dup};
   }
@@ -160,7 +196,7 @@ at::Tensor fused_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Te
   TORCH_CHECK(cos.dim() == 2 && cos.size(1) == half && seq <= cos.size(0) && sin.sizes() == cos.sizes(),
               "rotary: table ", cos.sizes(), " does not cover x ", x.sizes());
   at::Tensor c = cos.slice(0, 0, seq), s = sin.slice(0, 0, seq);
-  if (path_for({x, cos, sin}) != Path::kComposite && x.numel() > 0)
+  if (path_for({x}, {cos, sin}) != Path::kComposite && x.numel() > 0)
     return RotaryFunction::apply(x, c.contiguous(), s.contiguous());
   // Rotate in at least float32 (bf16 activations are upcast, float64 stays float64).
   const at::ScalarType compute = at::promote_types(x.scalar_type(), at::kFloat);

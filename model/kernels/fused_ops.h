@@ -11,8 +11,9 @@
 //
 // Each op is an autograd Function that needs no history of its own, so activation checkpointing
 // (full or per op) recomputes it like any other non-kept op; none is on the per-op save list.
-// The fused kernels run for float32 CPU tensors (the CPU training dtype); other dtypes and
-// devices run the ATen composite (CUDA: see Note [Fused ops on CUDA]). TITAN_FUSED_OPS=0 turns
+// The fused kernels run for float32 and bfloat16 CPU tensors (bf16: float32 math, one rounding
+// per output); other dtypes run the ATen composite, and so does CUDA unless opted in, float32
+// only (see Note [Fused ops on CUDA]). TITAN_FUSED_OPS=0 turns
 // the fused path off everywhere (paired benchmarks, bisecting a numerics question).
 //
 // Numerics against the composite (tests/test_fused_ops.cpp): RoPE is the same float32 products
@@ -22,6 +23,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/util/BFloat16.h>
 
 namespace titan::model {
 
@@ -44,22 +46,27 @@ bool fused_ops_enabled();
 // model/kernels or float8/kernels checks it first.
 bool cpu_has_avx2_kernels();
 
-// ---- the kernels themselves, raw float32 row-major buffers (tests call these directly) ----
+// ---- the kernels themselves, raw row-major buffers (tests call these directly) ----
+// Each in float32 and in bfloat16: the bf16 form converts every row (span) to float32, runs
+// the float32 code on it and rounds the result to nearest even, so it equals the float32 kernel
+// on the upcast inputs, rounded; rstd and every accumulation stay float32.
 namespace kernels {
 
-// y[r, :] = x[r, :] * rstd[r] * w;  rstd[r] = 1 / sqrt(mean(x[r, :]^2) + eps).
-void rms_norm_forward_cpu(const float* x, const float* w, int64_t rows, int64_t dim, float eps,
-                          float* y, float* rstd);
-// gx = rstd * (g*w - xhat * mean(g*w*xhat)), gw = sum_r g * xhat (xhat = x * rstd).
-void rms_norm_backward_cpu(const float* g, const float* x, const float* w, const float* rstd,
-                           int64_t rows, int64_t dim, float* gx, float* gw);
-// x [outer = B, seq, inner = H, 2 * half]; angle table rows [seq, half]. inverse: rotate by
-// -angle (the backward: the transpose of a rotation is its inverse).
-void rotary_cpu(const float* x, const float* cos, const float* sin, int64_t outer, int64_t seq,
-                int64_t inner, int64_t half, bool inverse, float* y);
-void swiglu_forward_cpu(const float* gate, const float* up, int64_t n, float* y);
-void swiglu_backward_cpu(const float* dy, const float* gate, const float* up, int64_t n,
-                         float* dgate, float* dup);
+#define TITAN_FUSED_KERNEL_DECLS(T)                                                                              \
+  /* y[r, :] = x[r, :] * rstd[r] * w;  rstd[r] = 1 / sqrt(mean(x[r, :]^2) + eps). */                            \
+  void rms_norm_forward_cpu(const T* x, const T* w, int64_t rows, int64_t dim, float eps, T* y, float* rstd);   \
+  /* gx = rstd * (g*w - xhat * mean(g*w*xhat)), gw = sum_r g * xhat (xhat = x * rstd). */                        \
+  void rms_norm_backward_cpu(const T* g, const T* x, const T* w, const float* rstd, int64_t rows, int64_t dim,  \
+                             T* gx, T* gw);                                                                    \
+  /* x [outer = B, seq, inner = H, 2 * half]; angle table rows [seq, half]. inverse: rotate by -angle (the      \
+     backward: the transpose of a rotation is its inverse). */                                                  \
+  void rotary_cpu(const T* x, const float* cos, const float* sin, int64_t outer, int64_t seq, int64_t inner,    \
+                  int64_t half, bool inverse, T* y);                                                           \
+  void swiglu_forward_cpu(const T* gate, const T* up, int64_t n, T* y);                                        \
+  void swiglu_backward_cpu(const T* dy, const T* gate, const T* up, int64_t n, T* dgate, T* dup);
+TITAN_FUSED_KERNEL_DECLS(float)
+TITAN_FUSED_KERNEL_DECLS(at::BFloat16)
+#undef TITAN_FUSED_KERNEL_DECLS
 
 }  // namespace kernels
 }  // namespace titan::model

@@ -13,12 +13,21 @@
 
 #include <cmath>
 
+#include "trainer/optim/adamw_kernels.h"
+
 namespace titan::trainer::optim {
 
-AdamW::AdamW(std::vector<at::Tensor> params, AdamWOptions options)
-    : params_(std::move(params)), options_(std::move(options)) {
+AdamW::AdamW(std::vector<at::Tensor> params, AdamWOptions options, std::vector<at::Tensor> compute_copies)
+    : params_(std::move(params)), copies_(std::move(compute_copies)), options_(std::move(options)) {
   TORCH_CHECK(options_.name == "AdamW" || options_.name == "Adam", "optimizer.name '",
               options_.name, "' is not supported (valid: AdamW, Adam)");
+  if (copies_.empty()) copies_.resize(params_.size());
+  TORCH_CHECK(copies_.size() == params_.size(), "AdamW: ", copies_.size(), " compute copies for ", params_.size(),
+              " parameters");
+  for (size_t i = 0; i < copies_.size(); ++i)
+    TORCH_CHECK(!copies_[i].defined() || (copies_[i].scalar_type() == at::kBFloat16 &&
+                                          copies_[i].sizes() == params_[i].sizes() && copies_[i].is_contiguous()),
+                "AdamW: a compute copy must be a contiguous bfloat16 tensor of its parameter's shape");
   for (const auto& p : params_) {
     TORCH_CHECK(p.scalar_type() == at::kFloat, "the optimizer keeps float32 master parameters; got ",
                 p.scalar_type());
@@ -29,12 +38,18 @@ AdamW::AdamW(std::vector<at::Tensor> params, AdamWOptions options)
   }
 }
 
-void AdamW::step(double lr) {
+void AdamW::step(double lr, double copy_grad_scale) {
   at::NoGradGuard no_grad;
-  // Parameters are float32 masters (low-precision compute copies are made by the trainer), so
-  // one fused call covers them all.
+  // Parameters are float32 masters: one fused ATen call covers those with a float32 gradient;
+  // those read through a bf16 compute copy are updated (and their copy rewritten) by titan's
+  // kernel (See Note [Optimizer over compute copies]).
+  std::vector<size_t> through_copies;
   std::vector<at::Tensor> p, g, m, v, s;
   for (size_t i = 0; i < params_.size(); ++i) {
+    if (copies_[i].defined() && copies_[i].grad().defined()) {
+      through_copies.push_back(i);
+      continue;
+    }
     const at::Tensor& grad = params_[i].grad();
     if (!grad.defined()) continue;
     p.push_back(params_[i]);
@@ -43,10 +58,17 @@ void AdamW::step(double lr) {
     v.push_back(exp_avg_sq_[i]);
     s.push_back(steps_[i]);
   }
+  for (size_t i : through_copies) step_through_copy(i, lr, copy_grad_scale);
   if (p.empty()) return;
   // The fused kernel reads the step count for bias correction but does not advance it
   // (torch.optim increments it just before the call, as here).
   at::_foreach_add_(s, 1.0);
+  fused_step(p, g, m, v, s, lr);
+}
+
+void AdamW::fused_step(const std::vector<at::Tensor>& p, const std::vector<at::Tensor>& g,
+                       const std::vector<at::Tensor>& m, const std::vector<at::Tensor>& v,
+                       const std::vector<at::Tensor>& s, double lr) const {
   if (options_.name == "AdamW") {
     at::_fused_adamw_(p, g, m, v, /*max_exp_avg_sqs=*/{}, s, lr, options_.beta1, options_.beta2,
                       options_.weight_decay, options_.eps, /*amsgrad=*/false, /*maximize=*/false);
@@ -56,8 +78,38 @@ void AdamW::step(double lr) {
   }
 }
 
+void AdamW::step_through_copy(size_t i, double lr, double grad_scale) {
+  at::Tensor& param = params_[i];
+  at::Tensor& copy = copies_[i];
+  const at::Tensor grad = copy.grad().contiguous();
+  steps_[i].add_(1.0);
+  if (!param.is_cpu() || !param.is_contiguous() || !kernels::adamw_cpu_kernel_available()) {
+    // CUDA (or a CPU without AVX2): widen the gradient and use ATen's kernel, then the copy.
+    fused_step({param}, {grad.to(at::kFloat).mul_(grad_scale)}, {exp_avg_[i]}, {exp_avg_sq_[i]}, {steps_[i]}, lr);
+    copy.detach().copy_(param);
+    return;
+  }
+  // The scalars as ATen's kernel forms them: in double, then float32.
+  const double t = steps_[i].item<float>();
+  const bool decoupled = options_.name == "AdamW";
+  kernels::AdamWStep k;
+  k.lr_decay = decoupled ? static_cast<float>(1 - lr * options_.weight_decay) : 1.f;
+  k.grad_decay = decoupled ? 0.f : static_cast<float>(options_.weight_decay);
+  k.beta1_weight = static_cast<float>(1 - options_.beta1);
+  k.beta2 = static_cast<float>(options_.beta2);
+  k.beta2_weight = static_cast<float>(1 - options_.beta2);
+  k.bias_correction2_sqrt = static_cast<float>(std::sqrt(1 - std::pow(options_.beta2, t)));
+  k.eps = static_cast<float>(options_.eps);
+  k.neg_step_size = static_cast<float>(-(lr / (1 - std::pow(options_.beta1, t))));
+  k.grad_scale = static_cast<float>(grad_scale);
+  kernels::adamw_bf16_grad_cpu(param.data_ptr<float>(), grad.data_ptr<c10::BFloat16>(), exp_avg_[i].data_ptr<float>(),
+                               exp_avg_sq_[i].data_ptr<float>(), copy.data_ptr<c10::BFloat16>(), param.numel(), k);
+}
+
 void AdamW::zero_grad() {
   for (auto& p : params_) p.mutable_grad() = at::Tensor();
+  for (auto& c : copies_)
+    if (c.defined()) c.mutable_grad() = at::Tensor();
 }
 
 int64_t AdamW::state_bytes() const {

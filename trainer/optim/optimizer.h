@@ -24,9 +24,15 @@ struct AdamWOptions {
 
 class AdamW {
  public:
-  AdamW(std::vector<at::Tensor> params, AdamWOptions options);
+  // `compute_copies` (empty, or one per parameter, undefined where there is none): the bf16
+  // leaves the model reads for those parameters. Their gradients are the parameters' gradients,
+  // and each step rewrites them from the updated parameters (See Note [Optimizer over compute
+  // copies] in trainer/optim/adamw_kernels.h).
+  AdamW(std::vector<at::Tensor> params, AdamWOptions options, std::vector<at::Tensor> compute_copies = {});
 
-  void step(double lr);  // parameters without a gradient are skipped
+  // Parameters without a gradient are skipped. `copy_grad_scale` multiplies the gradients read
+  // from compute copies (the clipping factor, which a float32 gradient already received in place).
+  void step(double lr, double copy_grad_scale = 1.0);
   void zero_grad();      // drops the gradients (frees their memory until the next backward)
 
   const std::vector<at::Tensor>& params() const { return params_; }
@@ -42,10 +48,17 @@ class AdamW {
 
  private:
   std::vector<at::Tensor> params_;
+  std::vector<at::Tensor> copies_;      // per param: its bf16 compute copy, or undefined
   std::vector<at::Tensor> exp_avg_;     // per param, same shape, float32
   std::vector<at::Tensor> exp_avg_sq_;  // per param, same shape, float32
   std::vector<at::Tensor> steps_;       // per param, scalar float32 (the fused kernel's layout)
   AdamWOptions options_;
+
+  // ATen's fused kernel over parameters with float32 gradients (step counts already advanced).
+  void fused_step(const std::vector<at::Tensor>& p, const std::vector<at::Tensor>& g, const std::vector<at::Tensor>& m,
+                  const std::vector<at::Tensor>& v, const std::vector<at::Tensor>& s, double lr) const;
+  // Parameter i through its compute copy's bf16 gradient (See Note [Optimizer over compute copies]).
+  void step_through_copy(size_t i, double lr, double grad_scale);
 };
 
 // LR multiplier of torchtitan's warmup-stable-decay schedule for optimizer step `step`
