@@ -2,8 +2,11 @@
 
 #include <ATen/ops/mm.h>
 #include <c10/util/Exception.h>
+#include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <atomic>
+#include <mutex>
 #include <sstream>
 #include <stdexcept>
 
@@ -14,6 +17,10 @@ namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
+
+// See Note [Deferred weight gradients]: the open scope's target (one backward at a time).
+std::atomic<DeferredWeightGrads*> g_deferred{nullptr};
+std::mutex g_deferred_mutex;  // backward nodes may run on the engine's device threads
 
 // y = x W^T as an autograd Function whose forward GEMM goes through the op layer, so per-op
 // selective AC can replay a kept product (See Note [Replay needs no autograd history]). The
@@ -37,12 +44,47 @@ struct LinearFunction : public torch::autograd::Function<LinearFunction> {
     at::Tensor g2d = grads[0].reshape({-1, weight.size(0)});  // [M, N]
     at::Tensor grad_input, grad_weight;
     if (ctx->needs_input_grad(0)) grad_input = g2d.mm(weight).view(input.sizes());
-    if (ctx->needs_input_grad(1)) grad_weight = g2d.t().mm(input.reshape({-1, weight.size(1)}));
+    if (ctx->needs_input_grad(1)) {
+      const at::Tensor x2d = input.reshape({-1, weight.size(1)});
+      if (DeferredWeightGrads* later = g_deferred.load()) {
+        std::lock_guard<std::mutex> lock(g_deferred_mutex);
+        later->add(weight, g2d, x2d);  // W computes it (See Note [Deferred weight gradients])
+      } else {
+        grad_weight = g2d.t().mm(x2d);
+      }
+    }
     return {grad_input, grad_weight};
   }
 };
 
 }  // namespace
+
+void DeferredWeightGrads::add(at::Tensor weight, at::Tensor grad_output_2d, at::Tensor input_2d) {
+  entries_.push_back({std::move(weight), std::move(grad_output_2d), std::move(input_2d)});
+}
+
+void DeferredWeightGrads::run() {
+  std::vector<Entry> entries = std::move(entries_);
+  entries_.clear();
+  for (Entry& e : entries) {
+    const at::Tensor grad_weight = e.grad_output_2d.t().mm(e.input_2d);
+    e.grad_output_2d = e.input_2d = at::Tensor();
+    torch::autograd::backward({e.weight}, {grad_weight});
+  }
+}
+
+int64_t DeferredWeightGrads::held_bytes() const {
+  int64_t bytes = 0;
+  for (const Entry& e : entries_) bytes += e.grad_output_2d.nbytes() + e.input_2d.nbytes();
+  return bytes;
+}
+
+DeferWeightGrads::DeferWeightGrads(DeferredWeightGrads& target) {
+  DeferredWeightGrads* expected = nullptr;
+  TORCH_CHECK(g_deferred.compare_exchange_strong(expected, &target), "DeferWeightGrads: a scope is already open");
+}
+
+DeferWeightGrads::~DeferWeightGrads() { g_deferred.store(nullptr); }
 
 LinearCompute* innermost(const std::shared_ptr<LinearCompute>& compute) {
   LinearCompute* c = compute.get();

@@ -12,6 +12,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace titan::model {
 
@@ -86,6 +87,38 @@ class HighPrecisionLinearCompute final : public LinearCompute {
  public:
   at::Tensor forward(const LinearOperand& input, const LinearOperand& weight) override;
   std::string describe() const override { return "hp"; }
+};
+
+// Note [Deferred weight gradients]: the zero-bubble pipeline schedules split a stage's backward
+// into I (what the previous stage waits for) and W (the weight gradients, run later in a bubble).
+// While a DeferWeightGrads scope is open, the high-precision linear's backward computes only its
+// input gradient and hands (its weight as autograd saw it, its output gradient, its input) to the
+// scope's DeferredWeightGrads; everything else in the backward runs as usual. run() later
+// computes each weight gradient, G^T x, the same GEMM the backward would have run, and delivers
+// it through the weight's own autograd path (a leaf's accumulation, a cast's backward, FSDP's
+// hooks), in the order the linears deferred them. Process-wide, not per thread: on CUDA the
+// autograd engine runs backward nodes on its device threads. Linears of other computes (float8,
+// int8, ...) compute their weight gradients in place.
+class DeferredWeightGrads {
+ public:
+  void add(at::Tensor weight, at::Tensor grad_output_2d, at::Tensor input_2d);
+  void run();                         // computes and delivers them all, then holds nothing
+  int64_t held_bytes() const;         // the output gradients and inputs kept until run()
+  bool empty() const { return entries_.empty(); }
+
+ private:
+  struct Entry {
+    at::Tensor weight, grad_output_2d, input_2d;
+  };
+  std::vector<Entry> entries_;
+};
+
+class DeferWeightGrads {
+ public:
+  explicit DeferWeightGrads(DeferredWeightGrads& target);
+  ~DeferWeightGrads();
+  DeferWeightGrads(const DeferWeightGrads&) = delete;
+  DeferWeightGrads& operator=(const DeferWeightGrads&) = delete;
 };
 
 class Linear {

@@ -224,7 +224,8 @@ TEST_CASE("a stage that stalls mid-step ends the job naming the stage and the ac
   CHECK(r.seconds < 90);  // 1000 steps would take many minutes; the timeout is 3 s
 }
 
-TEST_CASE("the memory estimate follows each pipeline stage: GPipe holds every micro-batch and 1F1B at most p",
+TEST_CASE("the memory estimate follows each pipeline stage: GPipe holds every micro-batch, 1F1B at most p, ZBV its "
+          "deferred weight gradients too",
           "[parallel][dist][pipeline][memory]") {
   // Note [Pipeline memory] in trainer/observe/memory_estimate.cpp: the estimate per pp rank
   // (`--estimate-memory` prints one report per rank) against the tracked allocator's peak of a
@@ -234,7 +235,9 @@ TEST_CASE("the memory estimate follows each pipeline stage: GPipe holds every mi
   // rank 0 grows 6.5 MiB per extra micro-batch of 3 blocks, the terms say 8.4). GPipe's peak is
   // mostly activations, so the bound is 30% above the measurement; below it the estimate must
   // not go (more than 5%: allocator rounding), since an estimate that says "fits" must fit.
-  for (const char* schedule : {"GPipe", "1F1B"}) {
+  // ZBVZeroBubble: two stages per rank, and between each I and its W the deferred weight
+  // gradients' operands (Note [Deferred weight gradients]) on top of the micro-batch's graph.
+  for (const char* schedule : {"GPipe", "1F1B", "ZBVZeroBubble"}) {
     const fs::path dump = root() / (std::string("pp_memory_") + schedule);
     const std::string args = train_args(dump, 8, 3) + " " + pp_args(2, schedule) + " --training.seq_len 128";
     const Run estimate = run_job("WORLD_SIZE=2 " + std::string(TITAN_TRAIN_PATH) + " --estimate-memory " + args,

@@ -8,9 +8,11 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include <map>
+#include <memory>
 #include <sstream>
 #include <tuple>
 
+#include "model/linear.h"
 #include "model/scope.h"
 #include "parallel/comm/mesh.h"
 #include "parallel/context_parallel/sequence_shard.h"
@@ -29,7 +31,8 @@ double seconds_between(Clock::time_point a, Clock::time_point b) {
 struct PipelineSchedule::MicrobatchState {
   at::Tensor input;        // tokens on the first stage, else a leaf of the received hidden states
   at::Tensor output;       // hidden states; on the last stage the loss sum / global_tokens
-  at::Tensor grad_output;  // kept by a split I for its W (undefined on the last stage)
+  // What a split I left for its W: the linears' weight gradients (Note [Deferred weight gradients]).
+  std::unique_ptr<model::DeferredWeightGrads> deferred;
 };
 
 struct PipelineSchedule::Pass {
@@ -326,24 +329,24 @@ void PipelineSchedule::backward(Pass& pass, const Action& a) {
   const bool last_stage = a.stage == plan_.num_stages() - 1;
   model::NamedScope scope("backward", model::MemoryCategory::kGradients);
   if (a.type == ActionType::kBackwardWeight) {
-    // After a split I: the weights' gradients through the kept graph. After an I that did the
+    // After a split I: the linears' weight-gradient GEMMs it deferred. After an I that did the
     // whole backward (activation checkpointing) nothing is left.
-    if (st.output.defined())
-      torch::autograd::backward({st.output}, st.grad_output.defined() ? torch::autograd::variable_list{st.grad_output}
-                                                                       : torch::autograd::variable_list{});
-    pass.states.erase(it);
+    if (st.deferred) st.deferred->run();
+    pass.states.erase(it);  // the graph the deferred gradients' paths needed goes with it
     return;
   }
   const at::Tensor grad_output = last_stage ? at::Tensor() : take_input(pass, a, true);
   const torch::autograd::variable_list grads =
       grad_output.defined() ? torch::autograd::variable_list{grad_output} : torch::autograd::variable_list{};
   if (a.type == ActionType::kBackwardInput && split_backward_weights_) {
-    if (!first_stage) {
-      // Only the input as target: autograd skips the weight-gradient products.
-      const auto dx = torch::autograd::grad({st.output}, {st.input}, grads, /*retain_graph=*/true);
-      hand_over(pass, dx[0], a.stage - 1, a.microbatch, true, a);
+    // The whole backward but the linears' weight GEMMs (See Note [Deferred weight gradients]);
+    // the graph is kept for the paths those gradients take to their parameters.
+    st.deferred = std::make_unique<model::DeferredWeightGrads>();
+    {
+      model::DeferWeightGrads defer(*st.deferred);
+      torch::autograd::backward({st.output}, grads, /*retain_graph=*/true);
     }
-    st.grad_output = grad_output;  // W runs the backward through the kept graph
+    if (!first_stage) hand_over(pass, st.input.grad(), a.stage - 1, a.microbatch, true, a);
     return;
   }
   torch::autograd::backward({st.output}, grads);

@@ -14,12 +14,14 @@
 //
 // A stage's forward input is a fresh leaf, so its backward ends there and yields the gradient
 // the previous stage needs. B runs the stage's whole backward. The zero-bubble schedules split it:
-// I computes only the input gradient (autograd with the input as the only target, so the weight
-// gradients' GEMMs are skipped) and keeps the graph; W runs the backward through it again for
-// the weight gradients (the input gradient is recomputed: the price of not keeping autograd's
-// intermediate gradients). Under activation checkpointing a block's recompute computes both
-// gradients in one go, so there I runs the whole backward and W has nothing left to do; the
-// numbers are the same either way.
+// I runs the whole backward except the linears' weight-gradient GEMMs, which it defers with the
+// operands they need (each linear's output gradient and input; Note [Deferred weight gradients]
+// in model/linear.h), and keeps the graph; W runs only those GEMMs and delivers their results
+// through each weight's autograd path. Nothing is computed twice. The small weights (norms,
+// embedding) and the other linear computes (float8, int8, the MoE experts) get their gradients
+// in I. Under activation checkpointing a block's recompute computes both gradients in one go, so
+// there I runs the whole backward and W has nothing left to do; the numbers are the same either
+// way.
 //
 // Loss: the last stage computes every micro-batch's loss sum; each backward runs on sum /
 // global_tokens (See Note [Loss scaling] in schedule.h), so the step's gradient is the global

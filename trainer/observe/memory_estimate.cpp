@@ -152,6 +152,7 @@ MemoryEstimate estimate_pipeline_rank(const EstimateInputs& in, const BlockTerms
   double params = 0;
   std::map<int, double> saved;      // per stage: bytes one micro-batch keeps
   std::map<int, double> transient;  // per stage: what its backward adds while it runs
+  std::map<int, double> deferred;   // per stage: the output gradients a split I keeps for its W
   const HeadBytes head = head_bytes(in, tokens);
   // A tied embedding is one tensor where this rank holds the embedding's stage; the output's
   // stage elsewhere holds a copy of it.
@@ -174,8 +175,23 @@ MemoryEstimate estimate_pipeline_rank(const EstimateInputs& in, const BlockTerms
     if (!part.embedding) keep += tokens * d * e / tp;  // the received hidden states (a leaf)
     saved[s] = keep;
     transient[s] = back;
+    // A split I defers every high-precision linear's weight GEMM with its output gradient (its
+    // input is saved already): per block q, k, v, o, w1, w3, w2 outputs (an MoE block: its gate,
+    // its shared experts'), per head the logits (Note [Deferred weight gradients]).
+    double outputs = 0;
+    for (int64_t i = part.first_layer; i < part.end_layer; ++i) {
+      const double ffn = a.moe ? static_cast<double>(a.moe->num_experts) +
+                                     (a.moe->num_shared_experts > 0
+                                          ? 2.0 * static_cast<double>(a.moe_hidden_dim * a.moe->num_shared_experts) + d
+                                          : 0.0)
+                               : 2.0 * static_cast<double>(a.ffn_hidden_dim()) + d;
+      outputs += static_cast<double>((a.n_heads + 2 * a.kv_heads()) * a.head_dim()) + d + ffn;
+    }
+    if (part.head) outputs += vocab;
+    deferred[s] = tokens * outputs * e / tp;
   }
   double live = 0, peak_acts = 0;
+  const bool split = in.ac.mode == parallel::AcMode::kNone;  // I defers the weight GEMMs (build_schedule)
   for (const auto& slot : plan.order[static_cast<size_t>(in.pp_rank)]) {
     if (!slot) continue;
     const parallel::pipeline::Action& act = *slot;
@@ -184,10 +200,14 @@ MemoryEstimate estimate_pipeline_rank(const EstimateInputs& in, const BlockTerms
       peak_acts = std::max(peak_acts, live);
     } else if (act.type == parallel::pipeline::ActionType::kBackwardWeight) {
       peak_acts = std::max(peak_acts, live + transient[act.stage]);
-      live -= saved[act.stage];
+      live -= saved[act.stage] + (split ? deferred[act.stage] : 0);
     } else {
       peak_acts = std::max(peak_acts, live + transient[act.stage]);
       if (act.type == parallel::pipeline::ActionType::kBackward) live -= saved[act.stage];
+      if (act.type == parallel::pipeline::ActionType::kBackwardInput && split) {
+        live += deferred[act.stage];
+        peak_acts = std::max(peak_acts, live);
+      }
     }
   }
   MemoryEstimate est;
