@@ -1,8 +1,11 @@
 // model/attention_blocks.cpp — see attention_blocks.h.
 #include "model/attention_blocks.h"
 
+#include <ATen/ops/_flash_attention_backward.h>
+#include <ATen/ops/_flash_attention_forward.h>
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu.h>
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_backward.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/exp.h>
 #include <ATen/ops/logaddexp.h>
 #include <ATen/ops/logsumexp.h>
@@ -10,6 +13,7 @@
 #include <ATen/ops/ones.h>
 #include <ATen/ops/repeat_interleave.h>
 #include <ATen/ops/triu.h>
+#include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
 
 #include <cmath>
@@ -23,6 +27,19 @@ bool cpu_flash(const at::Tensor& q) {
   const auto dt = q.scalar_type();
   return q.device().is_cpu() && (dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf);
 }
+
+// Note [Attention blocks on CUDA]: in bfloat16 / float16 with head_dim a multiple of 8 up to
+// 256, LibTorch's flash-attention kernels (`_flash_attention_forward/_backward`, dense: no
+// cumulative lengths), which return the float32 log-sum-exp [B, H, Sq] and whose backward takes
+// any (out, lse), so the merged ones of the ring: O(block) memory instead of the explicit
+// softmax's O(Sq x Sk). Operands in [B, S, heads, hd]; grouped-query heads natively; dropout 0,
+// so the backward's RNG state is zeros (as the document-masked varlen path calls them).
+bool cuda_flash(const at::Tensor& q) {
+  const auto dt = q.scalar_type();
+  return q.is_cuda() && (dt == at::kBFloat16 || dt == at::kHalf) && q.size(3) % 8 == 0 && q.size(3) <= 256;
+}
+
+at::Tensor heads_second_to_third(const at::Tensor& t) { return t.transpose(1, 2).contiguous(); }  // [B, S, H, hd]
 
 // k/v [B, KV, S, hd] -> [B, H, S, hd]: each kv head repeated for its group of query heads.
 at::Tensor repeat_kv(const at::Tensor& kv, int64_t heads) {
@@ -91,6 +108,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_block_backward_math(
 
 AttentionBlockResult attention_block_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                              bool causal) {
+  if (cuda_flash(q)) {  // See Note [Attention blocks on CUDA]
+    check_shapes(q, k, v, causal);
+    auto r = at::_flash_attention_forward(heads_second_to_third(q), heads_second_to_third(k), heads_second_to_third(v),
+                                          std::nullopt, std::nullopt, q.size(2), k.size(2), 0.0, causal,
+                                          /*return_debug_mask=*/false);
+    return {std::get<0>(r).transpose(1, 2), std::get<1>(r).to(at::kFloat).contiguous()};
+  }
   if (!cpu_flash(q)) return attention_block_forward_math(q, k, v, causal);
   check_shapes(q, k, v, causal);
   auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(q, repeat_kv(k, q.size(1)),
@@ -101,6 +125,17 @@ AttentionBlockResult attention_block_forward(const at::Tensor& q, const at::Tens
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_block_backward(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& out, const at::Tensor& lse, bool causal) {
+  if (cuda_flash(q)) {  // See Note [Attention blocks on CUDA]
+    check_shapes(q, k, v, causal);
+    const at::Tensor rng_state = at::zeros({2}, q.options().dtype(at::kUInt64));
+    const at::Tensor unused = at::empty({0}, q.options());
+    auto g = at::_flash_attention_backward(
+        heads_second_to_third(grad_out.to(q.scalar_type())), heads_second_to_third(q), heads_second_to_third(k),
+        heads_second_to_third(v), heads_second_to_third(out.to(q.scalar_type())), lse.contiguous(), at::Tensor(),
+        at::Tensor(), q.size(2), k.size(2), 0.0, causal, rng_state, unused);
+    auto back = [](const at::Tensor& t) { return t.transpose(1, 2).to(at::kFloat); };
+    return {back(std::get<0>(g)), back(std::get<1>(g)), back(std::get<2>(g))};
+  }
   if (!cpu_flash(q)) return attention_block_backward_math(grad_out, q, k, v, out, lse, causal);
   check_shapes(q, k, v, causal);
   auto [dq, dk, dv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(

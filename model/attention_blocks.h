@@ -11,10 +11,11 @@
 //
 // Kernels: on the CPU, for float32/bfloat16/float16, LibTorch's flash-attention kernel, which
 // returns the log-sum-exp (`_scaled_dot_product_flash_attention_for_cpu` and its backward, the
-// same kernels the unsplit attention_op uses). Elsewhere (CUDA, float64) an explicit
-// softmax in plain ATen ops, O(Sq x Sk) memory per block: correct on every device, the reference
-// the CPU kernel is tested against, and the part a CUDA flash/efficient kernel with log-sum-exp
-// output would replace.
+// same kernels the unsplit attention_op uses). On CUDA, in bfloat16/float16 (head_dim a multiple
+// of 8, <= 256), LibTorch's CUDA flash-attention kernels (Note [Attention blocks on CUDA] in
+// attention_blocks.cpp). Elsewhere (CUDA float32, float64) an explicit softmax in plain ATen
+// ops, O(Sq x Sk) memory per block: correct on every device, and the reference the kernels are
+// tested against.
 #pragma once
 
 #include <ATen/core/Tensor.h>
