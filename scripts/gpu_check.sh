@@ -196,7 +196,7 @@ else
   # ------------------------------------------------------------------------------ on a GPU
   STEPS=14; ((QUICK)) && STEPS=8
   step test_float8_cuda 300 0 "$B/test_float8" "[cuda]" --durations yes
-  step test_model_cuda 120 0 "$B/test_model" "[cuda]" --durations yes  # the init kernel, varlen document attention and the MoE grouped GEMM vs the CPU
+  step test_model_cuda 120 0 "$B/test_model" "[cuda]" --durations yes  # the init kernel, varlen document attention, ring attention blocks on flash and the MoE grouped GEMM vs the CPU
   step test_nccl 180 0 "$B/test_nccl" --durations yes
   step bench_matmul 300 0 "$B/titan-bench-matmul" --device cuda
   if ((QUICK)); then

@@ -6,10 +6,12 @@
 // the float32 result differs only by rounding: |error| <= 64 u max|v| (u = 2^-24; the softmax
 // weights sum to 1, so the output is a convex combination of v rows whose float32 evaluation
 // (the scores' dot products over hd = 16, the exp, the sum over at most S = 24 keys) loses a few
-// dozen roundings of max|v| at most).
+// dozen roundings of max|v| at most). Also: context parallelism's attention blocks on CUDA
+// (model/attention_blocks.h) against their explicit-softmax form.
 #include <ATen/ops/abs.h>
 #include <ATen/ops/equal.h>
 #include <ATen/ops/full.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/randn.h>
 #include <ATen/ops/softmax.h>
@@ -21,6 +23,7 @@
 #include <vector>
 
 #include "model/activation_checkpoint_ops.h"
+#include "model/attention_blocks.h"
 #include "model/document_attention.h"
 
 using namespace titan::model;
@@ -157,4 +160,38 @@ TEST_CASE("CUDA: variable-length flash attention over packed documents equals th
   CHECK(error(qg.grad(), qc.grad()) <= 4 * u * largest(qc.grad()));
   CHECK(error(kg.grad(), kc.grad()) <= 4 * u * largest(kc.grad()));
   CHECK(error(vg.grad(), vc.grad()) <= 4 * u * largest(vc.grad()));
+}
+
+TEST_CASE("CUDA: attention blocks through the flash kernels equal the explicit-softmax form", "[model][cp][cuda]") {
+  // Note [Attention blocks on CUDA]: bf16 operands (the same values upcast for the reference,
+  // the math form in float32 on the CPU). A past block and the causal diagonal merged, then each
+  // block's backward from the merged (out, lse). The flash kernels round P, dS and the output to
+  // bf16 (unit roundoff 2^-8) before their GEMMs; with ~4 such roundings along a gradient's
+  // chain the error stays below ~4 x 2^-8 of the largest value: bound 2^-5 of it.
+  at::manual_seed(11);
+  const at::Tensor q = at::randn({2, 4, 256, 64}), k = at::randn({2, 2, 256, 64}), v = at::randn({2, 2, 256, 64});
+  const at::Tensor dout = at::randn({2, 4, 128, 64});
+  auto max_abs_diff = [](const at::Tensor& a, const at::Tensor& b) { return (a - b).abs().max().item<double>(); };
+  auto bf = [](const at::Tensor& t) { return t.to(at::kBFloat16).to(at::kCUDA); };
+  auto up = [](const at::Tensor& t) { return t.to(at::kBFloat16).to(at::kFloat); };
+  auto within = [&](const at::Tensor& got, const at::Tensor& want) {
+    return max_abs_diff(got.to(at::kCPU).to(at::kFloat), want) <= want.abs().max().item<double>() / 32;
+  };
+  const at::Tensor q2 = q.narrow(2, 128, 128);
+  auto run = [&](auto to, auto fwd, auto bwd) {
+    at::Tensor out = at::zeros({2, 4, 128, 64}).to(to(q2).device()), lse = at::full({2, 4, 128}, -INFINITY).to(out.device());
+    merge_attention_block(out, lse, fwd(to(q2), to(k.narrow(2, 0, 128)), to(v.narrow(2, 0, 128)), false));
+    merge_attention_block(out, lse, fwd(to(q2), to(k.narrow(2, 128, 128)), to(v.narrow(2, 128, 128)), true));
+    auto past = bwd(to(dout), to(q2), to(k.narrow(2, 0, 128)), to(v.narrow(2, 0, 128)), out, lse, false);
+    auto diag = bwd(to(dout), to(q2), to(k.narrow(2, 128, 128)), to(v.narrow(2, 128, 128)), out, lse, true);
+    return std::vector<at::Tensor>{out, lse, std::get<0>(past) + std::get<0>(diag), std::get<1>(past),
+                                   std::get<2>(past), std::get<1>(diag), std::get<2>(diag)};
+  };
+  const auto got = run(bf, attention_block_forward, attention_block_backward);
+  const auto want = run(up, attention_block_forward_math, attention_block_backward_math);
+  const char* names[] = {"out", "lse", "dq", "dk past", "dv past", "dk diagonal", "dv diagonal"};
+  for (size_t i = 0; i < got.size(); ++i) {
+    INFO(names[i]);
+    CHECK(within(got[i], want[i]));
+  }
 }
