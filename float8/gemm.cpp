@@ -10,7 +10,7 @@
 #include <stdexcept>
 
 #include "float8/kernels/fused_cast.h"
-#include "model/kernels/fused_ops.h"
+#include "util/cpu_features.h"
 
 #ifdef TITAN_WITH_CUDA
 #include "float8/cublaslt_gemm.h"
@@ -168,7 +168,7 @@ at::Tensor scaled_mm_emulated(const Float8Tensor& a, const Float8Tensor& b,
                               at::ScalarType out_dtype) {
   const int64_t M = a.data.size(0), K = a.data.size(1), N = b.data.size(1);
   // See Note [Dequantize each operand once]: one pass per element on the CPU.
-  const bool cpu = a.data.device().is_cpu() && b.data.device().is_cpu() && titan::model::cpu_has_avx2_kernels();
+  const bool cpu = a.data.device().is_cpu() && b.data.device().is_cpu() && titan::util::cpu_has_avx2_kernels();
   auto dequant = [cpu](const at::Tensor& data, const at::Tensor& scale) {
     return cpu ? dequantize_to_float_cpu(data, scale) : data.to(at::kFloat).div_(scale);
   };

@@ -18,8 +18,8 @@
 
 #include "float8/kernels/fused_cast.h"
 #include "model/activation_checkpoint_ops.h"
-#include "model/kernels/fused_ops.h"
 #include "model/scope.h"
+#include "util/cpu_features.h"
 
 #include <c10/util/StringUtil.h>
 
@@ -121,7 +121,7 @@ Float8Tensor to_float8(const at::Tensor& x, const CastConfig& config, int64_t ax
                        bool round_scales_to_power_of_2) {
   if (x.is_cuda()) {
     if (auto fused = try_fused_to_float8(x, config, axis_dim, round_scales_to_power_of_2)) return *fused;
-  } else if (x.device().is_cpu() && titan::model::cpu_has_avx2_kernels()) {  // Note [Fused CPU casts]
+  } else if (x.device().is_cpu() && titan::util::cpu_has_avx2_kernels()) {  // Note [Fused CPU casts]
     if (auto fused = try_fused_to_float8_cpu(x, config, axis_dim, round_scales_to_power_of_2)) return *fused;
   }
   return to_float8_composite(x, config, axis_dim, round_scales_to_power_of_2);

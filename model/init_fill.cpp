@@ -12,7 +12,7 @@
 
 #include "model/init_fill_avx2.h"
 #include "model/init_philox.h"
-#include "model/kernels/fused_ops.h"
+#include "util/cpu_features.h"
 
 #ifdef TITAN_WITH_CUDA
 #include <c10/cuda/CUDAGuard.h>
@@ -75,7 +75,7 @@ void fill_cpu(float* out, const Box& box, uint64_t seed, uint64_t key, const Ini
   // Each element is independent: chunks of ~64k elements over the intra-op threads, each chunk
   // split at row ends into contiguous runs of the full tensor.
   // The AVX2 loop where the CPU has it (same values, Note [Vector init layout]).
-  static const bool vector = philox::init_avx2_compiled() && cpu_has_avx2_kernels();
+  static const bool vector = philox::init_avx2_compiled() && util::cpu_has_avx2_kernels();
   const auto fill_run = vector ? philox::fill_run_avx2 : philox::fill_run_scalar;
   const int64_t n = box.rows * box.cols;
   at::parallel_for(0, n, 1 << 16, [&](int64_t begin, int64_t end) {

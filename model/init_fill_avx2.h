@@ -1,7 +1,7 @@
 // model/init_fill_avx2.h — the counter-based init's CPU inner loop, 4 float64 lanes at a time
 // (AVX2, model/init_fill_avx2.cpp), and its scalar reference (init_fill.cpp). Both give the
 // values of Note [Counter-based init] (model/init_philox.h) bit for bit; the AVX2 one only runs
-// where cpu_has_avx2_kernels() and init_avx2_compiled() hold. Raw buffers, no LibTorch types:
+// where util::cpu_has_avx2_kernels() and init_avx2_compiled() hold. Raw buffers, no LibTorch types:
 // the AVX2 file is compiled with -mavx2 (Note [AVX2 kernel files] in the top CMakeLists.txt).
 #pragma once
 

@@ -15,6 +15,7 @@
 #include <type_traits>
 
 #include "model/kernels/fused_ops_cuda.h"
+#include "util/cpu_features.h"
 
 namespace titan::model {
 
@@ -24,15 +25,6 @@ bool fused_ops_enabled() {
     return env == nullptr || std::string(env) != "0";
   }();
   return enabled;
-}
-
-bool cpu_has_avx2_kernels() {
-#if defined(__x86_64__)
-  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return ok;
-#else
-  return true;
-#endif
 }
 
 namespace {
@@ -51,7 +43,7 @@ Path path_for(std::initializer_list<at::Tensor> tensors, std::initializer_list<a
   const at::Tensor& first = *tensors.begin();
   const bool cuda = first.is_cuda();
   if (cuda && !fused_ops_cuda_enabled()) return Path::kComposite;
-  if (!cuda && (!first.device().is_cpu() || !cpu_has_avx2_kernels())) return Path::kComposite;
+  if (!cuda && (!first.device().is_cpu() || !util::cpu_has_avx2_kernels())) return Path::kComposite;
   const at::ScalarType dtype = first.scalar_type();
   if (dtype != at::kFloat && (cuda || dtype != at::kBFloat16)) return Path::kComposite;
   for (const at::Tensor& t : tensors)

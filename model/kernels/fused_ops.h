@@ -41,10 +41,6 @@ at::Tensor fused_swiglu(const at::Tensor& gate, const at::Tensor& up);
 // Whether the fused path is on (TITAN_FUSED_OPS, read once; default on).
 bool fused_ops_enabled();
 
-// Whether this CPU runs the AVX2 kernel files (Note [AVX2 kernel files] in CMakeLists.txt): true
-// off x86 (generic kernels), on x86 only with AVX2 + FMA. Every caller of a CPU kernel of
-// model/kernels or float8/kernels checks it first.
-bool cpu_has_avx2_kernels();
 
 // ---- the kernels themselves, raw row-major buffers (tests call these directly) ----
 // Each in float32 and in bfloat16: the bf16 form converts every row (span) to float32, runs

@@ -9,7 +9,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "model/kernels/fused_ops.h"
+#include "util/cpu_features.h"
 
 namespace titan::trainer::optim::kernels {
 namespace {
@@ -62,7 +62,7 @@ void update_span(float* p, const c10::BFloat16* g16, float* m, float* v, c10::BF
 
 }  // namespace
 
-bool adamw_cpu_kernel_available() { return model::cpu_has_avx2_kernels(); }
+bool adamw_cpu_kernel_available() { return util::cpu_has_avx2_kernels(); }
 
 void adamw_bf16_grad_cpu(float* param, const c10::BFloat16* grad, float* exp_avg, float* exp_avg_sq,
                          c10::BFloat16* copy, int64_t n, const AdamWStep& s) {

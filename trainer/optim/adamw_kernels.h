@@ -32,7 +32,7 @@ struct AdamWStep {
 };
 
 // Whether the CPU kernel below runs on this machine (x86: AVX2 + FMA; see
-// model::cpu_has_avx2_kernels); otherwise callers widen the gradient and use ATen's kernel.
+// util::cpu_has_avx2_kernels); otherwise callers widen the gradient and use ATen's kernel.
 bool adamw_cpu_kernel_available();
 
 // n elements: param, exp_avg, exp_avg_sq updated in place, copy = bf16(param after the step).
