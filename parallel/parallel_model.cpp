@@ -21,6 +21,7 @@
 #include <stdexcept>
 
 #include "float8/float8_linear.h"
+#include "model/kernels/fused_ops.h"
 #include "parallel/tensor_parallel/tensor_parallel.h"
 
 namespace titan::parallel {
@@ -465,7 +466,7 @@ double clip_grad_norm(const std::vector<at::Tensor>& grads, const std::vector<bo
   TORCH_CHECK(grads.size() == counted.size(), "clip_grad_norm: ", grads.size(), " gradients but ",
               counted.size(), " flags");
   at::NoGradGuard no_grad;
-  // Float32 gradients (scaled in place) and the others (norms taken in float32, not scaled).
+  // Float32 gradients (scaled in place) and the others (not scaled).
   std::vector<at::Tensor> full, low;
   std::vector<double> full_counted, low_counted;  // 1 or 0: exact products
   for (size_t i = 0; i < grads.size(); ++i) {
@@ -475,14 +476,15 @@ double clip_grad_norm(const std::vector<at::Tensor>& grads, const std::vector<bo
   }
   const auto f64 = at::TensorOptions().dtype(at::kDouble);
   at::Tensor sum_sq = at::zeros({1}, f64.device(grads.empty() ? c10::Device(c10::kCPU) : grads[0].device()));
-  auto add_squares = [&](const std::vector<at::Tensor>& list, const std::vector<double>& weights,
-                         std::optional<at::ScalarType> dtype) {
-    if (list.empty()) return;
-    at::Tensor w = at::tensor(weights, f64).to(list[0].device());
-    sum_sq = sum_sq + (at::stack(at::_foreach_norm(list, 2, dtype)).to(at::kDouble).pow(2) * w).sum().reshape({1});
-  };
-  add_squares(full, full_counted, std::nullopt);
-  add_squares(low, low_counted, at::kFloat);
+  if (!full.empty()) {
+    at::Tensor w = at::tensor(full_counted, f64).to(full[0].device());
+    sum_sq = sum_sq + (at::stack(at::_foreach_norm(full, 2)).to(at::kDouble).pow(2) * w).sum().reshape({1});
+  }
+  // bf16 gradients (the compute copies'): their squares summed without a float32 copy of them.
+  double low_squares = 0;
+  for (size_t i = 0; i < low.size(); ++i)
+    if (low_counted[i] != 0) low_squares += model::sum_of_squares(low[i]);
+  if (!low.empty()) sum_sq = sum_sq + low_squares;
   if (world) world->all_reduce(sum_sq, comm::ReduceOp::kSum);
   const double total = std::sqrt(sum_sq.item<double>());
   const double coef = max_norm / (total + 1e-6);

@@ -230,6 +230,23 @@ TEST_CASE("bfloat16 fused kernels are the float32 kernels on the upcast inputs, 
   at::set_num_threads(before);
 }
 
+TEST_CASE("the sum of squares of a bf16 tensor matches float64 and does not depend on the thread count",
+          "[model][fused]") {
+  // float32 sums of at most 4096 positive terms per block (relative error <= 4096 u = 2.4e-4),
+  // blocks added in float64 in order: the bound 4096 u relative; 1 and 2 threads: equal bits.
+  at::manual_seed(8);
+  const at::Tensor x = (at::randn({3, 70001}) * 5).to(at::kBFloat16);  // 52 blocks and a tail
+  const double want = x.to(at::kDouble).pow(2).sum().item<double>();
+  const int before = at::get_num_threads();
+  at::set_num_threads(1);
+  const double one = sum_of_squares(x);
+  at::set_num_threads(2);
+  const double two = sum_of_squares(x);
+  at::set_num_threads(before);
+  CHECK(std::abs(one - want) <= want * 4096 * kU);
+  CHECK(one == two);
+}
+
 TEST_CASE("fused ops leave other dtypes to the composite and reject bad shapes", "[model][fused]") {
   // float64 (the finite-difference tests' dtype) takes the composite: exactly at::rms_norm.
   at::Tensor x = at::randn({4, 8}, at::kDouble), w = at::rand({8}, at::kDouble);

@@ -173,6 +173,14 @@ struct SwiGLUFunction : public torch::autograd::Function<SwiGLUFunction> {
 
 }  // namespace
 
+double sum_of_squares(const at::Tensor& x) {
+  if (x.is_cpu() && x.scalar_type() == at::kBFloat16 && util::cpu_has_avx2_kernels()) {
+    const at::Tensor c = x.contiguous();
+    return kernels::sum_of_squares_cpu(c.data_ptr<at::BFloat16>(), c.numel());
+  }
+  return x.to(at::kDouble).pow(2).sum().item<double>();
+}
+
 at::Tensor fused_rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   TORCH_CHECK(weight.dim() == 1 && x.dim() >= 1 && x.size(-1) == weight.size(0),
               "rms_norm: weight ", weight.sizes(), " does not match the last dim of x ", x.sizes());

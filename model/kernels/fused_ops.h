@@ -42,6 +42,12 @@ at::Tensor fused_swiglu(const at::Tensor& gate, const at::Tensor& up);
 bool fused_ops_enabled();
 
 
+// The sum of the squares of a bfloat16 tensor's elements, without a float32 copy of it (the
+// gradient norm of bf16 gradients): float32 sums over fixed blocks of 4096 elements, added in
+// float64 in block order, so the result does not depend on the thread count. Any contiguous CPU
+// bf16 tensor (falls back to a float32 copy without the AVX2 kernels).
+double sum_of_squares(const at::Tensor& x);
+
 // ---- the kernels themselves, raw row-major buffers (tests call these directly) ----
 // Each in float32 and in bfloat16: the bf16 form converts every row (span) to float32, runs
 // the float32 code on it and rounds the result to nearest even, so it equals the float32 kernel
@@ -60,6 +66,7 @@ namespace kernels {
                   int64_t half, bool inverse, T* y);                                                           \
   void swiglu_forward_cpu(const T* gate, const T* up, int64_t n, T* y);                                        \
   void swiglu_backward_cpu(const T* dy, const T* gate, const T* up, int64_t n, T* dgate, T* dup);
+double sum_of_squares_cpu(const at::BFloat16* x, int64_t n);
 TITAN_FUSED_KERNEL_DECLS(float)
 TITAN_FUSED_KERNEL_DECLS(at::BFloat16)
 #undef TITAN_FUSED_KERNEL_DECLS

@@ -250,6 +250,27 @@ void swiglu_backward(const T* dy, const T* gate, const T* up, int64_t n, T* dgat
 
 }  // namespace
 
+double sum_of_squares_cpu(const at::BFloat16* x, int64_t n) {
+  constexpr int64_t kBlock = 4096;
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+  std::vector<float> partial(static_cast<size_t>(blocks), 0.f);
+  at::parallel_for(0, blocks, std::max<int64_t>(1, kGrainSize / kBlock), [&](int64_t b0, int64_t b1) {
+    float widened[kSpan];
+    for (int64_t b = b0; b < b1; ++b) {
+      float sum = 0;
+      for (int64_t i = b * kBlock; i < std::min(n, (b + 1) * kBlock); i += kSpan) {
+        const int64_t len = std::min(kSpan, std::min(n, (b + 1) * kBlock) - i);
+        to_float(x + i, widened, len);
+        sum += sum_of_products(widened, widened, len);
+      }
+      partial[static_cast<size_t>(b)] = sum;
+    }
+  });
+  double total = 0;
+  for (float p : partial) total += static_cast<double>(p);
+  return total;
+}
+
 #define TITAN_FUSED_KERNELS(T)                                                                                   \
   void rms_norm_forward_cpu(const T* x, const T* w, int64_t rows, int64_t dim, float eps, T* y, float* rstd) {  \
     rms_norm_forward(x, w, rows, dim, eps, y, rstd);                                                            \
