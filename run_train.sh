@@ -3,8 +3,10 @@
 #   ./run_train.sh                                   # debug model on the default data (CPU)
 #   CONFIG_FILE=configs/llama3_8b.toml NGPU=8 ./run_train.sh --float8.enable_float8_linear
 # Environment: NGPU (processes on this node; CPU ranks on a machine without GPUs, default 1
-# there), LOG_RANK (which ranks' output to show, default 0), CONFIG_FILE. Every argument is a
-# config override (--section.key value). The first run sets everything up (scripts/setup.sh).
+# there), LOG_RANK (which ranks' output to show, default 0), CONFIG_FILE, MAX_RESTARTS (titan-run
+# --max-restarts: restart the job after a failure up to this many times, resuming from the last
+# checkpoint; default 0). Every argument is a config override (--section.key value). The first
+# run sets everything up (scripts/setup.sh).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
@@ -27,7 +29,9 @@ fi
 grep -v -e '^\[setup\] building' -e '^ninja: no work to do' -e '^\[[0-9]*/[0-9]*\]' <<<"$out" || true
 
 TRAIN=("$BUILD/apps/titan-train" --job.config_file "$CONFIG_FILE" "$@")
-if [[ "$NGPU" == 1 ]]; then
+MAX_RESTARTS="${MAX_RESTARTS:-0}"
+if [[ "$NGPU" == 1 && "$MAX_RESTARTS" == 0 ]]; then
   exec "${TRAIN[@]}"
 fi
-exec "$BUILD/apps/titan-run" --nproc-per-node "$NGPU" --local-ranks-filter "$LOG_RANK" -- "${TRAIN[@]}"
+exec "$BUILD/apps/titan-run" --nproc-per-node "$NGPU" --local-ranks-filter "$LOG_RANK" \
+  --max-restarts "$MAX_RESTARTS" -- "${TRAIN[@]}"

@@ -177,7 +177,7 @@ LaunchOptions parse_launch_args(const std::vector<std::string>& args) {
                          "' is not supported (titan-run does static rendezvous: c10d or static)");
       }
     } else if (name == "max-restarts") {
-      if (parse_int_flag(name, *value, 0, 0) != 0) throw UsageError("unreachable");
+      o.max_restarts = parse_int_flag(name, *value, 0, 1000);
     } else if (name == "local-ranks-filter") {
       o.local_ranks_filter = parse_rank_list(*value, "--local-ranks-filter");
     } else if (name == "kill-grace-seconds") {
@@ -205,6 +205,11 @@ LaunchOptions parse_launch_args(const std::vector<std::string>& args) {
   if (o.nnodes > 1 && o.master_port && *o.master_port == 0) {
     throw UsageError("--master-port 0 (pick a free port) works on a single node only: with --nnodes " +
                      std::to_string(o.nnodes) + " every node must be given the same port");
+  }
+  if (o.nnodes > 1 && o.max_restarts > 0) {
+    throw UsageError("--max-restarts " + std::to_string(o.max_restarts) + " restarts one node's ranks; with --nnodes " +
+                     std::to_string(o.nnodes) + " the nodes would have to agree on every restart, which titan-run does "
+                     "not do yet: use --max-restarts 0 (the default) or one node");
   }
   if (o.local_ranks_filter) {
     for (int local : *o.local_ranks_filter) {
@@ -238,7 +243,10 @@ LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT), prefixes every output l
   --local-ranks-filter L    show output of these local ranks only, e.g. 0,1
                             (default: LOG_RANK from the environment, else all)
   --kill-grace-seconds S    after a failure: SIGTERM, then SIGKILL after S seconds (default 5)
-  --rdzv-backend, --rdzv-id, --role, --tee, --max-restarts 0, --no-python
+  --max-restarts N          when a rank fails, stop every rank and start the job again, up to
+                            N times (TORCHELASTIC_RESTART_COUNT tells the ranks which attempt;
+                            titan-train resumes from its last checkpoint); one node only (default 0)
+  --rdzv-backend, --rdzv-id, --role, --tee, --no-python
                             accepted for torchrun compatibility; no effect
   -h, --help                this text
 

@@ -14,7 +14,9 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
 #include <iostream>
+#include <sstream>
 #include <stdexcept>
 #include <thread>
 
@@ -45,11 +47,64 @@ int pick_free_port() {
   return ntohs(addr.sin_port);
 }
 
+namespace {
+
+void say(const std::string& message) { std::cerr << "titan-run: " << message << std::endl; }
+
+std::string describe_attempt(const AttemptResult& a, int node_rank) {
+  std::ostringstream os;
+  os << "rank " << a.failed_rank << " (node " << node_rank << ") " << a.failure;
+  if (a.last_step >= 0)
+    os << " after step " << a.last_step;
+  else
+    os << " before any step was logged";
+  return os.str();
+}
+
+}  // namespace
+
+// Note [In-job restarts]: as torchrun's --max-restarts, on one node: when an attempt fails (a
+// rank exits non-zero or is killed, which includes a rank ending on a collective timeout
+// because a peer froze), the supervisor has already stopped every rank and waited for them; the
+// job then starts again with TORCHELASTIC_RESTART_COUNT one higher, the same ranks, and a fresh
+// rendezvous (a new free port unless --master-port fixed it). The trainer resumes from its last
+// complete checkpoint as a manual rerun would (an async save in flight when the rank died was
+// never committed, so it is ignored). A signal to titan-run itself ends the job, never restarts it.
 int launch(const LaunchOptions& options) {
   if (options.command.empty()) throw UsageError("no command to run");
-  int port = options.master_port.value_or(options.nnodes == 1 ? 0 : kMultiNodeDefaultPort);
-  if (port == 0) port = pick_free_port();
-  return supervise(options, port);
+  std::vector<AttemptResult> failures;
+  for (int attempt = 0;; ++attempt) {
+    int port = options.master_port.value_or(options.nnodes == 1 ? 0 : kMultiNodeDefaultPort);
+    if (port == 0) port = pick_free_port();
+    const AttemptResult result = supervise(options, port, attempt);
+    if (result.exit_code == 0) {
+      if (attempt > 0) say("the job finished after " + std::to_string(attempt) + " restart" + (attempt == 1 ? "" : "s"));
+      return 0;
+    }
+    if (result.stopped_by_signal) return result.exit_code;
+    failures.push_back(result);
+    if (attempt >= options.max_restarts) {
+      if (options.max_restarts > 0) {
+        std::ostringstream os;
+        os << "giving up: the job failed " << failures.size() << " times (--max-restarts " << options.max_restarts
+           << ")";
+        for (size_t i = 0; i < failures.size(); ++i)
+          os << "\ntitan-run:   attempt " << i << ": " << describe_attempt(failures[i], options.node_rank);
+        const bool same_step = failures.size() > 1 && failures.front().last_step >= 0 &&
+                               std::all_of(failures.begin(), failures.end(), [&](const AttemptResult& f) {
+                                 return f.last_step == failures.front().last_step;
+                               });
+        if (same_step)
+          os << "\ntitan-run: every attempt failed after step " << failures.front().last_step
+             << ": the failure is deterministic (restarting will not get past it; see the errors above)";
+        say(os.str());
+      }
+      return result.exit_code;
+    }
+    say("restart " + std::to_string(attempt + 1) + " of " + std::to_string(options.max_restarts) + ": " +
+        describe_attempt(result, options.node_rank) + "; starting every rank again (TORCHELASTIC_RESTART_COUNT=" +
+        std::to_string(attempt + 1) + ")");
+  }
 }
 
 int launcher_main(int argc, char** argv) {

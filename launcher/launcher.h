@@ -4,7 +4,8 @@
 //
 // Plain C++17 + POSIX (no LibTorch), target titan_launcher. Static rendezvous only: every node
 // runs its own titan-run with the same --nnodes/--master-addr/--master-port and its own
-// --node-rank; no elastic restarts.
+// --node-rank. --max-restarts N restarts a failed job on one node (Note [In-job restarts] in
+// launcher.cpp); the same ranks, no elastic membership.
 #pragma once
 
 #include <functional>
@@ -34,6 +35,7 @@ struct LaunchOptions {
   // Local ranks whose output is shown; unset: LOG_RANK from the environment, else all.
   std::optional<std::vector<int>> local_ranks_filter;
   double kill_grace_seconds = 5.0;  // SIGTERM -> SIGKILL delay when stopping ranks
+  int max_restarts = 0;              // attempts after the first that fail (Note [In-job restarts])
   std::vector<std::string> command;  // the trainer's argv (argv[0] looked up in PATH)
   bool help = false;                 // --help: print launch_usage() and exit 0
 };
@@ -52,9 +54,10 @@ std::string launch_usage();
 // rank can bind it: racy in theory, as in torchrun, fine in practice).
 int pick_free_port();
 
-// Runs the job to completion; returns titan-run's exit code: 0 when every rank exits 0, the
-// failing rank's exit code, or 128 + signal for a rank killed by a signal (or for a signal that
-// stopped the launcher). Throws std::runtime_error when a rank cannot be started.
+// Runs the job to completion, restarting it up to max_restarts times; returns titan-run's exit
+// code: 0 when every rank of an attempt exits 0, else the last failing rank's exit code, or 128
+// + signal for a rank killed by a signal (or for a signal that stopped the launcher). Throws
+// std::runtime_error when a rank cannot be started.
 int launch(const LaunchOptions& options);
 
 // Called by a rank process at start (titan-train does): if titan-run started this process's

@@ -20,6 +20,7 @@
 // child subreaper of its tree (PR_SET_CHILD_SUBREAPER), so a rank's orphaned grandchildren are
 // reparented to it (and reaped by it) rather than to init while it lives.
 #include "launcher/supervisor.h"
+#include "launcher/process_status.h"
 
 
 #include <fcntl.h>
@@ -67,51 +68,6 @@ void on_signal(int sig) {
   errno = saved_errno;
 }
 
-const char* signal_name(int sig) {
-  switch (sig) {
-    case SIGHUP: return "SIGHUP";
-    case SIGINT: return "SIGINT";
-    case SIGQUIT: return "SIGQUIT";
-    case SIGILL: return "SIGILL";
-    case SIGTRAP: return "SIGTRAP";
-    case SIGABRT: return "SIGABRT";
-    case SIGBUS: return "SIGBUS";
-    case SIGFPE: return "SIGFPE";
-    case SIGKILL: return "SIGKILL";
-    case SIGUSR1: return "SIGUSR1";
-    case SIGSEGV: return "SIGSEGV";
-    case SIGUSR2: return "SIGUSR2";
-    case SIGPIPE: return "SIGPIPE";
-    case SIGALRM: return "SIGALRM";
-    case SIGTERM: return "SIGTERM";
-    case SIGXCPU: return "SIGXCPU";
-    case SIGXFSZ: return "SIGXFSZ";
-    case SIGSYS: return "SIGSYS";
-    default: return "unknown signal";
-  }
-}
-
-std::string describe_status(int status) {
-  std::ostringstream os;
-  if (WIFEXITED(status)) {
-    os << "exited with code " << WEXITSTATUS(status);
-  } else if (WIFSIGNALED(status)) {
-    os << "was killed by signal " << WTERMSIG(status) << " (" << signal_name(WTERMSIG(status))
-       << ")";
-    if (WCOREDUMP(status)) os << ", core dumped";
-  } else {
-    os << "ended with wait status " << status;
-  }
-  return os.str();
-}
-
-int exit_code_for(int status) {
-  if (WIFEXITED(status)) return WEXITSTATUS(status);
-  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
-  return 1;
-}
-
-bool succeeded(int status) { return WIFEXITED(status) && WEXITSTATUS(status) == 0; }
 
 // Writes everything; gives up quietly when the reader went away (EPIPE): the job keeps running.
 bool write_all(int fd, const std::string& data) {
@@ -148,13 +104,14 @@ struct Rank {
   std::string prefix;
   Stream out, err;
   std::deque<std::string> tail;  // last kTailLines lines of stdout+stderr, prefixed
+  int64_t last_step = -1;        // the last "step: N" it printed (a metrics line), -1: none
 };
 
 class Supervisor {
  public:
-  Supervisor(const LaunchOptions& options, int master_port)
-      : options_(options), master_port_(master_port) {}
-  int run();
+  Supervisor(const LaunchOptions& options, int master_port, int restart_count)
+      : options_(options), master_port_(master_port), restart_count_(restart_count) {}
+  AttemptResult run();
 
  private:
   std::vector<std::string> rank_environment(const Rank& r) const;
@@ -166,10 +123,11 @@ class Supervisor {
   void read_stream(Rank& r, Stream& s);
   void emit_line(Rank& r, Stream& s, std::string line);
   void drain_outputs();
-  int report();
+  AttemptResult report();
 
   const LaunchOptions& options_;
   const int master_port_;
+  const int restart_count_;
   std::vector<Rank> ranks_;
   bool stopping_ = false;
   std::optional<Clock::time_point> kill_deadline_;
@@ -208,6 +166,8 @@ std::vector<std::string> Supervisor::rank_environment(const Rank& r) const {
   set("ROLE_WORLD_SIZE", std::to_string(world_size));
   set("MASTER_ADDR", options_.master_addr);
   set("MASTER_PORT", std::to_string(master_port_));
+  set("TORCHELASTIC_RESTART_COUNT", std::to_string(restart_count_));
+  set("TORCHELASTIC_MAX_RESTARTS", std::to_string(options_.max_restarts));
   // titan-run prefixes every relayed line with "[rank N] "; the trainer then leaves its own
   // rank prefix out (under torchrun or srun it keeps it).
   set("TITAN_RUN_PREFIXES_OUTPUT", "1");
@@ -349,6 +309,19 @@ void Supervisor::emit_line(Rank& r, Stream& s, std::string line) {
   line += '\n';
   if (r.shown && output_ok_) output_ok_ = write_all(s.out_fd, line);
   line.pop_back();
+  // A metrics line ("... step: 12  loss: ...") or a resume ("checkpoint: resumed from ... at
+  // step 12"): the step the rank had reached.
+  size_t at = line.find("step: "), skip = 6;
+  if (at == std::string::npos && line.find("checkpoint: resumed from") != std::string::npos)
+    at = line.find(" at step "), skip = 9;
+  if (at != std::string::npos) {
+    size_t i = at + skip;
+    while (i < line.size() && line[i] == ' ') ++i;
+    int64_t step = 0;
+    bool digits = false;
+    for (; i < line.size() && line[i] >= '0' && line[i] <= '9'; ++i, digits = true) step = step * 10 + (line[i] - '0');
+    if (digits) r.last_step = step;
+  }
   r.tail.push_back(std::move(line));
   if (r.tail.size() > kTailLines) r.tail.pop_front();
 }
@@ -410,7 +383,9 @@ void Supervisor::drain_outputs() {
   }
 }
 
-int Supervisor::report() {
+AttemptResult Supervisor::report() {
+  AttemptResult result;
+  for (const Rank& r : ranks_) result.last_step = std::max(result.last_step, r.last_step);
   if (failed_index_ >= 0) {
     const Rank& f = ranks_[failed_index_];
     std::ostringstream os;
@@ -429,16 +404,20 @@ int Supervisor::report() {
          << describe_status(r.status) << " (stopped by titan-run)\n";
     }
     write_all(STDERR_FILENO, os.str());
-    return exit_code_for(f.status);
+    result.exit_code = exit_code_for(f.status);
+    result.failed_rank = f.rank;
+    result.failure = describe_status(f.status);
+    return result;
   }
   if (launcher_signal_ != 0) {
     say(std::string("stopped by ") + signal_name(launcher_signal_));
-    return 128 + launcher_signal_;
+    result.exit_code = 128 + launcher_signal_;
+    result.stopped_by_signal = true;
   }
-  return 0;
+  return result;
 }
 
-int Supervisor::run() {
+AttemptResult Supervisor::run() {
   prctl(PR_SET_CHILD_SUBREAPER, 1);  // best effort: the watchdog pipe does not depend on it
   int watchdog[2];
   if (pipe2(watchdog, O_CLOEXEC) != 0) throw std::runtime_error(std::string("pipe2 failed: ") + std::strerror(errno));
@@ -557,9 +536,9 @@ class SignalScope {
 
 }  // namespace
 
-int supervise(const LaunchOptions& options, int master_port) {
+AttemptResult supervise(const LaunchOptions& options, int master_port, int restart_count) {
   SignalScope signals;
-  Supervisor supervisor(options, master_port);
+  Supervisor supervisor(options, master_port, restart_count);
   return supervisor.run();
 }
 

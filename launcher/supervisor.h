@@ -4,6 +4,9 @@
 // (Notes [Rank process groups] and [Launcher watchdog pipe] in supervisor.cpp).
 #pragma once
 
+#include <cstdint>
+#include <string>
+
 #include "launcher/launcher.h"
 
 namespace titan::launcher {
@@ -12,8 +15,19 @@ namespace titan::launcher {
 // (written by the supervisor, read by watch_launcher).
 inline constexpr const char* kWatchdogFdVariable = "TITAN_RUN_WATCHDOG_FD";
 
-// Runs the job `options` describes with the store on `master_port`; installs titan-run's signal
-// handling for its duration. Returns titan-run's exit code.
-int supervise(const LaunchOptions& options, int master_port);
+// How one attempt of the job ended (launcher/restarts.h decides what follows).
+struct AttemptResult {
+  int exit_code = 0;             // titan-run's exit code for this attempt alone
+  bool stopped_by_signal = false;  // titan-run itself was signalled: never restarted
+  // The first rank that failed on its own (exit_code != 0 and not stopped_by_signal).
+  int failed_rank = -1;
+  std::string failure;           // "exited with code 1", "was killed by signal 9 (SIGKILL)"
+  int64_t last_step = -1;        // the last "step: N" any rank of this node printed (-1: none)
+};
+
+// Runs one attempt of the job `options` describes with the store on `master_port`: the ranks get
+// TORCHELASTIC_RESTART_COUNT = `restart_count` (and TORCHELASTIC_MAX_RESTARTS) as torchrun sets
+// them. Installs titan-run's signal handling for its duration.
+AttemptResult supervise(const LaunchOptions& options, int master_port, int restart_count);
 
 }  // namespace titan::launcher

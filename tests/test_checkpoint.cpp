@@ -30,6 +30,7 @@
 #include <thread>
 
 #include "tests/temp_dir.h"
+#include "tests/training_runs.h"
 #include "trainer/checkpoint/manager.h"
 #include "trainer/checkpoint/safetensors.h"
 #include "trainer/train.h"
@@ -43,6 +44,7 @@ using namespace titan::trainer;
 using namespace titan::trainer::checkpoint;
 using namespace titan::trainer::config;
 using Catch::Matchers::Contains;
+using namespace titan::testing::runs;
 
 namespace {
 
@@ -99,71 +101,6 @@ at::Tensor read_region(const fs::path& dir, const at::Tensor& full, std::vector<
 }
 
 // ---------------------------------------------------------------- training runs
-
-std::vector<std::string> job_args(const fs::path& dump, const std::vector<std::string>& extra = {}) {
-  std::vector<std::string> args = {
-      "--training.seq_len", "32", "--training.local_batch_size", "2", "--training.global_batch_size", "8",
-      "--training.steps", "20", "--lr_scheduler.warmup_steps", "2", "--metrics.log_freq", "1",
-      "--training.num_threads", "1", "--metrics.peak_flops", "1e12", "--training.seed", "3",
-      "--checkpoint.enable_checkpoint", "--checkpoint.interval", "10", "--job.dump_folder", dump.string()};
-  args.insert(args.end(), extra.begin(), extra.end());
-  return args;
-}
-
-std::string joined(const std::vector<std::string>& v) {
-  std::string s;
-  for (const auto& a : v) s += " " + a;
-  return s;
-}
-
-struct Step {
-  int64_t step = 0;
-  double loss = 0, grad_norm = 0;
-};
-
-std::vector<Step> read_metrics(const fs::path& dump) {
-  std::ifstream in(dump / "metrics.jsonl");
-  std::vector<Step> steps;
-  std::string line;
-  while (std::getline(in, line)) {
-    auto j = nlohmann::json::parse(line);
-    steps.push_back({j.at("step").get<int64_t>(), j.at("loss").get<double>(), j.at("grad_norm").get<double>()});
-  }
-  return steps;
-}
-
-// titan-train (nproc 1) or titan-run with nproc ranks; returns the log, requires exit 0.
-std::string run_ranks(int nproc, const std::vector<std::string>& args, const fs::path& log) {
-  const std::string train = TITAN_TRAIN_PATH + joined(args);
-  const std::string cmd = nproc == 1 ? train
-                                     : std::string(TITAN_RUN_PATH) + " --nproc-per-node " + std::to_string(nproc) +
-                                           " -- " + train;
-  const int status = std::system(("OMP_NUM_THREADS=1 LOG_RANK= " + cmd + " > " + log.string() + " 2>&1").c_str());
-  std::ifstream in(log);
-  std::string text((std::istreambuf_iterator<char>(in)), {});
-  INFO(text);
-  REQUIRE(WIFEXITED(status));
-  REQUIRE(WEXITSTATUS(status) == 0);
-  return text;
-}
-
-// The steps of `got` (a resumed run) against the same steps of `want`: equal, or within `rel`.
-void check_steps(const std::vector<Step>& want, const std::vector<Step>& got, double rel) {
-  REQUIRE(!got.empty());
-  size_t first = 0;
-  while (first < want.size() && want[first].step != got[0].step) ++first;
-  REQUIRE(want.size() - first == got.size());
-  for (size_t i = 0; i < got.size(); ++i) {
-    INFO("step " << got[i].step);
-    if (rel == 0) {
-      CHECK(got[i].loss == want[first + i].loss);
-      CHECK(got[i].grad_norm == want[first + i].grad_norm);
-    } else {
-      CHECK(got[i].loss == Approx(want[first + i].loss).epsilon(rel));
-      CHECK(got[i].grad_norm == Approx(want[first + i].grad_norm).epsilon(rel));
-    }
-  }
-}
 
 // One layout's uninterrupted 20-step run (saving step-10 and step-20), run once per name.
 struct Source {

@@ -405,6 +405,32 @@ TEST_CASE("parse_launch_args", "[launcher]") {
   CHECK_THROWS_WITH(tl::parse_launch_args({"--standalone=1", "a"}), Contains("takes no value"));
   CHECK_THROWS_WITH(tl::parse_launch_args({"--master-addr"}), Contains("--master-addr needs a value"));
   CHECK_THROWS_AS(tl::parse_launch_args({"-n", "2", "a"}), tl::UsageError);
+  CHECK(tl::parse_launch_args({"--max-restarts", "3", "a"}).max_restarts == 3);
+  CHECK(tl::parse_launch_args({"a"}).max_restarts == 0);
+  CHECK_THROWS_WITH(tl::parse_launch_args({"--max-restarts", "-1", "a"}), Contains("--max-restarts"));
+  CHECK_THROWS_WITH(tl::parse_launch_args({"--nnodes", "2", "--max-restarts", "1", "a"}),
+                    Contains("--max-restarts 1 restarts one node's ranks") && Contains("--nnodes 2"));
+}
+
+TEST_CASE("max restarts: a failed attempt starts every rank again with the next TORCHELASTIC_RESTART_COUNT",
+          "[launcher]") {
+  // Rank 1 fails in attempts 0 and 1, attempt 2 succeeds: 2 restarts of the allowed 3.
+  Result r = run_titan({"--nproc-per-node", "2", "--max-restarts", "3", "--", "/bin/sh", "-c",
+                        "echo \"attempt $TORCHELASTIC_RESTART_COUNT of $TORCHELASTIC_MAX_RESTARTS\"; "
+                        "[ \"$RANK\" = 0 ] || [ \"$TORCHELASTIC_RESTART_COUNT\" = 2 ] || exit 3"});
+  INFO("stdout:\n" << r.out << "stderr:\n" << r.err);
+  CHECK(r.exit_code() == 0);
+  CHECK(contains(r.out, "[rank 1] attempt 0 of 3\n"));
+  CHECK(contains(r.out, "[rank 1] attempt 2 of 3\n"));
+  CHECK(contains(r.err, "titan-run: restart 1 of 3: rank 1 (node 0) exited with code 3 before any step was logged"));
+  CHECK(contains(r.err, "titan-run: restart 2 of 3: rank 1 (node 0) exited with code 3"));
+  CHECK(contains(r.err, "titan-run: the job finished after 2 restarts"));
+  // Exhausted: the last failure's code, every failure listed.
+  Result e = run_titan({"--nproc-per-node", "1", "--max-restarts", "1", "--", "/bin/sh", "-c", "exit 5"});
+  CHECK(e.exit_code() == 5);
+  CHECK(contains(e.err, "titan-run: giving up: the job failed 2 times (--max-restarts 1)"));
+  CHECK(contains(e.err, "attempt 0: rank 0 (node 0) exited with code 5"));
+  CHECK(contains(e.err, "attempt 1: rank 0 (node 0) exited with code 5"));
 }
 
 namespace {

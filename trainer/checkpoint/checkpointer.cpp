@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <stdexcept>
 #include <utility>
@@ -206,6 +207,13 @@ int64_t Checkpointer::start() {
                    std::to_string(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count())
                        .substr(0, 6) +
                    " s)");
+  // Restarted by titan-run --max-restarts (Note [In-job restarts] in launcher/launcher.cpp): say
+  // where this attempt starts.
+  if (const char* count = std::getenv("TORCHELASTIC_RESTART_COUNT"); count && std::atoi(count) > 0)
+    util::log_info(std::string("restart ") + count + " of the job: " +
+                   (resume ? "continuing from the checkpoint of step " + std::to_string(start_step)
+                    : c.enable_checkpoint ? std::string("no complete checkpoint yet, training starts again from step 1")
+                               : std::string("checkpoint.enable_checkpoint is false, training starts again from step 1")));
   manager_->remove_incomplete();
   if (parallel::comm::Comm* world = mesh_.world()) world->barrier();
   if (c.create_seed_checkpoint) {

@@ -1,0 +1,181 @@
+// In-job restarts (titan-run --max-restarts, Note [In-job restarts] in launcher/launcher.cpp):
+// real ranks under titan-run, a worker killed or frozen mid-run, the job restarted, resumed from
+// its last checkpoint and finished equal to the uninterrupted run bit for bit (the resume is the
+// same as a manual rerun's, which tests/test_checkpoint.cpp checks bitwise); restarts exhausted
+// end non-zero naming every failure and leave no process behind.
+#include <catch2/catch.hpp>
+
+#include <dirent.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/temp_dir.h"
+#include "tests/training_runs.h"
+
+namespace fs = std::filesystem;
+using namespace titan::testing::runs;
+using Catch::Matchers::Contains;
+
+namespace {
+
+fs::path root() {
+  static const titan::testing::ScratchWithShards scratch("test_restarts");
+  return scratch.dir;
+}
+
+std::string read_text(const fs::path& p) {
+  std::ifstream in(p);
+  return std::string((std::istreambuf_iterator<char>(in)), {});
+}
+
+// The direct children of `pid`, in the order the kernel lists them (titan-run's ranks: rank 0 first).
+std::vector<pid_t> children_of(pid_t pid) {
+  std::vector<pid_t> kids;
+  std::ifstream in("/proc/" + std::to_string(pid) + "/task/" + std::to_string(pid) + "/children");
+  for (pid_t k; in >> k;) kids.push_back(k);
+  return kids;
+}
+
+// Processes whose command line mentions `needle` (the job's dump folder): none may outlive the job.
+std::vector<pid_t> processes_mentioning(const std::string& needle) {
+  std::vector<pid_t> found;
+  DIR* proc = opendir("/proc");
+  if (!proc) return found;
+  while (dirent* e = readdir(proc)) {
+    const pid_t pid = static_cast<pid_t>(std::atoi(e->d_name));
+    if (pid <= 0 || pid == getpid()) continue;
+    std::string cmdline = read_text(fs::path("/proc") / e->d_name / "cmdline");
+    for (char& c : cmdline)
+      if (c == '\0') c = ' ';
+    if (cmdline.find(needle) != std::string::npos) found.push_back(pid);
+  }
+  closedir(proc);
+  return found;
+}
+
+struct Launched {
+  int exit_code = -1;
+  std::string log;
+};
+
+// titan-run --max-restarts `restarts` with 2 ranks; `while_running(launcher pid)` is called every
+// 20 ms until it returns true (then no more), and the job is waited for (at most 240 s).
+template <typename Poke>
+Launched launch_with_restarts(int restarts, const std::vector<std::string>& args, const fs::path& log, Poke poke) {
+  const std::string cmd = "OMP_NUM_THREADS=1 LOG_RANK= exec " + std::string(TITAN_RUN_PATH) +
+                          " --nproc-per-node 2 --kill-grace-seconds 2 --max-restarts " + std::to_string(restarts) +
+                          " -- " + TITAN_TRAIN_PATH + joined(args) + " > " + log.string() + " 2>&1";
+  const pid_t pid = fork();
+  if (pid == 0) {
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  bool poked = false;
+  int status = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(240);
+  for (;;) {
+    const pid_t done = waitpid(pid, &status, WNOHANG);
+    if (done == pid) break;
+    if (std::chrono::steady_clock::now() > deadline) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      FAIL("titan-run did not finish within 240 s: " << read_text(log));
+    }
+    if (!poked) poked = poke(pid);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  Launched l;
+  l.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  l.log = read_text(log);
+  return l;
+}
+
+size_t metrics_lines(const fs::path& dump) {
+  std::ifstream in(dump / "metrics_rank0.jsonl");
+  return static_cast<size_t>(std::count(std::istreambuf_iterator<char>(in), {}, '\n'));
+}
+
+const std::vector<Step>& uninterrupted() {
+  static const std::vector<Step> steps = [] {
+    const fs::path dump = root() / "uninterrupted";
+    run_ranks(2, job_args(dump, {"--parallelism.data_parallel_shard_degree", "2", "--checkpoint.interval", "2"}),
+              root() / "uninterrupted.log");
+    return read_metrics(dump);
+  }();
+  return steps;
+}
+
+// A worker of the running job hit by `sig` once rank 0 logged `after` steps.
+auto hit_rank_1(const fs::path& dump, size_t after, int sig) {
+  return [dump, after, sig](pid_t launcher) {
+    if (metrics_lines(dump) < after) return false;
+    const std::vector<pid_t> ranks = children_of(launcher);
+    if (ranks.size() < 2) return false;
+    kill(ranks[1], sig);
+    return true;
+  };
+}
+
+}  // namespace
+
+TEST_CASE("in-job restart: a worker SIGKILLed mid-run; the job restarts, resumes and equals the uninterrupted run",
+          "[launcher][dist][slow]") {
+  const std::vector<Step>& want = uninterrupted();
+  const fs::path dump = root() / "killed";
+  const auto args = job_args(dump, {"--parallelism.data_parallel_shard_degree", "2", "--checkpoint.interval", "2"});
+  const Launched run = launch_with_restarts(1, args, root() / "killed.log", hit_rank_1(dump, 5, SIGKILL));
+  INFO(run.log);
+  CHECK(run.exit_code == 0);
+  CHECK_THAT(run.log, Contains("titan-run: restart 1 of 1: rank 1 (node 0) was killed by signal 9 (SIGKILL) after step"));
+  CHECK_THAT(run.log, Contains("restart 1 of the job: continuing from the checkpoint of step"));
+  CHECK_THAT(run.log, Contains("titan-run: the job finished after 1 restart"));
+  // metrics.jsonl: the first attempt's steps up to the checkpoint it resumed from, then the
+  // second attempt's (a resume drops the lines after its step); all equal the uninterrupted run.
+  const std::vector<Step> got = read_metrics(dump);
+  REQUIRE(got.size() == 20);
+  CHECK(got.back().step == 20);
+  check_steps(want, got, 0);
+}
+
+TEST_CASE("in-job restart: a worker frozen by SIGSTOP is found by the collective timeout, the job restarts and "
+          "finishes equal to the uninterrupted run",
+          "[launcher][dist][slow]") {
+  const std::vector<Step>& want = uninterrupted();
+  const fs::path dump = root() / "frozen";
+  const auto args = job_args(dump, {"--parallelism.data_parallel_shard_degree", "2", "--checkpoint.interval", "2",
+                                    "--comm.train_timeout_seconds", "5"});
+  const Launched run = launch_with_restarts(1, args, root() / "frozen.log", hit_rank_1(dump, 5, SIGSTOP));
+  INFO(run.log);
+  CHECK(run.exit_code == 0);
+  CHECK_THAT(run.log, Contains("timed out"));
+  CHECK_THAT(run.log, Contains("titan-run: restart 1 of 1: rank "));
+  CHECK_THAT(run.log, Contains("titan-run: the job finished after 1 restart"));
+  check_steps(want, read_metrics(dump), 0);
+}
+
+TEST_CASE("restarts exhausted: a failure at the same step every attempt ends non-zero, named as deterministic, no "
+          "process left",
+          "[launcher][dist][slow]") {
+  const fs::path dump = root() / "exhausted";
+  // Rank 1 fails as step 5 starts, every attempt; the attempts resume from step 4's checkpoint.
+  const auto args = job_args(dump, {"--parallelism.data_parallel_shard_degree", "2", "--checkpoint.interval", "2",
+                                    "--comm.debug_fail_at_step", "5", "--comm.debug_fail_rank", "1"});
+  const Launched run = launch_with_restarts(1, args, root() / "exhausted.log", [](pid_t) { return true; });
+  INFO(run.log);
+  CHECK(run.exit_code != 0);
+  CHECK_THAT(run.log, Contains("titan-run: restart 1 of 1: rank 1 (node 0) exited with code"));
+  CHECK_THAT(run.log, Contains("titan-run: giving up: the job failed 2 times (--max-restarts 1)"));
+  CHECK_THAT(run.log, Contains("attempt 0: rank 1 (node 0) exited with code") &&
+                          Contains("attempt 1: rank 1 (node 0) exited with code"));
+  CHECK_THAT(run.log, Contains("every attempt failed after step 4: the failure is deterministic"));
+  CHECK(processes_mentioning(dump.string()).empty());
+}
