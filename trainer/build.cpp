@@ -237,6 +237,8 @@ void Trainer::init_metrics() {
                                                       peak.flops_per_second,
                                                       mesh_->dims().non_data_parallel_size(), jsonl);
   if (start_step_ > 0) metrics_->resume_after(start_step_);  // the file continues the run
+  if (parallel::comm::Comm* world = mesh_->world(); world && cfg_.metrics.straggler_factor > 0)
+    stragglers_ = std::make_unique<observe::StragglerDetector>(*world, world_.group_rank, cfg_.metrics.straggler_factor);
   if (cfg_.metrics.enable_tensorboard && (cfg_.metrics.save_for_all_ranks || world_.rank == 0)) {
     // torchtitan's layout: <dump_folder>/<save_tb_folder>/<start time>[/rank_<R>].
     char stamp[32];

@@ -19,10 +19,16 @@ std::function<void(int64_t)> fault_injection_hook(const config::CommSection& com
   };
   check(comm.debug_fail_at_step, comm.debug_fail_rank, "comm.debug_fail_rank");
   check(comm.debug_stall_at_step, comm.debug_stall_rank, "comm.debug_stall_rank");
+  if (comm.debug_slow_seconds > 0 && comm.debug_slow_rank >= world_size)
+    throw config::ConfigError("comm.debug_slow_rank = " + std::to_string(comm.debug_slow_rank) +
+                              " is not a rank of this job: must be in [0, " + std::to_string(world_size - 1) +
+                              "] (WORLD_SIZE " + std::to_string(world_size) + ")");
   const int64_t fail_at = comm.debug_fail_rank == rank ? comm.debug_fail_at_step : 0;
   const int64_t stall_at = comm.debug_stall_rank == rank ? comm.debug_stall_at_step : 0;
-  if (fail_at <= 0 && stall_at <= 0) return {};
-  return [rank, fail_at, stall_at](int64_t step) {
+  const double slow = comm.debug_slow_rank == rank ? comm.debug_slow_seconds : 0;
+  if (fail_at <= 0 && stall_at <= 0 && slow <= 0) return {};
+  return [rank, fail_at, stall_at, slow](int64_t step) {
+    if (slow > 0) std::this_thread::sleep_for(std::chrono::duration<double>(slow));  // a slow host
     if (step == fail_at)
       throw std::runtime_error("rank " + std::to_string(rank) + " fails on purpose at step " + std::to_string(step) +
                                " (comm.debug_fail_at_step)");

@@ -121,6 +121,16 @@ TrainResult Trainer::train() {
       comm_seconds_logged_ = mesh_->comm_seconds();
       comm_exposed_logged_ = mesh_->comm_exposed_seconds();
       comm_by_dim_logged_ = by_dim;
+      if (stragglers_) {  // See Note [Straggler report]: one all-gather, at log steps only
+        const observe::StragglerReport r =
+            stragglers_->observe(metrics_->window_seconds() - std::max(0.0, m.comm_exposed_seconds));
+        m.compute_seconds_by_rank = r.compute_seconds;
+        m.straggler_ratio = r.ratio;
+        if (r.named) {
+          m.straggler_rank = r.slowest_rank;
+          util::log_warn(r.describe());
+        }
+      }
       metrics_->log(m);
     }
     if (validator_ && validator_->due(step, cfg_.training.steps)) {

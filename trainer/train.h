@@ -28,6 +28,7 @@
 #include "trainer/checkpoint/checkpointer.h"
 #include "trainer/config/job_config.h"
 #include "trainer/observe/metrics.h"
+#include "trainer/observe/stragglers.h"
 #include "trainer/observe/profiling.h"
 #include "trainer/optim/optimizer.h"
 #include "trainer/validate.h"
@@ -97,6 +98,7 @@ class Trainer {
   std::unique_ptr<optim::AdamW> optimizer_;
   optim::LrSchedule lr_schedule_{};
   std::unique_ptr<observe::MetricsLogger> metrics_;
+  std::unique_ptr<observe::StragglerDetector> stragglers_;  // distributed with metrics.straggler_factor on
   std::unique_ptr<observe::StepProfiler> profiler_;  // traces + memory snapshots ([profiling])
   int64_t global_batch_size_ = 0;
   launcher::WorldInfo world_;                                  // from the environment (torchrun-style)

@@ -58,6 +58,9 @@ struct MetricsSection {
   bool save_for_all_ranks = false;    // TensorBoard: every rank writes, else rank 0 only
   double peak_flops = 0;  // 0 = measure with a GEMM probe at start-up (CPU) or use the known
                           // device peak
+  // Note [Straggler report]: a rank whose compute time over the log window exceeds the median
+  // rank's by this factor is named on the log line; 0 = no report.
+  double straggler_factor = 1.5;
 };
 
 struct ModelSection {
@@ -229,6 +232,10 @@ struct CommSection {
   // debug_stall_at_step (0 = never), as a stopped rank would.
   int64_t debug_stall_at_step = 0;
   int64_t debug_stall_rank = 0;
+  // Fault injection for tests: rank debug_slow_rank sleeps this long at the start of every step
+  // (0 = never), a slow GPU or host the straggler report should name.
+  double debug_slow_seconds = 0;
+  int64_t debug_slow_rank = 0;
   // A simulated slower network (overlap tests and benchmarks): see CommOptions::debug_link_*.
   double debug_link_latency_ms = 0;
   double debug_link_bytes_per_second = 0;

@@ -87,6 +87,11 @@ std::vector<SectionSpec> build_table() {
           key("peak_flops", &MetricsSection::peak_flops,
               "Peak FLOP/s that MFU divides by; 0 = measure it with a GEMM probe at start-up "
               "(CPU) or use the known peak of the GPU.").at_least(0),
+          key("straggler_factor", &MetricsSection::straggler_factor,
+              "At each log step, name the rank whose compute time (the window's wall time minus "
+              "its time blocked in collectives) exceeds the median rank's by this factor; 0 = "
+              "no report (one small all-gather per log step when on).")
+              .in_closed(1, 1e6).or_exactly(0),
       }),
       section("model", &J::model, "Which model to build and how to tokenize.", {
           key("name", &ModelSection::name,
@@ -440,6 +445,12 @@ std::vector<SectionSpec> build_table() {
               "this step; 0 = never.").count_at_least(0),
           key("debug_stall_rank", &CommSection::debug_stall_rank,
               "The rank that comm.debug_stall_at_step stops.").count_at_least(0),
+          key("debug_slow_seconds", &CommSection::debug_slow_seconds,
+              "Fault injection (tests): rank comm.debug_slow_rank sleeps this long at the start "
+              "of every step, a straggler for metrics.straggler_factor to name; 0 = never.")
+              .in_closed(0, 3600),
+          key("debug_slow_rank", &CommSection::debug_slow_rank,
+              "The rank that comm.debug_slow_seconds slows.").count_at_least(0),
           key("debug_link_latency_ms", &CommSection::debug_link_latency_ms,
               "Simulated network (overlap tests, benchmarks): every collective completes no "
               "sooner than this latency after the group's link is free; 0 = off.")

@@ -111,6 +111,10 @@ MetricsLogger::MetricsLogger(c10::Device device, double flops_per_token, double 
   reset_window();
 }
 
+double MetricsLogger::window_seconds() const {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - window_start_).count();
+}
+
 void MetricsLogger::reset_window() {
   tokens_since_last_ = 0;
   flops_since_last_ = 0;
@@ -232,6 +236,11 @@ void MetricsLogger::log(const StepMetrics& m) {
     if (!m.comm_seconds_by_dim.empty()) record["comm_s_by_dim"] = m.comm_seconds_by_dim;
     if (m.skipped_steps > 0) record["skipped_steps"] = m.skipped_steps;
     if (!m.expert_load.empty()) record["expert_load"] = m.expert_load;  // per MoE layer, max / mean
+    if (!m.compute_seconds_by_rank.empty()) {
+      record["compute_s_by_rank"] = m.compute_seconds_by_rank;
+      record["straggler_ratio"] = m.straggler_ratio;
+      if (m.straggler_rank >= 0) record["straggler_rank"] = m.straggler_rank;
+    }
     try {
       util::append_whole_record(jsonl_fd_, record.dump() + '\n', jsonl_path_);  // whole line or none
     } catch (const std::runtime_error& e) {
@@ -247,6 +256,11 @@ void MetricsLogger::log(const StepMetrics& m) {
     tensorboard_->add_scalar("throughput(tps)", tps, m.step);
     tensorboard_->add_scalar("tflops", tflops, m.step);
     tensorboard_->add_scalar("mfu(%)", mfu, m.step);
+    if (!m.compute_seconds_by_rank.empty()) {
+      tensorboard_->add_scalar("stragglers/slowest_over_median", m.straggler_ratio, m.step);
+      for (size_t r = 0; r < m.compute_seconds_by_rank.size(); ++r)
+        tensorboard_->add_scalar("stragglers/compute_s_rank" + std::to_string(r), m.compute_seconds_by_rank[r], m.step);
+    }
     tensorboard_->flush();
   } catch (const std::runtime_error& e) {
     record_loss(m.step, e.what());

@@ -70,6 +70,11 @@ struct StepMetrics {
   // MoE models: each MoE layer's max / mean tokens per expert in the logged step (1 = balanced);
   // the line shows the worst layer ("expert_load"), the JSONL record every layer.
   std::vector<double> expert_load;
+  // Note [Straggler report]: every rank's compute seconds in this window (empty: report off or
+  // one process), and the rank named slow (-1: none).
+  std::vector<double> compute_seconds_by_rank;
+  int straggler_rank = -1;
+  double straggler_ratio = 0;  // the slowest rank's compute over the median's
 };
 
 class MetricsLogger {
@@ -99,6 +104,8 @@ class MetricsLogger {
   void resume_after(int64_t step) { resume_step_ = step; }
   // Resets the window without logging (e.g. after start-up work that should not count).
   void reset_window();
+  // Wall seconds since the window began (the next line's elapsed_s).
+  double window_seconds() const;
   // "" when every metrics record (JSONL line, TensorBoard events) was written; else "metrics
   // lost from step N (...)". A failed write does not stop the step (Note [Lost metrics]).
   std::string lost_metrics() const;

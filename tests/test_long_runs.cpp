@@ -1,8 +1,10 @@
-// In-job restarts (titan-run --max-restarts, Note [In-job restarts] in launcher/launcher.cpp):
+// Keeping a long run alive. In-job restarts (titan-run --max-restarts, Note [In-job restarts] in
+// launcher/launcher.cpp):
 // real ranks under titan-run, a worker killed or frozen mid-run, the job restarted, resumed from
 // its last checkpoint and finished equal to the uninterrupted run bit for bit (the resume is the
 // same as a manual rerun's, which tests/test_checkpoint.cpp checks bitwise); restarts exhausted
-// end non-zero naming every failure and leave no process behind.
+// end non-zero naming every failure and leave no process behind. The slow rank named (Note
+// [Straggler report] in trainer/observe/stragglers.h).
 #include <catch2/catch.hpp>
 
 #include <dirent.h>
@@ -28,7 +30,7 @@ using Catch::Matchers::Contains;
 namespace {
 
 fs::path root() {
-  static const titan::testing::ScratchWithShards scratch("test_restarts");
+  static const titan::testing::ScratchWithShards scratch("test_long_runs");
   return scratch.dir;
 }
 
@@ -178,4 +180,44 @@ TEST_CASE("restarts exhausted: a failure at the same step every attempt ends non
                           Contains("attempt 1: rank 1 (node 0) exited with code"));
   CHECK_THAT(run.log, Contains("every attempt failed after step 4: the failure is deterministic"));
   CHECK(processes_mentioning(dump.string()).empty());
+}
+
+TEST_CASE("the straggler report names a rank slowed by comm.debug_slow_seconds at the first log step, and nobody in "
+          "a 4-rank run without one",
+          "[launcher][dist][slow]") {
+  // 4 ranks (FSDP 4) on this machine's cores, log windows of 5 steps. Without a straggler the
+  // slowest rank's compute stayed within 1.12x of the median (measured over 20 steps); the slowed
+  // rank sleeps 0.3 s per step on top of ~0.18 s of work: 2.6-2.7x. The factor 1.5 (default)
+  // separates them with room on both sides.
+  auto run = [](const std::string& name, const std::vector<std::string>& extra) {
+    const fs::path dump = root() / name;
+    std::vector<std::string> args = {"--training.steps", "20", "--metrics.log_freq", "5", "--training.seq_len", "64",
+                                     "--training.local_batch_size", "2", "--training.num_threads", "1",
+                                     "--parallelism.data_parallel_shard_degree", "4", "--job.dump_folder",
+                                     dump.string()};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const std::string cmd = "OMP_NUM_THREADS=1 LOG_RANK= " + std::string(TITAN_RUN_PATH) + " --nproc-per-node 4 -- " +
+                            TITAN_TRAIN_PATH + joined(args) + " > " + (root() / (name + ".log")).string() + " 2>&1";
+    const int status = std::system(cmd.c_str());
+    const std::string log = read_text(root() / (name + ".log"));
+    INFO(log);
+    REQUIRE(WIFEXITED(status));
+    REQUIRE(WEXITSTATUS(status) == 0);
+    std::vector<nlohmann::json> lines;
+    std::ifstream in(dump / "metrics_rank0.jsonl");
+    for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+    return std::make_pair(log, lines);
+  };
+  const auto [quiet_log, quiet] = run("no_straggler", {});
+  CHECK_THAT(quiet_log, !Contains("straggler:"));
+  REQUIRE(quiet.size() == 5);  // steps 1, 5, 10, 15, 20
+  for (const auto& j : quiet) {
+    CHECK(j.at("compute_s_by_rank").size() == 4);
+    CHECK_FALSE(j.contains("straggler_rank"));
+  }
+  const auto [slow_log, slow] = run("straggler", {"--comm.debug_slow_rank", "2", "--comm.debug_slow_seconds", "0.3"});
+  CHECK_THAT(slow_log, Contains("straggler: rank 2 (node 0) computed"));
+  REQUIRE(slow.size() == 5);
+  CHECK((slow[0].value("straggler_rank", -1) == 2 || slow[1].value("straggler_rank", -1) == 2));
+  for (const auto& j : slow) CHECK(j.at("straggler_ratio").get<double>() > 1.5);
 }
