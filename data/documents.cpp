@@ -77,6 +77,10 @@ std::vector<std::string> read_fortunes(const std::string& dir) {
   const std::string folder = dir.empty() ? kFortunesDir : dir;
   std::error_code ec;
   if (!fs::is_directory(folder, ec)) {
+    if (fs::exists(folder, ec))  // the path is there, but it is no folder
+      throw std::runtime_error("training.dataset_path " + folder + " is " + util::file_kind(folder) +
+                               ", but the fortunes dataset reads a folder of fortune files: point it at "
+                               "the folder that holds them (default " + std::string(kFortunesDir) + ")");
     throw std::runtime_error("fortunes dataset folder " + folder +
                              " not found: run scripts/setup.sh (it installs the Debian package "
                              "'fortunes'), or point training.dataset_path at a folder of "

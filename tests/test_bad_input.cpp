@@ -267,6 +267,45 @@ TEST_CASE("SIGTERM during start-up ends the process with a message", "[bad_input
   CHECK_THAT(read_log(), Contains("titan-train: interrupted during start-up by SIGTERM"));
 }
 
+TEST_CASE("SIGTERM while the libraries initialize, before main, also ends with the message", "[bad_input]") {
+  // LibTorch's static initializers take ~0.15 s before main; the handlers are installed from the
+  // executable's .preinit_array, before them (apps/train_main.cpp). The signal is sent as soon as
+  // the process catches SIGTERM (/proc/PID/status SigCgt), which is then inside that window.
+  const fs::path log = scratch() / "sigterm_early.log";
+  const pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 1), dup2(fd, 2);
+    execl(TITAN_TRAIN_PATH, TITAN_TRAIN_PATH, "--training.steps", "1", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  auto catches_sigterm = [pid] {
+    std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+    for (std::string line; std::getline(status, line);)
+      if (line.rfind("SigCgt:", 0) == 0) return ((std::stoull(line.substr(7), nullptr, 16) >> (SIGTERM - 1)) & 1) != 0;
+    return false;
+  };
+  // First the exec (the forked child still has this test's handlers), then titan-train's own.
+  const fs::path exe = fs::path("/proc") / std::to_string(pid) / "exe";
+  auto exec_done = [&] {
+    std::error_code ec;
+    return fs::read_symlink(exe, ec).filename() == fs::path(TITAN_TRAIN_PATH).filename();
+  };
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!(exec_done() && catches_sigterm()) && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  REQUIRE(kill(pid, SIGTERM) == 0);
+  int status = 0;
+  REQUIRE(waitpid(pid, &status, 0) == pid);
+  std::ifstream in(log);
+  const std::string text(std::istreambuf_iterator<char>(in), {});
+  INFO(text);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 128 + SIGTERM);
+  CHECK_THAT(text, Contains("titan-train: interrupted during start-up by SIGTERM"));
+}
+
 TEST_CASE("the disagreement message names the key, the values and the ranks", "[bad_input]") {
   using titan::trainer::config::describe_disagreement;
   CHECK_THAT(describe_disagreement("training.seq_len", {"2048", "1024", "2048", "2048"}, 0),

@@ -524,6 +524,14 @@ TEST_CASE("fortunes dataset loads with the byte tokenizer", "[data][fortunes]") 
   }
   auto docs = read_fortunes("");
   CHECK(docs.size() > 1000);
+  // A path that exists but is a file: said so, not "not found".
+  const fs::path file = fs::temp_directory_path() / ("titan_fortunes_file_" + std::to_string(getpid()));
+  { std::ofstream(file) << "one\n%\n"; }
+  CHECK_THROWS_WITH(read_fortunes(file.string()),
+                    Catch::Contains("training.dataset_path " + file.string() + " is a regular file") &&
+                        Catch::Contains("reads a folder of fortune files"));
+  fs::remove(file);
+  CHECK_THROWS_WITH(read_fortunes("/nonexistent/fortunes"), Catch::Contains("not found"));
   for (const std::string& doc : docs) REQUIRE(doc.find("\n%\n") == std::string::npos);
   ByteTokenizer tok;
   DataConfig config;

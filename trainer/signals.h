@@ -1,6 +1,8 @@
 // trainer/signals.h — what SIGINT / SIGTERM do, by phase.
 //
-// Start-up (config, rendezvous, model build, checkpoint load) has no step boundary to stop at,
+// Start-up (the libraries' static initializers before main: the handlers are installed from the
+// executable's .preinit_array; then config, rendezvous, model build, checkpoint load) has no step
+// boundary to stop at,
 // so a signal there ends the process at once: "titan-train: interrupted during start-up by
 // SIGTERM" on stderr and exit status 128 + signal (143 for SIGTERM, 130 for SIGINT), as the
 // shell reports a process killed by it. Inside the training loop a signal only sets a flag: the
