@@ -402,6 +402,10 @@ AttemptResult Supervisor::report() {
       if (&r == &f || succeeded(r.status)) continue;
       os << "titan-run: rank " << r.rank << " (local " << r.local_rank << ", pid " << r.pid << ") "
          << describe_status(r.status) << " (stopped by titan-run)\n";
+      // Its own error lines too: the one that names the cause may be this rank's, whatever
+      // --local-ranks-filter / LOG_RANK showed.
+      for (const auto& line : r.tail)
+        if (line.find(" - error - ") != std::string::npos) os << "  " << line << "\n";
     }
     write_all(STDERR_FILENO, os.str());
     result.exit_code = exit_code_for(f.status);

@@ -221,3 +221,34 @@ TEST_CASE("the straggler report names a rank slowed by comm.debug_slow_seconds a
   CHECK((slow[0].value("straggler_rank", -1) == 2 || slow[1].value("straggler_rank", -1) == 2));
   for (const auto& j : slow) CHECK(j.at("straggler_ratio").get<double>() > 1.5);
 }
+
+TEST_CASE("a corrupt shard of rank 1 is named to the user although only rank 0's output is shown",
+          "[launcher][dist][slow]") {
+  // FSDP 2 saves step 10; one byte of rank 1's shard flipped; the resume shows rank 0 only
+  // (--local-ranks-filter 0, as LOG_RANK=0 does). Rank 1's error names the file; rank 0 must say
+  // it too (the failing ranks' messages are gathered to all), and titan-run prints the error
+  // lines of every rank that failed.
+  const fs::path dump = root() / "corrupt";
+  const auto args = job_args(dump, {"--parallelism.data_parallel_shard_degree", "2"});
+  auto ten_steps = args;
+  ten_steps.insert(ten_steps.end(), {"--training.steps", "10"});
+  run_ranks(2, ten_steps, root() / "corrupt_first.log");
+  const fs::path shard = dump / "checkpoint" / "step-10" / "rank00001.safetensors";
+  REQUIRE(fs::exists(shard));
+  {
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(fs::file_size(shard) - 7));
+    f.put('\x5a');
+  }
+  const fs::path log = root() / "corrupt_resume.log";
+  const std::string cmd = "OMP_NUM_THREADS=1 " + std::string(TITAN_RUN_PATH) +
+                          " --nproc-per-node 2 --local-ranks-filter 0 -- " + TITAN_TRAIN_PATH + joined(args) + " > " +
+                          log.string() + " 2>&1";
+  const int status = std::system(cmd.c_str());
+  const std::string text = read_text(log);
+  INFO(text);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) != 0);
+  CHECK_THAT(text, Contains("[rank 0]") && Contains("rank 1 failed to load the checkpoint:") &&
+                       Contains("rank00001.safetensors"));
+}

@@ -1,10 +1,13 @@
 // trainer/checkpoint/checkpointer.cpp — see checkpointer.h.
 #include "trainer/checkpoint/checkpointer.h"
 
+#include <ATen/ops/empty.h>
 #include <ATen/ops/tensor.h>
+#include <ATen/ops/zeros.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <cstdlib>
 #include <filesystem>
 #include <stdexcept>
@@ -147,6 +150,29 @@ void Checkpointer::save(int64_t step) {
                  cfg_.checkpoint.async_mode + ")");
 }
 
+namespace {
+
+// The load errors of the ranks that failed, gathered to every rank (each sends its own, up to
+// kBytes; "" when it did not fail): "rank 1 failed to load the checkpoint: <its message>; ...".
+std::string errors_of_other_ranks(parallel::comm::Comm& world, const std::string& mine, c10::Device device) {
+  constexpr int64_t kBytes = 2048;
+  at::Tensor sent = at::zeros({kBytes}, at::kByte);
+  std::memcpy(sent.data_ptr<uint8_t>(), mine.data(), std::min<size_t>(mine.size(), kBytes - 1));
+  at::Tensor gathered = at::empty({world.size() * kBytes}, sent.options().device(device));
+  world.all_gather_into_tensor(gathered, sent.to(device));
+  const at::Tensor all = gathered.to(at::kCPU);
+  std::string text;
+  for (int r = 0; r < world.size(); ++r) {
+    const char* message = reinterpret_cast<const char*>(all.data_ptr<uint8_t>() + r * kBytes);
+    if (*message == '\0') continue;
+    text += (text.empty() ? "" : "; ") + std::string("rank ") + std::to_string(world.global_ranks()[static_cast<size_t>(r)]) +
+            " failed to load the checkpoint: " + std::string(message, strnlen(message, kBytes));
+  }
+  return text;
+}
+
+}  // namespace
+
 int64_t Checkpointer::start() {
   const auto& c = cfg_.checkpoint;
   if (!c.initial_load_path.empty() && !std::filesystem::exists(c.initial_load_path))
@@ -195,9 +221,12 @@ int64_t Checkpointer::start() {
     at::Tensor flag = at::tensor({static_cast<float>(any_failed)}, at::TensorOptions().dtype(at::kFloat)).to(device_);
     world->all_reduce(flag, parallel::comm::ReduceOp::kMax);
     any_failed = flag.item<float>() > 0 ? 1 : 0;
+    // Every rank says what failed where, whatever LOG_RANK shows: the failing ranks' messages
+    // (the one naming the file) gathered to all (one more collective, on the failure path only).
+    if (any_failed && error.empty()) throw std::runtime_error(errors_of_other_ranks(*world, error, device_));
+    if (any_failed) errors_of_other_ranks(*world, error, device_);  // its part of the same collective
   }
-  if (any_failed)
-    throw std::runtime_error(error.empty() ? "another rank failed to load the checkpoint (see its error)" : error);
+  if (any_failed) throw std::runtime_error(error);
   // After a resume: FSDP's precomputed float8 scales as the saved step's optimizer step left
   // them (a fresh run's first step measures its scales, as the uninterrupted run did).
   if (resume) parallel_.after_load();
