@@ -145,6 +145,9 @@ TEST_CASE("numbers out of their type's or the machine's range are refused by nam
        "comm.train_timeout_seconds = 9223372036854775 is out of range: must be in [1, 2592000]"},
       {"job.dump_folder = \"\" (was: filesystem error: Invalid argument [])",
        run + " --job.dump_folder ''", 2, "job.dump_folder is empty; give a path"},
+      {"local_batch_size 100000 (was: DefaultCPUAllocator: can't allocate memory: ... 3276800000 bytes)",
+       run + " --training.local_batch_size 100000", 2,
+       "GiB for training.local_batch_size 100000 x training.seq_len"},
   };
   for (const Row& row : rows) check_row(row);
 }

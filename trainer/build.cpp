@@ -142,6 +142,14 @@ void Trainer::init_data() {
 
 }
 
+void Trainer::check_memory_fits() {
+  // See Note [Memory shortfall]: a run whose estimate is far above the machine would fail at its
+  // first large allocation with only the allocator's byte count; the estimate says which key.
+  const std::string shortfall =
+      observe::memory_shortfall(cfg_, mesh_->local_rank(parallel::comm::MeshDim::kPp), kRefuseAboveEstimate);
+  if (!shortfall.empty()) throw config::ConfigError(shortfall);
+}
+
 void Trainer::build_model() {
   model::ModelArgs args = model::trained_model_args(cfg_.model.name, cfg_.model.flavor, tokenizer_->vocab_size());
   args.eos_id = tokenizer_->eos_id();  // ends a document (block-causal attention)

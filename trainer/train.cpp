@@ -21,6 +21,7 @@ namespace titan::trainer {
 Trainer::Trainer(config::JobConfig cfg) : cfg_(std::move(cfg)) {
   init_device();     // device, threads, determinism, dtypes, CPU memory limit, profiler
   init_mesh();       // the world process group (WORLD_SIZE > 1) and the device mesh
+  check_memory_fits();  // the memory estimate against the machine, before allocating
   init_data();       // tokenizer, this rank's loader, the validator
   build_model();     // meta model, converters, parallelize_llama, init, the schedule
   init_optimizer();  // AdamW over the masters, the LR schedule
@@ -96,6 +97,12 @@ TrainResult Trainer::train() {
     } catch (const c10::OutOfMemoryError&) {
       profiler_->on_out_of_memory(step);  // the snapshot of the failing step, then exit
       throw;
+    } catch (const c10::Error& e) {  // the CPU allocator's failure: say which key and what fits
+      const std::string what = e.what_without_backtrace();
+      if (what.find("can't allocate memory") == std::string::npos) throw;
+      const std::string advice = observe::memory_shortfall(cfg_, mesh_->local_rank(parallel::comm::MeshDim::kPp), 0);
+      throw std::runtime_error("out of memory at step " + std::to_string(step) + ": " + what.substr(0, what.find('\n')) +
+                               (advice.empty() ? "" : "; " + advice));
     }
     profiler_->step_end(step);
     if (cfg_.job.print_pipeline_schedule && (step == start_step_ + 2 || step == cfg_.training.steps))

@@ -28,6 +28,7 @@
 #include "trainer/checkpoint/checkpointer.h"
 #include "trainer/config/job_config.h"
 #include "trainer/observe/metrics.h"
+#include "trainer/observe/memory_estimate.h"
 #include "trainer/observe/stragglers.h"
 #include "trainer/observe/profiling.h"
 #include "trainer/optim/optimizer.h"
@@ -72,6 +73,10 @@ class Trainer {
   void init_device();     // device, threads, determinism, dtypes, CPU memory limit, profiler
   void init_mesh();       // the world process group when WORLD_SIZE > 1, and always the mesh
   void init_data();       // tokenizer, this rank's loader, the validator
+  // Refuses a run whose memory estimate exceeds the machine by more than 1.25x (Note [Memory
+  // shortfall]), before any large allocation.
+  void check_memory_fits();
+  static constexpr double kRefuseAboveEstimate = 1.25;  // the estimate is within ~15% of peaks
   void build_model();     // meta model, converters, parallelize_llama, init, the schedule
   void init_optimizer();  // AdamW over the masters, the LR schedule
   void init_metrics();    // the mfu peak, the metrics logger and TensorBoard

@@ -480,4 +480,35 @@ std::string format_memory_estimate(const EstimateInputs& in, const MemoryEstimat
   return os.str();
 }
 
+std::string memory_shortfall(const config::JobConfig& cfg, int pp_rank, double margin) {
+  EstimateInputs in = estimate_inputs_from_config(cfg);
+  in.pp_rank = pp_rank;
+  const int64_t capacity = in.device_capacity;
+  if (capacity <= 0) return "";
+  auto gib = [](int64_t bytes) {  // "12.3 GiB"
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%.1f GiB", static_cast<double>(bytes) / double(1ll << 30));
+    return std::string(buf);
+  };
+  const MemoryEstimate e = estimate_memory(in);
+  if (static_cast<double>(e.total) <= margin * static_cast<double>(capacity)) return "";
+  const int64_t state = e.parameters + e.gradients + e.optimizer_state;
+  std::ostringstream os;
+  os << "the memory estimate for this rank is " << gib(e.total) << ", more than the " << gib(capacity) << " of "
+     << in.device_name << ": ";
+  if (e.activations >= state) {
+    os << "activations " << gib(e.activations) << " for training.local_batch_size " << in.local_batch_size
+       << " x training.seq_len " << in.seq_len << " (activation checkpointing: " << parallel::describe_ac(in.ac)
+       << "); lower training.local_batch_size or training.seq_len (training.global_batch_size keeps the batch "
+          "through gradient accumulation), checkpoint activations (activation_checkpoint.mode full), or split the "
+          "sequence over more ranks (parallelism.context_parallel_degree)";
+  } else {
+    os << "parameters, gradients and optimizer state " << gib(state) << " for model.flavor " << cfg.model.flavor
+       << "; shard them over more ranks (parallelism.data_parallel_shard_degree, tensor_parallel_degree, "
+          "pipeline_parallel_degree)";
+  }
+  os << ". titan-train --estimate-memory prints the whole estimate";
+  return os.str();
+}
+
 }  // namespace titan::trainer::observe

@@ -74,4 +74,13 @@ EstimateInputs estimate_inputs_from_config(const config::JobConfig& cfg);
 // The report printed by --estimate-memory (one line per item, GiB, and the verdict).
 std::string format_memory_estimate(const EstimateInputs& in, const MemoryEstimate& e);
 
+// Note [Memory shortfall]: what a user can act on when a run does not fit: this rank's estimate
+// against the machine (the device's capacity; training.cpu_memory_limit_gib is left to produce
+// its out-of-memory error and snapshot, which is what it is for), the keys that set the largest
+// term, and what to change. "" when the capacity is unknown or the
+// estimate is at most `margin` x the capacity (the estimate is within ~15% of measured peaks).
+// `pp_rank`: this rank's pipeline rank. The trainer refuses to start above 1.25x, and on an
+// allocation failure adds this text (margin 0) to the allocator's message.
+std::string memory_shortfall(const config::JobConfig& cfg, int pp_rank, double margin);
+
 }  // namespace titan::trainer::observe
