@@ -11,6 +11,7 @@
 #include "float8/recipe.h"
 #include "model/flavors.h"
 #include "trainer/config/pipeline_keys.h"
+#include "float8/block_scaled_linear.h"
 #include "trainer/observe/memory.h"
 
 namespace titan::trainer::observe {
@@ -397,7 +398,9 @@ EstimateInputs estimate_inputs_from_config(const config::JobConfig& cfg) {
                                 "float8") != cfg.model.converters.end();
   if (float8) in.float8_recipe = cfg.float8.recipe_name;
   in.float8_all_gather = float8 && cfg.float8.enable_fsdp_float8_all_gather;
-  if (float8 && cfg.float8.tp_input_all_gather) {
+  // The TP input gather in float8 is a tensorwise recipe's (block-scaled recipes have no such
+  // gather: their names are not float8::recipe_names()).
+  if (float8 && cfg.float8.tp_input_all_gather && !float8::is_block_scaled_recipe_name(cfg.float8.recipe_name)) {
     const float8::Float8Recipe r = float8::recipe_from_name(cfg.float8.recipe_name);
     in.float8_tp_input_all_gather = !r.delayed && !r.grad_weight_high_precision &&
                                     r.input.granularity == float8::ScalingGranularity::Tensorwise;
