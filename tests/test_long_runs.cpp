@@ -106,11 +106,16 @@ size_t metrics_lines(const fs::path& dump) {
   return static_cast<size_t>(std::count(std::istreambuf_iterator<char>(in), {}, '\n'));
 }
 
+// The restart tests' job: 2 ranks of FSDP 2, a checkpoint every 2 steps (and `extra`).
+std::vector<std::string> restart_job(const fs::path& dump, std::vector<std::string> extra = {}) {
+  extra.insert(extra.begin(), {"--parallelism.data_parallel_shard_degree", "2", "--checkpoint.interval", "2"});
+  return job_args(dump, extra);
+}
+
 const std::vector<Step>& uninterrupted() {
   static const std::vector<Step> steps = [] {
     const fs::path dump = root() / "uninterrupted";
-    run_ranks(2, job_args(dump, {"--parallelism.data_parallel_shard_degree", "2", "--checkpoint.interval", "2"}),
-              root() / "uninterrupted.log");
+    run_ranks(2, restart_job(dump), root() / "uninterrupted.log");
     return read_metrics(dump);
   }();
   return steps;
@@ -133,8 +138,7 @@ TEST_CASE("in-job restart: a worker SIGKILLed mid-run; the job restarts, resumes
           "[launcher][dist][slow]") {
   const std::vector<Step>& want = uninterrupted();
   const fs::path dump = root() / "killed";
-  const auto args = job_args(dump, {"--parallelism.data_parallel_shard_degree", "2", "--checkpoint.interval", "2"});
-  const Launched run = launch_with_restarts(1, args, root() / "killed.log", hit_rank_1(dump, 5, SIGKILL));
+  const Launched run = launch_with_restarts(1, restart_job(dump), root() / "killed.log", hit_rank_1(dump, 5, SIGKILL));
   INFO(run.log);
   CHECK(run.exit_code == 0);
   CHECK_THAT(run.log, Contains("titan-run: restart 1 of 1: rank 1 (node 0) was killed by signal 9 (SIGKILL) after step"));
@@ -153,9 +157,8 @@ TEST_CASE("in-job restart: a worker frozen by SIGSTOP is found by the collective
           "[launcher][dist][slow]") {
   const std::vector<Step>& want = uninterrupted();
   const fs::path dump = root() / "frozen";
-  const auto args = job_args(dump, {"--parallelism.data_parallel_shard_degree", "2", "--checkpoint.interval", "2",
-                                    "--comm.train_timeout_seconds", "5"});
-  const Launched run = launch_with_restarts(1, args, root() / "frozen.log", hit_rank_1(dump, 5, SIGSTOP));
+  const Launched run = launch_with_restarts(1, restart_job(dump, {"--comm.train_timeout_seconds", "5"}),
+                                            root() / "frozen.log", hit_rank_1(dump, 5, SIGSTOP));
   INFO(run.log);
   CHECK(run.exit_code == 0);
   CHECK_THAT(run.log, Contains("timed out"));
@@ -169,8 +172,7 @@ TEST_CASE("restarts exhausted: a failure at the same step every attempt ends non
           "[launcher][dist][slow]") {
   const fs::path dump = root() / "exhausted";
   // Rank 1 fails as step 5 starts, every attempt; the attempts resume from step 4's checkpoint.
-  const auto args = job_args(dump, {"--parallelism.data_parallel_shard_degree", "2", "--checkpoint.interval", "2",
-                                    "--comm.debug_fail_at_step", "5", "--comm.debug_fail_rank", "1"});
+  const auto args = restart_job(dump, {"--comm.debug_fail_at_step", "5", "--comm.debug_fail_rank", "1"});
   const Launched run = launch_with_restarts(1, args, root() / "exhausted.log", [](pid_t) { return true; });
   INFO(run.log);
   CHECK(run.exit_code != 0);

@@ -222,9 +222,12 @@ int64_t Checkpointer::start() {
     world->all_reduce(flag, parallel::comm::ReduceOp::kMax);
     any_failed = flag.item<float>() > 0 ? 1 : 0;
     // Every rank says what failed where, whatever LOG_RANK shows: the failing ranks' messages
-    // (the one naming the file) gathered to all (one more collective, on the failure path only).
-    if (any_failed && error.empty()) throw std::runtime_error(errors_of_other_ranks(*world, error, device_));
-    if (any_failed) errors_of_other_ranks(*world, error, device_);  // its part of the same collective
+    // (the one naming the file) gathered to all (one more collective, on the failure path only);
+    // a failing rank keeps its own.
+    if (any_failed) {
+      const std::string failures = errors_of_other_ranks(*world, error, device_);
+      if (error.empty()) error = failures;
+    }
   }
   if (any_failed) throw std::runtime_error(error);
   // After a resume: FSDP's precomputed float8 scales as the saved step's optimizer step left
