@@ -49,6 +49,8 @@ using titan::bench::time_ms;
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Line-buffered even into a file: a crash keeps the rows already measured in the log.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   CLI::App app{"titan-bench-matmul: GEMM throughput, high precision vs float8 vs int8, on the "
                "Llama 3 8B/70B linear shapes"};
   std::string device_name = torch::cuda::is_available() ? "cuda" : "cpu";

@@ -213,7 +213,10 @@ at::Tensor dequantize_blocks(const BlockScaledTensor& t, at::ScalarType dtype) {
 
 // torchao's _f32_to_floatx_unpacked for e2m1 (2 exponent bits, 1 mantissa bit), one element
 // at a time with the same integer steps, so even a NaN gives the same code.
+// The loop reads host memory: CUDA inputs (MXFP4 is emulated on every GPU titan runs on) make the
+// round trip through the CPU.
 at::Tensor float_to_e2m1_codes(const at::Tensor& x) {
+  if (!x.is_cpu()) return float_to_e2m1_codes(x.cpu()).to(x.device());
   at::Tensor xf = x.to(at::kFloat).contiguous();
   at::Tensor out = at::empty(xf.sizes(), xf.options().dtype(at::kByte));
   const float* src = xf.data_ptr<float>();
@@ -254,6 +257,7 @@ at::Tensor float_to_e2m1_codes(const at::Tensor& x) {
 
 at::Tensor e2m1_codes_to_float(const at::Tensor& codes) {
   static const float kValues[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  if (!codes.is_cpu()) return e2m1_codes_to_float(codes.cpu()).to(codes.device());
   at::Tensor c = codes.contiguous();
   at::Tensor out = at::empty(c.sizes(), c.options().dtype(at::kFloat));
   const uint8_t* src = c.data_ptr<uint8_t>();

@@ -188,7 +188,8 @@ if ((REHEARSE)); then
   step bench_linear 300 0 "$B/titan-bench-linear" --device cpu --scale 16 --tokens 512 --dims 1024 --iters 1
   step eager_cpu 300 0 eager eager_cpu --flavor debugmodel --steps 1 --warmup 1 --batch 1 --seq-len 32 --ac op
   step memory_snapshot 300 0 snapshot cpu
-  for s in test_model_cuda test_float8_cuda test_float8_all train_8B_4layers_{bf16,tensorwise,rowwise,rowwise_with_gw_hp,blockwise} \
+  for s in test_model_cuda test_float8_cuda test_float8_all train_qwen3_moe_bf16 \
+           train_8B_4layers_{bf16,tensorwise,rowwise,rowwise_with_gw_hp,blockwise,block_causal} \
            eager_8B_4layers compile_8B_4layers debugmodel_recipes multi_gpu; do
     not_run "$s" "needs a GPU"
   done
@@ -198,6 +199,11 @@ else
   step test_float8_cuda 300 0 "$B/test_float8" "[cuda]" --durations yes
   step test_model_cuda 120 0 "$B/test_model" "[cuda]" --durations yes  # the init kernel, varlen document attention, ring attention blocks on flash and the MoE grouped GEMM vs the CPU
   step test_nccl 180 0 "$B/test_nccl" --durations yes
+  # Mixture of experts (Qwen3 MoE: the grouped GEMM, routing, load balancing) and document
+  # masking (varlen flash attention) as whole training runs on the GPU, before the benchmarks.
+  step train_qwen3_moe_bf16 200 0 train train_qwen3_moe_bf16 llama3_debugmodel.toml \
+    --model.name qwen3 --model.flavor debugmodel_moe --training.device cuda \
+    --training.mixed_precision_param bfloat16 --training.steps 10 --training.seq_len 2048
   step bench_matmul 300 0 "$B/titan-bench-matmul" --device cuda
   if ((QUICK)); then
     step bench_linear 300 0 "$B/titan-bench-linear" --device cuda --tokens 8192 --dims 8192
@@ -219,6 +225,9 @@ else
       --model.flavor 8B_4layers --model.tokenizer_path "$VOCAB" --training.steps "$STEPS" \
       --lr_scheduler.warmup_steps 2 "${f8[@]}"
   done
+  step train_8B_4layers_block_causal 400 0 train train_8B_4layers_block_causal llama3_8b.toml \
+    --model.flavor 8B_4layers --model.tokenizer_path "$VOCAB" --training.steps "$STEPS" \
+    --lr_scheduler.warmup_steps 2 --model.attn_mask_type block_causal
   EAGER=(--device cuda --dtype bfloat16 --flavor 8B_4layers --vocab 128256 --batch 1 --seq-len 8192
          --ac op --steps $((STEPS - 3)) --warmup 3 --threads 8)
   step eager_8B_4layers 400 0 eager eager_8B_4layers "${EAGER[@]}"

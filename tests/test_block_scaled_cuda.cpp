@@ -153,24 +153,32 @@ BlockScaledTensor to_device(const BlockScaledTensor& t, const at::Device& device
   return out;
 }
 
-// a [M, K] and b [N, K] with magnitudes that differ by row and by 32-column group (2^-6 .. 2^6
-// each), so that a scale applied to the wrong block shows as an O(1) error.
-at::Tensor gemm_operand(int64_t rows, int64_t K) {
-  at::Tensor groups = at::exp2(at::randint(-6, 7, {1, (K + 31) / 32, 1}).to(at::kFloat));
-  groups = groups.expand({1, (K + 31) / 32, 32}).reshape({1, -1}).narrow(1, 0, K);
+// a [M, K] and b [N, K] with magnitudes that differ by row and by `group`-column group (2^-6 ..
+// 2^6 each), so that a scale applied to the wrong block shows as an O(1) error. `group` is the
+// layout's scale block (32 for MX, 128 blockwise): a spread inside one block would test only the
+// tensor cores' accumulator, whose ~14-bit running sum drops products 2^12 below the others
+// (measured on an H200, 2026-11-27: 32-column groups inside 128-column blocks gave errors up to
+// 2^-10.7 S, above the bound below; block-sized groups stay under it).
+at::Tensor gemm_operand(int64_t rows, int64_t K, int64_t group) {
+  const int64_t n_groups = (K + group - 1) / group;
+  at::Tensor groups = at::exp2(at::randint(-6, 7, {1, n_groups, 1}).to(at::kFloat));
+  groups = groups.expand({1, n_groups, group}).reshape({1, -1}).narrow(1, 0, K);
   return at::randn({rows, K}) * at::exp2(at::randint(-6, 7, {rows, 1}).to(at::kFloat)) * groups;
 }
 
 // Error bound of the GEMM comparison, elementwise, with S = |deq(a)| @ |deq(b)|^T in float64:
-//   |y - ref| <= (2 (K + 8) 2^-24 + 2^-12) S + u_out |ref|
+//   |y - ref| <= (2 (K + 8) 2^-24 + (block / 32) 2^-13) S + u_out |ref|
 // Products of e4m3 values are exact, so what differs is rounding: both sides accumulate in
 // float32 (cuBLASLt: CUBLAS_COMPUTE_32F; emulation: CPU float32 mm), each within
 // (K - 1) 2^-24 S of the exact sum (the classical bound, to first order), and a few more float32
 // roundings per term for the scale multiplications (blockwise: the emulation dequantizes in
-// float32, cuBLASLt scales each 128-long partial sum); hence 2 (K + 8) 2^-24 S. The 2^-12 S
-// term allows for the float8 tensor cores adding the products inside one MMA with fewer bits
-// than float32 (about 14 retained bits measured on Hopper) before cuBLASLt promotes the partial
-// sum. u_out is the output rounding: 2^-8 for bfloat16 (2^-9 relative, doubled), 2^-23 for float.
+// float32, cuBLASLt scales each 128-long partial sum); hence 2 (K + 8) 2^-24 S. The second term
+// is the float8 tensor cores' accumulator: Hopper keeps about 14 bits of the running sum
+// (DeepSeek-V3's measurement, the reason the partial sums are promoted to float32 once per
+// scale block), so each of the block / 32 MMA steps (k = 32 for float8) inside one scale block
+// (block = 128 columns blockwise, 32 for MX) may lose up to 2^-13 of that block's S, products of
+// like magnitude assumed (gemm_operand says why). u_out is the output rounding: 2^-8 for
+// bfloat16 (2^-9 relative, doubled), 2^-23 for float.
 // A wrong scale layout puts 2^k-off scales on whole blocks: errors of order S, far outside.
 void check_gemm(const at::Tensor& y, const BlockScaledTensor& a, const BlockScaledTensor& b,
                 at::ScalarType out, const std::string& what) {
@@ -179,7 +187,8 @@ void check_gemm(const at::Tensor& y, const BlockScaledTensor& a, const BlockScal
   const at::Tensor S = at::mm(dequantize_blocks(ac, at::kDouble).abs(), dequantize_blocks(bc, at::kDouble).abs().t());
   const double K = static_cast<double>(a.cols);
   const double u_out = out == at::kBFloat16 ? 0x1p-8 : 0x1p-23;
-  const at::Tensor bound = S * (2.0 * (K + 8.0) * 0x1p-24 + 0x1p-12) + ref.abs() * u_out;
+  const double mma_steps = static_cast<double>(a.layout.block_cols) / 32.0;
+  const at::Tensor bound = S * (2.0 * (K + 8.0) * 0x1p-24 + mma_steps * 0x1p-13) + ref.abs() * u_out;
   REQUIRE(y.scalar_type() == out);
   REQUIRE(y.sizes() == ref.sizes());
   const at::Tensor err = (y.cpu().to(at::kDouble) - ref).abs();
@@ -238,8 +247,8 @@ TEST_CASE("CUDA MXFP8 cuBLASLt GEMM matches the emulation", "[block_scaled][cuda
   const int64_t M = 200, N = 144, K = 320;  // M: 128-row swizzle tiles padded; K / 32 = 10 -> 12
   for (MxScaleRounding rounding : {MxScaleRounding::Floor, MxScaleRounding::Rceil}) {
     const BlockLayout layout = mx_layout(BlockElement::E4M3, rounding);
-    const BlockScaledTensor a = to_device(quantize_blocks(gemm_operand(M, K), layout), at::kCUDA);
-    const BlockScaledTensor b = to_device(quantize_blocks(gemm_operand(N, K), layout), at::kCUDA);
+    const BlockScaledTensor a = to_device(quantize_blocks(gemm_operand(M, K, 32), layout), at::kCUDA);
+    const BlockScaledTensor b = to_device(quantize_blocks(gemm_operand(N, K, 32), layout), at::kCUDA);
     if (prop.major < 10) {
       CHECK(thrown([&] { cublaslt_block_scaled_mm(a, b, at::kBFloat16); })
                 .find("MXFP8 GEMM needs a Blackwell (sm100+) GPU; this is sm") == 0);
@@ -264,7 +273,7 @@ TEST_CASE("CUDA blockwise float8 cuBLASLt GEMMs match the emulation", "[block_sc
   // M = 200: partial 128-row tiles.
   const int64_t M = 200, N = 144, K = 320;
   const auto q = [&](int64_t rows, const BlockLayout& l) {
-    return to_device(quantize_blocks(gemm_operand(rows, K), l), at::kCUDA);
+    return to_device(quantize_blocks(gemm_operand(rows, K, 128), l), at::kCUDA);
   };
   const BlockScaledTensor x = q(M, act), w = q(N, weight), g = q(N, act), wa = q(M, weight);
   if (prop.major < 9) {

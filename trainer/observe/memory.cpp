@@ -15,6 +15,7 @@
 #include "model/scope.h"
 
 #ifdef TITAN_WITH_CUDA
+#include <ATen/Context.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <cuda_runtime_api.h>
@@ -275,6 +276,9 @@ MemoryStats memory_stats(c10::Device device) {
   MemoryStats stats;
 #ifdef TITAN_WITH_CUDA
   if (device.is_cuda()) {
+    // The caching allocator exists only once CUDA is initialized; before the first allocation
+    // (the start-up memory check) its statistics call would fail with "Invalid device argument".
+    at::globalContext().lazyInitDevice(at::kCUDA);
     const auto index = device.has_index() ? device.index() : c10::cuda::current_device();
     auto s = c10::cuda::CUDACachingAllocator::getDeviceStats(index);
     stats.current_bytes = s.reserved_bytes[0].current;
@@ -294,6 +298,7 @@ MemoryStats memory_stats(c10::Device device) {
 void reset_peak_memory(c10::Device device) {
 #ifdef TITAN_WITH_CUDA
   if (device.is_cuda()) {
+    at::globalContext().lazyInitDevice(at::kCUDA);
     c10::cuda::CUDACachingAllocator::resetPeakStats(
         device.has_index() ? device.index() : c10::cuda::current_device());
     return;

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# One traced step of the 8B-shaped run (8B_4layers, seq_len 8192, per-op AC) per recipe on a GPU,
+# to see where titan's step goes (scripts/bench/trace_summary.py reads the traces here):
+#   scripts/gpu_profile.sh --bundle DIR --out DIR [RECIPE ...]    (default: bf16 tensorwise)
+# RECIPE: bf16 or a float8 recipe name. Writes OUT/<recipe>_trace.json.gz and OUT/<recipe>.log.
+# Also runs the [cuda] cases of test_float8 first when TEST_FLOAT8=1 (OUT/test_float8.log).
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BUNDLE="" OUT=""
+while (($#)); do
+  case "$1" in
+    --bundle) BUNDLE="$2"; shift 2 ;;
+    --out) OUT="$2"; shift 2 ;;
+    *) break ;;
+  esac
+done
+[[ -n "$BUNDLE" && -n "$OUT" ]] || { echo "gpu_profile: --bundle DIR --out DIR are required" >&2; exit 2; }
+RECIPES=("$@"); ((${#RECIPES[@]})) || RECIPES=(bf16 tensorwise)
+# shellcheck source=scripts/gpu_env.sh
+source "$ROOT/scripts/gpu_env.sh" "$BUNDLE" || exit 2
+B="$BUNDLE/bin"
+mkdir -p "$OUT"
+if [[ "${TEST_FLOAT8:-0}" == 1 ]]; then
+  "$B/test_float8" "[cuda]" >"$OUT/test_float8.log" 2>&1
+  echo "test_float8 [cuda]: rc $?"; tail -3 "$OUT/test_float8.log"
+fi
+WORK="$(mktemp -d /tmp/titan-gpu-profile.XXXXXX)"
+for recipe in "${RECIPES[@]}"; do
+  f8=()
+  [[ $recipe != bf16 ]] && f8=(--float8.enable_float8_linear --float8.recipe_name "$recipe")
+  "$B/titan-train" --job.config_file "$BUNDLE/configs/llama3_8b.toml" --training.dataset fortunes \
+    --training.dataset_path "$BUNDLE/data/fortunes" --model.flavor 8B_4layers \
+    --model.tokenizer_path "$BUNDLE/data/bench_vocab_128k.tiktoken" --training.steps 6 \
+    --lr_scheduler.warmup_steps 2 --metrics.log_freq 1 --profiling.enable_profiling \
+    --profiling.profile_freq 6 --profiling.profiler_warmup 1 --profiling.profiler_active 1 \
+    --job.dump_folder "$WORK/$recipe" "${f8[@]}" >"$OUT/$recipe.log" 2>&1
+  echo "$recipe: rc $?"; grep "step:" "$OUT/$recipe.log" | tail -2
+  trace=$(ls "$WORK/$recipe"/*/iteration_*/rank0_trace.json 2>/dev/null | head -1)
+  [[ -n "$trace" ]] && gzip -c "$trace" >"$OUT/${recipe}_trace.json.gz"
+done
+ls -la "$OUT"
