@@ -3,7 +3,8 @@
 # to see where titan's step goes (scripts/bench/trace_summary.py reads the traces here):
 #   scripts/gpu_profile.sh --bundle DIR --out DIR [RECIPE ...]    (default: bf16 tensorwise)
 # RECIPE: bf16 or a float8 recipe name. Writes OUT/<recipe>_trace.json.gz and OUT/<recipe>.log.
-# Also runs the [cuda] cases of test_float8 first when TEST_FLOAT8=1 (OUT/test_float8.log).
+# Also runs the [cuda] cases of test_float8 first when TEST_FLOAT8=1 (OUT/test_float8.log), and
+# the eager PyTorch baseline on the same shapes last when EAGER=1 (OUT/eager.json).
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUNDLE="" OUT=""
@@ -30,12 +31,18 @@ for recipe in "${RECIPES[@]}"; do
   [[ $recipe != bf16 ]] && f8=(--float8.enable_float8_linear --float8.recipe_name "$recipe")
   "$B/titan-train" --job.config_file "$BUNDLE/configs/llama3_8b.toml" --training.dataset fortunes \
     --training.dataset_path "$BUNDLE/data/fortunes" --model.flavor 8B_4layers \
-    --model.tokenizer_path "$BUNDLE/data/bench_vocab_128k.tiktoken" --training.steps 6 \
+    --model.tokenizer_path "$BUNDLE/data/bench_vocab_128k.tiktoken" --training.steps 10 \
     --lr_scheduler.warmup_steps 2 --metrics.log_freq 1 --profiling.enable_profiling \
-    --profiling.profile_freq 6 --profiling.profiler_warmup 1 --profiling.profiler_active 1 \
+    --profiling.profile_freq 10 --profiling.profiler_warmup 1 --profiling.profiler_active 1 \
     --job.dump_folder "$WORK/$recipe" "${f8[@]}" >"$OUT/$recipe.log" 2>&1
-  echo "$recipe: rc $?"; grep "step:" "$OUT/$recipe.log" | tail -2
+  echo "$recipe: rc $?"; grep "step:" "$OUT/$recipe.log" | sed -n "4,10p" | sed "s/.*step:/step:/"
   trace=$(ls "$WORK/$recipe"/*/iteration_*/rank0_trace.json 2>/dev/null | head -1)
   [[ -n "$trace" ]] && gzip -c "$trace" >"$OUT/${recipe}_trace.json.gz"
 done
+if [[ "${EAGER:-0}" == 1 ]]; then
+  PYTHONUNBUFFERED=1 "$TITAN_PY" "$ROOT/scripts/bench/eager_llama.py" --device cuda --dtype bfloat16 \
+    --flavor 8B_4layers --vocab 128256 --batch 1 --seq-len 8192 --ac op --steps 5 --warmup 3 --threads 8 \
+    >"$OUT/eager.json" 2>"$OUT/eager.log"
+  echo "eager: rc $?"; cat "$OUT/eager.json"
+fi
 ls -la "$OUT"

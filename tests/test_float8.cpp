@@ -787,9 +787,15 @@ TEST_CASE("CUDA fused cast kernels equal their CPU references bit for bit", "[fl
         for (bool pow2 : {false, true}) {
           const CastConfig cfg{g, f8};
           Float8Tensor ref = fused_cast_rows_reference(x, cfg, pow2);
-          Float8Tensor got = fused_cast_rows_cuda(x.cuda(), cfg, pow2);
-          CHECK(at::equal(got.scale.cpu(), ref.scale));
-          CHECK(at::equal(got.data.cpu().view(at::kByte), ref.data.view(at::kByte)));
+          // The tensorwise kernels read 16 bytes at a time where x is 16-byte aligned: also one
+          // element off (the scalar kernels), and 70 x 333 leaves a tail after the last vector.
+          at::Tensor storage = at::empty({x.numel() + 1}, x.options().device(at::kCUDA));
+          const at::Tensor misaligned = storage.narrow(0, 1, x.numel()).view(x.sizes()).copy_(x);
+          for (const at::Tensor& xd : {x.cuda(), misaligned}) {
+            Float8Tensor got = fused_cast_rows_cuda(xd, cfg, pow2);
+            CHECK(at::equal(got.scale.cpu(), ref.scale));
+            CHECK(at::equal(got.data.cpu().view(at::kByte), ref.data.view(at::kByte)));
+          }
           Float8Tensor ref_t = fused_cast_transpose_cols_reference(x, cfg, pow2);
           Float8Tensor got_t = fused_cast_transpose_cols_cuda(x.cuda(), cfg, pow2);
           CHECK(got_t.data.sizes() == ref_t.data.sizes());

@@ -2,6 +2,7 @@
 
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/_foreach_add.h>
+#include <ATen/ops/_foreach_copy.h>
 #include <ATen/ops/_foreach_mul.h>
 #include <ATen/ops/_foreach_norm.h>
 #include <ATen/ops/_fused_adam.h>
@@ -43,14 +44,22 @@ void AdamW::step(double lr, double copy_grad_scale) {
   // Parameters are float32 masters: one fused ATen call covers those with a float32 gradient;
   // those read through a bf16 compute copy are updated (and their copy rewritten) by titan's
   // kernel (See Note [Optimizer over compute copies]).
+  // On a GPU (or a CPU without AVX2) a compute copy's gradient is widened and joins the one
+  // fused call, and the copies are rewritten together after it.
   std::vector<size_t> through_copies;
-  std::vector<at::Tensor> p, g, m, v, s;
+  std::vector<at::Tensor> p, g, m, v, s, widened_copies, widened_params;
   for (size_t i = 0; i < params_.size(); ++i) {
+    at::Tensor grad = params_[i].grad();
     if (copies_[i].defined() && copies_[i].grad().defined()) {
-      through_copies.push_back(i);
-      continue;
+      if (params_[i].is_cpu() && params_[i].is_contiguous() && kernels::adamw_cpu_kernel_available()) {
+        through_copies.push_back(i);
+        continue;
+      }
+      grad = copies_[i].grad().to(at::kFloat);
+      if (copy_grad_scale != 1.0) grad.mul_(copy_grad_scale);
+      widened_copies.push_back(copies_[i]);
+      widened_params.push_back(params_[i]);
     }
-    const at::Tensor& grad = params_[i].grad();
     if (!grad.defined()) continue;
     p.push_back(params_[i]);
     g.push_back(grad);
@@ -64,6 +73,7 @@ void AdamW::step(double lr, double copy_grad_scale) {
   // (torch.optim increments it just before the call, as here).
   at::_foreach_add_(s, 1.0);
   fused_step(p, g, m, v, s, lr);
+  if (!widened_copies.empty()) at::_foreach_copy_(widened_copies, widened_params);
 }
 
 void AdamW::fused_step(const std::vector<at::Tensor>& p, const std::vector<at::Tensor>& g,
@@ -83,12 +93,6 @@ void AdamW::step_through_copy(size_t i, double lr, double grad_scale) {
   at::Tensor& copy = copies_[i];
   const at::Tensor grad = copy.grad().contiguous();
   steps_[i].add_(1.0);
-  if (!param.is_cpu() || !param.is_contiguous() || !kernels::adamw_cpu_kernel_available()) {
-    // CUDA (or a CPU without AVX2): widen the gradient and use ATen's kernel, then the copy.
-    fused_step({param}, {grad.to(at::kFloat).mul_(grad_scale)}, {exp_avg_[i]}, {exp_avg_sq_[i]}, {steps_[i]}, lr);
-    copy.detach().copy_(param);
-    return;
-  }
   // The scalars as ATen's kernel forms them: in double, then float32.
   const double t = steps_[i].item<float>();
   const bool decoupled = options_.name == "AdamW";
