@@ -26,6 +26,7 @@ const FlagSpec kFlags[] = {
     {"master-addr", true},    {"master-port", true},   {"rdzv-endpoint", true},
     {"rdzv-backend", true},   {"rdzv-id", true},       {"local-ranks-filter", true},
     {"kill-grace-seconds", true}, {"max-restarts", true}, {"role", true},
+    {"rdzv-conf", true},
     {"tee", true},            {"standalone", false},   {"no-python", false},
     {"help", false},
 };
@@ -65,6 +66,25 @@ double parse_seconds_flag(const std::string& flag, const std::string& value) {
     throw UsageError("--" + flag + " expects seconds in [0, 86400], got '" + value + "'");
   }
   return v;
+}
+
+// "join_timeout=S[,key=value...]" as torchrun's --rdzv-conf: join_timeout is how long node 0's
+// titan-run waits for every node to join, and after a failure to rejoin (Note [Restarts across
+// nodes] in node_agreement.cpp). torchrun's other keys are accepted and have no effect here.
+void apply_rdzv_conf(const std::string& value, LaunchOptions& o) {
+  std::istringstream in(value);
+  for (std::string item; std::getline(in, item, ',');) {
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos || eq == 0)
+      throw UsageError("--rdzv-conf '" + value + "': expected key=value pairs separated by commas, e.g. join_timeout=600");
+    const std::string key = item.substr(0, eq), v = item.substr(eq + 1);
+    if (key == "join_timeout") {
+      o.join_timeout_seconds = parse_seconds_flag("rdzv-conf join_timeout", v);
+    } else if (key != "read_timeout" && key != "timeout" && key != "is_host" && key != "last_call_timeout" &&
+               key != "close_timeout" && key != "keep_alive_interval" && key != "keep_alive_max_attempt") {
+      throw UsageError("--rdzv-conf key '" + key + "' is not one torchrun knows (titan-run uses join_timeout)");
+    }
+  }
 }
 
 // "host:port", "host", "[::1]:port" -> sets master address (and port).
@@ -176,6 +196,8 @@ LaunchOptions parse_launch_args(const std::vector<std::string>& args) {
         throw UsageError("--rdzv-backend '" + *value +
                          "' is not supported (titan-run does static rendezvous: c10d or static)");
       }
+    } else if (name == "rdzv-conf") {
+      apply_rdzv_conf(*value, o);
     } else if (name == "max-restarts") {
       o.max_restarts = parse_int_flag(name, *value, 0, 1000);
     } else if (name == "local-ranks-filter") {
@@ -205,11 +227,6 @@ LaunchOptions parse_launch_args(const std::vector<std::string>& args) {
   if (o.nnodes > 1 && o.master_port && *o.master_port == 0) {
     throw UsageError("--master-port 0 (pick a free port) works on a single node only: with --nnodes " +
                      std::to_string(o.nnodes) + " every node must be given the same port");
-  }
-  if (o.nnodes > 1 && o.max_restarts > 0) {
-    throw UsageError("--max-restarts " + std::to_string(o.max_restarts) + " restarts one node's ranks; with --nnodes " +
-                     std::to_string(o.nnodes) + " the nodes would have to agree on every restart, which titan-run does "
-                     "not do yet: use --max-restarts 0 (the default) or one node");
   }
   if (o.local_ranks_filter) {
     for (int local : *o.local_ranks_filter) {
@@ -245,7 +262,12 @@ LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT), prefixes every output l
   --kill-grace-seconds S    after a failure: SIGTERM, then SIGKILL after S seconds (default 5)
   --max-restarts N          when a rank fails, stop every rank and start the job again, up to
                             N times (TORCHELASTIC_RESTART_COUNT tells the ranks which attempt;
-                            titan-train resumes from its last checkpoint); one node only (default 0)
+                            titan-train resumes from its last checkpoint). With several nodes
+                            node 0's titan-run coordinates: it listens on --master-port and the
+                            trainers' store moves to a fresh port each attempt (default 0)
+  --rdzv-conf join_timeout=S
+                            with --max-restarts and several nodes: how long node 0 waits for
+                            every node to join, or rejoin after a failure (default 600)
   --rdzv-backend, --rdzv-id, --role, --tee, --no-python
                             accepted for torchrun compatibility; no effect
   -h, --help                this text

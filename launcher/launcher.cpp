@@ -16,10 +16,12 @@
 #include <cstring>
 #include <algorithm>
 #include <iostream>
+#include <memory>
 #include <sstream>
 #include <stdexcept>
 #include <thread>
 
+#include "launcher/node_agreement.h"
 #include "launcher/supervisor.h"
 
 namespace titan::launcher {
@@ -51,17 +53,18 @@ namespace {
 
 void say(const std::string& message) { std::cerr << "titan-run: " << message << std::endl; }
 
-std::string describe_attempt(const AttemptResult& a, int node_rank) {
+std::string describe_attempt(const AttemptResult& a) {
   std::ostringstream os;
-  os << "rank " << a.failed_rank << " (node " << node_rank << ") " << a.failure;
+  if (a.failed_rank >= 0)
+    os << "rank " << a.failed_rank << " (node " << a.failed_node << ") " << a.failure;
+  else
+    os << a.failure;  // a node's titan-run itself ("node 1's titan-run is gone ...")
   if (a.last_step >= 0)
     os << " after step " << a.last_step;
   else
     os << " before any step was logged";
   return os.str();
 }
-
-}  // namespace
 
 // Note [In-job restarts]: as torchrun's --max-restarts, on one node: when an attempt fails (a
 // rank exits non-zero or is killed, which includes a rank ending on a collective timeout
@@ -70,13 +73,22 @@ std::string describe_attempt(const AttemptResult& a, int node_rank) {
 // rendezvous (a new free port unless --master-port fixed it). The trainer resumes from its last
 // complete checkpoint as a manual rerun would (an async save in flight when the rank died was
 // never committed, so it is ignored). A signal to titan-run itself ends the job, never restarts it.
-int launch(const LaunchOptions& options) {
-  if (options.command.empty()) throw UsageError("no command to run");
+// With several nodes the attempts are agreed on first (Note [Restarts across nodes] in
+// node_agreement.cpp): node 0's titan-run hands out each attempt's store port, every node's
+// result reaches every node, and each decides below from the same facts.
+int run_attempts(const LaunchOptions& options, NodeAgreement* agreement) {
   std::vector<AttemptResult> failures;
   for (int attempt = 0;; ++attempt) {
     int port = options.master_port.value_or(options.nnodes == 1 ? 0 : kMultiNodeDefaultPort);
     if (port == 0) port = pick_free_port();
-    const AttemptResult result = supervise(options, port, attempt);
+    AttemptResult result;
+    if (agreement) {
+      port = agreement->begin_attempt(attempt);
+      const AttemptResult local = supervise(options, port, attempt, agreement->watch());
+      result = agreement->end_attempt(attempt, local);
+    } else {
+      result = supervise(options, port, attempt);
+    }
     if (result.exit_code == 0) {
       if (attempt > 0) say("the job finished after " + std::to_string(attempt) + " restart" + (attempt == 1 ? "" : "s"));
       return 0;
@@ -89,7 +101,7 @@ int launch(const LaunchOptions& options) {
         os << "giving up: the job failed " << failures.size() << " times (--max-restarts " << options.max_restarts
            << ")";
         for (size_t i = 0; i < failures.size(); ++i)
-          os << "\ntitan-run:   attempt " << i << ": " << describe_attempt(failures[i], options.node_rank);
+          os << "\ntitan-run:   attempt " << i << ": " << describe_attempt(failures[i]);
         const bool same_step = failures.size() > 1 && failures.front().last_step >= 0 &&
                                std::all_of(failures.begin(), failures.end(), [&](const AttemptResult& f) {
                                  return f.last_step == failures.front().last_step;
@@ -102,8 +114,27 @@ int launch(const LaunchOptions& options) {
       return result.exit_code;
     }
     say("restart " + std::to_string(attempt + 1) + " of " + std::to_string(options.max_restarts) + ": " +
-        describe_attempt(result, options.node_rank) + "; starting every rank again (TORCHELASTIC_RESTART_COUNT=" +
+        describe_attempt(result) + "; starting every rank again (TORCHELASTIC_RESTART_COUNT=" +
         std::to_string(attempt + 1) + ")");
+  }
+}
+
+}  // namespace
+
+// Runs the job (see Note [In-job restarts] on run_attempts).
+int launch(const LaunchOptions& options) {
+  if (options.command.empty()) throw UsageError("no command to run");
+  std::unique_ptr<NodeAgreement> agreement;
+  try {
+    if (options.nnodes > 1 && options.max_restarts > 0) {
+      LaunchOptions with_port = options;
+      with_port.master_port = options.master_port.value_or(kMultiNodeDefaultPort);
+      agreement = std::make_unique<NodeAgreement>(with_port);
+    }
+    return run_attempts(options, agreement.get());
+  } catch (const JobEnded& e) {
+    say(e.what());
+    return e.exit_code;
   }
 }
 

@@ -4,8 +4,9 @@
 //
 // Plain C++17 + POSIX (no LibTorch), target titan_launcher. Static rendezvous only: every node
 // runs its own titan-run with the same --nnodes/--master-addr/--master-port and its own
-// --node-rank. --max-restarts N restarts a failed job on one node (Note [In-job restarts] in
-// launcher.cpp); the same ranks, no elastic membership.
+// --node-rank. --max-restarts N restarts a failed job (Note [In-job restarts] in launcher.cpp;
+// across nodes, Note [Restarts across nodes] in node_agreement.cpp); the same ranks, no elastic
+// membership.
 #pragma once
 
 #include <functional>
@@ -36,6 +37,7 @@ struct LaunchOptions {
   std::optional<std::vector<int>> local_ranks_filter;
   double kill_grace_seconds = 5.0;  // SIGTERM -> SIGKILL delay when stopping ranks
   int max_restarts = 0;              // attempts after the first that fail (Note [In-job restarts])
+  double join_timeout_seconds = 600;  // --rdzv-conf join_timeout: nodes joining / rejoining
   std::vector<std::string> command;  // the trainer's argv (argv[0] looked up in PATH)
   bool help = false;                 // --help: print launch_usage() and exit 0
 };

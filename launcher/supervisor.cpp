@@ -109,8 +109,8 @@ struct Rank {
 
 class Supervisor {
  public:
-  Supervisor(const LaunchOptions& options, int master_port, int restart_count)
-      : options_(options), master_port_(master_port), restart_count_(restart_count) {}
+  Supervisor(const LaunchOptions& options, int master_port, int restart_count, const AttemptWatch& watch)
+      : options_(options), master_port_(master_port), restart_count_(restart_count), watch_(watch) {}
   AttemptResult run();
 
  private:
@@ -128,6 +128,9 @@ class Supervisor {
   const LaunchOptions& options_;
   const int master_port_;
   const int restart_count_;
+  const AttemptWatch& watch_;
+  std::string stopped_for_;  // why another node had this node's ranks stopped ("": it did not)
+  int64_t failed_at_ms_ = 0;
   std::vector<Rank> ranks_;
   bool stopping_ = false;
   std::optional<Clock::time_point> kill_deadline_;
@@ -297,6 +300,8 @@ void Supervisor::reap() {
     r.status = status;
     if (!succeeded(status) && !stopping_) {
       failed_index_ = static_cast<int>(it - ranks_.begin());
+      failed_at_ms_ = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          std::chrono::system_clock::now().time_since_epoch()).count();
       begin_stop(SIGTERM, "rank " + std::to_string(r.rank) + " (local " +
                               std::to_string(r.local_rank) + ", pid " + std::to_string(r.pid) +
                               ") " + describe_status(status));
@@ -410,7 +415,15 @@ AttemptResult Supervisor::report() {
     write_all(STDERR_FILENO, os.str());
     result.exit_code = exit_code_for(f.status);
     result.failed_rank = f.rank;
+    result.failed_node = options_.node_rank;
+    result.failed_at_ms = failed_at_ms_;
     result.failure = describe_status(f.status);
+    return result;
+  }
+  if (!stopped_for_.empty() && launcher_signal_ == 0) {
+    result.exit_code = 1;
+    result.stopped_by_peer = true;
+    result.failure = "stopped because " + stopped_for_;
     return result;
   }
   if (launcher_signal_ != 0) {
@@ -464,6 +477,13 @@ AttemptResult Supervisor::run() {
     }
     std::vector<pollfd> fds = {{g_signal_pipe[0], POLLIN, 0}};
     std::vector<std::pair<Rank*, Stream*>> owners = {{nullptr, nullptr}};
+    const bool watching = stopped_for_.empty() && watch_.on_readable;
+    if (watching) {
+      for (int fd : watch_.fds) {
+        fds.push_back({fd, POLLIN, 0});
+        owners.emplace_back(nullptr, nullptr);
+      }
+    }
     for (Rank& r : ranks_) {
       for (Stream* s : {&r.out, &r.err}) {
         if (s->fd >= 0) {
@@ -484,8 +504,19 @@ AttemptResult Supervisor::run() {
           if (signals[i] != SIGCHLD) on_launcher_signal(signals[i]);
         }
       }
+      bool watched_ready = false;
       for (size_t i = 1; i < fds.size(); ++i) {
-        if (fds[i].revents != 0) read_stream(*owners[i].first, *owners[i].second);
+        if (fds[i].revents == 0) continue;
+        if (owners[i].first == nullptr)
+          watched_ready = true;
+        else
+          read_stream(*owners[i].first, *owners[i].second);
+      }
+      if (watched_ready) {
+        if (std::optional<std::string> reason = watch_.on_readable()) {
+          stopped_for_ = *reason;
+          if (!stopping_) begin_stop(SIGTERM, *reason);
+        }
       }
     }
     reap();
@@ -540,9 +571,10 @@ class SignalScope {
 
 }  // namespace
 
-AttemptResult supervise(const LaunchOptions& options, int master_port, int restart_count) {
+AttemptResult supervise(const LaunchOptions& options, int master_port, int restart_count,
+                        const AttemptWatch& watch) {
   SignalScope signals;
-  Supervisor supervisor(options, master_port, restart_count);
+  Supervisor supervisor(options, master_port, restart_count, watch);
   return supervisor.run();
 }
 

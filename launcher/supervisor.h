@@ -5,7 +5,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "launcher/launcher.h"
 
@@ -21,13 +24,25 @@ struct AttemptResult {
   bool stopped_by_signal = false;  // titan-run itself was signalled: never restarted
   // The first rank that failed on its own (exit_code != 0 and not stopped_by_signal).
   int failed_rank = -1;
+  int failed_node = -1;          // its node (--node-rank); -1: none
+  int64_t failed_at_ms = 0;      // when this node saw it (Unix ms): the earliest failure is the cause
   std::string failure;           // "exited with code 1", "was killed by signal 9 (SIGKILL)"
   int64_t last_step = -1;        // the last "step: N" any rank of this node printed (-1: none)
+  bool stopped_by_peer = false;  // this node's ranks were stopped because another node failed
+};
+
+// What else an attempt watches beside its ranks (launcher/node_agreement.h: the other nodes):
+// `fds` are polled with the ranks' output; when one is readable `on_readable` says whether every
+// local rank must stop now, and why. After it has said so once, the fds are no longer polled.
+struct AttemptWatch {
+  std::vector<int> fds;
+  std::function<std::optional<std::string>()> on_readable;
 };
 
 // Runs one attempt of the job `options` describes with the store on `master_port`: the ranks get
 // TORCHELASTIC_RESTART_COUNT = `restart_count` (and TORCHELASTIC_MAX_RESTARTS) as torchrun sets
 // them. Installs titan-run's signal handling for its duration.
-AttemptResult supervise(const LaunchOptions& options, int master_port, int restart_count);
+AttemptResult supervise(const LaunchOptions& options, int master_port, int restart_count,
+                        const AttemptWatch& watch = {});
 
 }  // namespace titan::launcher

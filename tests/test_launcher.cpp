@@ -408,8 +408,12 @@ TEST_CASE("parse_launch_args", "[launcher]") {
   CHECK(tl::parse_launch_args({"--max-restarts", "3", "a"}).max_restarts == 3);
   CHECK(tl::parse_launch_args({"a"}).max_restarts == 0);
   CHECK_THROWS_WITH(tl::parse_launch_args({"--max-restarts", "-1", "a"}), Contains("--max-restarts"));
-  CHECK_THROWS_WITH(tl::parse_launch_args({"--nnodes", "2", "--max-restarts", "1", "a"}),
-                    Contains("--max-restarts 1 restarts one node's ranks") && Contains("--nnodes 2"));
+  CHECK(tl::parse_launch_args({"--nnodes", "2", "--max-restarts", "1", "a"}).max_restarts == 1);
+  CHECK(tl::parse_launch_args({"--rdzv-conf", "join_timeout=30,read_timeout=60", "a"}).join_timeout_seconds == 30);
+  CHECK(tl::parse_launch_args({"a"}).join_timeout_seconds == 600);
+  CHECK_THROWS_WITH(tl::parse_launch_args({"--rdzv-conf", "join_timeout=soon", "a"}),
+                    Contains("rdzv-conf join_timeout") && Contains("'soon'"));
+  CHECK_THROWS_WITH(tl::parse_launch_args({"--rdzv-conf", "jion_timeout=3", "a"}), Contains("'jion_timeout'"));
 }
 
 TEST_CASE("max restarts: a failed attempt starts every rank again with the next TORCHELASTIC_RESTART_COUNT",
@@ -431,6 +435,66 @@ TEST_CASE("max restarts: a failed attempt starts every rank again with the next 
   CHECK(contains(e.err, "titan-run: giving up: the job failed 2 times (--max-restarts 1)"));
   CHECK(contains(e.err, "attempt 0: rank 0 (node 0) exited with code 5"));
   CHECK(contains(e.err, "attempt 1: rank 0 (node 0) exited with code 5"));
+}
+
+// Note [Restarts across nodes]: two titan-runs as two nodes, one rank each; node 1's rank fails
+// in attempt 0 only. Both nodes restart (node 0's rank was waiting, as in a collective) and both
+// name the same failure.
+TEST_CASE("max restarts across two nodes: a failure on node 1 restarts both, each names it", "[launcher]") {
+  const std::string port = std::to_string(tl::pick_free_port());
+  std::vector<Child> nodes;
+  for (const char* node_rank : {"0", "1"}) {
+    nodes.push_back(start_titan_run(
+        {"--nnodes", "2", "--node-rank", node_rank, "--nproc-per-node", "1", "--master-port", port,
+         "--max-restarts", "2", "--kill-grace-seconds", "1", "--", "/bin/sh", "-c",
+         "echo \"attempt $TORCHELASTIC_RESTART_COUNT store $MASTER_PORT\"; "
+         "if [ \"$RANK\" = 1 ] && [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ]; then sleep 0.5; exit 4; fi; "
+         "if [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ]; then sleep 60; fi"}));
+  }
+  std::vector<Result> results;
+  for (Child& c : nodes) results.push_back(finish(c));
+  for (const Result& r : results) {
+    INFO("stdout:\n" << r.out << "stderr:\n" << r.err);
+    CHECK(r.exit_code() == 0);
+    CHECK(contains(r.err, "titan-run: restart 1 of 2: rank 1 (node 1) exited with code 4 before any step was logged"));
+    CHECK(contains(r.err, "titan-run: the job finished after 1 restart"));
+    CHECK(r.seconds < 15);  // node 0's rank was stopped, not waited for (it sleeps 60 s)
+  }
+  CHECK(contains(results[0].out, "[rank 0] attempt 1 store "));
+  CHECK(contains(results[1].out, "[rank 1] attempt 1 store "));
+  // Node 0 stopped its rank for node 1's failure (the begin_stop line names it).
+  CHECK(contains(results[0].err, "titan-run: rank 1 (node 1) exited with code 4; sending SIGTERM to the 1 running rank"));
+  // The trainers' store moves to a fresh port each attempt; titan-run keeps --master-port.
+  CHECK_FALSE(contains(results[0].out, "store " + port + "\n"));
+}
+
+TEST_CASE("max restarts across nodes: a node that never joins, and node 0 gone, end the job naming it", "[launcher]") {
+  const std::string port = std::to_string(tl::pick_free_port());
+  Result alone = run_titan({"--nnodes", "2", "--node-rank", "0", "--master-port", port, "--max-restarts", "1",
+                            "--rdzv-conf", "join_timeout=1", "--", "true"});
+  CHECK(alone.exit_code() != 0);
+  CHECK(contains(alone.err, "node 1 did not join within 1 s (--rdzv-conf join_timeout); ending the job"));
+
+  Result orphan = run_titan({"--nnodes", "2", "--node-rank", "1", "--master-port", port, "--max-restarts", "1",
+                             "--rdzv-conf", "join_timeout=1", "--", "true"});
+  CHECK(orphan.exit_code() != 0);
+  CHECK(contains(orphan.err, "node 1 could not reach node 0's titan-run at 127.0.0.1:" + port + " within 1 s"));
+
+  // Node 0's titan-run killed mid-attempt: node 1 stops its rank and ends, naming node 0.
+  std::vector<Child> nodes;
+  for (const char* node_rank : {"0", "1"})
+    nodes.push_back(start_titan_run({"--nnodes", "2", "--node-rank", node_rank, "--master-port", port,
+                                     "--max-restarts", "1", "--kill-grace-seconds", "1", "--", "/bin/sh", "-c",
+                                     "echo started; sleep 60"}));
+  const auto deadline = Clock::now() + std::chrono::seconds(20);
+  while (Clock::now() < deadline && !contains(nodes[1].out, "started")) pump(nodes[1], 20);
+  kill(nodes[0].pid, SIGKILL);
+  finish(nodes[0]);
+  Result r1 = finish(nodes[1]);
+  INFO("stderr:\n" << r1.err);
+  CHECK(r1.exit_code() != 0);
+  CHECK(contains(r1.err, "node 0's titan-run is gone"));
+  CHECK(r1.seconds < 15);
 }
 
 namespace {

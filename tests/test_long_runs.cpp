@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -20,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "launcher/launcher.h"
 #include "tests/temp_dir.h"
 #include "tests/training_runs.h"
 
@@ -69,36 +71,54 @@ struct Launched {
   std::string log;
 };
 
-// titan-run --max-restarts `restarts` with 2 ranks; `while_running(launcher pid)` is called every
-// 20 ms until it returns true (then no more), and the job is waited for (at most 240 s).
+// One titan-run per entry of `launcher_flags` (a node each, or one node), every one with
+// --kill-grace-seconds 2 --max-restarts `restarts` and the trainer's `args`; node i's output goes
+// to `log` + ".node<i>" when there are several. `poke(launcher pids)` is called every 20 ms until
+// it returns true (then no more), and the launchers are waited for (at most 240 s).
 template <typename Poke>
-Launched launch_with_restarts(int restarts, const std::vector<std::string>& args, const fs::path& log, Poke poke) {
-  const std::string cmd = "OMP_NUM_THREADS=1 LOG_RANK= exec " + std::string(TITAN_RUN_PATH) +
-                          " --nproc-per-node 2 --kill-grace-seconds 2 --max-restarts " + std::to_string(restarts) +
-                          " -- " + TITAN_TRAIN_PATH + joined(args) + " > " + log.string() + " 2>&1";
-  const pid_t pid = fork();
-  if (pid == 0) {
-    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  bool poked = false;
-  int status = 0;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(240);
-  for (;;) {
-    const pid_t done = waitpid(pid, &status, WNOHANG);
-    if (done == pid) break;
-    if (std::chrono::steady_clock::now() > deadline) {
-      kill(pid, SIGKILL);
-      waitpid(pid, &status, 0);
-      FAIL("titan-run did not finish within 240 s: " << read_text(log));
+std::vector<Launched> launch_nodes(const std::vector<std::string>& launcher_flags, int restarts,
+                                   const std::vector<std::string>& args, const fs::path& log, Poke poke) {
+  std::vector<pid_t> pids;
+  std::vector<fs::path> logs;
+  for (size_t i = 0; i < launcher_flags.size(); ++i) {
+    logs.push_back(launcher_flags.size() == 1 ? log : fs::path(log.string() + ".node" + std::to_string(i)));
+    const std::string cmd = "OMP_NUM_THREADS=1 LOG_RANK= exec " + std::string(TITAN_RUN_PATH) + " " + launcher_flags[i] +
+                            " --kill-grace-seconds 2 --max-restarts " + std::to_string(restarts) + " -- " +
+                            TITAN_TRAIN_PATH + joined(args) + " > " + logs.back().string() + " 2>&1";
+    const pid_t pid = fork();
+    if (pid == 0) {
+      execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+      _exit(127);
     }
-    if (!poked) poked = poke(pid);
+    pids.push_back(pid);
+  }
+  std::vector<Launched> done(pids.size());
+  std::vector<bool> finished(pids.size(), false);
+  bool poked = false;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(240);
+  while (std::find(finished.begin(), finished.end(), false) != finished.end()) {
+    for (size_t i = 0; i < pids.size(); ++i) {
+      int status = 0;
+      if (finished[i] || waitpid(pids[i], &status, WNOHANG) != pids[i]) continue;
+      finished[i] = true;
+      done[i].exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      for (size_t i = 0; i < pids.size(); ++i)
+        if (!finished[i]) kill(pids[i], SIGKILL), waitpid(pids[i], nullptr, 0);
+      FAIL("titan-run did not finish within 240 s: " << read_text(logs[0]));
+    }
+    if (!poked) poked = poke(pids);
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  Launched l;
-  l.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  l.log = read_text(log);
-  return l;
+  for (size_t i = 0; i < pids.size(); ++i) done[i].log = read_text(logs[i]);
+  return done;
+}
+
+// titan-run --max-restarts `restarts` with 2 ranks on one node.
+template <typename Poke>
+Launched launch_with_restarts(int restarts, const std::vector<std::string>& args, const fs::path& log, Poke poke) {
+  return launch_nodes({"--nproc-per-node 2"}, restarts, args, log, poke).front();
 }
 
 size_t metrics_lines(const fs::path& dump) {
@@ -121,16 +141,17 @@ const std::vector<Step>& uninterrupted() {
   return steps;
 }
 
-// A worker of the running job hit by `sig` once rank 0 logged `after` steps.
-auto hit_rank_1(const fs::path& dump, size_t after, int sig) {
-  return [dump, after, sig](pid_t launcher) {
+// Local rank `local` of node `node` hit by `sig` once rank 0 logged `after` steps.
+auto hit_rank(const fs::path& dump, size_t after, int sig, size_t node, size_t local) {
+  return [dump, after, sig, node, local](const std::vector<pid_t>& launchers) {
     if (metrics_lines(dump) < after) return false;
-    const std::vector<pid_t> ranks = children_of(launcher);
-    if (ranks.size() < 2) return false;
-    kill(ranks[1], sig);
+    const std::vector<pid_t> ranks = children_of(launchers.at(node));
+    if (ranks.size() <= local) return false;
+    kill(ranks[local], sig);
     return true;
   };
 }
+auto hit_rank_1(const fs::path& dump, size_t after, int sig) { return hit_rank(dump, after, sig, 0, 1); }
 
 }  // namespace
 
@@ -167,13 +188,35 @@ TEST_CASE("in-job restart: a worker frozen by SIGSTOP is found by the collective
   check_steps(want, read_metrics(dump), 0);
 }
 
+TEST_CASE("in-job restart across two nodes: a worker on node 1 SIGKILLed; both nodes restart and the job equals "
+          "the uninterrupted run",
+          "[launcher][dist][slow]") {
+  // Two titan-runs as two nodes on 127.0.0.1, one rank each (Note [Restarts across nodes]).
+  const std::vector<Step>& want = uninterrupted();
+  const fs::path dump = root() / "two_nodes";
+  const std::string port = std::to_string(titan::launcher::pick_free_port());
+  const std::string node = "--nnodes 2 --nproc-per-node 1 --master-port " + port + " --node-rank ";
+  const std::vector<Launched> nodes =
+      launch_nodes({node + "0", node + "1"}, 1, restart_job(dump), root() / "two_nodes.log", hit_rank(dump, 5, SIGKILL, 1, 0));
+  for (const Launched& n : nodes) {
+    INFO(n.log);
+    CHECK(n.exit_code == 0);
+    CHECK_THAT(n.log, Contains("titan-run: restart 1 of 1: rank 1 (node 1) was killed by signal 9 (SIGKILL) after step"));
+    CHECK_THAT(n.log, Contains("titan-run: the job finished after 1 restart"));
+  }
+  CHECK_THAT(nodes[0].log, Contains("restart 1 of the job: continuing from the checkpoint of step"));
+  const std::vector<Step> got = read_metrics(dump);
+  REQUIRE(got.size() == 20);
+  check_steps(want, got, 0);
+}
+
 TEST_CASE("restarts exhausted: a failure at the same step every attempt ends non-zero, named as deterministic, no "
           "process left",
           "[launcher][dist][slow]") {
   const fs::path dump = root() / "exhausted";
   // Rank 1 fails as step 5 starts, every attempt; the attempts resume from step 4's checkpoint.
   const auto args = restart_job(dump, {"--comm.debug_fail_at_step", "5", "--comm.debug_fail_rank", "1"});
-  const Launched run = launch_with_restarts(1, args, root() / "exhausted.log", [](pid_t) { return true; });
+  const Launched run = launch_with_restarts(1, args, root() / "exhausted.log", [](const std::vector<pid_t>&) { return true; });
   INFO(run.log);
   CHECK(run.exit_code != 0);
   CHECK_THAT(run.log, Contains("titan-run: restart 1 of 1: rank 1 (node 0) exited with code"));
