@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "apps/dry_run.h"
+#include "planner/planner.h"
 #include "launcher/launcher.h"
 #include "parallel/comm/process_group.h"
 #include "launcher/world.h"
@@ -96,6 +97,18 @@ int run(int argc, char** argv) {
     } catch (const std::exception& e) {
       std::fprintf(stderr, "titan-train: error: %s\n", e.what());
       return 2;
+    }
+  }
+
+  if (cfg.job.plan) {  // the layout planner (planner/planner.h): titan-plan runs the same
+    try {
+      return titan::planner::run_planner(cfg, std::cout, std::cerr);
+    } catch (const ConfigError& e) {
+      std::fprintf(stderr, "titan-train: error: %s\n", e.what());
+      return 2;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "titan-train: error: planner: %s\n", e.what());
+      return 1;
     }
   }
 

@@ -21,7 +21,7 @@ endif()
 set(layer_folders util launcher data model float8
                   parallel/comm parallel/tensor_parallel parallel/context_parallel parallel/expert_parallel
                   parallel/pipeline parallel
-                  trainer/optim trainer/config trainer/observe trainer/checkpoint trainer apps)
+                  trainer/optim trainer/config trainer/observe trainer/checkpoint trainer planner apps)
 # parallel's rooms, lowest first: comm/ (process groups, flight recorder, mesh); the dimensions
 # tensor_parallel/, context_parallel/ and expert_parallel/ on comm/; pipeline/ (schedules as data, the stage
 # split, the plan, the pipeline schedule) on context_parallel/ (each micro-batch's sequence
@@ -48,10 +48,12 @@ set(allowed_trainer/checkpoint trainer/checkpoint trainer/observe trainer/config
                                ${parallel_rooms} float8 model util)
 set(allowed_trainer trainer trainer/checkpoint trainer/observe trainer/config trainer/optim data
                     launcher ${parallel_rooms} float8 model util)
-set(allowed_apps apps trainer trainer/checkpoint trainer/observe trainer/config trainer/optim data
+# The layout planner reads the config's checks, the memory estimate and the pipeline orders.
+set(allowed_planner planner trainer/observe trainer/config trainer/optim data ${parallel_rooms} float8 model util)
+set(allowed_apps apps planner trainer trainer/checkpoint trainer/observe trainer/config trainer/optim data
                  launcher ${parallel_rooms} float8 model util)
 # Project folders: a quoted include naming any other first component is not ours (ignored).
-set(project_folders util launcher data model float8 parallel trainer apps tests cmake fuzz)
+set(project_folders util launcher data model float8 parallel trainer planner apps tests cmake fuzz)
 # The trainer core: the only files allowed at the top level of trainer/ (the rest live in its
 # rooms). A new file there must be added here on purpose.
 set(trainer_core CMakeLists.txt build.cpp converters.cpp converters.h determinism.cpp determinism.h

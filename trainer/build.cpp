@@ -79,10 +79,8 @@ void Trainer::init_mesh() {
   // Test-only faults exist only when asked for (trainer/fault_injection.h).
   if (auto hook = fault_injection_hook(cfg_.comm, world_.rank, world_.world_size))
     before_step_hooks_.push_back(std::move(hook));
-  const parallel::comm::ParallelDims dims = config::parallel_dims(cfg_, world_.world_size);
-  config::pipeline_plan(cfg_, dims);  // config errors now, before any rank connects
-  config::context_parallel_method(cfg_, dims);
-  config::check_model_layout(cfg_, dims);
+  // Config errors now, before any rank connects (the layout planner runs the same checks).
+  const parallel::comm::ParallelDims dims = config::check_layout(cfg_, world_.world_size).dims;
   std::unique_ptr<parallel::comm::Comm> world;  // a single process needs none
   if (world_.world_size > 1) {
 #ifdef TITAN_WITH_CUDA

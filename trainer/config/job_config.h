@@ -48,6 +48,7 @@ struct JobSection {
   std::string description = "default job";
   bool print_args = false;
   bool print_pipeline_schedule = false;  // each rank's timeline of the last step (pipeline parallel)
+  bool plan = false;  // run the layout planner (planner/) for this config and [plan]'s cluster, train nothing
 };
 
 struct MetricsSection {
@@ -241,6 +242,26 @@ struct CommSection {
   double debug_link_bytes_per_second = 0;
 };
 
+// The layout planner's cluster and search (planner/, docs/planner.md). 0 = the device table's
+// value (data sheets) or, for device cpu, this machine's probe.
+struct PlanSection {
+  int64_t nodes = 1;
+  int64_t gpus_per_node = 8;        // ranks per node (device cpu: processes on this machine)
+  std::string device = "h100";      // h100, h200, b200, a100, cpu
+  double peak_tflops_bf16 = 0;      // dense, per GPU
+  double peak_tflops_fp8 = 0;
+  double memory_gib = 0;            // per GPU
+  double hbm_tbps = 0;              // memory bandwidth, TB/s per GPU
+  double intra_node_gbps = 0;       // GB/s per GPU and direction inside a node (NVLink)
+  double inter_node_gbps = 0;       // GB/s per GPU and direction across nodes (the NIC)
+  double gemm_efficiency = 0;       // fraction of the peak large GEMMs reach
+  double link_efficiency = 0;       // fraction of a link's bandwidth collectives reach
+  std::vector<std::string> precisions = {"bf16"};  // bf16, tensorwise, rowwise: which to consider
+  std::vector<std::string> ac_modes = {"none", "selective", "full"};
+  int64_t top = 10;                 // rows of the table
+  std::string explain;              // a layout (as the table prints it): its prediction term by term
+};
+
 struct JobConfig {
   JobSection job;
   ProfilingSection profiling;
@@ -257,6 +278,7 @@ struct JobConfig {
   MxSection mx;
   ValidationSection validation;
   CommSection comm;
+  PlanSection plan;
   // torchtitan keys accepted without an effect (their value asks for nothing titan lacks),
   // by dotted name; filled with the key's default on first use.
   std::map<std::string, ConfigValue> torchtitan_values;

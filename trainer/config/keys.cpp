@@ -34,6 +34,40 @@ std::vector<std::string> all_flavor_names() {
   return names;
 }
 
+// The layout planner's cluster (job.plan / titan-plan; docs/planner.md).
+SectionSpec plan_section() {
+  using J = JobConfig;
+  return section("plan", &J::plan, "The layout planner's cluster and search (job.plan, titan-plan).", {
+      key("nodes", &PlanSection::nodes, "Nodes of the cluster.").count_at_least(1),
+      key("gpus_per_node", &PlanSection::gpus_per_node,
+          "GPUs per node (device cpu: processes on this machine).").in_closed(1, 1024),
+      key("device", &PlanSection::device,
+          "The GPU kind, from the planner's data-sheet table; cpu: this machine, measured.")
+          .one_of({"h100", "h200", "b200", "a100", "cpu"}),
+      key("peak_tflops_bf16", &PlanSection::peak_tflops_bf16, "Dense bf16 TFLOP/s per GPU; 0 = the table's.")
+          .in_closed(0, 1e6),
+      key("peak_tflops_fp8", &PlanSection::peak_tflops_fp8, "Dense float8 TFLOP/s per GPU; 0 = the table's.")
+          .in_closed(0, 1e6),
+      key("memory_gib", &PlanSection::memory_gib, "Memory per GPU (GiB); 0 = the table's.").in_closed(0, 1e6),
+      key("hbm_tbps", &PlanSection::hbm_tbps, "Memory bandwidth per GPU (TB/s); 0 = the table's.").in_closed(0, 1e3),
+      key("intra_node_gbps", &PlanSection::intra_node_gbps,
+          "GB/s per GPU and direction inside a node (NVLink); 0 = the table's.").in_closed(0, 1e6),
+      key("inter_node_gbps", &PlanSection::inter_node_gbps,
+          "GB/s per GPU and direction between nodes; 0 = the table's.").in_closed(0, 1e6),
+      key("gemm_efficiency", &PlanSection::gemm_efficiency,
+          "Fraction of the peak a large GEMM reaches; 0 = the table's.").in_closed(0, 1),
+      key("link_efficiency", &PlanSection::link_efficiency,
+          "Fraction of a link's bandwidth a collective reaches; 0 = the table's.").in_closed(0, 1),
+      key("precisions", &PlanSection::precisions, "Linear precisions to consider.")
+          .one_of({"bf16", "tensorwise", "rowwise"}),
+      key("ac_modes", &PlanSection::ac_modes, "Activation checkpointing modes to consider (selective = per-op).")
+          .one_of({"none", "selective", "full"}),
+      key("top", &PlanSection::top, "Rows of the planner's table.").in_closed(1, 10000),
+      key("explain", &PlanSection::explain,
+          "One layout as the planner's table names it: its prediction term by term."),
+  });
+}
+
 std::vector<SectionSpec> build_table() {
   using J = JobConfig;
   return {
@@ -49,6 +83,10 @@ std::vector<SectionSpec> build_table() {
               "Under pipeline parallelism: after the second and the last step, each rank prints the "
               "actions it ran as a timeline, with its measured idle fraction beside the schedule's "
               "theoretical bubble (docs/pipeline.md)."),
+          key("plan", &JobSection::plan,
+              "Run the layout planner instead of training: every layout of this config on the "
+              "[plan] cluster that the trainer accepts and that fits, ranked by predicted step "
+              "time (titan-plan does the same; docs/planner.md)."),
       }),
       section("profiling", &J::profiling, "Profiler traces and memory snapshots.", {
           key("enable_profiling", &ProfilingSection::enable_profiling,
@@ -426,6 +464,7 @@ std::vector<SectionSpec> build_table() {
           key("grad_input_gemm", &Int8Section::grad_input_gemm, "grad_input GEMM in int8."),
           key("grad_weight_gemm", &Int8Section::grad_weight_gemm, "grad_weight GEMM in int8."),
       }),
+      plan_section(),
       section("comm", &J::comm, "Collective timeouts and tracing.", {
           key("init_timeout_seconds", &CommSection::init_timeout_seconds,
               "How long rendezvous waits for every rank to join.").in_closed(1, kMaxTimeoutSeconds),

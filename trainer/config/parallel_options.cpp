@@ -77,6 +77,24 @@ void check_model_layout(const JobConfig& cfg, const parallel::comm::ParallelDims
                       " (each EP rank holds num_experts / degree whole experts)");
 }
 
+CheckedLayout check_layout(const JobConfig& cfg, int world_size) {
+  CheckedLayout layout;
+  layout.dims = parallel_dims(cfg, world_size);
+  layout.pipeline = pipeline_plan(cfg, layout.dims);
+  layout.cp_method = context_parallel_method(cfg, layout.dims);
+  check_model_layout(cfg, layout.dims);
+  layout.global_batch = global_batch_size(cfg, layout.dims);
+  try {
+    parallel::parse_ac_options(cfg.activation_checkpoint.mode, cfg.activation_checkpoint.selective_ac_option);
+    if (layout.dims.tp > 1)
+      parallel::check_tp_degree(model::model_flavor(cfg.model.name, cfg.model.flavor), layout.dims.tp,
+                                layout.dims.cp > 1 ? 0 : cfg.training.seq_len);
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError(e.what());
+  }
+  return layout;
+}
+
 parallel::ParallelOptions parallel_options(const JobConfig& cfg, const model::ModelArgs& args,
                                            const parallel::comm::ParallelDims& dims, c10::Device device, bool float8) {
   const int tp_degree = dims.tp;

@@ -54,6 +54,19 @@ parallel::context_parallel::CpRotateMethod context_parallel_method(const JobConf
 // Throws ConfigError naming the keys.
 void check_model_layout(const JobConfig& cfg, const parallel::comm::ParallelDims& dims);
 
+// Every start-up check of the config's layout for `world_size` ranks, in the trainer's order:
+// the degrees, the pipeline plan, the context-parallel split, what the model flavor allows, the
+// global batch against local batch x dp, the tensor-parallel split and the AC mode. The trainer
+// runs it before any rank connects, and the layout planner (planner/) runs it on every candidate,
+// so a layout the planner lists is one the trainer accepts. Throws ConfigError naming the keys.
+struct CheckedLayout {
+  parallel::comm::ParallelDims dims;
+  std::optional<parallel::pipeline::PipelinePlan> pipeline;
+  parallel::context_parallel::CpRotateMethod cp_method = parallel::context_parallel::CpRotateMethod::kAllGather;
+  int64_t global_batch = 0;
+};
+CheckedLayout check_layout(const JobConfig& cfg, int world_size);
+
 // The parallelization options the config asks for. `dims`: the mesh's degrees; `float8`:
 // whether the converters made float8 linears.
 parallel::ParallelOptions parallel_options(const JobConfig& cfg, const model::ModelArgs& args,

@@ -366,6 +366,37 @@ MemoryEstimate estimate_memory(const EstimateInputs& in) {
 }
 
 EstimateInputs estimate_inputs_from_config(const config::JobConfig& cfg) {
+  int64_t vocab = 0;
+  std::string vocab_note;
+  try {
+    vocab = model::trained_model_args(cfg.model.name, cfg.model.flavor,
+                                      data::make_tokenizer(cfg.model.tokenizer_path)->vocab_size())
+                .vocab_size;
+  } catch (const std::exception& e) {
+    // The estimate should answer before the assets are in place: the flavor's vocabulary.
+    vocab_note = std::string("tokenizer not readable (") + e.what() + "): assuming the " + cfg.model.flavor +
+                 " flavor's vocab " + std::to_string(model::model_flavor(cfg.model.name, cfg.model.flavor).vocab_size);
+  }
+  const char* ws = std::getenv("WORLD_SIZE");
+  EstimateInputs in = estimate_inputs_from_config(cfg, ws ? std::max<int64_t>(1, std::atoll(ws)) : 1, vocab);
+  if (!vocab_note.empty()) in.notes.push_back(vocab_note);
+  in.cuda = cfg.training.device == "cuda";
+  if (in.cuda) {
+    in.device_name = "cuda";
+#ifdef TITAN_WITH_CUDA
+    in.device_capacity = memory_stats(c10::Device(c10::kCUDA, 0)).device_capacity;
+#else
+    in.device_capacity = 0;  // a CPU-only build cannot ask the GPU; the verdict says "unknown"
+#endif
+  } else {
+    in.device_name = "cpu (total RAM)";
+    in.device_capacity = total_ram_bytes();
+  }
+  return in;
+}
+
+EstimateInputs estimate_inputs_from_config(const config::JobConfig& cfg, int64_t world, int64_t vocab_size,
+                                           const parallel::pipeline::PipelinePlan* pipeline) {
   EstimateInputs in;
   in.args = model::model_flavor(cfg.model.name, cfg.model.flavor);
   if (in.args.moe) {
@@ -378,15 +409,7 @@ EstimateInputs estimate_inputs_from_config(const config::JobConfig& cfg) {
                        std::to_string(in.args.explicit_hidden_dim) +
                        " per token; the router's and the reorder's buffers are not modeled yet");
   }
-  try {
-    in.args.vocab_size = model::trained_model_args(cfg.model.name, cfg.model.flavor,
-                                                   data::make_tokenizer(cfg.model.tokenizer_path)->vocab_size())
-                             .vocab_size;
-  } catch (const std::exception& e) {
-    // The estimate should answer before the assets are in place: the flavor's vocabulary.
-    in.notes.push_back(std::string("tokenizer not readable (") + e.what() + "): assuming the " +
-                       cfg.model.flavor + " flavor's vocab " + std::to_string(in.args.vocab_size));
-  }
+  if (vocab_size > 0) in.args.vocab_size = vocab_size;
   in.args.max_seq_len = cfg.training.seq_len;
   in.local_batch_size = cfg.training.local_batch_size;
   in.seq_len = cfg.training.seq_len;
@@ -405,8 +428,6 @@ EstimateInputs estimate_inputs_from_config(const config::JobConfig& cfg) {
     in.float8_tp_input_all_gather = !r.delayed && !r.grad_weight_high_precision &&
                                     r.input.granularity == float8::ScalingGranularity::Tensorwise;
   }
-  const char* ws = std::getenv("WORLD_SIZE");
-  const int64_t world = ws ? std::max<int64_t>(1, std::atoll(ws)) : 1;
   in.tp = cfg.parallelism.tensor_parallel_degree;
   const int64_t replicate = cfg.parallelism.data_parallel_replicate_degree;
   const int64_t pp = cfg.parallelism.pipeline_parallel_degree;
@@ -421,7 +442,9 @@ EstimateInputs estimate_inputs_from_config(const config::JobConfig& cfg) {
                                ? cfg.parallelism.data_parallel_shard_degree
                                : std::max<int64_t>(1, world / (replicate * in.tp * pp * in.cp));
   in.dp_shard = dp_shard * in.cp;  // FSDP's group: dp_shard x cp
-  if (pp > 1)
+  if (pp > 1 && pipeline)
+    in.pipeline = *pipeline;
+  else if (pp > 1)
     in.pipeline = parallel::pipeline::plan_pipeline(config::pipeline_config(cfg), static_cast<int>(pp), in.args.n_layers,
                                           cfg.training.local_batch_size);
   const int64_t dp = dp_shard * replicate;  // the batch splits over dp only, not cp
@@ -429,17 +452,6 @@ EstimateInputs estimate_inputs_from_config(const config::JobConfig& cfg) {
                                                             : cfg.training.local_batch_size * dp;
   in.grad_accumulation_steps = std::max<int64_t>(1, global / (cfg.training.local_batch_size * dp));
   in.cuda = cfg.training.device == "cuda";
-  if (in.cuda) {
-    in.device_name = "cuda";
-#ifdef TITAN_WITH_CUDA
-    in.device_capacity = memory_stats(c10::Device(c10::kCUDA, 0)).device_capacity;
-#else
-    in.device_capacity = 0;  // a CPU-only build cannot ask the GPU; the verdict says "unknown"
-#endif
-  } else {
-    in.device_name = "cpu (total RAM)";
-    in.device_capacity = total_ram_bytes();
-  }
   return in;
 }
 

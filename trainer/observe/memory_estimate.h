@@ -70,6 +70,12 @@ MemoryEstimate estimate_memory(const EstimateInputs& in);
 // batch shape, AC, dtype, float8 recipe, parallel degrees (WORLD_SIZE
 // from the environment, 1 when unset) and the device's capacity (total RAM on the CPU).
 EstimateInputs estimate_inputs_from_config(const config::JobConfig& cfg);
+// The same for `world` ranks and a known vocabulary (vocab_size 0: the flavor's), without reading
+// the tokenizer or asking the device (device_capacity 0): what the layout planner calls for each
+// of its candidates.
+// `pipeline`: the config's pipeline plan when the caller has it (else it is built here).
+EstimateInputs estimate_inputs_from_config(const config::JobConfig& cfg, int64_t world, int64_t vocab_size,
+                                           const parallel::pipeline::PipelinePlan* pipeline = nullptr);
 
 // The report printed by --estimate-memory (one line per item, GiB, and the verdict).
 std::string format_memory_estimate(const EstimateInputs& in, const MemoryEstimate& e);

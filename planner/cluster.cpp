@@ -1,0 +1,187 @@
+// planner/cluster.cpp — see cluster.h.
+#include "planner/cluster.h"
+
+#include <ATen/ops/empty.h>
+#include <ATen/ops/mm.h>
+#include <ATen/ops/randn.h>
+#include <ATen/Parallel.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <sstream>
+#include <thread>
+
+#include "trainer/config/parallel_options.h"
+
+namespace titan::planner {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr double kT = 1e12, kG = 1e9, kGiB = 1073741824.0;
+
+// Data sheets (NVIDIA, dense figures: the sparse ones halved), SXM parts, one GPU: bf16 and float8
+// tensor-core peaks, HBM capacity and bandwidth, NVLink per direction (half the bidirectional
+// figure), and one 400 Gb/s NIC per GPU (ConnectX-7; A100 systems: 200 Gb/s HDR). Efficiencies,
+// one per kind: GEMMs 0.78 (titan-bench-matmul's bf16 8192^3 on an H200, 2026-11-27: 774 of 989
+// TFLOP/s; the same Hopper core on H100; Blackwell and Ampere assumed alike), links 0.8 (NCCL's
+// bus bandwidth on NVLink and InfiniBand for large messages), memory-bound work 0.16: the
+// elementwise, reduction and copy kernels of titan's 8B_4layers bf16 step on an H200 took 62 ms
+// (scripts/gpu_profile.sh + trace_summary.py, 2026-11-27) where the traffic model of
+// planner/predict.cpp counts 47 GB, i.e. 0.76 TB/s of the 4.8 (the model counts only the
+// unavoidable traffic; launch gaps, float32 loss math and strided copies are in this factor);
+// the optimizer 0.45: the same step's fused AdamW moved 1.92 B x 28 bytes in 24.8 ms.
+DeviceSpec table_device(const std::string& kind) {
+  DeviceSpec d;
+  d.gemm_efficiency = 0.78;
+  d.link_efficiency = 0.8;
+  d.hbm_efficiency = 0.16;
+  d.optimizer_efficiency = 0.45;
+  if (kind == "h100") {
+    d.name = "H100 SXM";
+    d.peak_bf16 = 989.4 * kT, d.peak_fp8 = 1978.9 * kT, d.memory_bytes = 80e9, d.hbm_bytes_per_s = 3.35e12;
+    d.intra_node_bytes_per_s = 450 * kG, d.inter_node_bytes_per_s = 50 * kG;
+  } else if (kind == "h200") {
+    d.name = "H200 SXM";
+    d.peak_bf16 = 989.4 * kT, d.peak_fp8 = 1978.9 * kT, d.memory_bytes = 141e9, d.hbm_bytes_per_s = 4.8e12;
+    d.intra_node_bytes_per_s = 450 * kG, d.inter_node_bytes_per_s = 50 * kG;
+  } else if (kind == "b200") {
+    d.name = "B200";
+    d.peak_bf16 = 2250 * kT, d.peak_fp8 = 4500 * kT, d.memory_bytes = 180e9, d.hbm_bytes_per_s = 7.7e12;
+    d.intra_node_bytes_per_s = 900 * kG, d.inter_node_bytes_per_s = 50 * kG;
+  } else if (kind == "a100") {
+    d.name = "A100 SXM 80GB";
+    d.peak_bf16 = 312 * kT, d.peak_fp8 = 0, d.memory_bytes = 80e9, d.hbm_bytes_per_s = 2.039e12;
+    d.intra_node_bytes_per_s = 300 * kG, d.inter_node_bytes_per_s = 25 * kG;
+  }
+  return d;
+}
+
+template <typename F>
+double seconds_of(F&& f, int repeats) {
+  f();  // warm-up
+  const auto t0 = Clock::now();
+  for (int i = 0; i < repeats; ++i) f();
+  return std::chrono::duration<double>(Clock::now() - t0).count() / repeats;
+}
+
+// Bytes per second through a TCP connection on 127.0.0.1 (Gloo's transport between ranks of one
+// host), one direction.
+double loopback_bytes_per_s() {
+  const int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr = {};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  if (listener < 0 || bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+      listen(listener, 1) != 0 || getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    if (listener >= 0) close(listener);
+    return 0;
+  }
+  constexpr size_t kBytes = 256u << 20, kChunk = 1u << 20;
+  std::thread sender([addr] {
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) == 0) {
+      std::vector<char> chunk(kChunk, 1);
+      for (size_t sent = 0; sent < kBytes;) {
+        const ssize_t n = send(fd, chunk.data(), chunk.size(), MSG_NOSIGNAL);
+        if (n <= 0) break;
+        sent += static_cast<size_t>(n);
+      }
+    }
+    close(fd);
+  });
+  const int conn = accept(listener, nullptr, nullptr);
+  std::vector<char> buf(kChunk);
+  size_t got = 0;
+  const auto t0 = Clock::now();
+  while (conn >= 0 && got < kBytes) {
+    const ssize_t n = recv(conn, buf.data(), buf.size(), 0);
+    if (n <= 0) break;
+    got += static_cast<size_t>(n);
+  }
+  const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+  sender.join();
+  if (conn >= 0) close(conn);
+  close(listener);
+  return s > 0 ? static_cast<double>(got) / s : 0;
+}
+
+// This machine, shared by `processes` ranks: each gets 1/processes of the cores' GEMM rate and
+// memory bandwidth (titan's ranks on one host split the cores between them).
+DeviceSpec cpu_device(const trainer::config::JobConfig& cfg, int64_t processes) {
+  DeviceSpec d;
+  d.name = "cpu (this machine, measured; " + std::to_string(std::thread::hardware_concurrency()) + " cores shared by " +
+           std::to_string(processes) + " ranks)";
+  const at::ScalarType dtype = trainer::config::dtype_from_name(cfg.training.mixed_precision_param,
+                                                                "training.mixed_precision_param");
+  constexpr int64_t n = 768;
+  const at::Tensor a = at::randn({n, n}).to(dtype), b = at::randn({n, n}).to(dtype);
+  const double gemm_s = seconds_of([&] { at::mm(a, b); }, 4);
+  d.peak_bf16 = 2.0 * n * n * n / gemm_s / static_cast<double>(processes);
+  d.peak_fp8 = 0;  // float8 on the CPU is an emulation: never faster
+  const at::Tensor big = at::empty({64 << 20}, at::kFloat), dst = at::empty({64 << 20}, at::kFloat);
+  const double copy_s = seconds_of([&] { dst.copy_(big); }, 3);
+  d.hbm_bytes_per_s = 2.0 * static_cast<double>(big.nbytes()) / copy_s / static_cast<double>(processes);
+  d.memory_bytes = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE) / static_cast<double>(processes);
+  d.intra_node_bytes_per_s = d.inter_node_bytes_per_s = loopback_bytes_per_s();
+  // The probes are the machine's own rates: nothing left to discount.
+  d.gemm_efficiency = d.link_efficiency = d.hbm_efficiency = d.optimizer_efficiency = 1.0;
+  return d;
+}
+
+}  // namespace
+
+const std::vector<std::string>& device_kinds() {
+  static const std::vector<std::string> kinds = {"h100", "h200", "b200", "a100"};
+  return kinds;
+}
+
+Cluster cluster_from_config(const trainer::config::JobConfig& cfg) {
+  const auto& p = cfg.plan;
+  Cluster c;
+  c.nodes = p.nodes;
+  c.gpus_per_node = p.gpus_per_node;
+  c.device = p.device == "cpu" ? cpu_device(cfg, c.world()) : table_device(p.device);
+  DeviceSpec& d = c.device;
+  auto take = [](double key, double scale, double& into) {
+    if (key > 0) into = key * scale;
+  };
+  take(p.peak_tflops_bf16, kT, d.peak_bf16);
+  take(p.peak_tflops_fp8, kT, d.peak_fp8);
+  take(p.memory_gib, kGiB, d.memory_bytes);
+  take(p.hbm_tbps, 1e12, d.hbm_bytes_per_s);
+  take(p.intra_node_gbps, kG, d.intra_node_bytes_per_s);
+  take(p.inter_node_gbps, kG, d.inter_node_bytes_per_s);
+  take(p.gemm_efficiency, 1, d.gemm_efficiency);
+  take(p.link_efficiency, 1, d.link_efficiency);
+  for (const std::string& precision : p.precisions)
+    if (precision != "bf16" && d.peak_fp8 <= 0 && p.device != "cpu")
+      throw trainer::config::ConfigError("plan.precisions '" + precision + "': the " + d.name +
+                                         " has no float8 tensor cores (plan.peak_tflops_fp8 sets a rate)");
+  return c;
+}
+
+std::vector<std::string> Cluster::describe() const {
+  std::ostringstream os;
+  os.precision(4);
+  os << nodes << " node" << (nodes == 1 ? "" : "s") << " x " << gpus_per_node << " " << device.name << " = " << world()
+     << " GPUs";
+  std::vector<std::string> lines = {os.str()};
+  os.str("");
+  os << "per GPU: bf16 " << device.peak_bf16 / kT << " TFLOP/s";
+  if (device.peak_fp8 > 0) os << ", float8 " << device.peak_fp8 / kT << " TFLOP/s";
+  os << " (GEMMs at " << device.gemm_efficiency << " of peak), memory " << device.memory_bytes / kGiB << " GiB at "
+     << device.hbm_bytes_per_s / 1e12 << " TB/s (" << device.hbm_efficiency << " reached)";
+  lines.push_back(os.str());
+  os.str("");
+  os << "links per GPU and direction: in a node " << device.intra_node_bytes_per_s / kG << " GB/s, between nodes "
+     << device.inter_node_bytes_per_s / kG << " GB/s (collectives at " << device.link_efficiency << ")";
+  lines.push_back(os.str());
+  return lines;
+}
+
+}  // namespace titan::planner

@@ -1,0 +1,46 @@
+// planner/cluster.h — what the layout planner knows of the machines: one GPU kind's data-sheet
+// peaks (or, for device cpu, this machine measured), how many per node, and the two links a
+// process group can cross (docs/planner.md says where each number comes from).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "trainer/config/job_config.h"
+
+namespace titan::planner {
+
+struct DeviceSpec {
+  std::string name;               // "H100 SXM", "cpu (this machine, measured)"
+  double peak_bf16 = 0;           // FLOP/s, dense
+  double peak_fp8 = 0;            // FLOP/s, dense; 0: no float8 tensor cores
+  double memory_bytes = 0;
+  double hbm_bytes_per_s = 0;
+  double intra_node_bytes_per_s = 0;  // per GPU and direction
+  double inter_node_bytes_per_s = 0;
+  double gemm_efficiency = 0;     // of the peak, large GEMMs and flash attention
+  double link_efficiency = 0;     // of a link, NCCL's bus bandwidth for large messages
+  double hbm_efficiency = 0;      // of the memory bandwidth, the step's elementwise kernels
+  double optimizer_efficiency = 0;  // of the memory bandwidth, the fused AdamW's streaming
+};
+
+struct Cluster {
+  int64_t nodes = 1;
+  int64_t gpus_per_node = 8;
+  DeviceSpec device;
+  int64_t world() const { return nodes * gpus_per_node; }
+  std::vector<std::string> describe() const;  // one line each: the figures in use
+};
+
+// The GPU kinds the table holds (the plan.device key's choices but cpu).
+const std::vector<std::string>& device_kinds();
+
+// The cluster of [plan]: the table's figures for plan.device, each overridden by its key when
+// non-zero. plan.device = cpu measures this machine instead: a GEMM probe in the config's compute
+// dtype, a memory copy and a TCP loopback transfer (what Gloo's ranks on one host use), and
+// shares them among plan.gpus_per_node processes. Throws ConfigError for a device without what a
+// key asks (float8 on an A100).
+Cluster cluster_from_config(const trainer::config::JobConfig& cfg);
+
+}  // namespace titan::planner

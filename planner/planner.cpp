@@ -1,0 +1,376 @@
+// planner/planner.cpp — see planner.h.
+#include "planner/planner.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <iomanip>
+#include <ostream>
+#include <sstream>
+
+#include "data/tokenizer.h"
+#include "model/flavors.h"
+#include "parallel/context_parallel/context_parallel.h"
+#include "parallel/pipeline/orders.h"
+#include "trainer/config/parallel_options.h"
+#include "trainer/observe/memory_estimate.h"
+
+namespace titan::planner {
+namespace {
+
+constexpr double kGiB = 1073741824.0;
+// Pipeline passes of more than 16 x pp micro-batches are not searched: the bubble of one is
+// already below (p - 1) / (17 p - 1) < 6%, and more micro-batches only shrink each GEMM (the
+// 405B search on 16k GPUs would otherwise simulate passes of 2048).
+constexpr int64_t kMaxMicrobatchesPerStage = 16;
+
+std::vector<int64_t> divisors(int64_t n) {
+  std::vector<int64_t> out;
+  for (int64_t i = 1; i * i <= n; ++i)
+    if (n % i == 0) {
+      out.push_back(i);
+      if (i != n / i) out.push_back(n / i);
+    }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+int64_t vocab_of(const trainer::config::JobConfig& cfg) {
+  try {
+    return model::trained_model_args(cfg.model.name, cfg.model.flavor,
+                                     data::make_tokenizer(cfg.model.tokenizer_path)->vocab_size())
+        .vocab_size;
+  } catch (const std::exception&) {
+    return model::model_flavor(cfg.model.name, cfg.model.flavor).vocab_size;  // the flavor's
+  }
+}
+
+std::string fixed(double v, int digits) {
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(digits) << v;
+  return os.str();
+}
+
+std::string gib(double bytes) { return fixed(bytes / kGiB, 1); }
+
+// The first clause of a trainer error, so that one rule groups all the candidates it refuses.
+std::string reason_of(const std::string& what) {
+  std::string r = what.substr(0, what.find(';'));
+  for (char& c : r)
+    if (c >= '0' && c <= '9') c = 'N';  // "degree 3 does not divide 32" -> one reason for every degree
+  return r.size() > 150 ? r.substr(0, 150) + "..." : r;
+}
+
+}  // namespace
+
+trainer::config::JobConfig planning_config(const trainer::config::JobConfig& cfg) {
+  trainer::config::JobConfig c = cfg;
+  if (cfg.plan.device != "cpu") {
+    c.training.device = "cuda";
+    c.training.mixed_precision_param = "bfloat16";
+  }
+  return c;
+}
+
+int64_t planned_global_batch(const trainer::config::JobConfig& cfg, int64_t world) {
+  return cfg.training.global_batch_size > 0 ? cfg.training.global_batch_size : cfg.training.local_batch_size * world;
+}
+
+std::vector<Layout> layout_families(const trainer::config::JobConfig& cfg, int64_t world) {
+  const model::ModelArgs args = model::model_flavor(cfg.model.name, cfg.model.flavor);
+  std::vector<Layout> out;
+  for (int64_t pp : divisors(world))
+    for (int64_t r : divisors(world / pp))
+      for (int64_t t : divisors(world / pp / r))
+        for (int64_t c : divisors(world / pp / r / t)) {
+          const int64_t s = world / pp / r / t / c;
+          std::vector<int64_t> eps = {1};
+          if (args.moe)
+            for (int64_t e : divisors(s * c))
+              if (e > 1) eps.push_back(e);
+          for (int64_t e : eps) {
+            Layout l;
+            l.dp_replicate = r, l.dp_shard = s, l.tp = t, l.cp = c, l.pp = pp, l.ep = e;
+            out.push_back(l);
+          }
+        }
+  return out;
+}
+
+std::vector<Layout> family_layouts(const trainer::config::JobConfig& cfg, const Layout& family, int64_t global_batch) {
+  std::vector<Layout> out;
+  const int64_t dp = family.dp();
+  std::vector<int64_t> locals = {std::max<int64_t>(1, global_batch / dp)};  // not a whole share: refused
+  if (global_batch % dp == 0) locals = divisors(global_batch / dp);
+  const auto& schedules = parallel::pipeline::pipeline_schedule_kinds();
+  const auto& methods = parallel::context_parallel::cp_rotate_method_names();
+  for (int64_t local : locals)
+    for (size_t si = 0; si < (family.pp > 1 ? schedules.size() : 1); ++si)
+      for (int64_t mb : family.pp > 1 ? divisors(local) : std::vector<int64_t>{1})
+        if (family.pp > 1 && local / mb > kMaxMicrobatchesPerStage * family.pp) continue; else
+        for (size_t mi = 0; mi < (family.cp > 1 ? methods.size() : 1); ++mi)
+          for (bool async : family.tp > 1 ? std::vector<bool>{false, true} : std::vector<bool>{false})
+            for (const std::string& ac : cfg.plan.ac_modes)
+              for (const std::string& precision : cfg.plan.precisions) {
+                Layout l = family;
+                if (family.pp > 1) {
+                  l.schedule = parallel::pipeline::pipeline_schedule_name(schedules[si]);
+                  l.microbatch_size = mb;
+                }
+                if (family.cp > 1) l.cp_method = methods[mi];
+                l.async_tp = async;
+                l.local_batch = local;
+                l.ac = ac;
+                l.precision = precision;
+                out.push_back(l);
+              }
+  return out;
+}
+
+std::vector<Layout> enumerate_layouts(const trainer::config::JobConfig& cfg, int64_t world, int64_t global_batch) {
+  std::vector<Layout> out;
+  for (const Layout& family : layout_families(cfg, world)) {
+    std::vector<Layout> more = family_layouts(cfg, family, global_batch);
+    out.insert(out.end(), more.begin(), more.end());
+  }
+  return out;
+}
+
+double estimated_memory_bytes(const trainer::config::JobConfig& cfg, int64_t world, int64_t vocab_size,
+                              const parallel::pipeline::PipelinePlan* pipeline) {
+  trainer::observe::EstimateInputs in = trainer::observe::estimate_inputs_from_config(cfg, world, vocab_size, pipeline);
+  const int pp = static_cast<int>(cfg.parallelism.pipeline_parallel_degree);
+  int64_t most = 0;
+  // The busiest pp rank is an end one: the first holds the embedding and the most micro-batches in
+  // flight (under V placement the output too), the last the output and its logits; the middle
+  // ranks hold fewer of both. Their neighbours too, for the uneven splits.
+  for (int r = 0; r < std::max(1, pp); ++r) {
+    if (r > 1 && r < pp - 2) continue;
+    in.pp_rank = r;
+    most = std::max(most, trainer::observe::estimate_memory(in).total);
+  }
+  return static_cast<double>(most);
+}
+
+namespace {
+
+// Parameters, optimizer state and the float32 gradient shards (all alive at the optimizer step)
+// of the busiest pipeline rank: what no batch shape or AC mode lowers.
+double state_bytes(const trainer::config::JobConfig& cfg, int64_t world, int64_t vocab_size) {
+  trainer::observe::EstimateInputs in = trainer::observe::estimate_inputs_from_config(cfg, world, vocab_size);
+  int64_t most = 0;
+  const int pp = std::max<int>(1, static_cast<int>(cfg.parallelism.pipeline_parallel_degree));
+  for (int r = 0; r < pp; ++r) {
+    if (r > 1 && r < pp - 2) continue;  // as estimated_memory_bytes
+    in.pp_rank = r;
+    const trainer::observe::MemoryEstimate e = trainer::observe::estimate_memory(in);
+    most = std::max(most, e.parameters + e.optimizer_state + e.optimizer_state / 2);  // grads: 4 of AdamW's 8 bytes
+  }
+  return static_cast<double>(most);
+}
+
+}  // namespace
+
+PlanResult plan_layouts(const trainer::config::JobConfig& user_cfg, const Cluster& cluster,
+                        const std::function<void(int64_t, int64_t)>& progress) {
+  const trainer::config::JobConfig cfg = planning_config(user_cfg);
+  PlanResult result;
+  result.cluster = cluster;
+  const int64_t world = cluster.world();
+  result.global_batch = planned_global_batch(cfg, world);
+  const int64_t vocab = vocab_of(cfg);
+  const model::ModelArgs args = model::trained_model_args(cfg.model.name, cfg.model.flavor, vocab);
+  const std::vector<Layout> families = layout_families(cfg, world);
+  auto reject = [&](const std::string& why, const Layout& l, int64_t n_candidates) {
+    auto& [n, family] = result.reasons[why];
+    if (n == 0) family = l.family();
+    n += n_candidates;
+  };
+  auto check = [&](const trainer::config::JobConfig& c) -> std::string {
+    try {
+      trainer::config::check_layout(c, static_cast<int>(world));
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+    return "";
+  };
+  for (size_t f = 0; f < families.size(); ++f) {
+    if (progress) progress(static_cast<int64_t>(f), static_cast<int64_t>(families.size()));
+    const std::vector<Layout> candidates = family_layouts(cfg, families[f], result.global_batch);
+    const auto n = static_cast<int64_t>(candidates.size());
+    result.considered += n;
+    // The whole family at once where it can be decided at once: a refusal that is not about the
+    // pipeline's micro-batches (degrees, splits, the global batch: no candidate of the family
+    // passes), and parameters + optimizer state that alone exceed the GPU (no batch shape helps).
+    // The representative: the largest local batch in micro-batches of one row, so that a
+    // pipeline has the most micro-batches any candidate of the family can give it.
+    Layout lightest = candidates.back();
+    lightest.ac = "full";
+    if (lightest.pp > 1) lightest.schedule = "1F1B", lightest.microbatch_size = 1;
+    const trainer::config::JobConfig light_cfg = apply_layout(cfg, lightest, result.global_batch);
+    const std::string family_error = check(light_cfg);
+    if (!family_error.empty() && family_error.rfind("pipeline parallel:", 0) != 0) {
+      result.rejected_by_rules += n;
+      reject("rules: " + reason_of(family_error), lightest, n);
+      continue;
+    }
+    if (family_error.empty() && state_bytes(light_cfg, world, vocab) > cluster.device.memory_bytes) {
+      result.rejected_by_memory += n;
+      reject("memory: parameters, optimizer state and gradient shards alone exceed the " + gib(cluster.device.memory_bytes) +
+                 " GiB of one GPU",
+             lightest, n);
+      continue;
+    }
+    // Memory grows with the local batch when nothing else changes (more rows, or more
+    // micro-batches of the same rows in flight): past the smallest local batch over memory, the
+    // larger ones are counted over memory without estimating them.
+    std::map<std::string, int64_t> over_memory_from;
+    // check_layout and the memory estimate depend on fewer fields than the prediction: cached
+    // for the family (a pipeline plan holds every rank's order: not kept beyond it).
+    std::map<std::string, std::string> refused;  // structural key -> the trainer's error ("" = accepted)
+    std::map<std::string, trainer::config::CheckedLayout> accepted;  // structural key -> what the checks made
+    std::map<std::string, double> memory;        // + ac + precision -> bytes
+    auto without_local = [](Layout l) {
+      l.local_batch = 0;
+      return l.name();
+    };
+    for (const Layout& l : candidates) {
+      const auto over = over_memory_from.find(without_local(l));
+      if (over != over_memory_from.end() && l.local_batch > over->second) {
+        ++result.rejected_by_memory;
+        reject("memory: the estimate exceeds the " + gib(cluster.device.memory_bytes) + " GiB of one GPU", l, 1);
+        continue;
+      }
+      const trainer::config::JobConfig c = apply_layout(cfg, l, result.global_batch);
+      Layout structural = l;
+      structural.ac = "none", structural.precision = "bf16", structural.async_tp = false;
+      const std::string key = structural.name();
+      auto found = refused.find(key);
+      if (found == refused.end()) {
+        std::string error;
+        try {
+          accepted.emplace(key, trainer::config::check_layout(c, static_cast<int>(world)));
+        } catch (const std::exception& e) {
+          error = e.what();
+        }
+        found = refused.emplace(key, error).first;
+      }
+      if (!found->second.empty()) {
+        ++result.rejected_by_rules;
+        reject("rules: " + reason_of(found->second), l, 1);
+        continue;
+      }
+      Layout mem_key = l;
+      mem_key.async_tp = false;
+      auto m = memory.find(mem_key.name());
+      const trainer::config::CheckedLayout& checked = accepted.at(key);
+      if (m == memory.end())
+        m = memory.emplace(mem_key.name(), estimated_memory_bytes(c, world, vocab, checked.pipeline ? &*checked.pipeline : nullptr))
+                .first;
+      if (m->second > cluster.device.memory_bytes) {
+        over_memory_from.emplace(without_local(l), l.local_batch);
+        ++result.rejected_by_memory;
+        reject("memory: the estimate exceeds the " + gib(cluster.device.memory_bytes) + " GiB of one GPU", l, 1);
+        continue;
+      }
+      PlannedLayout planned{l, predict(c, checked, args, l, cluster)};
+      planned.prediction.memory_bytes = m->second;
+      result.fits.push_back(std::move(planned));
+    }
+  }
+  if (progress) progress(static_cast<int64_t>(families.size()), static_cast<int64_t>(families.size()));
+  std::stable_sort(result.fits.begin(), result.fits.end(), [](const PlannedLayout& a, const PlannedLayout& b) {
+    return a.prediction.step_seconds < b.prediction.step_seconds;
+  });
+  return result;
+}
+
+namespace {
+
+void print_command(const trainer::config::JobConfig& cfg, const Cluster& cluster, const Layout& l, std::ostream& out) {
+  std::string args;
+  for (const std::string& o : l.overrides()) args += " " + o;
+  const std::string config = cfg.job.config_file.empty() ? "" : " --job.config_file " + cfg.job.config_file;
+  out << "\nto run it:\n";
+  if (cluster.nodes == 1) {
+    out << "  NGPU=" << cluster.gpus_per_node << (cfg.job.config_file.empty() ? "" : " CONFIG_FILE=" + cfg.job.config_file)
+        << " ./run_train.sh --training.global_batch_size " << planned_global_batch(cfg, cluster.world()) << args << "\n";
+  } else {
+    out << "  on node i of " << cluster.nodes << ": titan-run --nnodes " << cluster.nodes << " --nproc-per-node "
+        << cluster.gpus_per_node << " --node-rank i --master-addr NODE0 -- titan-train" << config
+        << " --training.global_batch_size " << planned_global_batch(cfg, cluster.world()) << args << "\n";
+  }
+}
+
+void print_explain(const trainer::config::JobConfig& user_cfg, const Cluster& cluster, std::ostream& out) {
+  const trainer::config::JobConfig cfg = planning_config(user_cfg);
+  const Layout l = parse_layout(cfg.plan.explain);
+  const int64_t world = cluster.world();
+  if (l.world() != world)
+    throw trainer::config::ConfigError("plan.explain '" + cfg.plan.explain + "': its degrees multiply to " +
+                                       std::to_string(l.world()) + " ranks, the cluster has " + std::to_string(world));
+  const int64_t global = planned_global_batch(cfg, world);
+  const trainer::config::JobConfig c = apply_layout(cfg, l, global);
+  const trainer::config::CheckedLayout checked = trainer::config::check_layout(c, static_cast<int>(world));
+  const int64_t vocab = vocab_of(cfg);
+  const model::ModelArgs args = model::trained_model_args(cfg.model.name, cfg.model.flavor, vocab);
+  Prediction p = predict(c, checked, args, l, cluster);
+  p.memory_bytes = estimated_memory_bytes(c, world, vocab);
+  for (const std::string& line : cluster.describe()) out << line << "\n";
+  out << "layout " << l.name() << "\nglobal batch " << global << " x seq_len " << cfg.training.seq_len << "; "
+      << p.notes.front() << "\n\n";
+  for (const auto& [what, seconds] : p.terms)
+    out << "  " << std::left << std::setw(42) << what << std::right << std::setw(10) << fixed(seconds * 1e3, 2)
+        << " ms  " << std::setw(5) << fixed(100.0 * seconds / p.step_seconds, 1) << "%\n";
+  out << "  " << std::left << std::setw(42) << "step" << std::right << std::setw(10) << fixed(p.step_seconds * 1e3, 2)
+      << " ms\n\n"
+      << "tokens/s per GPU " << fixed(p.tokens_per_second_per_gpu, 0) << ", MFU " << fixed(100 * p.mfu, 1)
+      << "%, memory " << gib(p.memory_bytes) << " of " << gib(cluster.device.memory_bytes) << " GiB (the memory "
+      << "estimate, busiest pipeline rank)" << (p.memory_bytes > cluster.device.memory_bytes ? ": does NOT fit" : "")
+      << "\n";
+  print_command(user_cfg, cluster, l, out);
+}
+
+}  // namespace
+
+int run_planner(const trainer::config::JobConfig& cfg, std::ostream& out, std::ostream& err) {
+  const Cluster cluster = cluster_from_config(planning_config(cfg));
+  if (!cfg.plan.explain.empty()) {
+    print_explain(cfg, cluster, out);
+    return 0;
+  }
+  const PlanResult r = plan_layouts(cfg, cluster, [&err](int64_t done, int64_t total) {
+    err << "\rplanning: " << done << " / " << total << " layout families" << (done == total ? "\n" : "") << std::flush;
+  });
+  out << "titan layout planner: " << cfg.model.name << " " << cfg.model.flavor << ", seq_len " << cfg.training.seq_len
+      << ", global batch " << r.global_batch << " rows\n";
+  for (const std::string& line : cluster.describe()) out << line << "\n";
+  out << r.considered << " layouts considered: " << r.fits.size() << " fit, " << r.rejected_by_rules
+      << " refused by the trainer's checks, " << r.rejected_by_memory << " over memory\n\n";
+  if (r.fits.empty()) {
+    out << "nothing fits.\n";
+  } else {
+    out << "  #   step ms  tok/s/GPU   MFU %  mem GiB  comm %  idle %  layout\n";
+    const size_t rows = std::min<size_t>(r.fits.size(), static_cast<size_t>(cfg.plan.top));
+    for (size_t i = 0; i < rows; ++i) {
+      const Prediction& p = r.fits[i].prediction;
+      char line[160];
+      std::snprintf(line, sizeof line, "%3zu %9.1f %10.0f %7.1f %8.1f %7.1f %7.1f  ", i + 1, p.step_seconds * 1e3,
+                    p.tokens_per_second_per_gpu, 100 * p.mfu, p.memory_bytes / kGiB,
+                    100 * p.exposed_comm_seconds / p.step_seconds, 100 * p.pipeline_idle);
+      out << line << r.fits[i].layout.name() << "\n";
+    }
+  }
+  if (!r.reasons.empty()) {
+    out << "\nrejected (candidates, one family each reason hit):\n";
+    std::vector<std::pair<std::string, std::pair<int64_t, std::string>>> sorted(r.reasons.begin(), r.reasons.end());
+    std::sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) { return a.second.first > b.second.first; });
+    for (const auto& [why, hit] : sorted) out << "  " << std::setw(7) << hit.first << "  " << why << "  (e.g. " << hit.second << ")\n";
+  }
+  if (!r.fits.empty()) {
+    print_command(cfg, cluster, r.fits.front().layout, out);
+    out << "(--plan.explain '" << r.fits.front().layout.name() << "' breaks its prediction down)\n";
+  }
+  return r.fits.empty() ? 1 : 0;
+}
+
+}  // namespace titan::planner

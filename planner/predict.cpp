@@ -1,0 +1,232 @@
+// planner/predict.cpp — see predict.h.
+//
+// Note [Step-time model]: one step of one rank, from first principles and the cluster's figures
+// (planner/cluster.h); nothing here is fitted to a published throughput.
+//   Compute. Per micro-batch and pipeline stage, a rank's tokens are rows x seq_len / cp; its
+//     matmul FLOPs are 2 x (the block's active parameters) per token and layer, plus the output
+//     layer's 2 x dim x vocab on the last stage, divided by tp; attention is 4 x heads x head_dim
+//     x seq_len per token and layer forward (torchtitan's count). Backward is twice the forward,
+//     half of it the weight gradients (the W of zero-bubble schedules). GEMMs and attention run at
+//     the bf16 peak x the GEMM efficiency; a float8 recipe's block linears at the float8 peak.
+//   Memory-bound work. Forward elementwise traffic per token and layer: 16 x dim + 3 x hidden
+//     elements of the compute dtype (two RMSNorms, RoPE on q and k, two residual adds, SwiGLU,
+//     the attention layout copies), divided by tp (sequence parallel); backward twice that. A
+//     float8 recipe adds its casts: 5 bytes per element cast (amax read, cast read, 1-byte write)
+//     of the four distinct linear inputs forward, and of the outputs' gradients and a transposed
+//     input copy backward; each weight is cast once per micro-batch. The optimizer reads and
+//     writes 36 bytes per local parameter (float32 AdamW: 28; the bf16 compute copy and the
+//     widened gradient: 8), at the optimizer's streaming efficiency; the rest at the elementwise
+//     kernels' (planner/cluster.cpp says how each was measured).
+//   Recompute. Full AC runs every block's forward again in backward; per-op (selective) AC keeps
+//     attention and every other matmul output (torchtitan's op list), so it recomputes half the
+//     block matmuls and all the elementwise work.
+//   Communication, each collective over the link its group crosses (the mesh is pp, dp_replicate,
+//     dp_shard, cp, tp from outermost to innermost, ranks filling nodes in order: a group leaves
+//     its node when stride x size > GPUs per node), bytes / (bandwidth x link efficiency):
+//     TP: per layer two all-gathers and two reduce-scatters of the activations forward, as many
+//       backward, (tp - 1) / tp of rows x seq / cp x dim each; exposed unless async TP, which
+//       hides them behind the layer's matmuls (exposed: what exceeds them).
+//     CP: allgather gathers K and V per layer forward and reduce-scatters their gradients
+//       backward; alltoall / titan_ulysses move q, k, v and the output per layer each way.
+//       Exposed.
+//     FSDP (dp_shard x cp ranks): each layer's parameters gathered forward and again backward
+//       (bf16), gradients reduce-scattered in float32, per micro-batch; titan prefetches the next
+//       layer's gather during this layer's compute, so a layer exposes only what its transfer
+//       exceeds the previous layer's compute, plus the first layer's whole gather. Under pp, once
+//       per step (gathered parameters and unsharded gradients stay), exposed.
+//     HSDP: the gradient shard all-reduced across replicas once per step (2 (r - 1) / r of it).
+//     EP: the MoE dispatch and combine all-to-alls, forward and backward. Exposed.
+//     PP: one activation (or its gradient) per micro-batch and stage boundary, inside the
+//       pipeline simulation.
+//   Pipeline idle: planner/pipeline_sim.h runs the schedule's own order with these stage costs.
+// Step = gradient-accumulation passes x (micro-batches' compute + exposed communication, or the
+// simulated pipeline pass) + HSDP all-reduce + optimizer.
+#include "planner/predict.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "planner/pipeline_sim.h"
+
+namespace titan::planner {
+namespace {
+
+struct LayerWork {
+  double gemm_fwd = 0;       // seconds, the block's matmuls forward
+  double attention_fwd = 0;
+  double memory_fwd = 0;     // elementwise forward
+  double memory_bwd = 0;     // elementwise + float8 casts backward
+  double tp_comm = 0;        // one direction
+  double cp_comm = 0;        // one direction
+  double ep_comm = 0;        // one direction
+  double fsdp_gather = 0;
+  double fsdp_reduce_scatter = 0;
+};
+
+// Whether a group of `size` ranks `stride` apart stays inside one node.
+bool within_node(int64_t stride, int64_t size, int64_t gpus_per_node) { return stride * size <= gpus_per_node; }
+
+}  // namespace
+
+Prediction predict(const trainer::config::JobConfig& cfg, const trainer::config::CheckedLayout& checked,
+                   const model::ModelArgs& args, const Layout& L, const Cluster& cluster) {
+  Prediction p;
+  const DeviceSpec& d = cluster.device;
+  const auto& dims = checked.dims;
+  const double seq = static_cast<double>(cfg.training.seq_len);
+  const double bytes = cfg.training.mixed_precision_param == "float32" ? 4.0 : 2.0;
+  const double dim = static_cast<double>(args.dim), hidden = static_cast<double>(args.ffn_hidden_dim());
+  const double kv_dim = static_cast<double>(args.kv_heads() * args.head_dim());
+  const double q_dim = static_cast<double>(args.n_heads * args.head_dim());
+  const double vocab = static_cast<double>(args.vocab_size);
+  const double layers = static_cast<double>(args.n_layers);
+  const model::ParamCount count = model::count_params(args);
+  const double output_params = dim * vocab;
+  const double block_active =
+      std::max(0.0, static_cast<double>(count.active - count.embedding) - (args.tie_embeddings ? 0.0 : output_params)) /
+      layers;
+  const double block_params_all = static_cast<double>(count.per_layer);
+  const bool float8 = L.precision != "bf16";
+  const double mm_rate = d.peak_bf16 * d.gemm_efficiency;
+  const double linear_rate = (float8 && d.peak_fp8 > 0 ? d.peak_fp8 : d.peak_bf16) * d.gemm_efficiency;
+  const double hbm = d.hbm_bytes_per_s * d.hbm_efficiency;
+  const double tp = dims.tp, cp = dims.cp, fsdp = dims.dp_shard_cp();
+  auto link = [&](bool inside) {
+    return (inside ? d.intra_node_bytes_per_s : d.inter_node_bytes_per_s) * d.link_efficiency;
+  };
+  const int64_t g = cluster.gpus_per_node;
+  const double tp_link = link(within_node(1, dims.tp, g));
+  const double cp_link = link(within_node(dims.tp, dims.cp, g));
+  const double fsdp_link = link(within_node(dims.tp, static_cast<int64_t>(fsdp), g));
+  const double hsdp_link = link(within_node(int64_t(dims.tp) * dims.cp * dims.dp_shard, dims.dp_replicate, g));
+  const double ep_link = link(within_node(dims.tp, dims.ep, g));
+  const double pp_link = link(within_node(cluster.world() / std::max(1, dims.pp), dims.pp, g));
+
+  // One micro-batch's rows and how many micro-batches one step runs per rank.
+  const int64_t rows = checked.pipeline ? checked.pipeline->microbatch_rows : cfg.training.local_batch_size;
+  const int64_t micro_per_pass = checked.pipeline ? checked.pipeline->microbatches : 1;
+  const int64_t passes = checked.global_batch / (cfg.training.local_batch_size * dims.dp());
+  const double tokens = static_cast<double>(rows) * seq / cp;  // this rank's, one micro-batch
+
+  LayerWork w;
+  w.gemm_fwd = tokens * 2.0 * block_active / tp / linear_rate;
+  w.attention_fwd = tokens * 4.0 * q_dim * seq / tp / mm_rate;
+  const double elementwise = (16.0 * dim + 3.0 * hidden) * bytes;
+  double cast_fwd = 0, cast_bwd = 0, weight_casts = 0;
+  if (float8) {
+    cast_fwd = 5.0 * (3.0 * dim + hidden);
+    cast_bwd = 5.0 * (q_dim + 2.0 * kv_dim + 2.0 * dim + 2.0 * hidden) + 3.0 * (3.0 * dim + hidden);
+    weight_casts = 2.0 * 5.0 * block_params_all / tp;
+  }
+  w.memory_fwd = (tokens * (elementwise + cast_fwd) / tp + weight_casts / 2.0) / hbm;
+  w.memory_bwd = (tokens * (2.0 * elementwise + cast_bwd) / tp + weight_casts / 2.0) / hbm;
+  const double act = tokens * dim * bytes;
+  if (dims.tp > 1) w.tp_comm = 4.0 * act * (tp - 1) / tp / tp_link;
+  if (dims.cp > 1) {
+    const double full_rows = static_cast<double>(rows) * seq * bytes;
+    w.cp_comm = L.cp_method == "allgather" ? full_rows * 2.0 * kv_dim * (cp - 1) / cp / tp / cp_link
+                                           : tokens * (2.0 * q_dim + 2.0 * kv_dim) * bytes * (cp - 1) / cp / tp / cp_link;
+  }
+  if (dims.ep > 1 && args.moe)
+    w.ep_comm = 2.0 * tokens * static_cast<double>(args.moe->top_k) * dim * bytes * (dims.ep - 1.0) / dims.ep / ep_link;
+  if (fsdp > 1) {
+    w.fsdp_gather = block_params_all / tp * bytes * (fsdp - 1) / fsdp / fsdp_link;
+    w.fsdp_reduce_scatter = block_params_all / tp * 4.0 * (fsdp - 1) / fsdp / fsdp_link;
+  }
+
+  // Recompute per layer (in backward).
+  double recompute = 0;
+  if (L.ac == "full") recompute = w.gemm_fwd + w.attention_fwd + w.memory_fwd;
+  else if (L.ac == "selective") recompute = 0.5 * w.gemm_fwd + w.memory_fwd;
+  const double tp_exposed = L.async_tp ? std::max(0.0, w.tp_comm - w.gemm_fwd) : w.tp_comm;
+  const double layer_f = w.gemm_fwd + w.attention_fwd + w.memory_fwd;
+  const double layer_b = 2.0 * w.gemm_fwd + 2.0 * w.attention_fwd + w.memory_bwd + recompute;
+  const double layer_f_comm = tp_exposed + w.cp_comm + w.ep_comm;
+  const double layer_b_comm = std::max(0.0, (L.async_tp ? std::max(0.0, w.tp_comm - 2.0 * w.gemm_fwd) : w.tp_comm)) +
+                              w.cp_comm + w.ep_comm;
+  // FSDP exposed over `n` layers of one micro-batch (prefetch: see the Note).
+  auto fsdp_exposed = [&](double n) {
+    if (fsdp <= 1 || n <= 0) return std::make_pair(0.0, 0.0);
+    const double fwd = w.fsdp_gather + (n - 1) * std::max(0.0, w.fsdp_gather - layer_f);
+    const double per_b = w.fsdp_gather + w.fsdp_reduce_scatter;
+    const double bwd = per_b + (n - 1) * std::max(0.0, per_b - layer_b);
+    return std::make_pair(fwd, bwd);
+  };
+  const double out_f = tokens * 2.0 * output_params / tp / mm_rate + tokens * vocab * 4.0 * 2.0 / tp / hbm;
+  const double embed = tokens * dim * bytes * 2.0 / hbm;
+
+  double pass_seconds = 0, idle = 0;
+  double sum_compute = 0, sum_memory = 0, sum_recompute = 0, sum_tp = 0, sum_cp = 0, sum_ep = 0, sum_fsdp = 0;
+  if (checked.pipeline) {
+    const auto& plan = *checked.pipeline;
+    std::vector<StageCosts> costs(static_cast<size_t>(plan.num_stages()));
+    for (int s = 0; s < plan.num_stages(); ++s) {
+      double n = 0;
+      bool output = false, embedding = false;
+      for (const std::string& m : plan.stage_modules[static_cast<size_t>(s)]) {
+        if (m.rfind("layers.", 0) == 0) n += 1;
+        output |= m == "output";
+        embedding |= m == "tok_embeddings";
+      }
+      StageCosts& c = costs[static_cast<size_t>(s)];
+      c.forward = n * (layer_f + layer_f_comm) + (output ? out_f : 0) + (embedding ? embed : 0);
+      c.backward_weight = n * w.gemm_fwd + (output ? tokens * 2.0 * output_params / tp / mm_rate : 0);
+      c.backward = n * (layer_b + layer_b_comm) + (output ? 2.0 * out_f : 0);
+      c.backward_input = std::max(0.0, c.backward - c.backward_weight);
+    }
+    const double transfer = static_cast<double>(rows) * seq / cp * dim * bytes / pp_link;
+    const PipelineTiming t = simulate_pipeline(plan, costs, transfer);
+    pass_seconds = t.step_seconds + sum_fsdp;
+    idle = t.idle_fraction();
+    // Per-rank shares of the terms, for the breakdown: layers / pp of each, m micro-batches.
+    const double m = static_cast<double>(micro_per_pass), per_rank_layers = layers / dims.pp;
+    sum_compute = m * per_rank_layers * (3.0 * w.gemm_fwd + 3.0 * w.attention_fwd);
+    sum_memory = m * per_rank_layers * (w.memory_fwd + w.memory_bwd);
+    sum_recompute = m * per_rank_layers * recompute;
+    sum_tp = m * per_rank_layers * (tp_exposed + layer_b_comm - w.cp_comm - w.ep_comm);
+    sum_cp = m * per_rank_layers * 2.0 * w.cp_comm;
+    sum_ep = m * per_rank_layers * 2.0 * w.ep_comm;
+    // Under pp, FSDP gathers a stage's parameters once per step and reduce-scatters its
+    // gradients once (the gathered parameters and unsharded gradients stay all step, as the
+    // memory estimate counts them): exposed, outside the pipeline pass.
+    sum_fsdp = per_rank_layers * (w.fsdp_gather + w.fsdp_reduce_scatter);
+  } else {
+    const auto [ff, fb] = fsdp_exposed(layers);
+    sum_compute = layers * (3.0 * w.gemm_fwd + 3.0 * w.attention_fwd) + 3.0 * tokens * 2.0 * output_params / tp / mm_rate;
+    sum_memory = layers * (w.memory_fwd + w.memory_bwd) + 3.0 * tokens * vocab * 8.0 / tp / hbm + 3.0 * embed;
+    sum_recompute = layers * recompute;
+    sum_tp = layers * (tp_exposed + layer_b_comm - w.cp_comm - w.ep_comm);
+    sum_cp = layers * 2.0 * w.cp_comm;
+    sum_ep = layers * 2.0 * w.ep_comm;
+    sum_fsdp = ff + fb;
+    pass_seconds = sum_compute + sum_memory + sum_recompute + sum_tp + sum_cp + sum_ep + sum_fsdp;
+  }
+  const double local_params = static_cast<double>(count.total) / (dims.pp * tp * fsdp);
+  const double optimizer = local_params * 36.0 / (d.hbm_bytes_per_s * d.optimizer_efficiency);
+  const double hsdp =
+      dims.dp_replicate > 1 ? 2.0 * (dims.dp_replicate - 1.0) / dims.dp_replicate * local_params * 4.0 / hsdp_link : 0;
+  const double np = static_cast<double>(passes);
+  p.step_seconds = np * pass_seconds + hsdp + optimizer;
+  const double global_tokens = static_cast<double>(checked.global_batch) * seq;
+  p.tokens_per_second_per_gpu = global_tokens / p.step_seconds / static_cast<double>(cluster.world());
+  p.mfu = model::flops_per_token(args, cfg.training.seq_len) * p.tokens_per_second_per_gpu / d.peak_bf16;
+  p.pipeline_idle = idle;
+  p.exposed_comm_seconds = np * (sum_tp + sum_cp + sum_ep + sum_fsdp) + hsdp;
+  p.terms = {{"compute (GEMMs, attention)", np * sum_compute},
+             {"memory-bound (elementwise, casts, loss)", np * sum_memory},
+             {"AC recompute", np * sum_recompute},
+             {"TP exposed", np * sum_tp},
+             {"CP exposed", np * sum_cp},
+             {"EP exposed", np * sum_ep},
+             {"FSDP exposed", np * sum_fsdp},
+             {"HSDP all-reduce", hsdp},
+             {"optimizer", optimizer}};
+  if (checked.pipeline) p.terms.push_back({"pipeline idle (simulated order)", np * pass_seconds * idle});
+  std::ostringstream os;
+  os << passes << " pass" << (passes == 1 ? "" : "es") << " of " << micro_per_pass << " micro-batch"
+     << (micro_per_pass == 1 ? "" : "es") << " of " << rows << " rows per step";
+  p.notes.push_back(os.str());
+  return p;
+}
+
+}  // namespace titan::planner

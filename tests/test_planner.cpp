@@ -1,0 +1,155 @@
+// The layout planner (planner/, docs/planner.md): its search covers every layout the trainer's
+// own checks accept, lists only those, reports the memory estimate's own figure, and its pipeline
+// simulation reproduces the schedules' known bubbles.
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "parallel/pipeline/plan.h"
+#include "planner/layout.h"
+#include "planner/pipeline_sim.h"
+#include "planner/planner.h"
+#include "trainer/config/job_config.h"
+#include "trainer/config/parallel_options.h"
+#include "trainer/observe/memory_estimate.h"
+
+namespace tc = titan::trainer::config;
+namespace tp = titan::planner;
+using Catch::Matchers::Contains;
+
+namespace {
+
+// The debug model on 4 CPU ranks with memory to spare: everything the trainer accepts fits.
+tc::JobConfig debug_job(std::vector<std::string> extra = {}) {
+  std::vector<std::string> args = {"--model.flavor", "debugmodel", "--training.seq_len", "256",
+                                   "--training.global_batch_size", "8", "--plan.device", "h100",
+                                   "--plan.gpus_per_node", "4", "--plan.memory_gib", "100000"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return tc::parse_job_config(args);
+}
+
+std::string check_error(const tc::JobConfig& cfg, int world) {
+  try {
+    tc::check_layout(cfg, world);
+  } catch (const tc::ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("the planner lists exactly the layouts the trainer's checks accept, none it refuses", "[planner]") {
+  const tc::JobConfig cfg = debug_job();
+  const tp::PlanResult r = tp::plan_layouts(cfg, tp::cluster_from_config(tp::planning_config(cfg)));
+  REQUIRE(r.global_batch == 8);
+  std::set<std::string> listed;
+  for (const tp::PlannedLayout& p : r.fits) listed.insert(p.layout.name());
+  REQUIRE(listed.size() == r.fits.size());
+  // Every listed layout passes the trainer's checks; every candidate that passes is listed.
+  const tc::JobConfig planning = tp::planning_config(cfg);
+  int64_t accepted = 0;
+  for (const tp::Layout& l : tp::enumerate_layouts(planning, 4, 8)) {
+    const bool ok = check_error(tp::apply_layout(planning, l, 8), 4).empty();
+    accepted += ok;
+    INFO(l.name());
+    CHECK(ok == (listed.count(l.name()) == 1));
+  }
+  CHECK(accepted == static_cast<int64_t>(r.fits.size()));
+  CHECK(r.rejected_by_rules + r.rejected_by_memory + accepted == r.considered);
+  CHECK(r.rejected_by_memory == 0);
+}
+
+TEST_CASE("the planner's search covers every layout the trainer accepts on 4 ranks", "[planner]") {
+  // Brute force over the keys the planner varies, independently of its enumeration: each
+  // combination the trainer's checks accept must be one of the planner's candidates.
+  const tc::JobConfig base = tp::planning_config(debug_job());
+  std::set<std::string> candidates;
+  for (const tp::Layout& l : tp::enumerate_layouts(base, 4, 8)) candidates.insert(l.name());
+  int64_t accepted = 0;
+  const std::vector<int64_t> degrees = {1, 2, 4};
+  for (int64_t r : degrees)
+    for (int64_t s : degrees)
+      for (int64_t t : degrees)
+        for (int64_t c : degrees)
+          for (int64_t pp : degrees) {
+            if (r * s * t * c * pp != 4) continue;
+            for (int64_t local : {1, 2, 4, 8})
+              for (const char* schedule : {"GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble",
+                                           "ZBVZeroBubble"})
+                for (int64_t mb : {1, 2, 4, 8})
+                  for (const char* method : {"allgather", "alltoall", "titan_ulysses"}) {
+                    if ((pp == 1 && (std::string(schedule) != "GPipe" || mb != 1)) ||
+                        (c == 1 && std::string(method) != "allgather"))
+                      continue;
+                    tp::Layout l;
+                    l.dp_replicate = r, l.dp_shard = s, l.tp = t, l.cp = c, l.pp = pp, l.local_batch = local;
+                    if (pp > 1) l.schedule = schedule, l.microbatch_size = mb;
+                    if (c > 1) l.cp_method = method;
+                    if (!check_error(tp::apply_layout(base, l, 8), 4).empty()) continue;
+                    ++accepted;
+                    INFO(l.name());
+                    CHECK(candidates.count(l.name()) == 1);
+                  }
+          }
+  CHECK(accepted > 20);  // FSDP, TP, CP, PP and their products on 4 ranks
+}
+
+TEST_CASE("the planner's memory figure is the memory estimate's, busiest pipeline rank", "[planner]") {
+  const tc::JobConfig cfg = debug_job({"--plan.precisions", "bf16", "--plan.ac_modes", "none"});
+  const tp::PlanResult r = tp::plan_layouts(cfg, tp::cluster_from_config(tp::planning_config(cfg)));
+  REQUIRE_FALSE(r.fits.empty());
+  int checked_pp = 0;
+  for (const tp::PlannedLayout& p : r.fits) {
+    const tc::JobConfig c = tp::apply_layout(tp::planning_config(cfg), p.layout, r.global_batch);
+    // What titan-train --estimate-memory prints for this layout on 4 ranks.
+    setenv("WORLD_SIZE", "4", 1);
+    titan::trainer::observe::EstimateInputs in = titan::trainer::observe::estimate_inputs_from_config(c);
+    unsetenv("WORLD_SIZE");
+    int64_t most = 0;
+    for (in.pp_rank = 0; in.pp_rank < std::max<int>(1, static_cast<int>(p.layout.pp)); ++in.pp_rank)
+      most = std::max(most, titan::trainer::observe::estimate_memory(in).total);
+    INFO(p.layout.name());
+    CHECK(p.prediction.memory_bytes == static_cast<double>(most));
+    checked_pp += p.layout.pp > 1;
+  }
+  CHECK(checked_pp > 0);
+}
+
+TEST_CASE("the pipeline simulation gives 1F1B's and GPipe's bubble (p - 1) / (m + p - 1) for equal stages",
+          "[planner]") {
+  // Equal stages, F = 1 and B = 2, no transfer time: both schedules' step is (m + p - 1) x 3,
+  // each rank busy m x 3, so the idle fraction is the textbook bubble.
+  for (const char* schedule : {"1F1B", "GPipe"}) {
+    for (int p : {2, 4}) {
+      for (int64_t m : {4, 8}) {
+        titan::parallel::pipeline::PipelineConfig pc;
+        pc.schedule = schedule;
+        pc.first_stage_less_layers = pc.last_stage_less_layers = 0;
+        const auto plan = titan::parallel::pipeline::plan_pipeline(pc, p, 8, m);
+        std::vector<tp::StageCosts> costs(static_cast<size_t>(plan.num_stages()), {1.0, 2.0, 1.0, 1.0});
+        const tp::PipelineTiming t = tp::simulate_pipeline(plan, costs, 0.0);
+        INFO(schedule << " p " << p << " m " << m);
+        CHECK(t.step_seconds == Approx(3.0 * static_cast<double>(m + p - 1)));
+        CHECK(t.idle_fraction() == Approx(static_cast<double>(p - 1) / static_cast<double>(m + p - 1)));
+      }
+    }
+  }
+}
+
+TEST_CASE("plan.explain reads back the table's layout names and refuses what it cannot read", "[planner]") {
+  tp::Layout l;
+  l.dp_shard = 2, l.tp = 2, l.pp = 2, l.schedule = "Interleaved1F1B", l.microbatch_size = 2, l.local_batch = 4;
+  l.async_tp = true, l.ac = "selective", l.precision = "rowwise";
+  CHECK(tp::parse_layout(l.name()).name() == l.name());
+  CHECK_THROWS_WITH(tp::parse_layout("dp_shard=2,tensor=2"), Contains("unknown field 'tensor'"));
+  CHECK_THROWS_WITH(tp::parse_layout("dp_shard=two"), Contains("'dp_shard=two' needs a positive integer"));
+  CHECK_THROWS_WITH(tc::parse_job_config({"--plan.device", "tpu"}), Contains("h100") && Contains("cpu"));
+  // A float8 recipe on a GPU without float8 tensor cores is refused, naming the device.
+  CHECK_THROWS_WITH(tp::cluster_from_config(tc::parse_job_config({"--plan.device", "a100", "--plan.precisions",
+                                                                  "tensorwise"})),
+                    Contains("A100") && Contains("float8"));
+}
