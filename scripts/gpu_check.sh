@@ -171,7 +171,14 @@ eager() {  # NAME ARGS...: the eager PyTorch baseline; its JSON line goes to run
   return $rc
 }
 
-export -f train snapshot eager
+plan_8B() {  # GPU_KIND: the planner's prediction for train_8B_4layers_bf16's layout on one such GPU
+  "$B/titan-train" --job.config_file "$BUNDLE/configs/llama3_8b.toml" --model.flavor 8B_4layers \
+    --model.tokenizer_path "$VOCAB" --job.plan --plan.device "$1" --plan.gpus_per_node 1 \
+    --training.global_batch_size 1 --plan.explain "dp_shard=1,local_batch=1,ac=selective"
+}
+
+export VOCAB
+export -f train snapshot eager plan_8B
 if ((REHEARSE)); then
   # ----------------------------------------------------------------- rehearsal (CPU twins)
   step test_nccl 120 1 "$B/test_nccl"
@@ -188,6 +195,7 @@ if ((REHEARSE)); then
   step bench_linear 300 0 "$B/titan-bench-linear" --device cpu --scale 16 --tokens 512 --dims 1024 --iters 1
   step eager_cpu 300 0 eager eager_cpu --flavor debugmodel --steps 1 --warmup 1 --batch 1 --seq-len 32 --ac op
   step memory_snapshot 300 0 snapshot cpu
+  step plan_8B_4layers 60 0 plan_8B h100
   for s in test_model_cuda test_float8_cuda test_float8_all train_qwen3_moe_bf16 \
            train_8B_4layers_{bf16,tensorwise,rowwise,rowwise_with_gw_hp,blockwise,block_causal} \
            eager_8B_4layers compile_8B_4layers debugmodel_recipes multi_gpu; do
@@ -225,6 +233,9 @@ else
       --model.flavor 8B_4layers --model.tokenizer_path "$VOCAB" --training.steps "$STEPS" \
       --lr_scheduler.warmup_steps 2 "${f8[@]}"
   done
+  # The layout planner's prediction for the bf16 run's layout on this GPU kind (docs/planner.md).
+  PLAN_DEVICE=h100; grep -qi h200 <<<"$DEVICE" && PLAN_DEVICE=h200
+  step plan_8B_4layers 60 0 plan_8B "$PLAN_DEVICE"
   step train_8B_4layers_block_causal 400 0 train train_8B_4layers_block_causal llama3_8b.toml \
     --model.flavor 8B_4layers --model.tokenizer_path "$VOCAB" --training.steps "$STEPS" \
     --lr_scheduler.warmup_steps 2 --model.attn_mask_type block_causal

@@ -16,6 +16,7 @@ fails on a bench tool whose format changed. Needs only the standard library.
 import argparse
 import datetime
 import json
+import re
 import os
 import shutil
 import sys
@@ -130,6 +131,17 @@ def training_row(work, step, findings):
     return None
 
 
+def planner_prediction(work, step, results, findings):
+    """titan-train --job.plan --plan.explain's verdict line for the 8B_4layers run's layout."""
+    text = log_text(work, step["name"])
+    m = re.search(r"tokens/s per GPU (\d+), MFU ([\d.]+)%, memory ([\d.]+) of", text)
+    if m:
+        results["planner_8B_4layers"] = {"tps": float(m.group(1)), "mfu_pct": float(m.group(2)),
+                                         "memory_gib": float(m.group(3))}
+    elif step["status"] == "PASS":
+        findings.unreadable(step["name"], "planner: no 'tokens/s per GPU' line", f"logs/{step['name']}.log")
+
+
 def assemble(work, steps, results, findings):
     """Every reader, each isolated: a reader that raises is a finding naming its step."""
     lines, training = [], {}
@@ -162,6 +174,8 @@ def assemble(work, steps, results, findings):
                          f"{snap['total_reserved_bytes'] / 2**20:.1f} MiB, allocated "
                          f"{fmt(snap.get('total_allocated_bytes', 0) / 2**20, '.1f')} MiB")
     guarded("targets", lambda: speedup_targets(results, results["bench_matmul"], results["bench_linear"], lines))
+    if "plan_8B_4layers" in by_name:
+        guarded("plan_8B_4layers", lambda: planner_prediction(work, by_name["plan_8B_4layers"], results, findings))
     for step in steps:
         def one(step=step):
             row = training_row(work, step, findings)
@@ -169,6 +183,12 @@ def assemble(work, steps, results, findings):
                 training[step["name"]] = row
         guarded(step["name"], one)
     results["training"] = training
+    predicted = results.get("planner_8B_4layers")
+    measured = training.get("train_8B_4layers_bf16", {}).get("tps")
+    if predicted:
+        ratio = f", {predicted['tps'] / measured:.2f}x the measured {measured:,.0f}" if measured else ""
+        lines.append(f"planner (docs/planner.md) for train_8B_4layers_bf16: {predicted['tps']:,.0f} tok/s, "
+                     f"MFU {predicted['mfu_pct']:.1f}%, memory {predicted['memory_gib']:.1f} GiB{ratio}")
 
     def against_single():
         single = training.get("multi_single")
