@@ -21,14 +21,12 @@
 // reparented to it (and reaped by it) rather than to init while it lives.
 #include "launcher/supervisor.h"
 #include "launcher/process_status.h"
-
+#include "launcher/signal_pipe.h"
 
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -36,13 +34,10 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
-#include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
-#include <iostream>
 #include <sstream>
-#include <thread>
 
 extern char** environ;
 
@@ -51,23 +46,8 @@ namespace {
 
 constexpr size_t kTailLines = 20;             // kept per rank for the failure report
 constexpr size_t kMaxLineBytes = 64 * 1024;   // a longer line without '\n' is cut here
-constexpr int kHandledSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGCHLD};
 
 using Clock = std::chrono::steady_clock;
-
-// ---------------------------------------------------------------------------------------------
-// Signals: the handler only writes the signal number into a self-pipe that the poll loop reads.
-
-int g_signal_pipe[2] = {-1, -1};
-
-void on_signal(int sig) {
-  int saved_errno = errno;
-  unsigned char byte = static_cast<unsigned char>(sig);
-  ssize_t ignored = write(g_signal_pipe[1], &byte, 1);
-  (void)ignored;  // a full pipe already holds a wake-up
-  errno = saved_errno;
-}
-
 
 // Writes everything; gives up quietly when the reader went away (EPIPE): the job keeps running.
 bool write_all(int fd, const std::string& data) {
@@ -210,7 +190,7 @@ void Supervisor::spawn(Rank& r, int devnull) {
     setpgid(0, 0);  // See Note [Rank process groups]
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != launcher_pid) _exit(1);  // titan-run died before prctl took effect
-    for (int sig : kHandledSignals) signal(sig, SIG_DFL);
+    for (int sig : kHandledSignals) signal(sig, SIG_DFL);  // launcher/signal_pipe.h
     signal(SIGPIPE, SIG_DFL);  // ignored signals would stay ignored across exec
     sigprocmask(SIG_SETMASK, &previous, nullptr);
     fcntl(watchdog_fd, F_SETFD, 0);  // inherited across exec (Note [Launcher watchdog pipe])
@@ -475,7 +455,7 @@ AttemptResult Supervisor::run() {
                                                                         Clock::now());
       timeout_ms = static_cast<int>(std::clamp<int64_t>(left.count(), 0, 1000));
     }
-    std::vector<pollfd> fds = {{g_signal_pipe[0], POLLIN, 0}};
+    std::vector<pollfd> fds = {{signal_pipe_read_fd(), POLLIN, 0}};
     std::vector<std::pair<Rank*, Stream*>> owners = {{nullptr, nullptr}};
     const bool watching = stopped_for_.empty() && watch_.on_readable;
     if (watching) {
@@ -499,7 +479,7 @@ AttemptResult Supervisor::run() {
     if (n > 0) {
       if (fds[0].revents & POLLIN) {
         unsigned char signals[64];
-        ssize_t got = read(g_signal_pipe[0], signals, sizeof signals);
+        ssize_t got = read(signal_pipe_read_fd(), signals, sizeof signals);
         for (ssize_t i = 0; i < got; ++i) {
           if (signals[i] != SIGCHLD) on_launcher_signal(signals[i]);
         }
@@ -535,39 +515,6 @@ AttemptResult Supervisor::run() {
   drain_outputs();
   return report();
 }
-
-// Installs the self-pipe handlers for the duration of launch() and restores the old ones.
-class SignalScope {
- public:
-  SignalScope() {
-    if (pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
-      throw std::runtime_error(std::string("pipe2 failed: ") + std::strerror(errno));
-    }
-    struct sigaction sa = {};
-    sa.sa_handler = on_signal;
-    sigemptyset(&sa.sa_mask);
-    sa.sa_flags = SA_RESTART | SA_NOCLDSTOP;
-    for (size_t i = 0; i < std::size(kHandledSignals); ++i) {
-      sigaction(kHandledSignals[i], &sa, &previous_[i]);
-    }
-    struct sigaction ignore = {};
-    ignore.sa_handler = SIG_IGN;
-    sigaction(SIGPIPE, &ignore, &previous_pipe_);  // a closed reader must not kill titan-run
-  }
-  ~SignalScope() {
-    for (size_t i = 0; i < std::size(kHandledSignals); ++i) {
-      sigaction(kHandledSignals[i], &previous_[i], nullptr);
-    }
-    sigaction(SIGPIPE, &previous_pipe_, nullptr);
-    close(g_signal_pipe[0]);
-    close(g_signal_pipe[1]);
-    g_signal_pipe[0] = g_signal_pipe[1] = -1;
-  }
-
- private:
-  struct sigaction previous_[std::size(kHandledSignals)];
-  struct sigaction previous_pipe_;
-};
 
 }  // namespace
 
