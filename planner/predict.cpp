@@ -138,12 +138,13 @@ Prediction predict(const trainer::config::JobConfig& cfg, const trainer::config:
   double recompute = 0;
   if (L.ac == "full") recompute = w.gemm_fwd + w.attention_fwd + w.memory_fwd;
   else if (L.ac == "selective") recompute = 0.5 * w.gemm_fwd + w.memory_fwd;
+  // Async TP hides a direction's TP traffic behind that direction's matmuls (backward: twice).
   const double tp_exposed = L.async_tp ? std::max(0.0, w.tp_comm - w.gemm_fwd) : w.tp_comm;
+  const double tp_b_exposed = L.async_tp ? std::max(0.0, w.tp_comm - 2.0 * w.gemm_fwd) : w.tp_comm;
   const double layer_f = w.gemm_fwd + w.attention_fwd + w.memory_fwd;
   const double layer_b = 2.0 * w.gemm_fwd + 2.0 * w.attention_fwd + w.memory_bwd + recompute;
   const double layer_f_comm = tp_exposed + w.cp_comm + w.ep_comm;
-  const double layer_b_comm = std::max(0.0, (L.async_tp ? std::max(0.0, w.tp_comm - 2.0 * w.gemm_fwd) : w.tp_comm)) +
-                              w.cp_comm + w.ep_comm;
+  const double layer_b_comm = tp_b_exposed + w.cp_comm + w.ep_comm;
   // FSDP exposed over `n` layers of one micro-batch (prefetch: see the Note).
   auto fsdp_exposed = [&](double n) {
     if (fsdp <= 1 || n <= 0) return std::make_pair(0.0, 0.0);
@@ -183,7 +184,7 @@ Prediction predict(const trainer::config::JobConfig& cfg, const trainer::config:
     sum_compute = m * per_rank_layers * (3.0 * w.gemm_fwd + 3.0 * w.attention_fwd);
     sum_memory = m * per_rank_layers * (w.memory_fwd + w.memory_bwd);
     sum_recompute = m * per_rank_layers * recompute;
-    sum_tp = m * per_rank_layers * (tp_exposed + layer_b_comm - w.cp_comm - w.ep_comm);
+    sum_tp = m * per_rank_layers * (tp_exposed + tp_b_exposed);
     sum_cp = m * per_rank_layers * 2.0 * w.cp_comm;
     sum_ep = m * per_rank_layers * 2.0 * w.ep_comm;
     // Under pp, FSDP gathers a stage's parameters once per step and reduce-scatters its
@@ -195,7 +196,7 @@ Prediction predict(const trainer::config::JobConfig& cfg, const trainer::config:
     sum_compute = layers * (3.0 * w.gemm_fwd + 3.0 * w.attention_fwd) + 3.0 * tokens * 2.0 * output_params / tp / mm_rate;
     sum_memory = layers * (w.memory_fwd + w.memory_bwd) + 3.0 * tokens * vocab * 8.0 / tp / hbm + 3.0 * embed;
     sum_recompute = layers * recompute;
-    sum_tp = layers * (tp_exposed + layer_b_comm - w.cp_comm - w.ep_comm);
+    sum_tp = layers * (tp_exposed + tp_b_exposed);
     sum_cp = layers * 2.0 * w.cp_comm;
     sum_ep = layers * 2.0 * w.ep_comm;
     sum_fsdp = ff + fb;
