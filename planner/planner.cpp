@@ -185,9 +185,11 @@ PlanResult plan_layouts(const trainer::config::JobConfig& user_cfg, const Cluste
     if (n == 0) family = l.family();
     n += n_candidates;
   };
-  auto check = [&](const trainer::config::JobConfig& c) -> std::string {
+  // The trainer's checks: what they made of `c` into *checked, or their error.
+  auto check = [&](const trainer::config::JobConfig& c, trainer::config::CheckedLayout* checked) -> std::string {
     try {
-      trainer::config::check_layout(c, static_cast<int>(world));
+      const trainer::config::CheckedLayout made = trainer::config::check_layout(c, static_cast<int>(world));
+      if (checked) *checked = made;
     } catch (const std::exception& e) {
       return e.what();
     }
@@ -207,7 +209,7 @@ PlanResult plan_layouts(const trainer::config::JobConfig& user_cfg, const Cluste
     lightest.ac = "full";
     if (lightest.pp > 1) lightest.schedule = "1F1B", lightest.microbatch_size = 1;
     const trainer::config::JobConfig light_cfg = apply_layout(cfg, lightest, result.global_batch);
-    const std::string family_error = check(light_cfg);
+    const std::string family_error = check(light_cfg, nullptr);
     if (!family_error.empty() && family_error.rfind("pipeline parallel:", 0) != 0) {
       result.rejected_by_rules += n;
       reject("rules: " + reason_of(family_error), lightest, n);
@@ -246,12 +248,9 @@ PlanResult plan_layouts(const trainer::config::JobConfig& user_cfg, const Cluste
       const std::string key = structural.name();
       auto found = refused.find(key);
       if (found == refused.end()) {
-        std::string error;
-        try {
-          accepted.emplace(key, trainer::config::check_layout(c, static_cast<int>(world)));
-        } catch (const std::exception& e) {
-          error = e.what();
-        }
+        trainer::config::CheckedLayout made;
+        const std::string error = check(c, &made);
+        if (error.empty()) accepted.emplace(key, std::move(made));
         found = refused.emplace(key, error).first;
       }
       if (!found->second.empty()) {
