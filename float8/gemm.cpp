@@ -13,7 +13,11 @@
 #include "util/cpu_features.h"
 
 #ifdef TITAN_WITH_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
 #include "float8/cublaslt_gemm.h"
+#include "float8/kernels/gemm_epilogue.cuh"
 #endif
 
 #include <c10/util/StringUtil.h>
@@ -82,8 +86,7 @@ at::Tensor scaled_mm_cuda(const Float8Tensor& a, const Float8Tensor& b, at::Scal
     // torchao's choice: the rowwise kernel is slow without fast accumulation, so run the
     // tensorwise kernel with unit scales in float32 and apply outer(1/sA, 1/sB) afterwards.
     at::Tensor one = at::ones({}, inv_a.options());
-    out = at::_scaled_mm(A, B, one, one, {}, {}, at::kFloat, false);
-    out = (out * inv_a * inv_b).to(out_dtype);
+    out = outer_scale(at::_scaled_mm(A, B, one, one, {}, {}, at::kFloat, false), inv_a, inv_b, out_dtype);
   } else if (rowwise) {
     // Rowwise kernels only produce bf16 on most stacks, yet a float32 output must work (a
     // single-GPU run with float32 parameters): produce bf16, then cast.
@@ -197,6 +200,27 @@ at::Tensor scaled_mm_emulated(const Float8Tensor& a, const Float8Tensor& b,
     product_into(out.narrow(0, i, ni), a32, b32);
   }
   return out;
+}
+
+at::Tensor outer_scale(const at::Tensor& x, const at::Tensor& row_scale, const at::Tensor& col_scale,
+                       at::ScalarType dtype) {
+#ifdef TITAN_WITH_CUDA
+  const bool fused = x.is_cuda() && x.scalar_type() == at::kFloat && x.dim() == 2 && x.is_contiguous() &&
+                     (dtype == at::kBFloat16 || dtype == at::kFloat) && row_scale.scalar_type() == at::kFloat &&
+                     col_scale.scalar_type() == at::kFloat && row_scale.is_contiguous() && col_scale.is_contiguous() &&
+                     row_scale.numel() == x.size(0) && col_scale.numel() == x.size(1) &&
+                     row_scale.device() == x.device() && col_scale.device() == x.device();
+  if (fused) {
+    const c10::cuda::CUDAGuard guard(x.device());
+    at::Tensor out = dtype == at::kFloat ? x : at::empty(x.sizes(), x.options().dtype(dtype));
+    kernels::launch_outer_scale(x.data_ptr<float>(), x.size(0), x.size(1), row_scale.data_ptr<float>(),
+                                col_scale.data_ptr<float>(),
+                                dtype == at::kFloat ? kernels::EpilogueOut::Float32 : kernels::EpilogueOut::BFloat16,
+                                out.data_ptr(), c10::cuda::getCurrentCUDAStream(x.device().index()).stream());
+    return out;
+  }
+#endif
+  return (x * row_scale * col_scale).to(dtype);
 }
 
 at::Tensor scaled_mm(const Float8Tensor& a, const Float8Tensor& b, at::ScalarType out_dtype,

@@ -34,6 +34,13 @@ GemmBackend resolve_gemm_backend(GemmBackend requested, bool emulate, const c10:
 at::Tensor scaled_mm(const Float8Tensor& a, const Float8Tensor& b, at::ScalarType out_dtype,
                      bool use_fast_accum, GemmBackend backend);
 
+// (x * row_scale) * col_scale in float32, converted to `dtype`: the rescale after a rowwise GEMM
+// run with unit scales. x float32 [M, N]; row_scale [M, 1], col_scale [1, N] float32. On CUDA one
+// kernel for bf16 / float32 outputs (float8/kernels/gemm_epilogue.cuh), bit for bit the composite
+// it replaces; otherwise that composite.
+at::Tensor outer_scale(const at::Tensor& x, const at::Tensor& row_scale, const at::Tensor& col_scale,
+                       at::ScalarType dtype);
+
 // The Emulated back end on its own: at::mm(a.data.float() / sA, b.data.float() / sB).
 at::Tensor scaled_mm_emulated(const Float8Tensor& a, const Float8Tensor& b,
                               at::ScalarType out_dtype);

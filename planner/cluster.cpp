@@ -28,18 +28,19 @@ constexpr double kT = 1e12, kG = 1e9, kGiB = 1073741824.0;
 // figure), and one 400 Gb/s NIC per GPU (ConnectX-7; A100 systems: 200 Gb/s HDR). Efficiencies,
 // one per kind: GEMMs 0.78 (titan-bench-matmul's bf16 8192^3 on an H200, 2026-11-27: 774 of 989
 // TFLOP/s; the same Hopper core on H100; Blackwell and Ampere assumed alike), links 0.8 (NCCL's
-// bus bandwidth on NVLink and InfiniBand for large messages), memory-bound work 0.16: the
-// elementwise, reduction and copy kernels of titan's 8B_4layers bf16 step on an H200 took 62 ms
-// (scripts/gpu_profile.sh + trace_summary.py, 2026-11-27) where the traffic model of
-// planner/predict.cpp counts 47 GB, i.e. 0.76 TB/s of the 4.8 (the model counts only the
-// unavoidable traffic; launch gaps, float32 loss math and strided copies are in this factor);
-// the optimizer 0.45: the same step's fused AdamW moved 1.92 B x 28 bytes in 24.8 ms.
+// bus bandwidth on NVLink and InfiniBand for large messages), memory-bound work 0.22: the
+// elementwise, reduction, copy and loss kernels of titan's 8B_4layers bf16 step on an H200 took
+// 44 ms (scripts/gpu_profile.sh + trace_summary.py, 2026-11-27, after the one-pass AdamW) where
+// the traffic model of planner/predict.cpp counts 47 GB, i.e. 1.07 TB/s of the 4.8 (the model
+// counts only the unavoidable traffic; launch gaps, float32 loss math and strided copies are in
+// this factor); the optimizer 0.82: the same step's AdamW kernel moved 1.92 B x 28 bytes in
+// 13.6 ms (3.95 TB/s).
 DeviceSpec table_device(const std::string& kind) {
   DeviceSpec d;
   d.gemm_efficiency = 0.78;
   d.link_efficiency = 0.8;
-  d.hbm_efficiency = 0.16;
-  d.optimizer_efficiency = 0.45;
+  d.hbm_efficiency = 0.22;
+  d.optimizer_efficiency = 0.82;
   if (kind == "h100") {
     d.name = "H100 SXM";
     d.peak_bf16 = 989.4 * kT, d.peak_fp8 = 1978.9 * kT, d.memory_bytes = 80e9, d.hbm_bytes_per_s = 3.35e12;

@@ -14,9 +14,10 @@
 //     float8 recipe adds its casts: 5 bytes per element cast (amax read, cast read, 1-byte write)
 //     of the four distinct linear inputs forward, and of the outputs' gradients and a transposed
 //     input copy backward; each weight is cast once per micro-batch. The optimizer reads and
-//     writes 36 bytes per local parameter (float32 AdamW: 28; the bf16 compute copy and the
-//     widened gradient: 8), at the optimizer's streaming efficiency; the rest at the elementwise
-//     kernels' (planner/cluster.cpp says how each was measured).
+//     writes 28 bytes per local parameter (float32 AdamW over a float32 gradient; titan's
+//     one-pass update over a bf16 compute copy reads a 2-byte gradient and writes a 2-byte copy:
+//     28 too), at the optimizer's streaming efficiency; the rest at the elementwise kernels'
+//     (planner/cluster.cpp says how each was measured).
 //   Recompute. Full AC runs every block's forward again in backward; per-op (selective) AC keeps
 //     attention and every other matmul output (torchtitan's op list), so it recomputes half the
 //     block matmuls and all the elementwise work.
@@ -203,7 +204,7 @@ Prediction predict(const trainer::config::JobConfig& cfg, const trainer::config:
     pass_seconds = sum_compute + sum_memory + sum_recompute + sum_tp + sum_cp + sum_ep + sum_fsdp;
   }
   const double local_params = static_cast<double>(count.total) / (dims.pp * tp * fsdp);
-  const double optimizer = local_params * 36.0 / (d.hbm_bytes_per_s * d.optimizer_efficiency);
+  const double optimizer = local_params * 28.0 / (d.hbm_bytes_per_s * d.optimizer_efficiency);
   const double hsdp =
       dims.dp_replicate > 1 ? 2.0 * (dims.dp_replicate - 1.0) / dims.dp_replicate * local_params * 4.0 / hsdp_link : 0;
   const double np = static_cast<double>(passes);

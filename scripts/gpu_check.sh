@@ -196,7 +196,7 @@ if ((REHEARSE)); then
   step eager_cpu 300 0 eager eager_cpu --flavor debugmodel --steps 1 --warmup 1 --batch 1 --seq-len 32 --ac op
   step memory_snapshot 300 0 snapshot cpu
   step plan_8B_4layers 60 0 plan_8B h100
-  for s in test_model_cuda test_float8_cuda test_float8_all train_qwen3_moe_bf16 \
+  for s in test_model_cuda test_trainer_cuda test_float8_cuda test_float8_all train_qwen3_moe_bf16 \
            train_8B_4layers_{bf16,tensorwise,rowwise,rowwise_with_gw_hp,blockwise,block_causal} \
            eager_8B_4layers compile_8B_4layers debugmodel_recipes multi_gpu; do
     not_run "$s" "needs a GPU"
@@ -206,6 +206,7 @@ else
   STEPS=14; ((QUICK)) && STEPS=8
   step test_float8_cuda 300 0 "$B/test_float8" "[cuda]" --durations yes
   step test_model_cuda 120 0 "$B/test_model" "[cuda]" --durations yes  # the init kernel, varlen document attention, ring attention blocks on flash and the MoE grouped GEMM vs the CPU
+  step test_trainer_cuda 120 0 "$B/test_trainer" "[cuda]" --durations yes  # AdamW's CUDA kernel over bf16 compute copies vs the CPU kernel
   step test_nccl 180 0 "$B/test_nccl" --durations yes
   # Mixture of experts (Qwen3 MoE: the grouped GEMM, routing, load balancing) and document
   # masking (varlen flash attention) as whole training runs on the GPU, before the benchmarks.

@@ -16,6 +16,7 @@
 #include <ATen/ops/_int_mm.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/index_select.h>
+#include <ATen/ops/equal.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/isfinite.h>
 #include <ATen/ops/isnan.h>
@@ -25,6 +26,7 @@
 #include <ATen/ops/pow.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/ones.h>
+#include <ATen/ops/rand.h>
 #include <ATen/ops/randint.h>
 #include <ATen/ops/randn.h>
 #include <ATen/ops/silu.h>
@@ -753,6 +755,25 @@ TEST_CASE("CUDA scaled_mm back ends match the emulation", "[float8][cuda]") {
       }
     }
   }
+}
+
+TEST_CASE("CUDA outer_scale equals the ATen composite bit for bit", "[float8][cuda]") {
+  // The rescale after a rowwise GEMM without fast accumulation (gemm_epilogue.cuh): two float32
+  // products in the composite's order, each rounded, then one conversion: equal, not close.
+  // 40 columns take the four-wide path, 37 the one-element path; the third case is strided
+  // (not contiguous), which the kernel leaves to the composite.
+  at::manual_seed(21);
+  for (int64_t cols : {40, 37}) {
+    const at::Tensor x = at::randn({53, cols}, at::kCUDA) * 1e4;
+    const at::Tensor row = at::rand({53, 1}, at::kCUDA) + 1e-3, col = at::rand({1, cols}, at::kCUDA) + 1e-3;
+    for (at::ScalarType dtype : {at::kBFloat16, at::kFloat}) {
+      const at::Tensor want = (x * row * col).to(dtype);
+      CHECK(at::equal(outer_scale(x.clone(), row, col, dtype), want));
+    }
+  }
+  const at::Tensor xt = at::randn({40, 53}, at::kCUDA).t();
+  const at::Tensor row = at::rand({53, 1}, at::kCUDA), col = at::rand({1, 40}, at::kCUDA);
+  CHECK(at::equal(outer_scale(xt, row, col, at::kBFloat16), (xt * row * col).to(at::kBFloat16)));
 }
 
 TEST_CASE("CUDA to_float8 takes the fused kernels and equals the ATen composite", "[float8][cuda]") {

@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "parallel/parallelize.h"
 #include "tests/temp_dir.h"
@@ -25,6 +26,7 @@
 #include "trainer/determinism.h"
 #include "trainer/observe/memory.h"
 #include "trainer/observe/metrics.h"
+#include "trainer/optim/adamw_kernels.h"
 #include "trainer/optim/optimizer.h"
 #include "trainer/train.h"
 
@@ -201,6 +203,56 @@ TEST_CASE("AdamW through a bf16 compute copy equals ATen's fused AdamW on the wi
     CHECK_FALSE(copy.grad().defined());
   }
 }
+
+#ifdef TITAN_WITH_CUDA
+TEST_CASE("AdamW through bf16 compute copies on CUDA equals the CPU kernel bit for bit", "[trainer][cuda]") {
+  // The CUDA kernel (trainer/optim/adamw_kernels_cuda.cu) performs the CPU kernel's float32
+  // operations in its order, each rounded to nearest (one fused multiply-add in both), and the
+  // copy is the master rounded to nearest even: masters, moments and copies must be equal. The
+  // sizes cover more tensors than one launch carries (32), several 8192-element blocks with a
+  // tail, and a parameter whose storage is offset by one element (the unvectorized path).
+  if (!titan::trainer::optim::kernels::adamw_cpu_kernel_available()) {
+    WARN("no AVX2 here: the CPU kernel the CUDA one is compared with does not run");
+    return;
+  }
+  for (const char* name : {"AdamW", "Adam"}) {
+    INFO(name);
+    at::manual_seed(11);
+    std::vector<int64_t> sizes = {3 * 8192 + 5, 1, 7, 4096, 1000};
+    for (int i = 0; i < 31; ++i) sizes.push_back(17 + 64 * i);
+    std::vector<at::Tensor> cpu_p, cpu_c, cuda_p, cuda_c;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      const at::Tensor init = at::randn({sizes[i]});
+      cpu_p.push_back(init.clone().requires_grad_(true));
+      at::Tensor on_gpu = i == 2 ? at::zeros({sizes[i] + 1}, at::kCUDA).narrow(0, 1, sizes[i]) : at::empty({sizes[i]}, at::kCUDA);
+      on_gpu.copy_(init);
+      cuda_p.push_back(on_gpu.requires_grad_(true));
+      cpu_c.push_back(init.to(at::kBFloat16).requires_grad_(true));
+      cuda_c.push_back(cpu_c.back().detach().to(at::kCUDA).requires_grad_(true));
+    }
+    AdamW on_cpu(cpu_p, {name, 0.9, 0.95, 1e-8, 0.1}, cpu_c);
+    AdamW on_cuda(cuda_p, {name, 0.9, 0.95, 1e-8, 0.1}, cuda_c);
+    for (int step = 0; step < 3; ++step) {
+      for (size_t i = 0; i < sizes.size(); ++i) {
+        const at::Tensor g = (at::randn({sizes[i]}) * 3).to(at::kBFloat16);
+        cpu_c[i].mutable_grad() = g;
+        cuda_c[i].mutable_grad() = g.to(at::kCUDA);
+      }
+      const double scale = step == 1 ? 0.37 : 1.0;  // a clipped step
+      on_cpu.step(1e-2, scale);
+      on_cuda.step(1e-2, scale);
+    }
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      INFO("tensor " << i << " of " << sizes[i] << " elements");
+      CHECK(at::equal(cuda_p[i].detach().cpu(), cpu_p[i].detach()));
+      CHECK(at::equal(cuda_c[i].detach().cpu(), cpu_c[i].detach()));
+      CHECK(at::equal(on_cuda.exp_avg(i).cpu(), on_cpu.exp_avg(i)));
+      CHECK(at::equal(on_cuda.exp_avg_sq(i).cpu(), on_cpu.exp_avg_sq(i)));
+      CHECK(on_cuda.step_count(i).item<float>() == 3.f);
+    }
+  }
+}
+#endif
 
 TEST_CASE("clip_grad_norm returns the global norm and scales", "[trainer]") {
   at::Tensor a = at::zeros({2}).requires_grad_(true), b = at::zeros({1}).requires_grad_(true);

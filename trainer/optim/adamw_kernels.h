@@ -11,25 +11,19 @@
 // float32 path, operation for operation: decay p * (1 - lr wd) (Adam: g + p wd), m by lerp (one
 // fused multiply-add), v * b2 + ((1 - b2) g) g, denominator sqrt(v) / sqrt(1 - b2^t) + eps,
 // p + (-lr / (1 - b1^t)) m / denominator; elementwise, so the thread count changes nothing.
+// On CUDA the same operations run in one kernel over all such parameters
+// (adamw_kernels_cuda.cuh), equal to this kernel bit for bit: on an H200 it replaced a widening
+// pass, a scaling pass, ATen's fused AdamW and a copy pass (about 50 ms of the 8B_4layers step)
+// with one pass at 3.9 TB/s (13.6 ms).
 #pragma once
 
 #include <c10/util/BFloat16.h>
 
 #include <cstdint>
 
-namespace titan::trainer::optim::kernels {
+#include "trainer/optim/adamw_step.h"
 
-struct AdamWStep {
-  float lr_decay = 1;      // AdamW: 1 - lr * weight_decay (1 for Adam)
-  float grad_decay = 0;    // Adam: weight_decay, added to the gradient as p * wd (0 for AdamW)
-  float beta1_weight = 0;  // 1 - beta1, the lerp weight of the first moment
-  float beta2 = 0;
-  float beta2_weight = 0;  // 1 - beta2
-  float bias_correction2_sqrt = 1;
-  float eps = 0;
-  float neg_step_size = 0;  // -lr / (1 - beta1^t)
-  float grad_scale = 1;     // the clipping factor (1: none)
-};
+namespace titan::trainer::optim::kernels {
 
 // Whether the CPU kernel below runs on this machine (x86: AVX2 + FMA; see
 // util::cpu_has_avx2_kernels); otherwise callers widen the gradient and use ATen's kernel.

@@ -16,7 +16,21 @@
 
 #include "trainer/optim/adamw_kernels.h"
 
+#ifdef TITAN_WITH_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "trainer/optim/adamw_kernels_cuda.cuh"
+#endif
+
 namespace titan::trainer::optim {
+namespace {
+#ifdef TITAN_WITH_CUDA
+constexpr bool kCudaKernel = true;  // adamw_kernels_cuda.cu
+#else
+constexpr bool kCudaKernel = false;  // no CUDA tensors in this build
+#endif
+}  // namespace
 
 AdamW::AdamW(std::vector<at::Tensor> params, AdamWOptions options, std::vector<at::Tensor> compute_copies)
     : params_(std::move(params)), copies_(std::move(compute_copies)), options_(std::move(options)) {
@@ -43,15 +57,15 @@ void AdamW::step(double lr, double copy_grad_scale) {
   at::NoGradGuard no_grad;
   // Parameters are float32 masters: one fused ATen call covers those with a float32 gradient;
   // those read through a bf16 compute copy are updated (and their copy rewritten) by titan's
-  // kernel (See Note [Optimizer over compute copies]).
-  // On a GPU (or a CPU without AVX2) a compute copy's gradient is widened and joins the one
-  // fused call, and the copies are rewritten together after it.
+  // kernel, on the CPU or on CUDA (See Note [Optimizer over compute copies]).
+  // On a CPU without AVX2 a compute copy's gradient is widened and joins the one fused call, and
+  // the copies are rewritten together after it.
   std::vector<size_t> through_copies;
   std::vector<at::Tensor> p, g, m, v, s, widened_copies, widened_params;
   for (size_t i = 0; i < params_.size(); ++i) {
     at::Tensor grad = params_[i].grad();
     if (copies_[i].defined() && copies_[i].grad().defined()) {
-      if (params_[i].is_cpu() && params_[i].is_contiguous() && kernels::adamw_cpu_kernel_available()) {
+      if (params_[i].is_contiguous() && (params_[i].is_cuda() ? kCudaKernel : kernels::adamw_cpu_kernel_available())) {
         through_copies.push_back(i);
         continue;
       }
@@ -67,7 +81,7 @@ void AdamW::step(double lr, double copy_grad_scale) {
     v.push_back(exp_avg_sq_[i]);
     s.push_back(steps_[i]);
   }
-  for (size_t i : through_copies) step_through_copy(i, lr, copy_grad_scale);
+  step_through_copies(through_copies, lr, copy_grad_scale);
   if (p.empty()) return;
   // The fused kernel reads the step count for bias correction but does not advance it
   // (torch.optim increments it just before the call, as here).
@@ -88,13 +102,7 @@ void AdamW::fused_step(const std::vector<at::Tensor>& p, const std::vector<at::T
   }
 }
 
-void AdamW::step_through_copy(size_t i, double lr, double grad_scale) {
-  at::Tensor& param = params_[i];
-  at::Tensor& copy = copies_[i];
-  const at::Tensor grad = copy.grad().contiguous();
-  steps_[i].add_(1.0);
-  // The scalars as ATen's kernel forms them: in double, then float32.
-  const double t = steps_[i].item<float>();
+kernels::AdamWStep AdamW::step_scalars(double lr, double t, double grad_scale) const {
   const bool decoupled = options_.name == "AdamW";
   kernels::AdamWStep k;
   k.lr_decay = decoupled ? static_cast<float>(1 - lr * options_.weight_decay) : 1.f;
@@ -106,8 +114,47 @@ void AdamW::step_through_copy(size_t i, double lr, double grad_scale) {
   k.eps = static_cast<float>(options_.eps);
   k.neg_step_size = static_cast<float>(-(lr / (1 - std::pow(options_.beta1, t))));
   k.grad_scale = static_cast<float>(grad_scale);
-  kernels::adamw_bf16_grad_cpu(param.data_ptr<float>(), grad.data_ptr<c10::BFloat16>(), exp_avg_[i].data_ptr<float>(),
-                               exp_avg_sq_[i].data_ptr<float>(), copy.data_ptr<c10::BFloat16>(), param.numel(), k);
+  return k;
+}
+
+void AdamW::step_through_copies(const std::vector<size_t>& which, double lr, double grad_scale) {
+  std::vector<size_t> on_cuda;
+  for (size_t i : which) {
+    if (params_[i].is_cuda()) {
+      on_cuda.push_back(i);
+      continue;
+    }
+    at::Tensor& param = params_[i];
+    at::Tensor& copy = copies_[i];
+    const at::Tensor grad = copy.grad().contiguous();
+    steps_[i].add_(1.0);
+    const kernels::AdamWStep k = step_scalars(lr, steps_[i].item<float>(), grad_scale);
+    kernels::adamw_bf16_grad_cpu(param.data_ptr<float>(), grad.data_ptr<c10::BFloat16>(), exp_avg_[i].data_ptr<float>(),
+                                 exp_avg_sq_[i].data_ptr<float>(), copy.data_ptr<c10::BFloat16>(), param.numel(), k);
+  }
+  if (on_cuda.empty()) return;
+#ifdef TITAN_WITH_CUDA
+  // Every step count in one read (one synchronization per step, not one per tensor).
+  std::vector<at::Tensor> counts, grads;
+  for (size_t i : on_cuda) counts.push_back(steps_[i]);
+  at::_foreach_add_(counts, 1.0);
+  const at::Tensor t_host = at::stack(counts).cpu();
+  std::vector<kernels::AdamWCudaTensor> tensors;
+  for (size_t j = 0; j < on_cuda.size(); ++j) {
+    const size_t i = on_cuda[j];
+    TORCH_CHECK(params_[i].device() == params_[on_cuda[0]].device(), "AdamW: compute copies on two CUDA devices");
+    grads.push_back(copies_[i].grad().contiguous());  // kept alive until the launch is queued
+    const kernels::AdamWStep k = step_scalars(lr, t_host[static_cast<int64_t>(j)].item<float>(), grad_scale);
+    tensors.push_back({params_[i].data_ptr<float>(), reinterpret_cast<const uint16_t*>(grads.back().data_ptr()),
+                       exp_avg_[i].data_ptr<float>(), exp_avg_sq_[i].data_ptr<float>(),
+                       reinterpret_cast<uint16_t*>(copies_[i].data_ptr()), params_[i].numel(), k.neg_step_size,
+                       k.bias_correction2_sqrt});
+  }
+  const c10::cuda::CUDAGuard guard(params_[on_cuda[0]].device());
+  kernels::launch_adamw_bf16_grad(tensors.data(), static_cast<int64_t>(tensors.size()),
+                                  step_scalars(lr, 1.0, grad_scale),
+                                  c10::cuda::getCurrentCUDAStream(params_[on_cuda[0]].device().index()).stream());
+#endif
 }
 
 void AdamW::zero_grad() {

@@ -7,6 +7,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "trainer/optim/adamw_step.h"
 #include "trainer/optim/lr_schedule.h"
 
 #include <string>
@@ -57,8 +58,11 @@ class AdamW {
   // ATen's fused kernel over parameters with float32 gradients (step counts already advanced).
   void fused_step(const std::vector<at::Tensor>& p, const std::vector<at::Tensor>& g, const std::vector<at::Tensor>& m,
                   const std::vector<at::Tensor>& v, const std::vector<at::Tensor>& s, double lr) const;
-  // Parameter i through its compute copy's bf16 gradient (See Note [Optimizer over compute copies]).
-  void step_through_copy(size_t i, double lr, double grad_scale);
+  // The parameters `which` through their compute copies' bf16 gradients (See Note [Optimizer over
+  // compute copies]): titan's CPU kernel one tensor at a time, or its CUDA kernel over all of them.
+  void step_through_copies(const std::vector<size_t>& which, double lr, double grad_scale);
+  // The kernels' scalars for step count t (ATen's: formed in double, then float32).
+  kernels::AdamWStep step_scalars(double lr, double t, double grad_scale) const;
 };
 
 // LR multiplier of torchtitan's warmup-stable-decay schedule for optimizer step `step`
