@@ -10,6 +10,8 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/randn.h>
+#include <ATen/record_function.h>
+#include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/cuda.h>
 
 #include <CLI/CLI.hpp>
@@ -20,6 +22,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -35,6 +38,25 @@ namespace {
 
 using titan::bench::scaled;
 using titan::bench::time_ms;
+
+// --trace DIR: one Kineto trace per linear (hp and each float8 recipe) of the last grid shape, two
+// fwd+bwd iterations after the timed ones, as DIR/linear_<name>.json (scripts/bench/trace_summary.py
+// reads them: where the float8 linears' time goes besides the GEMMs).
+void trace_linear(const std::string& dir, const std::string& name, const std::function<void()>& iteration, bool cuda) {
+  namespace kineto = torch::autograd::profiler;
+  using torch::profiler::impl::ActivityType;
+  const torch::profiler::impl::ProfilerConfig config(torch::profiler::impl::ProfilerState::KINETO, false, false, false);
+  std::set<ActivityType> acts{ActivityType::CPU};
+  if (cuda) acts.insert(ActivityType::CUDA);
+  kineto::prepareProfiler(config, acts);
+  kineto::enableProfiler(config, acts);
+  for (int i = 0; i < 2; ++i) {
+    RECORD_USER_SCOPE("ProfilerStep#" + std::to_string(i + 1));
+    iteration();
+  }
+  if (cuda) torch::cuda::synchronize();
+  kineto::disableProfiler()->save(dir + "/linear_" + name + ".json");
+}
 
 double sqnr_db(const at::Tensor& ref, const at::Tensor& actual) {
   const at::Tensor r = ref.detach().to(at::kDouble).cpu(), a = actual.detach().to(at::kDouble).cpu();
@@ -112,6 +134,11 @@ int main(int argc, char** argv) {
   app.add_option("--tokens", tokens, "M before --scale");
   app.add_option("--dims", dims, "K and N values of the grid (before --scale)");
   app.add_option("--iters", iters, "timed iterations (0: 10 on CUDA, 2 on CPU)");
+  bool skip_block_scaled = false;
+  app.add_flag("--skip-block-scaled", skip_block_scaled, "only the float8 / int8 table");
+  std::string trace_dir;
+  app.add_option("--trace", trace_dir, "write Kineto traces of the last shape's linears into this folder")
+      ->check(CLI::ExistingDirectory);
   CLI11_PARSE(app, argc, argv);
 
   const bool cuda = device_name == "cuda";
@@ -143,8 +170,18 @@ int main(int argc, char** argv) {
           if (after) after();
         }, iters, cuda);
       };
+      const bool last_shape = K0 == dims.back() && N0 == dims.back();
+      auto trace = [&](const std::string& name, titan::model::LinearCompute& c) {
+        if (trace_dir.empty() || !last_shape) return;
+        trace_linear(trace_dir, name, [&] {
+          x.mutable_grad().reset();
+          w.mutable_grad().reset();
+          c.forward(x, w).backward(g);
+        }, cuda);
+      };
       titan::model::HighPrecisionLinearCompute hp;
       const double hp_ms = step(hp, {});
+      trace("hp", hp);
       std::printf("%5lld %5lld %5lld | %8.2f", static_cast<long long>(M),
                   static_cast<long long>(K), static_cast<long long>(N), hp_ms);
       for (const auto& r : recipes) {
@@ -152,6 +189,7 @@ int main(int argc, char** argv) {
         std::function<void()> after;
         if (c.recipe().delayed) after = [&] { titan::float8::sync_amax_history({&c}); };
         const double ms = step(c, after);
+        if (!c.recipe().delayed) trace(r, c);
         const bool skip = !titan::float8::auto_filter_skip_reason(r, K0, N0).empty();
         char cell[64];
         std::snprintf(cell, sizeof(cell), "%8.2f %-3s %s", ms, ms < hp_ms ? "yes" : "no",
@@ -165,6 +203,6 @@ int main(int argc, char** argv) {
   }
   if (!cuda) std::printf("CPU float8 is an emulation: 'no' everywhere is expected; run on CUDA to "
                          "check the auto filter thresholds.\n");
-  block_scaled_table(dims, tokens, scale, iters, cuda, opts);
+  if (!skip_block_scaled) block_scaled_table(dims, tokens, scale, iters, cuda, opts);
   return 0;
 }

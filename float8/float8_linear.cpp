@@ -10,6 +10,7 @@
 
 #include <stdexcept>
 
+#include "float8/kernels/fused_cast.h"
 #include "float8/scaling.h"
 #include "model/activation_checkpoint_ops.h"
 
@@ -155,15 +156,20 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
     const at::Tensor w_scale = saved_tensor(ctx, "weight_scale");  // delayed only
 
     // G cast per row (axis 1) for grad_input; per column (axis 0) for grad_weight. Tensorwise
-    // (and delayed) G has one scale, so one cast serves both.
+    // (and delayed) G has one scale, so one amax serves both; on CUDA the grad_weight copy is cast
+    // again with that scale straight into column-major data (one pass over G instead of a float8
+    // transpose copy before the GEMM: cast_to_columns_with_scale).
     Float8Tensor g8_rows, g8_cols;
     if (r.delayed) {
       g8_rows = g8_cols = delayed_cast(s.grad_output, G, r.grad_output.dtype, r);
     } else {
       g8_rows = cast_dynamic(s, s.tp.grad_output_dim, G, r.grad_output, /*axis_dim=*/-1);
-      g8_cols = r.grad_output.granularity == ScalingGranularity::Tensorwise
-                    ? g8_rows
-                    : cast_dynamic(s, s.tp.grad_output_dim, G, r.grad_output, /*axis_dim=*/0);
+      if (r.grad_output.granularity != ScalingGranularity::Tensorwise)
+        g8_cols = cast_dynamic(s, s.tp.grad_output_dim, G, r.grad_output, /*axis_dim=*/0);
+      else if (G.is_cuda() && !r.grad_weight_high_precision && ctx->needs_input_grad(1))
+        g8_cols = cast_to_columns_with_scale(G, g8_rows.scale, r.grad_output.dtype);
+      else
+        g8_cols = g8_rows;
     }
 
     at::Tensor grad_input, grad_weight;

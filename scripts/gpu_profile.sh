@@ -3,8 +3,10 @@
 # to see where titan's step goes (scripts/bench/trace_summary.py reads the traces here):
 #   scripts/gpu_profile.sh --bundle DIR --out DIR [RECIPE ...]    (default: bf16 tensorwise)
 # RECIPE: bf16 or a float8 recipe name. Writes OUT/<recipe>_trace.json.gz and OUT/<recipe>.log.
-# Also runs the [cuda] cases of test_float8 first when TEST_FLOAT8=1 (OUT/test_float8.log), and
-# the eager PyTorch baseline on the same shapes last when EAGER=1 (OUT/eager.json).
+# Also runs, first, the [cuda] cases of the bundled tests when TESTS=1 (OUT/test_*.log) and one
+# traced linear per float8 recipe at M=K=N=8192 when LINEAR=1 (titan-bench-linear --trace:
+# OUT/linear.log, OUT/linear_<recipe>.json.gz); last, the eager PyTorch baseline on the same
+# shapes when EAGER=1 (OUT/eager.json).
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUNDLE="" OUT=""
@@ -21,9 +23,17 @@ RECIPES=("$@"); ((${#RECIPES[@]})) || RECIPES=(bf16 tensorwise)
 source "$ROOT/scripts/gpu_env.sh" "$BUNDLE" || exit 2
 B="$BUNDLE/bin"
 mkdir -p "$OUT"
-if [[ "${TEST_FLOAT8:-0}" == 1 ]]; then
-  "$B/test_float8" "[cuda]" >"$OUT/test_float8.log" 2>&1
-  echo "test_float8 [cuda]: rc $?"; tail -3 "$OUT/test_float8.log"
+if [[ "${TESTS:-0}" == 1 ]]; then
+  for t in test_float8 test_model test_trainer; do
+    "$B/$t" "[cuda]" >"$OUT/$t.log" 2>&1
+    echo "$t [cuda]: rc $?"; tail -2 "$OUT/$t.log"
+  done
+fi
+if [[ "${LINEAR:-0}" == 1 ]]; then
+  "$B/titan-bench-linear" --device cuda --tokens 8192 --dims 8192 --skip-block-scaled --trace "$OUT" \
+    >"$OUT/linear.log" 2>&1
+  echo "titan-bench-linear: rc $?"; cat "$OUT/linear.log"
+  for f in "$OUT"/linear_*.json; do [[ -f "$f" ]] && gzip -f "$f"; done
 fi
 WORK="$(mktemp -d /tmp/titan-gpu-profile.XXXXXX)"
 for recipe in "${RECIPES[@]}"; do

@@ -786,7 +786,10 @@ TEST_CASE("CUDA to_float8 takes the fused kernels and equals the ATen composite"
   at::Tensor x3 = (at::randn({2, 9, 48}) * 3).to(at::kCUDA, at::kBFloat16);
   at::Tensor x2 = (at::randn({40, 24}) * 3).to(at::kCUDA);
   struct Case { at::Tensor x; CastConfig cfg; int64_t axis; };
-  for (const Case& c : {Case{x3, axis, -1}, Case{x3, tensor, -1}, Case{x2, axis, 0}, Case{x2, axis, -1}}) {
+  // Tensorwise along dim 0 of a 2-D x: the same values, laid out column-major for the backward
+  // GEMMs (no float8 transpose copy in scaled_mm).
+  for (const Case& c : {Case{x3, axis, -1}, Case{x3, tensor, -1}, Case{x2, axis, 0}, Case{x2, axis, -1},
+                        Case{x2, tensor, 0}}) {
     REQUIRE(try_fused_to_float8(c.x, c.cfg, c.axis, true).has_value());
     Float8Tensor got = to_float8(c.x, c.cfg, c.axis, true);
     Float8Tensor want = to_float8_composite(c.x, c.cfg, c.axis, true);
@@ -794,34 +797,48 @@ TEST_CASE("CUDA to_float8 takes the fused kernels and equals the ATen composite"
     CHECK(got.scale.sizes() == want.scale.sizes());
     CHECK(at::equal(got.data.view(at::kByte), want.data.view(at::kByte)));
     CHECK(at::equal(got.scale, want.scale));
+    if (c.x.dim() == 2 && c.axis == 0) CHECK((got.data.stride(0) == 1 && got.data.stride(1) == c.x.size(0)));
   }
+  // A tensorwise G's grad_weight copy: cast with the per-row cast's scale, column-major.
+  const Float8Tensor rows = to_float8(x2.to(at::kBFloat16), tensor, -1, false);
+  const Float8Tensor cols = cast_to_columns_with_scale(x2.to(at::kBFloat16), rows.scale, tensor.dtype);
+  CHECK(cols.data.stride(0) == 1);
+  CHECK(at::equal(cols.data.view(at::kByte), rows.data.view(at::kByte)));
+  CHECK(at::equal(cols.scale, rows.scale));
 }
 
 TEST_CASE("CUDA fused cast kernels equal their CPU references bit for bit", "[float8][cuda]") {
   if (!at::hasCUDA()) return;
   at::manual_seed(13);
   for (at::ScalarType hp : {at::kFloat, at::kBFloat16, at::kHalf}) {
+    // 70 x 333: the one-element kernels (and a tail after the last vector of the tensorwise
+    // ones); 192 x 128: every kernel's 16-byte path (rows and columns multiples of the vector
+    // width and of the 64 x 64 transpose tile).
     at::Tensor x = (at::randn({70, 333}) * 5).to(hp);
     x[5].zero_();
+    const at::Tensor y = (at::randn({192, 128}) * 5).to(hp);
     for (at::ScalarType f8 : {at::kFloat8_e4m3fn, at::kFloat8_e5m2}) {
       for (ScalingGranularity g : {ScalingGranularity::Tensorwise, ScalingGranularity::Axiswise}) {
         for (bool pow2 : {false, true}) {
           const CastConfig cfg{g, f8};
-          Float8Tensor ref = fused_cast_rows_reference(x, cfg, pow2);
-          // The tensorwise kernels read 16 bytes at a time where x is 16-byte aligned: also one
-          // element off (the scalar kernels), and 70 x 333 leaves a tail after the last vector.
-          at::Tensor storage = at::empty({x.numel() + 1}, x.options().device(at::kCUDA));
-          const at::Tensor misaligned = storage.narrow(0, 1, x.numel()).view(x.sizes()).copy_(x);
-          for (const at::Tensor& xd : {x.cuda(), misaligned}) {
-            Float8Tensor got = fused_cast_rows_cuda(xd, cfg, pow2);
-            CHECK(at::equal(got.scale.cpu(), ref.scale));
-            CHECK(at::equal(got.data.cpu().view(at::kByte), ref.data.view(at::kByte)));
+          for (const at::Tensor& xc : {x, y}) {
+            Float8Tensor ref = fused_cast_rows_reference(xc, cfg, pow2);
+            // Also one element off: the 16-byte kernels must fall back to the one-element ones.
+            at::Tensor storage = at::empty({xc.numel() + 1}, xc.options().device(at::kCUDA));
+            const at::Tensor misaligned = storage.narrow(0, 1, xc.numel()).view(xc.sizes()).copy_(xc);
+            for (const at::Tensor& xd : {xc.cuda(), misaligned}) {
+              Float8Tensor got = fused_cast_rows_cuda(xd, cfg, pow2);
+              CHECK(at::equal(got.scale.cpu(), ref.scale));
+              CHECK(at::equal(got.data.cpu().view(at::kByte), ref.data.view(at::kByte)));
+            }
+            Float8Tensor ref_t = fused_cast_transpose_cols_reference(xc, cfg, pow2);
+            for (const at::Tensor& xd : {xc.cuda(), misaligned}) {
+              Float8Tensor got_t = fused_cast_transpose_cols_cuda(xd, cfg, pow2);
+              CHECK(got_t.data.sizes() == ref_t.data.sizes());
+              CHECK(at::equal(got_t.scale.cpu(), ref_t.scale));
+              CHECK(at::equal(got_t.data.cpu().view(at::kByte), ref_t.data.view(at::kByte)));
+            }
           }
-          Float8Tensor ref_t = fused_cast_transpose_cols_reference(x, cfg, pow2);
-          Float8Tensor got_t = fused_cast_transpose_cols_cuda(x.cuda(), cfg, pow2);
-          CHECK(got_t.data.sizes() == ref_t.data.sizes());
-          CHECK(at::equal(got_t.scale.cpu(), ref_t.scale));
-          CHECK(at::equal(got_t.data.cpu().view(at::kByte), ref_t.data.view(at::kByte)));
         }
       }
     }

@@ -104,6 +104,27 @@ __global__ void colwise_amax_kernel(const T* __restrict__ x, int64_t rows, int64
   atomic_max_nonneg(amax_out + c, m);
 }
 
+// The same per-column amax with 16-byte loads: a warp reads 512 contiguous bytes of a row (8
+// bf16 columns per thread), each thread about 32 rows. cols a multiple of the vector width, x
+// 16-byte aligned. The kernel above read 2 bytes per thread access (1.1 TB/s on an H200).
+template <typename T>
+__global__ void colwise_amax_vec_kernel(const T* __restrict__ x, int64_t rows, int64_t cols, float* amax_out) {
+  constexpr int kVec = 16 / sizeof(T);
+  const int64_t c = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * kVec;
+  if (c >= cols) return;
+  float m[kVec];
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) m[k] = 0.0f;
+  for (int64_t r = blockIdx.y * int64_t(blockDim.y) + threadIdx.y; r < rows; r += int64_t(gridDim.y) * blockDim.y) {
+    const uint4 raw = __ldg(reinterpret_cast<const uint4*>(x + r * cols + c));
+    const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) m[k] = nan_max(fabsf(to_float(e[k])), m[k]);
+  }
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) atomic_max_nonneg(amax_out + c + k, m[k]);
+}
+
 __global__ void scale_from_amax_kernel(const float* __restrict__ amax, int64_t count,
                                        double fp8_max, bool round_pow2, float* scale_out) {
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
@@ -159,6 +180,41 @@ __global__ void rowwise_amax_scale_cast_kernel(const T* __restrict__ x, int64_t 
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) out_row[c] = cast_one(to_float(row[c]), s, dst);
 }
 
+// The same with 16-byte loads and 8-byte (bf16 / half) or 4-byte (float) stores, for cols a
+// multiple of the vector width and x, out 16-byte aligned; the row is read twice (amax, then cast),
+// the second time mostly from L2. The kernel above moves 2 bytes per load (1.8 TB/s on an H200).
+template <typename T>
+__global__ void rowwise_amax_scale_cast_vec_kernel(const T* __restrict__ x, int64_t cols, double fp8_max,
+                                                   bool round_pow2, Fp8Type dst,
+                                                   __nv_fp8_storage_t* __restrict__ out,
+                                                   float* __restrict__ scale_out) {
+  constexpr int kVec = 16 / sizeof(T);
+  const uint4* row = reinterpret_cast<const uint4*>(x + blockIdx.x * cols);
+  __nv_fp8_storage_t* out_row = out + blockIdx.x * cols;
+  const int64_t n_vec = cols / kVec;
+  float m = 0.0f;
+  for (int64_t i = threadIdx.x; i < n_vec; i += blockDim.x) {
+    const uint4 raw = row[i];
+    const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) m = nan_max(fabsf(to_float(e[k])), m);
+  }
+  const float s = scale_from_amax(block_max(m), fp8_max, round_pow2);
+  if (threadIdx.x == 0) scale_out[blockIdx.x] = s;
+  for (int64_t i = threadIdx.x; i < n_vec; i += blockDim.x) {
+    const uint4 raw = row[i];
+    const T* e = reinterpret_cast<const T*>(&raw);
+    alignas(8) __nv_fp8_storage_t q[kVec];
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) q[k] = cast_one(to_float(e[k]), s, dst);
+    if constexpr (kVec == 8) {
+      *reinterpret_cast<uint2*>(out_row + i * kVec) = *reinterpret_cast<const uint2*>(q);
+    } else {
+      *reinterpret_cast<uint32_t*>(out_row + i * kVec) = *reinterpret_cast<const uint32_t*>(q);
+    }
+  }
+}
+
 // 32x32 tiles through shared memory (padded against bank conflicts): reads and writes are
 // both coalesced.
 template <typename T>
@@ -179,6 +235,41 @@ __global__ void cast_transpose_kernel(const T* __restrict__ x, int64_t rows, int
     const int64_t c = c0 + j, r = r0 + threadIdx.x;
     if (r < rows && c < cols) out_t[c * rows + r] = tile[threadIdx.x][j];
   }
+}
+
+// The same cast + transpose over 64 x 64 tiles with 16-byte accesses both ways, for rows and
+// cols multiples of 64 and 16-byte aligned x and out_t: each thread reads 16 bytes of a row,
+// casts them into the shared tile, and writes 16 bytes of a transposed row (64 output rows of 64
+// bytes per tile). The 32 x 32 kernel above moves 1-2 bytes per thread access: 0.8 TB/s on an
+// H200 for 8192 x 8192 bf16, against about 3.5 for the row casts. Same cast_one per element.
+constexpr int kVecTile = 64;
+template <typename T>
+__global__ void __launch_bounds__(256) cast_transpose_vec_kernel(const T* __restrict__ x, int64_t rows, int64_t cols,
+                                                                ScaleRef scale, Fp8Type dst,
+                                                                __nv_fp8_storage_t* __restrict__ out_t) {
+  constexpr int kIn = 16 / sizeof(T);                // elements per 16-byte load
+  constexpr int kThreadsPerRow = kVecTile / kIn;     // 8 (bf16 / half) or 16 (float)
+  constexpr int kRowsPerPass = 256 / kThreadsPerRow;
+  __shared__ __nv_fp8_storage_t tile[kVecTile][kVecTile + 4];
+  const int64_t c0 = blockIdx.x * int64_t{kVecTile}, r0 = blockIdx.y * int64_t{kVecTile};
+  const int tc = (threadIdx.x % kThreadsPerRow) * kIn;
+  for (int rr = threadIdx.x / kThreadsPerRow; rr < kVecTile; rr += kRowsPerPass) {
+    const int64_t r = r0 + rr;
+    const uint4 raw = *reinterpret_cast<const uint4*>(x + r * cols + c0 + tc);
+    const T* v = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int k = 0; k < kIn; ++k) {
+      const int64_t c = c0 + tc + k;
+      tile[rr][tc + k] = cast_one(to_float(v[k]), scale.ptr[r * scale.row_stride + c * scale.col_stride], dst);
+    }
+  }
+  __syncthreads();
+  const int oc = threadIdx.x / 4, part = (threadIdx.x % 4) * 16;  // output row, its 16-byte quarter
+  uint4 packed;
+  auto* bytes = reinterpret_cast<__nv_fp8_storage_t*>(&packed);
+#pragma unroll
+  for (int k = 0; k < 16; ++k) bytes[k] = tile[part + k][oc];
+  *reinterpret_cast<uint4*>(out_t + (c0 + oc) * rows + r0 + part) = packed;
 }
 
 int grid_for(int64_t n) {
@@ -226,7 +317,15 @@ void launch_colwise_amax(const void* x, SrcType src, int64_t rows, int64_t cols,
                   static_cast<unsigned>(row_blocks < 65535 ? row_blocks : 65535));
   dispatch_src(src, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    colwise_amax_kernel<T><<<grid, block, 0, s>>>(static_cast<const T*>(x), rows, cols, amax_out);
+    constexpr int kVec = 16 / sizeof(T);
+    if (cols % kVec == 0 && aligned(x, 16)) {
+      const int64_t vec_row_blocks = (rows + 8 * 32 - 1) / (8 * 32);  // ~32 rows per thread
+      const dim3 vec_grid(static_cast<unsigned>((cols / kVec + kTile - 1) / kTile),
+                          static_cast<unsigned>(vec_row_blocks < 65535 ? vec_row_blocks : 65535));
+      colwise_amax_vec_kernel<T><<<vec_grid, block, 0, s>>>(static_cast<const T*>(x), rows, cols, amax_out);
+    } else {
+      colwise_amax_kernel<T><<<grid, block, 0, s>>>(static_cast<const T*>(x), rows, cols, amax_out);
+    }
   });
   TITAN_CUDA_CHECK(cudaGetLastError(), "colwise_amax_kernel launch");
 }
@@ -262,10 +361,17 @@ void launch_rowwise_amax_scale_cast(const void* x, SrcType src, int64_t rows, in
   if (rows > 2147483647LL) throw std::invalid_argument("rowwise cast: more than 2^31-1 rows");
   dispatch_src(src, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    rowwise_amax_scale_cast_kernel<T>
-        <<<static_cast<unsigned>(rows), kBlock, 0, static_cast<cudaStream_t>(stream)>>>(
-            static_cast<const T*>(x), cols, fp8_max, round_pow2, dst,
-            static_cast<__nv_fp8_storage_t*>(out), scale_out);
+    constexpr int kVec = 16 / sizeof(T);
+    if (cols % kVec == 0 && aligned(x, 16) && aligned(out, 16))
+      rowwise_amax_scale_cast_vec_kernel<T>
+          <<<static_cast<unsigned>(rows), kBlock, 0, static_cast<cudaStream_t>(stream)>>>(
+              static_cast<const T*>(x), cols, fp8_max, round_pow2, dst,
+              static_cast<__nv_fp8_storage_t*>(out), scale_out);
+    else
+      rowwise_amax_scale_cast_kernel<T>
+          <<<static_cast<unsigned>(rows), kBlock, 0, static_cast<cudaStream_t>(stream)>>>(
+              static_cast<const T*>(x), cols, fp8_max, round_pow2, dst,
+              static_cast<__nv_fp8_storage_t*>(out), scale_out);
   });
   TITAN_CUDA_CHECK(cudaGetLastError(), "rowwise_amax_scale_cast_kernel launch");
 }
@@ -278,14 +384,20 @@ void launch_cast_transpose(const void* x, SrcType src, int64_t rows, int64_t col
     throw std::invalid_argument("cast_transpose: rows = " + std::to_string(rows) +
                                 " exceeds 65535 * 32; split the tensor");
   }
+  const bool vec = rows % kVecTile == 0 && cols % kVecTile == 0 && aligned(x, 16) && aligned(out_t, 16);
   const dim3 block(kTile, 8);
   const dim3 grid(static_cast<unsigned>((cols + kTile - 1) / kTile),
                   static_cast<unsigned>(row_tiles));
+  const dim3 vec_grid(static_cast<unsigned>(cols / kVecTile), static_cast<unsigned>(rows / kVecTile));
   dispatch_src(src, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    cast_transpose_kernel<T><<<grid, block, 0, static_cast<cudaStream_t>(stream)>>>(
-        static_cast<const T*>(x), rows, cols, scale, dst,
-        static_cast<__nv_fp8_storage_t*>(out_t));
+    if (vec)
+      cast_transpose_vec_kernel<T><<<vec_grid, 256, 0, static_cast<cudaStream_t>(stream)>>>(
+          static_cast<const T*>(x), rows, cols, scale, dst, static_cast<__nv_fp8_storage_t*>(out_t));
+    else
+      cast_transpose_kernel<T><<<grid, block, 0, static_cast<cudaStream_t>(stream)>>>(
+          static_cast<const T*>(x), rows, cols, scale, dst,
+          static_cast<__nv_fp8_storage_t*>(out_t));
   });
   TITAN_CUDA_CHECK(cudaGetLastError(), "cast_transpose_kernel launch");
 }

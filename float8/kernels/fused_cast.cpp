@@ -125,6 +125,22 @@ Float8Tensor fused_cast_transpose_cols_cuda(const at::Tensor& x_in, const CastCo
   return {data_t, axiswise ? scale.reshape({C, 1}) : scale, x.scalar_type()};
 }
 
+Float8Tensor cast_to_columns_with_scale(const at::Tensor& x_in, const at::Tensor& scale, at::ScalarType dtype) {
+  const at::ScalarType src = x_in.scalar_type();
+  if (!fused_casts_enabled() || !x_in.is_cuda() || x_in.dim() != 2 || scale.dim() != 0 ||
+      scale.scalar_type() != at::kFloat || (src != at::kFloat && src != at::kBFloat16 && src != at::kHalf))
+    return to_float8_with_scale(x_in, scale, dtype);
+  at::Tensor x = checked_input(x_in, "cast_to_columns_with_scale");  // [R, C]
+  c10::cuda::CUDAGuard guard(x.device());
+  void* stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
+  const int64_t R = x.size(0), C = x.size(1);
+  at::Tensor data_t = at::empty({C, R}, x.options().dtype(dtype));
+  const at::Tensor s = scale.contiguous();
+  kernels::launch_cast_transpose(x.data_ptr(), src_type(x), R, C, {s.data_ptr<float>(), 0, 0}, fp8_type(dtype),
+                                 data_t.data_ptr(), stream);
+  return {data_t.t(), s, src};  // [R, C] column-major
+}
+
 // See Note [Fused casts on the hot path].
 std::optional<Float8Tensor> try_fused_to_float8(const at::Tensor& x, const CastConfig& config,
                                                 int64_t axis_dim, bool round_scales_to_power_of_2) {
@@ -134,7 +150,9 @@ std::optional<Float8Tensor> try_fused_to_float8(const at::Tensor& x, const CastC
     return std::nullopt;
   const bool axiswise = config.granularity == ScalingGranularity::Axiswise;
   const int64_t last = x.dim() - 1;
-  const int64_t axis = axiswise ? c10::maybe_wrap_dim(axis_dim, x.dim()) : last;
+  const int64_t asked = c10::maybe_wrap_dim(axis_dim, x.dim());
+  // Tensorwise: the axis only picks the layout (columns for a 2-D x asked along dim 0).
+  const int64_t axis = axiswise || (x.dim() == 2 && asked == 0) ? asked : last;
   const bool rows = axis == last;
   if (!rows && !(axis == 0 && x.dim() == 2)) return std::nullopt;
 
@@ -203,6 +221,10 @@ Float8Tensor fused_cast_transpose_cols_cuda(const at::Tensor&, const CastConfig&
 
 std::optional<Float8Tensor> try_fused_to_float8(const at::Tensor&, const CastConfig&, int64_t, bool) {
   return std::nullopt;  // no CUDA in this build
+}
+
+Float8Tensor cast_to_columns_with_scale(const at::Tensor& x, const at::Tensor& scale, at::ScalarType dtype) {
+  return to_float8_with_scale(x, scale, dtype);  // no CUDA in this build: the layout is the composite's
 }
 
 #endif

@@ -19,9 +19,11 @@ namespace titan::float8 {
 
 // Note [Fused casts on the hot path]: to_float8() on a CUDA tensor asks this first. It covers
 // per-row and tensorwise casts of any rank (axis_dim = last: flattened to 2-D and back, the scale
-// following the data) and, for 2-D x, per-column casts (axis_dim = 0: the cast + transpose
-// kernel, returned as its transposed view, i.e. column-major data, the layout _scaled_mm wants
-// for its second operand). The first call per (source dtype, float8 dtype, granularity, rows or
+// following the data) and, for 2-D x, axis_dim = 0: per-column casts, and tensorwise casts asked
+// for the backward's column-major operands (the cast + transpose kernel, returned as its
+// transposed view, i.e. column-major data, the layout _scaled_mm wants for its second operand:
+// no float8 transpose copy before the GEMM; a tensorwise cast's values do not depend on the axis,
+// only this layout does). The first call per (source dtype, float8 dtype, granularity, rows or
 // columns) is compared bit for bit with to_float8_composite(); a mismatch turns the fused path
 // off for that case with a warning, so a kernel bug costs speed, never numerics. nullopt: not
 // applicable (no CUDA build, other dtypes or axes, TITAN_FLOAT8_FUSED_CASTS=0); the caller then
@@ -48,6 +50,12 @@ Float8Tensor fused_cast_transpose_cols_cuda(const at::Tensor& x, const CastConfi
 // CPU reference of fused_cast_transpose_cols_cuda.
 Float8Tensor fused_cast_transpose_cols_reference(const at::Tensor& x, const CastConfig& config,
                                                  bool round_scales_to_power_of_2);
+
+// to_float8_with_scale(x, scale (0-dim), dtype) for a 2-D x [R, C], the data column-major on CUDA
+// (the cast + transpose kernel, as above) and as to_float8_with_scale lays it out elsewhere: a
+// tensorwise G cast once per row serves grad_input, this copy of it grad_weight (G^T as the
+// row-major first operand) without a float8 transpose copy. Values bit for bit the same.
+Float8Tensor cast_to_columns_with_scale(const at::Tensor& x, const at::Tensor& scale, at::ScalarType dtype);
 
 // ---- CPU: the same casts as single vectorized passes (fused_cast_cpu.cpp) ----
 // Note [Fused CPU casts]: to_float8() on a float32 / bf16 CPU tensor takes
