@@ -15,13 +15,13 @@ PipelineTiming simulate_pipeline(const parallel::pipeline::PipelinePlan& plan, c
                                  double transfer_seconds) {
   using parallel::pipeline::Action;
   using parallel::pipeline::ActionType;
-  const int ranks = static_cast<int>(plan.order.size());
+  const int ranks = static_cast<int>(plan.order->size());
   const int stages = plan.num_stages();
   // Each rank's actions in order, idle slots dropped: a real rank waits on its receive, not on
   // the lock-step slot.
   std::vector<std::vector<Action>> queue(static_cast<size_t>(ranks));
   for (int r = 0; r < ranks; ++r)
-    for (const auto& slot : plan.order[static_cast<size_t>(r)])
+    for (const auto& slot : (*plan.order)[static_cast<size_t>(r)])
       if (slot) queue[static_cast<size_t>(r)].push_back(*slot);
   // When each (stage, kind, micro-batch) ended (< 0: not yet); kind: F, or G = the input
   // gradient (B or I), or W.

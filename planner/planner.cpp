@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <iomanip>
+#include <optional>
 #include <ostream>
 #include <sstream>
 
@@ -51,6 +52,19 @@ std::string fixed(double v, int digits) {
 }
 
 std::string gib(double bytes) { return fixed(bytes / kGiB, 1); }
+
+// Note [Dominated layouts]: in the step-time model (planner/predict.cpp) a layout is never
+// faster with a smaller local batch when nothing else changes (the same tokens in more
+// gradient-accumulation passes, each paying its FSDP gathers and, under pp, its own fill and
+// drain), nor with a heavier AC mode (recompute only adds), nor with async TP off (it only
+// hides TP traffic); and the memory estimate only grows with the local batch and falls with
+// heavier AC. So of one layout's (AC mode, local batch) candidates only the largest local batch
+// that fits under each AC mode can rank first, and only if a lighter AC mode fits no local
+// batch as large: the search scans the AC modes lightest first and the local batches largest
+// first, examines (checks, estimates, predicts) until one fits, and counts the rest as
+// dominated without examining them. plan.exhaustive examines every candidate instead (the
+// tests compare the two: the same first choice, the same predictions).
+int ac_cost(const std::string& ac) { return ac == "none" ? 0 : ac == "selective" ? 1 : 2; }
 
 // The first clause of a trainer error, so that one rule groups all the candidates it refuses.
 std::string reason_of(const std::string& what) {
@@ -188,8 +202,8 @@ PlanResult plan_layouts(const trainer::config::JobConfig& user_cfg, const Cluste
   // The trainer's checks: what they made of `c` into *checked, or their error.
   auto check = [&](const trainer::config::JobConfig& c, trainer::config::CheckedLayout* checked) -> std::string {
     try {
-      const trainer::config::CheckedLayout made = trainer::config::check_layout(c, static_cast<int>(world));
-      if (checked) *checked = made;
+      trainer::config::CheckedLayout made = trainer::config::check_layout(c, static_cast<int>(world));
+      if (checked) *checked = std::move(made);
     } catch (const std::exception& e) {
       return e.what();
     }
@@ -235,14 +249,21 @@ PlanResult plan_layouts(const trainer::config::JobConfig& user_cfg, const Cluste
       l.local_batch = 0;
       return l.name();
     };
-    for (const Layout& l : candidates) {
+    // One candidate through the checks and the memory estimate: what the checks made and its
+    // memory when it fits, nullptr (counted as refused or over memory) when not.
+    struct Admitted {
+      trainer::config::JobConfig config;
+      const trainer::config::CheckedLayout* checked;
+      double memory_bytes;
+    };
+    auto admit = [&](const Layout& l) -> std::optional<Admitted> {
       const auto over = over_memory_from.find(without_local(l));
       if (over != over_memory_from.end() && l.local_batch > over->second) {
         ++result.rejected_by_memory;
         reject("memory: the estimate exceeds the " + gib(cluster.device.memory_bytes) + " GiB of one GPU", l, 1);
-        continue;
+        return std::nullopt;
       }
-      const trainer::config::JobConfig c = apply_layout(cfg, l, result.global_batch);
+      trainer::config::JobConfig c = apply_layout(cfg, l, result.global_batch);
       Layout structural = l;
       structural.ac = "none", structural.precision = "bf16", structural.async_tp = false;
       const std::string key = structural.name();
@@ -256,7 +277,7 @@ PlanResult plan_layouts(const trainer::config::JobConfig& user_cfg, const Cluste
       if (!found->second.empty()) {
         ++result.rejected_by_rules;
         reject("rules: " + reason_of(found->second), l, 1);
-        continue;
+        return std::nullopt;
       }
       Layout mem_key = l;
       mem_key.async_tp = false;
@@ -269,11 +290,60 @@ PlanResult plan_layouts(const trainer::config::JobConfig& user_cfg, const Cluste
         over_memory_from.emplace(without_local(l), l.local_batch);
         ++result.rejected_by_memory;
         reject("memory: the estimate exceeds the " + gib(cluster.device.memory_bytes) + " GiB of one GPU", l, 1);
+        return std::nullopt;
+      }
+      return Admitted{std::move(c), &checked, m->second};
+    };
+    auto list = [&](const Layout& l, const Admitted& a) {
+      PlannedLayout planned{l, predict(a.config, *a.checked, args, l, cluster)};
+      planned.prediction.memory_bytes = a.memory_bytes;
+      result.fits.push_back(std::move(planned));
+    };
+    if (cfg.plan.exhaustive) {
+      for (const Layout& l : candidates)
+        if (const auto a = admit(l)) list(l, *a);
+      continue;
+    }
+    // See Note [Dominated layouts]. Groups: everything but the local batch and the AC mode.
+    std::map<std::string, std::vector<const Layout*>> groups;
+    for (const Layout& l : candidates) {
+      if (l.tp > 1 && !l.async_tp) {
+        ++result.dominated;  // its async twin is a candidate too
         continue;
       }
-      PlannedLayout planned{l, predict(c, checked, args, l, cluster)};
-      planned.prediction.memory_bytes = m->second;
-      result.fits.push_back(std::move(planned));
+      Layout g = l;
+      g.local_batch = 0, g.ac = "";
+      groups[g.name()].push_back(&l);
+    }
+    for (auto& [name, members] : groups) {
+      // Lightest AC first, then the smallest local batch first (past the first over memory, the
+      // larger ones are counted over memory without an estimate).
+      std::sort(members.begin(), members.end(), [](const Layout* a, const Layout* b) {
+        return ac_cost(a->ac) != ac_cost(b->ac) ? ac_cost(a->ac) < ac_cost(b->ac) : a->local_batch < b->local_batch;
+      });
+      int64_t fits_lighter = 0;  // the largest local batch that fits with a lighter AC mode
+      for (size_t first = 0; first < members.size();) {
+        size_t end = first;
+        while (end < members.size() && members[end]->ac == members[first]->ac) ++end;
+        const Layout* best = nullptr;
+        std::optional<Admitted> best_admitted;
+        for (size_t i = first; i < end; ++i) {
+          const Layout& l = *members[i];
+          if (l.local_batch <= fits_lighter) {
+            ++result.dominated;
+            continue;
+          }
+          if (auto a = admit(l)) {
+            if (best) ++result.dominated;  // a larger local batch of this AC mode fits
+            best = &l, best_admitted = std::move(a);
+          }
+        }
+        if (best) {
+          list(*best, *best_admitted);
+          fits_lighter = std::max(fits_lighter, best->local_batch);
+        }
+        first = end;
+      }
     }
   }
   if (progress) progress(static_cast<int64_t>(families.size()), static_cast<int64_t>(families.size()));
@@ -344,7 +414,11 @@ int run_planner(const trainer::config::JobConfig& cfg, std::ostream& out, std::o
       << ", global batch " << r.global_batch << " rows\n";
   for (const std::string& line : cluster.describe()) out << line << "\n";
   out << r.considered << " layouts considered: " << r.fits.size() << " fit, " << r.rejected_by_rules
-      << " refused by the trainer's checks, " << r.rejected_by_memory << " over memory\n\n";
+      << " refused by the trainer's checks, " << r.rejected_by_memory << " over memory";
+  if (!cfg.plan.exhaustive)
+    out << ", " << r.dominated << " dominated (not examined: a larger local batch or a lighter AC mode of the "
+        << "same layout fits, or async TP off; --plan.exhaustive true examines them)";
+  out << "\n\n";
   if (r.fits.empty()) {
     out << "nothing fits.\n";
   } else {

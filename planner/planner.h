@@ -30,6 +30,9 @@ struct PlanResult {
   int64_t considered = 0;        // candidates looked at
   std::vector<PlannedLayout> fits;  // accepted and fitting, fastest first
   int64_t rejected_by_rules = 0, rejected_by_memory = 0;
+  // Not examined (plan.exhaustive false): a candidate some fitting one of the same layout beats
+  // by construction (See Note [Dominated layouts] in planner.cpp).
+  int64_t dominated = 0;
   // Why: the trainer's error (rules) or "memory: <estimate> > <capacity>", with how many
   // candidates and one family each reason hit.
   std::map<std::string, std::pair<int64_t, std::string>> reasons;
@@ -54,9 +57,10 @@ std::vector<Layout> enumerate_layouts(const trainer::config::JobConfig& cfg, int
 // training.local_batch_size x the world (what pure FSDP would run).
 int64_t planned_global_batch(const trainer::config::JobConfig& cfg, int64_t world);
 
-// Checks, estimates and predicts every candidate; a family that no candidate of it can pass (a
-// refusal not about pipeline micro-batches, or parameters + optimizer state over the GPU's
-// memory) is rejected whole. `progress(families done, families)` is called per family.
+// Checks, estimates and predicts every candidate (plan.exhaustive) or every one not dominated
+// (the default); a family that no candidate of it can pass (a refusal not about pipeline
+// micro-batches, or parameters + optimizer state over the GPU's memory) is rejected whole.
+// `progress(families done, families)` is called per family.
 PlanResult plan_layouts(const trainer::config::JobConfig& cfg, const Cluster& cluster,
                         const std::function<void(int64_t, int64_t)>& progress = {});
 

@@ -27,7 +27,7 @@ RUN="$BUILD/apps/titan-run" TRAIN="$BUILD/apps/titan-train" PLAN="$BUILD/apps/ti
 JOB=(--training.seq_len 256 --training.global_batch_size "$GLOBAL" --training.num_threads 1 "$@")
 
 "$PLAN" "${JOB[@]}" --plan.device cpu --plan.gpus_per_node "$NPROC" --plan.ac_modes none,full \
-  --plan.top 10000 >"$OUT/plan.txt" 2>/dev/null
+  --plan.top 10000 --plan.exhaustive true >"$OUT/plan.txt" 2>/dev/null
 python3 - "$OUT/plan.txt" "$GLOBAL" >"$OUT/layouts.tsv" <<'PY'
 import re, sys
 plan, glob = sys.argv[1], int(sys.argv[2])

@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <cstdlib>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -43,7 +44,7 @@ std::string check_error(const tc::JobConfig& cfg, int world) {
 }  // namespace
 
 TEST_CASE("the planner lists exactly the layouts the trainer's checks accept, none it refuses", "[planner]") {
-  const tc::JobConfig cfg = debug_job();
+  const tc::JobConfig cfg = debug_job({"--plan.exhaustive", "true"});
   const tp::PlanResult r = tp::plan_layouts(cfg, tp::cluster_from_config(tp::planning_config(cfg)));
   REQUIRE(r.global_batch == 8);
   std::set<std::string> listed;
@@ -99,7 +100,7 @@ TEST_CASE("the planner's search covers every layout the trainer accepts on 4 ran
 }
 
 TEST_CASE("the planner's memory figure is the memory estimate's, busiest pipeline rank", "[planner]") {
-  const tc::JobConfig cfg = debug_job({"--plan.precisions", "bf16", "--plan.ac_modes", "none"});
+  const tc::JobConfig cfg = debug_job({"--plan.precisions", "bf16", "--plan.ac_modes", "none", "--plan.exhaustive", "true"});
   const tp::PlanResult r = tp::plan_layouts(cfg, tp::cluster_from_config(tp::planning_config(cfg)));
   REQUIRE_FALSE(r.fits.empty());
   int checked_pp = 0;
@@ -117,6 +118,52 @@ TEST_CASE("the planner's memory figure is the memory estimate's, busiest pipelin
     checked_pp += p.layout.pp > 1;
   }
   CHECK(checked_pp > 0);
+}
+
+TEST_CASE("the pruned search keeps the exhaustive search's first choice and predictions", "[planner]") {
+  // See Note [Dominated layouts]: with memory tight enough that the AC mode and the local batch
+  // decide what fits (8B on 32 H100s, 80 GB), the default search examines fewer candidates;
+  // its first choice is the exhaustive search's, and each layout it lists is listed by the
+  // exhaustive search with the same prediction and memory figure.
+  auto job = [](const char* exhaustive) {
+    return tc::parse_job_config({"--model.flavor", "8B", "--training.seq_len", "8192", "--training.global_batch_size",
+                                 "64", "--plan.device", "h100", "--plan.nodes", "4", "--plan.precisions",
+                                 "bf16,tensorwise", "--plan.exhaustive", exhaustive});
+  };
+  const tc::JobConfig all_cfg = job("true"), pruned_cfg = job("false");
+  const tp::PlanResult all = tp::plan_layouts(all_cfg, tp::cluster_from_config(tp::planning_config(all_cfg)));
+  const tp::PlanResult pruned = tp::plan_layouts(pruned_cfg, tp::cluster_from_config(tp::planning_config(pruned_cfg)));
+  REQUIRE_FALSE(pruned.fits.empty());
+  CHECK(all.dominated == 0);
+  CHECK(pruned.dominated > 0);
+  CHECK(pruned.fits.size() < all.fits.size());
+  CHECK(pruned.considered == all.considered);
+  CHECK(pruned.fits.front().layout.name() == all.fits.front().layout.name());
+  std::map<std::string, const tp::Prediction*> exhaustive;
+  for (const tp::PlannedLayout& p : all.fits) exhaustive[p.layout.name()] = &p.prediction;
+  for (const tp::PlannedLayout& p : pruned.fits) {
+    INFO(p.layout.name());
+    REQUIRE(exhaustive.count(p.layout.name()) == 1);
+    CHECK(p.prediction.step_seconds == exhaustive[p.layout.name()]->step_seconds);
+    CHECK(p.prediction.memory_bytes == exhaustive[p.layout.name()]->memory_bytes);
+  }
+  // Nothing the exhaustive search lists beats the pruned search's best of the same layout
+  // family, schedule, micro-batch, CP method and precision (what dominance keeps constant).
+  std::map<std::string, double> best_kept;
+  auto group = [](tp::Layout l) {
+    l.local_batch = 0, l.ac = "", l.async_tp = false;
+    return l.name();
+  };
+  for (const tp::PlannedLayout& p : pruned.fits) {
+    auto [it, fresh] = best_kept.emplace(group(p.layout), p.prediction.step_seconds);
+    if (!fresh) it->second = std::min(it->second, p.prediction.step_seconds);
+  }
+  for (const tp::PlannedLayout& p : all.fits) {
+    const auto kept = best_kept.find(group(p.layout));
+    INFO(p.layout.name());
+    REQUIRE(kept != best_kept.end());
+    CHECK(kept->second <= p.prediction.step_seconds);
+  }
 }
 
 TEST_CASE("the pipeline simulation gives 1F1B's and GPipe's bubble (p - 1) / (m + p - 1) for equal stages",

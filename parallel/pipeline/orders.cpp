@@ -163,12 +163,22 @@ RankActions interleaved_rank(int pp, int stages_per_rank, int64_t m, int r, bool
 // lock-step and hold back a forward of stage s > 0 (an idle slot instead) until the forward of
 // stage s - 1 for its micro-batch ran in an earlier step.
 PipelineOrder add_forward_bubbles(const PipelineOrder& order) {
-  std::set<std::tuple<int, char, int64_t>> done;
+  int stages = 0;
+  int64_t m = 0;
+  for (const RankActions& actions : order)
+    for (const std::optional<Action>& x : actions)
+      if (x) stages = std::max(stages, x->stage + 1), m = std::max(m, x->microbatch + 1);
+  // Which (stage, micro-batch) forwards ran in an earlier step: flat flags.
+  std::vector<uint8_t> forward_done(static_cast<size_t>(stages) * static_cast<size_t>(m), 0);
+  auto done = [&](int stage, int64_t mb) -> uint8_t& {
+    return forward_done[static_cast<size_t>(stage) * static_cast<size_t>(m) + static_cast<size_t>(mb)];
+  };
   PipelineOrder out(order.size());
   std::vector<size_t> next(order.size(), 0);
+  std::vector<std::pair<int, int64_t>> this_step;
   while (true) {
     bool finished = true;
-    std::set<std::tuple<int, char, int64_t>> this_step;
+    this_step.clear();
     for (size_t r = 0; r < order.size(); ++r) {
       if (next[r] >= order[r].size()) continue;
       finished = false;
@@ -176,16 +186,15 @@ PipelineOrder add_forward_bubbles(const PipelineOrder& order) {
       if (!x) {
         out[r].emplace_back(std::nullopt);
         ++next[r];
-      } else if (x->type == ActionType::kForward && x->stage > 0 &&
-                 !done.count({x->stage - 1, 'F', x->microbatch})) {
+      } else if (x->type == ActionType::kForward && x->stage > 0 && !done(x->stage - 1, x->microbatch)) {
         out[r].emplace_back(std::nullopt);  // its input is not there yet: wait a step
       } else {
         out[r].push_back(*x);
-        this_step.insert({x->stage, static_cast<char>(x->type), x->microbatch});
+        if (x->type == ActionType::kForward) this_step.emplace_back(x->stage, x->microbatch);
         ++next[r];
       }
     }
-    done.insert(this_step.begin(), this_step.end());
+    for (const auto& [stage, mb] : this_step) done(stage, mb) = 1;
     if (finished) return out;
   }
 }
@@ -343,53 +352,64 @@ std::vector<int> validate_pipeline_order(const PipelineOrder& order, int pp, int
     throw std::invalid_argument("the schedule has " + std::to_string(order.size()) + " ranks, the pipeline " +
                                 std::to_string(pp) + " (pipeline_parallel_degree)");
   std::vector<int> owner(static_cast<size_t>(num_stages), -1);
-  // Per stage and type, the micro-batches run so far.
-  std::vector<std::map<char, std::set<int64_t>>> seen(static_cast<size_t>(num_stages));
+  // Per stage and type (F, B, I, W), which micro-batches ran so far, and how many: flat flags,
+  // since the layout planner validates thousands of orders of hundreds of micro-batches.
+  constexpr int kTypes = 4;
+  auto type_index = [](ActionType t) {
+    return t == ActionType::kForward ? 0 : t == ActionType::kBackward ? 1 : t == ActionType::kBackwardInput ? 2 : 3;
+  };
+  const auto m = static_cast<size_t>(std::max<int64_t>(0, microbatches));
+  std::vector<uint8_t> ran(static_cast<size_t>(num_stages) * kTypes * m, 0);
+  std::vector<int64_t> count(static_cast<size_t>(num_stages) * kTypes, 0);
+  auto ran_at = [&](int stage, int type, int64_t mb) -> uint8_t& {
+    return ran[(static_cast<size_t>(stage) * kTypes + static_cast<size_t>(type)) * m + static_cast<size_t>(mb)];
+  };
   for (int r = 0; r < pp; ++r) {
     const RankActions& actions = order[static_cast<size_t>(r)];
     for (size_t step = 0; step < actions.size(); ++step) {
       if (!actions[step]) continue;
       const Action& x = *actions[step];
-      const std::string where = at_step(r, step) + x.str() + ": ";
+      auto where = [&] { return at_step(r, step) + x.str() + ": "; };
       if (x.stage < 0 || x.stage >= num_stages)
-        throw std::invalid_argument(where + "stage " + std::to_string(x.stage) + " does not exist (stages 0.." +
+        throw std::invalid_argument(where() + "stage " + std::to_string(x.stage) + " does not exist (stages 0.." +
                                     std::to_string(num_stages - 1) + ")");
       if (x.microbatch < 0 || x.microbatch >= microbatches)
-        throw std::invalid_argument(where + "micro-batch " + std::to_string(x.microbatch) + " does not exist (" +
+        throw std::invalid_argument(where() + "micro-batch " + std::to_string(x.microbatch) + " does not exist (" +
                                     std::to_string(microbatches) + " micro-batches)");
-      auto& ran = seen[static_cast<size_t>(x.stage)];
-      const char type = static_cast<char>(x.type);
-      if ((x.type == ActionType::kBackward || x.type == ActionType::kBackwardInput) && !ran['F'].count(x.microbatch))
-        throw std::invalid_argument(where + "a backward of stage " + std::to_string(x.stage) + ", micro-batch " +
+      const int type = type_index(x.type);
+      if ((x.type == ActionType::kBackward || x.type == ActionType::kBackwardInput) && !ran_at(x.stage, 0, x.microbatch))
+        throw std::invalid_argument(where() + "a backward of stage " + std::to_string(x.stage) + ", micro-batch " +
                                     std::to_string(x.microbatch) + " without first running its forward");
-      if (x.type == ActionType::kBackwardWeight && !ran['I'].count(x.microbatch))
-        throw std::invalid_argument(where + "a weight backward (W) of stage " + std::to_string(x.stage) +
+      if (x.type == ActionType::kBackwardWeight && !ran_at(x.stage, 2, x.microbatch))
+        throw std::invalid_argument(where() + "a weight backward (W) of stage " + std::to_string(x.stage) +
                                     ", micro-batch " + std::to_string(x.microbatch) +
                                     " without first running its input backward (I)");
-      if (!ran[type].insert(x.microbatch).second)
-        throw std::invalid_argument(where + "runs a second time");
+      uint8_t& seen = ran_at(x.stage, type, x.microbatch);
+      if (seen) throw std::invalid_argument(where() + "runs a second time");
+      seen = 1;
+      ++count[static_cast<size_t>(x.stage) * kTypes + static_cast<size_t>(type)];
       int& o = owner[static_cast<size_t>(x.stage)];
       if (o >= 0 && o != r)
-        throw std::invalid_argument(where + "stage " + std::to_string(x.stage) + " is assigned to both rank " +
+        throw std::invalid_argument(where() + "stage " + std::to_string(x.stage) + " is assigned to both rank " +
                                     std::to_string(o) + " and rank " + std::to_string(r));
       o = r;
     }
   }
   for (int s = 0; s < num_stages; ++s) {
-    auto& ran = seen[static_cast<size_t>(s)];
-    const size_t f = ran['F'].size(), b = ran['B'].size(), i = ran['I'].size(), w = ran['W'].size();
+    const int64_t* c = &count[static_cast<size_t>(s) * kTypes];
+    const int64_t f = c[0], b = c[1], i = c[2], w = c[3];
     const std::string stage = "stage " + std::to_string(s) + ": ";
     if (owner[static_cast<size_t>(s)] < 0) throw std::invalid_argument(stage + "no rank runs it");
-    if (static_cast<int64_t>(f) != microbatches)
+    if (f != microbatches)
       throw std::invalid_argument(stage + std::to_string(f) + " forwards, expected " + std::to_string(microbatches));
     if (i != w)
       throw std::invalid_argument(stage + "I and W must come in pairs, got I=" + std::to_string(i) + ", W=" +
                                   std::to_string(w));
-    if (static_cast<int64_t>(b + i) != microbatches)
+    if (b + i != microbatches)
       throw std::invalid_argument(stage + "expected " + std::to_string(microbatches) + " backwards, got B=" +
                                   std::to_string(b) + ", I=" + std::to_string(i) + ", W=" + std::to_string(w));
-    for (int64_t mb : ran['B'])  // a micro-batch's backward runs once, whole (B) or split (I + W)
-      if (ran['I'].count(mb))
+    for (int64_t mb = 0; mb < microbatches; ++mb)  // a micro-batch's backward runs once, whole (B) or split (I + W)
+      if (ran_at(s, 1, mb) && ran_at(s, 2, mb))
         throw std::invalid_argument(stage + "micro-batch " + std::to_string(mb) +
                                     " has both a full backward (B) and an input backward (I)");
   }

@@ -71,7 +71,7 @@ PipelineSchedule::PipelineSchedule(model::Transformer& model, MicrobatchHooks& h
       pp_rank_(mesh.local_rank(comm::MeshDim::kPp)) {
   TORCH_CHECK(mesh.size(comm::MeshDim::kPp) == plan_.pp, "the pipeline plan is for ", plan_.pp, " ranks, the mesh has ",
               mesh.size(comm::MeshDim::kPp));
-  for (const auto& slot : plan_.order[static_cast<size_t>(pp_rank_)])
+  for (const auto& slot : (*plan_.order)[static_cast<size_t>(pp_rank_)])
     if (slot) actions_.push_back(*slot);
 }
 

@@ -2,8 +2,11 @@
 #include "parallel/pipeline/plan.h"
 
 #include <algorithm>
+#include <map>
+#include <mutex>
 #include <sstream>
 #include <stdexcept>
+#include <tuple>
 
 namespace titan::parallel::pipeline {
 namespace {
@@ -14,6 +17,36 @@ std::string join(const std::vector<std::string>& items) {
   std::string out;
   for (const auto& i : items) out += (out.empty() ? "" : ", ") + i;
   return out;
+}
+
+// A generated order and its validation (the stage of every rank), memoized: a pure function of
+// (schedule, pp, stages per rank, micro-batches) that the layout planner asks for thousands of
+// times (the trainer once). At most kMaxCachedActions slots are kept; past that the cache starts
+// over. Thread-safe.
+struct GeneratedOrder {
+  std::shared_ptr<const PipelineOrder> order;
+  std::vector<int> stage_rank;
+};
+GeneratedOrder generated_order(PipelineScheduleKind kind, int pp, int per_rank, int64_t microbatches) {
+  constexpr size_t kMaxCachedActions = size_t{1} << 21;  // 2M slots, about 50 MB
+  static std::mutex mu;
+  static std::map<std::tuple<int, int, int, int64_t>, GeneratedOrder> cache;
+  static size_t cached_actions = 0;
+  const auto key = std::make_tuple(static_cast<int>(kind), pp, per_rank, microbatches);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    const auto hit = cache.find(key);
+    if (hit != cache.end()) return hit->second;
+  }
+  GeneratedOrder g;
+  g.order = std::make_shared<const PipelineOrder>(pipeline_order(kind, pp, per_rank, microbatches));
+  g.stage_rank = validate_pipeline_order(*g.order, pp, pp * per_rank, microbatches);
+  size_t actions = 0;
+  for (const RankActions& r : *g.order) actions += r.size();
+  std::lock_guard<std::mutex> lock(mu);
+  if (cached_actions + actions > kMaxCachedActions) cache.clear(), cached_actions = 0;
+  if (cache.emplace(key, g).second) cached_actions += actions;
+  return g;
 }
 
 // Runs `f`, adding `context` (the keys the numbers came from) in front of its error.
@@ -78,7 +111,7 @@ std::vector<std::string> PipelinePlan::describe() const {
       line += " stage " + n(s) + " [" + (mods.size() > 4 ? mods.front() + " .. " + mods.back() : join(mods)) + "]";
     }
     size_t slots = 0, busy = 0;
-    for (const auto& a : order[static_cast<size_t>(r)]) {
+    for (const auto& a : (*order)[static_cast<size_t>(r)]) {
       ++slots;
       busy += a.has_value();
     }
@@ -151,7 +184,9 @@ PipelinePlan plan_pipeline(const PipelineConfig& c, int pp, int64_t n_layers, in
                      " with " + microbatch_keys,
                  [&] {
                    check_pipeline_schedule(plan.kind, pp, per_rank, plan.microbatches);
-                   plan.order = pipeline_order(plan.kind, pp, per_rank, plan.microbatches);
+                   const GeneratedOrder generated = generated_order(plan.kind, pp, per_rank, plan.microbatches);
+                   plan.order = generated.order;
+                   plan.stage_rank = generated.stage_rank;
                    return 0;
                  });
   }
@@ -159,8 +194,9 @@ PipelinePlan plan_pipeline(const PipelineConfig& c, int pp, int64_t n_layers, in
                                       : "parallelism.pipeline_parallel_schedule_csv '" + c.schedule_csv + "' with " +
                                             microbatch_keys,
                [&] {
-                 if (!c.schedule_csv.empty()) plan.order = read_pipeline_csv(c.schedule_csv);
-                 plan.stage_rank = validate_pipeline_order(plan.order, pp, num_stages, plan.microbatches);
+                 if (c.schedule_csv.empty()) return 0;  // generated: validated once when generated
+                 plan.order = std::make_shared<const PipelineOrder>(read_pipeline_csv(c.schedule_csv));
+                 plan.stage_rank = validate_pipeline_order(*plan.order, pp, num_stages, plan.microbatches);
                  return 0;
                });
   for (int r = 0; r < pp; ++r)

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -37,7 +38,9 @@ struct PipelinePlan {
   std::vector<int> stage_rank;     // per stage, the pp rank that holds it
   int64_t microbatches = 1;        // per pipeline pass (one local batch)
   int64_t microbatch_rows = 1;     // rows of one micro-batch
-  PipelineOrder order;             // every pp rank's slots
+  // Every pp rank's slots. Shared and immutable: plans of the same (schedule, pp, stages per
+  // rank, micro-batches) share one generated order (the layout planner builds thousands).
+  std::shared_ptr<const PipelineOrder> order;
 
   int num_stages() const { return static_cast<int>(stage_modules.size()); }
   std::vector<int> stages_of(int pp_rank) const;  // ascending

@@ -260,6 +260,7 @@ struct PlanSection {
   std::vector<std::string> ac_modes = {"none", "selective", "full"};
   int64_t top = 10;                 // rows of the table
   std::string explain;              // a layout (as the table prints it): its prediction term by term
+  bool exhaustive = false;          // predict every fitting layout, the dominated ones too
 };
 
 struct JobConfig {

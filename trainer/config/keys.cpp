@@ -65,6 +65,9 @@ SectionSpec plan_section() {
       key("top", &PlanSection::top, "Rows of the planner's table.").in_closed(1, 10000),
       key("explain", &PlanSection::explain,
           "One layout as the planner's table names it: its prediction term by term."),
+      key("exhaustive", &PlanSection::exhaustive,
+          "Check and predict every candidate; false: skip those another fitting one beats by construction "
+          "(a larger local batch or a lighter AC mode of the same layout, async TP off)."),
   });
 }
 

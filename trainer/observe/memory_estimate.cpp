@@ -193,7 +193,7 @@ MemoryEstimate estimate_pipeline_rank(const EstimateInputs& in, const BlockTerms
   }
   double live = 0, peak_acts = 0;
   const bool split = in.ac.mode == parallel::AcMode::kNone;  // I defers the weight GEMMs (build_schedule)
-  for (const auto& slot : plan.order[static_cast<size_t>(in.pp_rank)]) {
+  for (const auto& slot : (*plan.order)[static_cast<size_t>(in.pp_rank)]) {
     if (!slot) continue;
     const parallel::pipeline::Action& act = *slot;
     if (act.type == parallel::pipeline::ActionType::kForward) {
@@ -443,10 +443,10 @@ EstimateInputs estimate_inputs_from_config(const config::JobConfig& cfg, int64_t
                                : std::max<int64_t>(1, world / (replicate * in.tp * pp * in.cp));
   in.dp_shard = dp_shard * in.cp;  // FSDP's group: dp_shard x cp
   if (pp > 1 && pipeline)
-    in.pipeline = *pipeline;
+    in.pipeline = std::shared_ptr<const parallel::pipeline::PipelinePlan>(std::shared_ptr<void>(), pipeline);  // the caller's, not owned
   else if (pp > 1)
-    in.pipeline = parallel::pipeline::plan_pipeline(config::pipeline_config(cfg), static_cast<int>(pp), in.args.n_layers,
-                                          cfg.training.local_batch_size);
+    in.pipeline = std::make_shared<const parallel::pipeline::PipelinePlan>(parallel::pipeline::plan_pipeline(
+        config::pipeline_config(cfg), static_cast<int>(pp), in.args.n_layers, cfg.training.local_batch_size));
   const int64_t dp = dp_shard * replicate;  // the batch splits over dp only, not cp
   const int64_t global = cfg.training.global_batch_size > 0 ? cfg.training.global_batch_size
                                                             : cfg.training.local_batch_size * dp;

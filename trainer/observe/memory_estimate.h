@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -44,8 +45,9 @@ struct EstimateInputs {
   int64_t ep = 1;
   parallel::context_parallel::CpRotateMethod cp_rotate_method = parallel::context_parallel::CpRotateMethod::kAllGather;
   // Pipeline parallel: the plan, and which pp rank the estimate is for (See Note [Pipeline
-  // memory] in memory_estimate.cpp). Unset: the rank holds the whole model.
-  std::optional<parallel::pipeline::PipelinePlan> pipeline;
+  // memory] in memory_estimate.cpp). Unset: the rank holds the whole model. Shared, not copied:
+  // the layout planner estimates thousands of layouts whose plans hold every rank's order.
+  std::shared_ptr<const parallel::pipeline::PipelinePlan> pipeline;
   int pp_rank = 0;
   bool cuda = false;
   int64_t device_capacity = 0;    // bytes; 0 = unknown
@@ -73,7 +75,8 @@ EstimateInputs estimate_inputs_from_config(const config::JobConfig& cfg);
 // The same for `world` ranks and a known vocabulary (vocab_size 0: the flavor's), without reading
 // the tokenizer or asking the device (device_capacity 0): what the layout planner calls for each
 // of its candidates.
-// `pipeline`: the config's pipeline plan when the caller has it (else it is built here).
+// `pipeline`: the config's pipeline plan when the caller has it (else it is built here); the
+// inputs then point at it, so it must outlive them.
 EstimateInputs estimate_inputs_from_config(const config::JobConfig& cfg, int64_t world, int64_t vocab_size,
                                            const parallel::pipeline::PipelinePlan* pipeline = nullptr);
 
