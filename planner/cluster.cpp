@@ -7,6 +7,7 @@
 #include <ATen/Parallel.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -41,6 +42,7 @@ DeviceSpec table_device(const std::string& kind) {
   d.link_efficiency = 0.8;
   d.hbm_efficiency = 0.22;
   d.optimizer_efficiency = 0.82;
+  d.message_latency_s = 10e-6;
   if (kind == "h100") {
     d.name = "H100 SXM";
     d.peak_bf16 = 989.4 * kT, d.peak_fp8 = 1978.9 * kT, d.memory_bytes = 80e9, d.hbm_bytes_per_s = 3.35e12;
@@ -111,6 +113,55 @@ double loopback_bytes_per_s() {
   return s > 0 ? static_cast<double>(got) / s : 0;
 }
 
+// One message's one-way time through TCP on 127.0.0.1: a 64-byte ping-pong between two threads,
+// half the mean round trip.
+double loopback_latency_s() {
+  const int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr = {};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  if (listener < 0 || bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+      listen(listener, 1) != 0 || getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    if (listener >= 0) close(listener);
+    return 0;
+  }
+  constexpr int kRounds = 2000;
+  constexpr size_t kBytes = 64;
+  auto exchange = [](int fd, bool first) {
+    char buf[kBytes] = {};
+    for (int i = 0; i < kRounds; ++i) {
+      for (int step = 0; step < 2; ++step) {
+        size_t done = 0;
+        const bool sending = (step == 0) == first;
+        while (done < kBytes) {
+          const ssize_t n = sending ? send(fd, buf + done, kBytes - done, MSG_NOSIGNAL) : recv(fd, buf + done, kBytes - done, 0);
+          if (n <= 0) return false;
+          done += static_cast<size_t>(n);
+        }
+      }
+    }
+    return true;
+  };
+  std::thread peer([addr, &exchange] {
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    const int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    if (connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) == 0) exchange(fd, false);
+    close(fd);
+  });
+  const int conn = accept(listener, nullptr, nullptr);
+  const int one = 1;
+  if (conn >= 0) setsockopt(conn, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  const auto t0 = Clock::now();
+  const bool ok = conn >= 0 && exchange(conn, true);
+  const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+  peer.join();
+  if (conn >= 0) close(conn);
+  close(listener);
+  return ok ? s / kRounds / 2.0 : 0;
+}
+
 // This machine, shared by `processes` ranks: each gets 1/processes of the cores' GEMM rate and
 // memory bandwidth (titan's ranks on one host split the cores between them).
 DeviceSpec cpu_device(const trainer::config::JobConfig& cfg, int64_t processes) {
@@ -129,6 +180,14 @@ DeviceSpec cpu_device(const trainer::config::JobConfig& cfg, int64_t processes) 
   d.hbm_bytes_per_s = 2.0 * static_cast<double>(big.nbytes()) / copy_s / static_cast<double>(processes);
   d.memory_bytes = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE) / static_cast<double>(processes);
   d.intra_node_bytes_per_s = d.inter_node_bytes_per_s = loopback_bytes_per_s();
+  // More ranks than cores: a message waits for its receiver's turn on a core, and the copies of
+  // a transfer share the cores as the compute does.
+  const double cores = std::max(1u, std::thread::hardware_concurrency());
+  const double oversubscribed = std::max(1.0, static_cast<double>(processes) / cores);
+  d.message_latency_s = loopback_latency_s() * oversubscribed;
+  d.intra_node_bytes_per_s /= oversubscribed;
+  d.inter_node_bytes_per_s /= oversubscribed;
+  d.comm_shares_compute = true;
   // The probes are the machine's own rates: nothing left to discount.
   d.gemm_efficiency = d.link_efficiency = d.hbm_efficiency = d.optimizer_efficiency = 1.0;
   return d;
@@ -180,7 +239,9 @@ std::vector<std::string> Cluster::describe() const {
   lines.push_back(os.str());
   os.str("");
   os << "links per GPU and direction: in a node " << device.intra_node_bytes_per_s / kG << " GB/s, between nodes "
-     << device.inter_node_bytes_per_s / kG << " GB/s (collectives at " << device.link_efficiency << ")";
+     << device.inter_node_bytes_per_s / kG << " GB/s (collectives at " << device.link_efficiency << "), "
+     << device.message_latency_s * 1e6 << " us per message"
+     << (device.comm_shares_compute ? "; transfers share the compute's cores (no overlap)" : "");
   lines.push_back(os.str());
   return lines;
 }

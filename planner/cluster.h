@@ -23,6 +23,11 @@ struct DeviceSpec {
   double link_efficiency = 0;     // of a link, NCCL's bus bandwidth for large messages
   double hbm_efficiency = 0;      // of the memory bandwidth, the step's elementwise kernels
   double optimizer_efficiency = 0;  // of the memory bandwidth, the fused AdamW's streaming
+  // One message's fixed cost: a ring collective over g ranks pays (g - 1) of them, a send one.
+  double message_latency_s = 0;
+  // The collectives' copies run on the cores that compute (device cpu: Gloo on the ranks' own
+  // cores): no transfer hides behind compute (no FSDP prefetch overlap, no async TP).
+  bool comm_shares_compute = false;
 };
 
 struct Cluster {

@@ -23,7 +23,8 @@
 //     block matmuls and all the elementwise work.
 //   Communication, each collective over the link its group crosses (the mesh is pp, dp_replicate,
 //     dp_shard, cp, tp from outermost to innermost, ranks filling nodes in order: a group leaves
-//     its node when stride x size > GPUs per node), bytes / (bandwidth x link efficiency):
+//     its node when stride x size > GPUs per node), bytes / (bandwidth x link efficiency) plus
+//     the fixed cost of g - 1 messages for a ring over g ranks (one for a pipeline transfer):
 //     TP: per layer two all-gathers and two reduce-scatters of the activations forward, as many
 //       backward, (tp - 1) / tp of rows x seq / cp x dim each; exposed unless async TP, which
 //       hides them behind the layer's matmuls (exposed: what exceeds them).
@@ -40,6 +41,8 @@
 //     PP: one activation (or its gradient) per micro-batch and stage boundary, inside the
 //       pipeline simulation.
 //   Pipeline idle: planner/pipeline_sim.h runs the schedule's own order with these stage costs.
+//   Where the transfers run on the compute's cores (device cpu: Gloo), nothing overlaps: FSDP's
+//     gathers and async TP's traffic are exposed whole.
 // Step = gradient-accumulation passes x (micro-batches' compute + exposed communication, or the
 // simulated pipeline pass) + HSDP all-reduce + optimizer.
 #include "planner/predict.h"
@@ -122,26 +125,32 @@ Prediction predict(const trainer::config::JobConfig& cfg, const trainer::config:
   w.memory_fwd = (tokens * (elementwise + cast_fwd) / tp + weight_casts / 2.0) / hbm;
   w.memory_bwd = (tokens * (2.0 * elementwise + cast_bwd) / tp + weight_casts / 2.0) / hbm;
   const double act = tokens * dim * bytes;
-  if (dims.tp > 1) w.tp_comm = 4.0 * act * (tp - 1) / tp / tp_link;
+  // A ring collective over g ranks: g - 1 messages' fixed cost before its bytes.
+  auto messages = [&](double g) { return (g - 1.0) * d.message_latency_s; };
+  if (dims.tp > 1) w.tp_comm = 4.0 * act * (tp - 1) / tp / tp_link + 4.0 * messages(tp);
   if (dims.cp > 1) {
     const double full_rows = static_cast<double>(rows) * seq * bytes;
-    w.cp_comm = L.cp_method == "allgather" ? full_rows * 2.0 * kv_dim * (cp - 1) / cp / tp / cp_link
-                                           : tokens * (2.0 * q_dim + 2.0 * kv_dim) * bytes * (cp - 1) / cp / tp / cp_link;
+    w.cp_comm = L.cp_method == "allgather"
+                    ? full_rows * 2.0 * kv_dim * (cp - 1) / cp / tp / cp_link + 2.0 * messages(cp)
+                    : tokens * (2.0 * q_dim + 2.0 * kv_dim) * bytes * (cp - 1) / cp / tp / cp_link + 4.0 * messages(cp);
   }
   if (dims.ep > 1 && args.moe)
-    w.ep_comm = 2.0 * tokens * static_cast<double>(args.moe->top_k) * dim * bytes * (dims.ep - 1.0) / dims.ep / ep_link;
+    w.ep_comm = 2.0 * tokens * static_cast<double>(args.moe->top_k) * dim * bytes * (dims.ep - 1.0) / dims.ep / ep_link +
+                2.0 * messages(static_cast<double>(dims.ep));
   if (fsdp > 1) {
-    w.fsdp_gather = block_params_all / tp * bytes * (fsdp - 1) / fsdp / fsdp_link;
-    w.fsdp_reduce_scatter = block_params_all / tp * 4.0 * (fsdp - 1) / fsdp / fsdp_link;
+    w.fsdp_gather = block_params_all / tp * bytes * (fsdp - 1) / fsdp / fsdp_link + messages(fsdp);
+    w.fsdp_reduce_scatter = block_params_all / tp * 4.0 * (fsdp - 1) / fsdp / fsdp_link + messages(fsdp);
   }
 
   // Recompute per layer (in backward).
   double recompute = 0;
   if (L.ac == "full") recompute = w.gemm_fwd + w.attention_fwd + w.memory_fwd;
   else if (L.ac == "selective") recompute = 0.5 * w.gemm_fwd + w.memory_fwd;
-  // Async TP hides a direction's TP traffic behind that direction's matmuls (backward: twice).
-  const double tp_exposed = L.async_tp ? std::max(0.0, w.tp_comm - w.gemm_fwd) : w.tp_comm;
-  const double tp_b_exposed = L.async_tp ? std::max(0.0, w.tp_comm - 2.0 * w.gemm_fwd) : w.tp_comm;
+  // Async TP hides a direction's TP traffic behind that direction's matmuls (backward: twice),
+  // unless the transfers need the compute's own cores.
+  const bool overlap = !d.comm_shares_compute;
+  const double tp_exposed = L.async_tp && overlap ? std::max(0.0, w.tp_comm - w.gemm_fwd) : w.tp_comm;
+  const double tp_b_exposed = L.async_tp && overlap ? std::max(0.0, w.tp_comm - 2.0 * w.gemm_fwd) : w.tp_comm;
   const double layer_f = w.gemm_fwd + w.attention_fwd + w.memory_fwd;
   const double layer_b = 2.0 * w.gemm_fwd + 2.0 * w.attention_fwd + w.memory_bwd + recompute;
   const double layer_f_comm = tp_exposed + w.cp_comm + w.ep_comm;
@@ -149,8 +158,9 @@ Prediction predict(const trainer::config::JobConfig& cfg, const trainer::config:
   // FSDP exposed over `n` layers of one micro-batch (prefetch: see the Note).
   auto fsdp_exposed = [&](double n) {
     if (fsdp <= 1 || n <= 0) return std::make_pair(0.0, 0.0);
-    const double fwd = w.fsdp_gather + (n - 1) * std::max(0.0, w.fsdp_gather - layer_f);
     const double per_b = w.fsdp_gather + w.fsdp_reduce_scatter;
+    if (!overlap) return std::make_pair(n * w.fsdp_gather, n * per_b);
+    const double fwd = w.fsdp_gather + (n - 1) * std::max(0.0, w.fsdp_gather - layer_f);
     const double bwd = per_b + (n - 1) * std::max(0.0, per_b - layer_b);
     return std::make_pair(fwd, bwd);
   };
@@ -176,7 +186,7 @@ Prediction predict(const trainer::config::JobConfig& cfg, const trainer::config:
       c.backward = n * (layer_b + layer_b_comm) + (output ? 2.0 * out_f : 0);
       c.backward_input = std::max(0.0, c.backward - c.backward_weight);
     }
-    const double transfer = static_cast<double>(rows) * seq / cp * dim * bytes / pp_link;
+    const double transfer = static_cast<double>(rows) * seq / cp * dim * bytes / pp_link + d.message_latency_s;
     const PipelineTiming t = simulate_pipeline(plan, costs, transfer);
     pass_seconds = t.step_seconds + sum_fsdp;
     idle = t.idle_fraction();
@@ -206,7 +216,9 @@ Prediction predict(const trainer::config::JobConfig& cfg, const trainer::config:
   const double local_params = static_cast<double>(count.total) / (dims.pp * tp * fsdp);
   const double optimizer = local_params * 28.0 / (d.hbm_bytes_per_s * d.optimizer_efficiency);
   const double hsdp =
-      dims.dp_replicate > 1 ? 2.0 * (dims.dp_replicate - 1.0) / dims.dp_replicate * local_params * 4.0 / hsdp_link : 0;
+      dims.dp_replicate > 1 ? 2.0 * (dims.dp_replicate - 1.0) / dims.dp_replicate * local_params * 4.0 / hsdp_link +
+                                  layers * 2.0 * messages(static_cast<double>(dims.dp_replicate))
+                            : 0;
   const double np = static_cast<double>(passes);
   p.step_seconds = np * pass_seconds + hsdp + optimizer;
   const double global_tokens = static_cast<double>(checked.global_batch) * seq;
