@@ -2,6 +2,11 @@
 #include "planner/planner.h"
 
 #include <algorithm>
+#include <thread>
+#include <mutex>
+#include <iterator>
+#include <exception>
+#include <atomic>
 #include <cstdio>
 #include <iomanip>
 #include <optional>
@@ -194,11 +199,6 @@ PlanResult plan_layouts(const trainer::config::JobConfig& user_cfg, const Cluste
   const int64_t vocab = vocab_of(cfg);
   const model::ModelArgs args = model::trained_model_args(cfg.model.name, cfg.model.flavor, vocab);
   const std::vector<Layout> families = layout_families(cfg, world);
-  auto reject = [&](const std::string& why, const Layout& l, int64_t n_candidates) {
-    auto& [n, family] = result.reasons[why];
-    if (n == 0) family = l.family();
-    n += n_candidates;
-  };
   // The trainer's checks: what they made of `c` into *checked, or their error.
   auto check = [&](const trainer::config::JobConfig& c, trainer::config::CheckedLayout* checked) -> std::string {
     try {
@@ -209,8 +209,13 @@ PlanResult plan_layouts(const trainer::config::JobConfig& user_cfg, const Cluste
     }
     return "";
   };
-  for (size_t f = 0; f < families.size(); ++f) {
-    if (progress) progress(static_cast<int64_t>(f), static_cast<int64_t>(families.size()));
+  // One family into its own result (families run on several threads, merged in order below).
+  auto run_family = [&](size_t f, PlanResult& result) {
+    auto reject = [&result](const std::string& why, const Layout& l, int64_t n_candidates) {
+      auto& [n, family] = result.reasons[why];
+      if (n == 0) family = l.family();
+      n += n_candidates;
+    };
     const std::vector<Layout> candidates = family_layouts(cfg, families[f], result.global_batch);
     const auto n = static_cast<int64_t>(candidates.size());
     result.considered += n;
@@ -227,14 +232,14 @@ PlanResult plan_layouts(const trainer::config::JobConfig& user_cfg, const Cluste
     if (!family_error.empty() && family_error.rfind("pipeline parallel:", 0) != 0) {
       result.rejected_by_rules += n;
       reject("rules: " + reason_of(family_error), lightest, n);
-      continue;
+      return;
     }
     if (family_error.empty() && state_bytes(light_cfg, world, vocab) > cluster.device.memory_bytes) {
       result.rejected_by_memory += n;
       reject("memory: parameters, optimizer state and gradient shards alone exceed the " + gib(cluster.device.memory_bytes) +
                  " GiB of one GPU",
              lightest, n);
-      continue;
+      return;
     }
     // Memory grows with the local batch when nothing else changes (more rows, or more
     // micro-batches of the same rows in flight): past the smallest local batch over memory, the
@@ -302,7 +307,7 @@ PlanResult plan_layouts(const trainer::config::JobConfig& user_cfg, const Cluste
     if (cfg.plan.exhaustive) {
       for (const Layout& l : candidates)
         if (const auto a = admit(l)) list(l, *a);
-      continue;
+      return;
     }
     // See Note [Dominated layouts]. Groups: everything but the local batch and the AC mode.
     std::map<std::string, std::vector<const Layout*>> groups;
@@ -345,8 +350,47 @@ PlanResult plan_layouts(const trainer::config::JobConfig& user_cfg, const Cluste
         first = end;
       }
     }
+  };
+  std::vector<PlanResult> parts(families.size());
+  for (PlanResult& part : parts) part.global_batch = result.global_batch;  // what run_family reads
+  std::atomic<size_t> next{0};
+  std::mutex progress_mu;
+  int64_t families_done = 0;
+  std::exception_ptr failure;
+  auto worker = [&] {
+    for (size_t f; (f = next++) < families.size();) {
+      try {
+        run_family(f, parts[f]);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(progress_mu);
+        if (!failure) failure = std::current_exception();
+        next = families.size();
+        return;
+      }
+      std::lock_guard<std::mutex> lock(progress_mu);
+      ++families_done;
+      if (progress) progress(families_done, static_cast<int64_t>(families.size()));
+    }
+  };
+  if (progress) progress(0, static_cast<int64_t>(families.size()));
+  const size_t threads = std::max<size_t>(1, std::min<size_t>(std::thread::hardware_concurrency(), families.size()));
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < threads; ++t) pool.emplace_back(worker);
+  worker();
+  for (std::thread& t : pool) t.join();
+  if (failure) std::rethrow_exception(failure);
+  for (PlanResult& part : parts) {
+    result.considered += part.considered;
+    result.rejected_by_rules += part.rejected_by_rules;
+    result.rejected_by_memory += part.rejected_by_memory;
+    result.dominated += part.dominated;
+    for (auto& [why, hit] : part.reasons) {
+      auto& [n, family] = result.reasons[why];
+      if (n == 0) family = hit.second;
+      n += hit.first;
+    }
+    std::move(part.fits.begin(), part.fits.end(), std::back_inserter(result.fits));
   }
-  if (progress) progress(static_cast<int64_t>(families.size()), static_cast<int64_t>(families.size()));
   std::stable_sort(result.fits.begin(), result.fits.end(), [](const PlannedLayout& a, const PlannedLayout& b) {
     return a.prediction.step_seconds < b.prediction.step_seconds;
   });
