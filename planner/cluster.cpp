@@ -3,7 +3,9 @@
 
 #include <ATen/ops/empty.h>
 #include <ATen/ops/mm.h>
+#include <ATen/ops/ones.h>
 #include <ATen/ops/randn.h>
+#include <ATen/ops/sum.h>
 #include <ATen/Parallel.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -11,11 +13,16 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <future>
+#include <utility>
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <sstream>
 #include <thread>
 
+#include "parallel/comm/process_group.h"
 #include "trainer/config/parallel_options.h"
 
 namespace titan::planner {
@@ -162,6 +169,74 @@ double loopback_latency_s() {
   return ok ? s / kRounds / 2.0 : 0;
 }
 
+// Gloo's own collectives among `ranks` threads of this process (ranks as threads: the copies,
+// the reductions and the TCP transport on this machine's cores, as titan's ranks run them):
+// all-gather and reduce-scatter of a small and a large message, each timed on the slowest rank.
+// Returns {fixed cost of one ring step, bytes per second}, for t(bytes) = (ranks - 1) x (step +
+// bytes / ranks / rate): the step from the small message, the rate from the large one, with
+// all-gathers and reduce-scatters counted alike (titan issues them in pairs; Gloo's
+// reduce-scatter is an all-reduce, which the rate absorbs).
+std::pair<double, double> gloo_probe(int ranks) {
+  using parallel::comm::Comm;
+  constexpr int64_t kSmall = 16 << 10, kLarge = 4 << 20;  // bytes of the full (gathered) tensor
+  constexpr int kRepeats = 15;
+  std::vector<double> small_s(static_cast<size_t>(ranks)), large_s(static_cast<size_t>(ranks));
+  std::promise<int> port_promise;
+  std::shared_future<int> port = port_promise.get_future().share();
+  std::atomic<bool> failed{false};
+  parallel::comm::issue_under_process_lock();  // ranks as threads of one process
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < ranks; ++rank) {
+    threads.emplace_back([&, rank] {
+      try {
+        const auto timeout = std::chrono::milliseconds(60000);
+        c10::intrusive_ptr<c10d::Store> store;
+        if (rank == 0) {
+          try {
+            store = parallel::comm::create_tcp_store("127.0.0.1", 0, 0, ranks, timeout);
+            port_promise.set_value(parallel::comm::store_port(store));
+          } catch (...) {
+            port_promise.set_exception(std::current_exception());
+            throw;
+          }
+        } else {
+          store = parallel::comm::create_tcp_store("127.0.0.1", port.get(), rank, ranks, timeout);
+        }
+        Comm comm(store, rank, ranks, "plan_probe");
+        auto time_pair = [&](int64_t bytes) {
+          const int64_t full = bytes / 4 / ranks * ranks, part = full / ranks;
+          const at::Tensor gathered = at::empty({full}, at::kFloat), mine = at::ones({part}, at::kFloat);
+          const at::Tensor summed = at::ones({full}, at::kFloat), out = at::empty({part}, at::kFloat);
+          comm.all_gather_into_tensor_async(gathered, mine).wait();  // warm-up
+          comm.reduce_scatter_tensor_async(out, summed).wait();
+          // The median pair: one descheduled rank must not decide the figure.
+          std::vector<double> pairs;
+          for (int i = 0; i < kRepeats; ++i) {
+            const auto t0 = Clock::now();
+            comm.all_gather_into_tensor_async(gathered, mine).wait();
+            comm.reduce_scatter_tensor_async(out, summed).wait();
+            pairs.push_back(std::chrono::duration<double>(Clock::now() - t0).count() / 2.0);
+          }
+          std::nth_element(pairs.begin(), pairs.begin() + kRepeats / 2, pairs.end());
+          return pairs[kRepeats / 2];
+        };
+        small_s[static_cast<size_t>(rank)] = time_pair(kSmall);
+        large_s[static_cast<size_t>(rank)] = time_pair(kLarge);
+      } catch (const std::exception&) {
+        failed = true;
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  if (failed) return {0, 0};
+  const double small = *std::max_element(small_s.begin(), small_s.end());
+  const double large = *std::max_element(large_s.begin(), large_s.end());
+  // Each figure from its own size (a difference of the two would amplify the machine's noise):
+  // the small message is all fixed cost, the large one all bytes.
+  const double steps = ranks - 1.0;
+  return {small / steps, large > 0 ? steps * static_cast<double>(kLarge) / ranks / large : 0};
+}
+
 // This machine, shared by `processes` ranks: each gets 1/processes of the cores' GEMM rate and
 // memory bandwidth (titan's ranks on one host split the cores between them).
 DeviceSpec cpu_device(const trainer::config::JobConfig& cfg, int64_t processes) {
@@ -179,15 +254,26 @@ DeviceSpec cpu_device(const trainer::config::JobConfig& cfg, int64_t processes) 
   const double copy_s = seconds_of([&] { dst.copy_(big); }, 3);
   d.hbm_bytes_per_s = 2.0 * static_cast<double>(big.nbytes()) / copy_s / static_cast<double>(processes);
   d.memory_bytes = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE) / static_cast<double>(processes);
-  d.intra_node_bytes_per_s = d.inter_node_bytes_per_s = loopback_bytes_per_s();
-  // More ranks than cores: a message waits for its receiver's turn on a core, and the copies of
-  // a transfer share the cores as the compute does.
-  const double cores = std::max(1u, std::thread::hardware_concurrency());
-  const double oversubscribed = std::max(1.0, static_cast<double>(processes) / cores);
-  d.message_latency_s = loopback_latency_s() * oversubscribed;
-  d.intra_node_bytes_per_s /= oversubscribed;
-  d.inter_node_bytes_per_s /= oversubscribed;
+  // Gloo's collectives among `processes` ranks on this machine, measured; a single rank has no
+  // collectives (the loopback figures then only fill the table).
+  const auto [step_latency, gloo_rate] = processes > 1 ? gloo_probe(static_cast<int>(processes)) : std::pair{0.0, 0.0};
+  d.intra_node_bytes_per_s = d.inter_node_bytes_per_s = gloo_rate > 0 ? gloo_rate : loopback_bytes_per_s();
+  d.message_latency_s = gloo_rate > 0 ? step_latency : loopback_latency_s();
   d.comm_shares_compute = true;
+  // A tiny step through autograd, as titan's layers dispatch theirs: a matmul of 2 x 2 tensors,
+  // a sum, and the backward (mm, sum, the engine's ones, SumBackward's expand, MmBackward's two
+  // transposes and two matmuls, two AccumulateGrads: 10 operators), on one thread as each rank.
+  const at::Tensor x = at::ones({2, 2}).requires_grad_(true), wt = at::ones({2, 2}).requires_grad_(true);
+  const int threads = at::get_num_threads();
+  at::set_num_threads(1);
+  d.op_dispatch_s = seconds_of([&] {
+                      for (int i = 0; i < 100; ++i) {
+                        x.mutable_grad().reset();
+                        wt.mutable_grad().reset();
+                        at::mm(x, wt).sum().backward();
+                      }
+                    }, 3) / 1000.0;
+  at::set_num_threads(threads);
   // The probes are the machine's own rates: nothing left to discount.
   d.gemm_efficiency = d.link_efficiency = d.hbm_efficiency = d.optimizer_efficiency = 1.0;
   return d;
@@ -242,6 +328,11 @@ std::vector<std::string> Cluster::describe() const {
      << device.inter_node_bytes_per_s / kG << " GB/s (collectives at " << device.link_efficiency << "), "
      << device.message_latency_s * 1e6 << " us per message"
      << (device.comm_shares_compute ? "; transfers share the compute's cores (no overlap)" : "");
+  if (device.op_dispatch_s > 0) {
+    lines.push_back(os.str());
+    os.str("");
+    os << "host: " << device.op_dispatch_s * 1e6 << " us per operator dispatch";
+  }
   lines.push_back(os.str());
   return lines;
 }

@@ -28,6 +28,9 @@ struct DeviceSpec {
   // The collectives' copies run on the cores that compute (device cpu: Gloo on the ranks' own
   // cores): no transfer hides behind compute (no FSDP prefetch overlap, no async TP).
   bool comm_shares_compute = false;
+  // The host's cost of dispatching one operator, where the host waits for it (device cpu: the
+  // op runs on the dispatching thread); 0 where launches run ahead of the device (GPUs).
+  double op_dispatch_s = 0;
 };
 
 struct Cluster {
