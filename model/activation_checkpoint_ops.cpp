@@ -10,6 +10,8 @@
 
 #include <exception>
 
+#include "model/kernels/attention.h"
+
 namespace titan::model {
 
 namespace {
@@ -122,20 +124,27 @@ using torch::autograd::variable_list;
 struct CpuFlashAttention : public torch::autograd::Function<CpuFlashAttention> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
                                const at::Tensor& v) {
+    // titan's bf16 kernel (model/kernels/attention.h; grouped-query k/v as they are) or
+    // LibTorch's flash kernel (k/v repeated to every query head by attention_op).
+    const bool titan_kernel = cpu_attention_kernel_applies(q, k.size(2));
     // out [B, H, S, hd], logsumexp [B, H, S] float32: kept or recomputed together.
     auto r = checkpointable_op_multi("sdpa", [&] {
-      auto [out, lse] =
-          at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, /*is_causal=*/true);
+      auto [out, lse] = titan_kernel
+                            ? cpu_attention_forward(q, k, v, /*causal=*/true)
+                            : at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, /*is_causal=*/true);
       return std::vector<at::Tensor>{out, lse};
     });
     ctx->save_for_backward({q, k, v, r[0], r[1]});
+    ctx->saved_data["titan_kernel"] = titan_kernel;
     return {r[0]};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto s = ctx->get_saved_variables();
-    auto g = at::_scaled_dot_product_flash_attention_for_cpu_backward(
-        grads[0].contiguous(), s[0], s[1], s[2], s[3], s[4], 0.0, /*is_causal=*/true);
+    auto g = ctx->saved_data["titan_kernel"].toBool()
+                 ? cpu_attention_backward(grads[0], s[0], s[1], s[2], s[3], s[4], /*causal=*/true, s[0].scalar_type())
+                 : at::_scaled_dot_product_flash_attention_for_cpu_backward(grads[0].contiguous(), s[0], s[1], s[2],
+                                                                            s[3], s[4], 0.0, /*is_causal=*/true);
     return {std::get<0>(g), std::get<1>(g), std::get<2>(g)};
   }
 };
@@ -153,7 +162,8 @@ at::Tensor attention_op(const at::Tensor& q, const at::Tensor& k, const at::Tens
                                             std::nullopt, /*enable_gqa=*/q.size(1) != k.size(1));
   }
   at::Tensor kk = k, vv = v;
-  if (q.size(1) != k.size(1)) {  // GQA: repeat each kv head, as SDPA's math path does
+  // GQA for LibTorch's kernel: repeat each kv head, as SDPA's math path does (titan's takes them as they are)
+  if (q.size(1) != k.size(1) && !cpu_attention_kernel_applies(q, k.size(2))) {
     const int64_t rep = q.size(1) / k.size(1);
     kk = k.repeat_interleave(rep, 1);
     vv = v.repeat_interleave(rep, 1);

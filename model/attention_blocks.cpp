@@ -19,6 +19,8 @@
 #include <cmath>
 #include <limits>
 
+#include "model/kernels/attention.h"
+
 namespace titan::model {
 
 namespace {
@@ -117,6 +119,10 @@ AttentionBlockResult attention_block_forward(const at::Tensor& q, const at::Tens
   }
   if (!cpu_flash(q)) return attention_block_forward_math(q, k, v, causal);
   check_shapes(q, k, v, causal);
+  if (cpu_attention_kernel_applies(q, k.size(2))) {  // bf16: titan's kernel, grouped-query heads as they are
+    auto [out, lse] = cpu_attention_forward(q, k, v, causal);
+    return {out, lse};
+  }
   auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(q, repeat_kv(k, q.size(1)),
                                                                     repeat_kv(v, q.size(1)), 0.0, causal);
   return {out, lse.contiguous()};
@@ -138,6 +144,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_block_backward(
   }
   if (!cpu_flash(q)) return attention_block_backward_math(grad_out, q, k, v, out, lse, causal);
   check_shapes(q, k, v, causal);
+  if (cpu_attention_kernel_applies(q, k.size(2)))
+    return cpu_attention_backward(grad_out, q, k, v, out, lse, causal, at::kFloat);
   auto [dq, dk, dv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
       grad_out.contiguous(), q, repeat_kv(k, q.size(1)), repeat_kv(v, q.size(1)), out, lse, 0.0, causal);
   const int64_t kv_heads = k.size(1);

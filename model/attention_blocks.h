@@ -9,9 +9,10 @@
 // P = exp(q k^T / sqrt(hd) - lse) and D = rowsum(dout * out) from them), not the block's own; the
 // block gradients then add up: dq over blocks, dk/dv over query blocks.
 //
-// Kernels: on the CPU, for float32/bfloat16/float16, LibTorch's flash-attention kernel, which
-// returns the log-sum-exp (`_scaled_dot_product_flash_attention_for_cpu` and its backward, the
-// same kernels the unsplit attention_op uses). On CUDA, in bfloat16/float16 (head_dim a multiple
+// Kernels: on the CPU in bfloat16, titan's attention kernel (model/kernels/attention.h); in
+// float32/float16, LibTorch's flash-attention kernel, which returns the log-sum-exp
+// (`_scaled_dot_product_flash_attention_for_cpu` and its backward): the same kernels the unsplit
+// attention_op uses. On CUDA, in bfloat16/float16 (head_dim a multiple
 // of 8, <= 256), LibTorch's CUDA flash-attention kernels (Note [Attention blocks on CUDA] in
 // attention_blocks.cpp). Elsewhere (CUDA float32, float64) an explicit softmax in plain ATen
 // ops, O(Sq x Sk) memory per block: correct on every device, and the reference the kernels are

@@ -1,0 +1,103 @@
+// titan-bench-attention: causal attention forward and backward on the CPU, titan's bfloat16
+// kernel (model/kernels/attention.h) against LibTorch's flash-attention kernel in the same run:
+// bf16 (the peer it replaces) and float32 (what float32 runs keep). The shapes: the debug and
+// 100M models at scripts/bench_train.sh's batch shapes, the debug model's heads at 1k and 2k
+// tokens, and a Llama 3 8B head (128, grouped 4:1) at 512 to 2k tokens, around the key count
+// above which the model keeps LibTorch's kernel (kCpuAttentionMaxKeys in
+// model/kernels/attention.h); this benchmark calls both kernels directly at every shape.
+// Operands come as the model hands them over ([B, S, heads, hd] transposed); each figure is the
+// mean of --iters calls after one warm-up.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu.h>
+#include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_backward.h>
+#include <ATen/ops/randn.h>
+#include <ATen/ops/repeat_interleave.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "apps/bench_common.h"
+#include "model/kernels/attention.h"
+
+namespace {
+
+struct Shape {
+  const char* name;
+  int64_t batch, heads, kv_heads, seq, head_dim;
+};
+
+const std::vector<Shape> kShapes = {
+    {"debugmodel", 4, 16, 16, 128, 16},      {"100M", 2, 12, 12, 256, 64},
+    {"debugmodel, 1k", 1, 16, 16, 1024, 16}, {"debugmodel, 2k", 1, 16, 16, 2048, 16},
+    {"8B heads, 512", 1, 32, 8, 512, 128},   {"8B heads, 1k", 1, 32, 8, 1024, 128},
+    {"8B heads, 2k", 1, 32, 8, 2048, 128},
+};
+
+at::Tensor operand(const Shape& s, int64_t heads, at::ScalarType dtype) {
+  return at::randn({s.batch, s.seq, heads, s.head_dim}).to(dtype).transpose(1, 2);
+}
+
+struct Times {
+  double forward_ms, backward_ms;
+};
+
+// LibTorch's flash kernel (k/v repeated to every query head, as SDPA's CPU path does).
+Times time_flash(const Shape& s, at::ScalarType dtype, int iters) {
+  const at::Tensor q = operand(s, s.heads, dtype), g = operand(s, s.heads, dtype);
+  const at::Tensor k = operand(s, s.kv_heads, dtype).repeat_interleave(s.heads / s.kv_heads, 1);
+  const at::Tensor v = operand(s, s.kv_heads, dtype).repeat_interleave(s.heads / s.kv_heads, 1);
+  auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, true);
+  const at::Tensor grad = g.contiguous();
+  return {
+      titan::bench::time_ms([&] { at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, true); }, iters, false),
+      titan::bench::time_ms(
+          [&] { at::_scaled_dot_product_flash_attention_for_cpu_backward(grad, q, k, v, out, lse, 0.0, true); }, iters,
+          false)};
+}
+
+Times time_titan(const Shape& s, int iters) {
+  const at::Tensor q = operand(s, s.heads, at::kBFloat16), g = operand(s, s.heads, at::kBFloat16);
+  const at::Tensor k = operand(s, s.kv_heads, at::kBFloat16), v = operand(s, s.kv_heads, at::kBFloat16);
+  auto [out, lse] = titan::model::cpu_attention_forward(q, k, v, true);
+  return {titan::bench::time_ms([&] { titan::model::cpu_attention_forward(q, k, v, true); }, iters, false),
+          titan::bench::time_ms(
+              [&] { titan::model::cpu_attention_backward(g, q, k, v, out, lse, true, at::kBFloat16); }, iters, false)};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  CLI::App app{"titan-bench-attention: titan's bf16 CPU attention kernel vs LibTorch's flash kernel"};
+  int threads = 0, iters = 10;
+  app.add_option("--threads", threads, "intra-op threads (0: LibTorch's default)");
+  app.add_option("--iters", iters, "timed calls per figure")->check(CLI::PositiveNumber);
+  CLI11_PARSE(app, argc, argv);
+  if (threads > 0) at::set_num_threads(threads);
+  if (!titan::model::cpu_attention_kernel_applies(at::randn({1}).to(at::kBFloat16), 1)) {
+    std::fprintf(stderr,
+                 "titan-bench-attention: titan's CPU attention kernel is off here (no AVX2/FMA, or "
+                 "TITAN_FUSED_OPS=0)\n");
+    return 1;
+  }
+  std::printf("threads: %d, causal, ms per call (forward / backward)\n\n", at::get_num_threads());
+  std::printf("| shape | B x H (KV) x S x hd | titan bf16 | flash bf16 | flash fp32 | vs flash bf16 (fwd+bwd) |\n");
+  std::printf("|---|---|---|---|---|---|\n");
+  // One untimed pass over the first shape: the thread pool and the allocator's first blocks
+  // would otherwise land on whichever kernel runs first.
+  time_titan(kShapes[0], iters);
+  time_flash(kShapes[0], at::kBFloat16, iters);
+  for (const Shape& s : kShapes) {
+    const Times titan = time_titan(s, iters), bf16 = time_flash(s, at::kBFloat16, iters),
+                fp32 = time_flash(s, at::kFloat, iters);
+    std::printf("| %s | %ld x %ld (%ld) x %ld x %ld | %.3f / %.3f | %.3f / %.3f | %.3f / %.3f | %.2fx |\n", s.name,
+                static_cast<long>(s.batch), static_cast<long>(s.heads), static_cast<long>(s.kv_heads),
+                static_cast<long>(s.seq), static_cast<long>(s.head_dim), titan.forward_ms, titan.backward_ms,
+                bf16.forward_ms, bf16.backward_ms, fp32.forward_ms, fp32.backward_ms,
+                (bf16.forward_ms + bf16.backward_ms) / (titan.forward_ms + titan.backward_ms));
+  }
+  return 0;
+}

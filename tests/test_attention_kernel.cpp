@@ -1,0 +1,259 @@
+// The bfloat16 CPU attention kernel (model/kernels/attention.h) against the explicit softmax in
+// float64 on the same bf16 inputs, forward and backward, causal and not, grouped-query heads,
+// strided operands; its wiring into attention_op's autograd; thread-count independence.
+//
+// Tolerances come from float32 rounding (u = 2^-24) and the bf16 output rounding (2^-8
+// relative), bounded by the terms themselves (absolute values of every operand, in float64):
+// - a score s = q.k / sqrt(hd) is a float32 dot of hd products: |err| <= (hd + 2) u |q|.|k| / sqrt(hd);
+// - p = exp(s - lse) then carries that error (exp's derivative is p itself), plus lse's own
+//   (its float32 rounding, u |lse|, and the sum of up to Sk terms in it, Sk u) and the exp
+//   polynomial's (~20 ulp, as LibTorch's flash kernel): a relative error per row
+//   E = 2 (hd + 2) u max_j |s|_j + (|lse| + Sk + 24) u (2: the score error enters through s
+//   and through the row maximum);
+// - each float32 GEMM over n terms adds (n + 2) u times the sum of the terms' magnitudes.
+// Observed: the float32 parts stay 25x or more inside their bounds; the bf16 roundings of the
+// outputs reach up to their 2^-8 bound, as rounding to nearest does. An index, a mask or a scale
+// gone wrong gives O(1) errors.
+#include <ATen/Parallel.h>
+#include <ATen/ops/abs.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/exp.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/logsumexp.h>
+#include <ATen/ops/matmul.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/randn.h>
+#include <ATen/ops/repeat_interleave.h>
+#include <ATen/ops/triu.h>
+#include <ATen/ops/zeros.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <limits>
+
+#include "model/activation_checkpoint_ops.h"
+#include "model/attention_blocks.h"
+#include "model/kernels/attention.h"
+#include "util/cpu_features.h"
+
+using namespace titan::model;
+
+namespace {
+
+constexpr double kU = 1.0 / (1 << 24);    // float32 unit roundoff
+constexpr double kBf16 = 1.0 / (1 << 8);  // bfloat16 unit roundoff (8 significant bits)
+
+void check_within(const at::Tensor& actual, const at::Tensor& expected, const at::Tensor& bound, const char* what) {
+  const at::Tensor diff = (actual.to(at::kDouble) - expected).abs();
+  const at::Tensor excess = diff - bound;
+  INFO(what << ": max |diff| " << diff.max().item<double>() << ", max |diff| / bound "
+            << (diff / bound).max().item<double>());
+  CHECK(excess.max().item<double>() <= 0.0);
+}
+
+at::Tensor repeat_heads(const at::Tensor& kv, int64_t heads) { return kv.repeat_interleave(heads / kv.size(1), 1); }
+at::Tensor sum_groups(const at::Tensor& g, int64_t kv_heads) {
+  const auto s = g.sizes();
+  return g.view({s[0], kv_heads, s[1] / kv_heads, s[2], s[3]}).sum(2);
+}
+
+// Everything of the float64 reference one case needs: the result, and the magnitudes the bounds
+// are built from.
+struct Reference {
+  at::Tensor out, lse, p;  // [B, H, Sq, hd], [B, H, Sq], [B, H, Sq, Sk]
+  at::Tensor row_error;    // E per row [B, H, Sq, 1]
+  at::Tensor k, v, q;      // float64, k/v repeated to H heads
+};
+
+Reference reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal) {
+  Reference r;
+  const int64_t heads = q.size(1), hd = q.size(3), sk = k.size(2);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  r.q = q.to(at::kDouble);
+  r.k = repeat_heads(k, heads).to(at::kDouble);
+  r.v = repeat_heads(v, heads).to(at::kDouble);
+  at::Tensor s = at::matmul(r.q, r.k.transpose(-1, -2)) * scale;
+  at::Tensor s_abs = at::matmul(r.q.abs(), r.k.abs().transpose(-1, -2)) * scale;
+  if (causal) {
+    const at::Tensor above = at::triu(at::ones({s.size(2), s.size(3)}, s.options().dtype(at::kBool)), 1);
+    s.masked_fill_(above, -std::numeric_limits<double>::infinity());
+    s_abs.masked_fill_(above, 0.0);
+  }
+  r.lse = at::logsumexp(s, {-1});
+  r.p = at::exp(s - r.lse.unsqueeze(-1));
+  r.out = at::matmul(r.p, r.v);
+  r.row_error = (2.0 * (hd + 2) * kU) * std::get<0>(s_abs.max(-1, true)) +
+                (r.lse.abs().unsqueeze(-1) + static_cast<double>(sk + 24)) * kU;
+  return r;
+}
+
+struct Case {
+  int64_t batch, heads, kv_heads, q_len, kv_len, head_dim;
+  bool causal;
+  bool strided;  // q/k/v as transposes of [B, S, heads, hd] (what the model hands over)
+};
+
+at::Tensor operand(const Case& c, int64_t heads, int64_t len) {
+  if (c.strided) return at::randn({c.batch, len, heads, c.head_dim}).to(at::kBFloat16).transpose(1, 2);
+  return at::randn({c.batch, heads, len, c.head_dim}).to(at::kBFloat16);
+}
+
+void check_case(const Case& c) {
+  INFO("B " << c.batch << " H " << c.heads << " KV " << c.kv_heads << " Sq " << c.q_len << " Sk " << c.kv_len << " hd "
+            << c.head_dim << (c.causal ? " causal" : "") << (c.strided ? " strided" : ""));
+  const at::Tensor q = operand(c, c.heads, c.q_len), k = operand(c, c.kv_heads, c.kv_len),
+                   v = operand(c, c.kv_heads, c.kv_len), grad_out = operand(c, c.heads, c.q_len);
+  const Reference r = reference(q, k, v, c.causal);
+  const int64_t group = c.heads / c.kv_heads;
+
+  auto [out, lse] = cpu_attention_forward(q, k, v, c.causal);
+  REQUIRE(out.scalar_type() == at::kBFloat16);
+  const at::Tensor p_abs_v = at::matmul(r.p, r.v.abs());
+  const at::Tensor out_err = r.row_error + static_cast<double>(c.kv_len + 2) * kU;
+  check_within(out, r.out, kBf16 * r.out.abs() + 2.0 * out_err * p_abs_v, "out");
+  check_within(lse, r.lse, r.row_error.squeeze(-1), "lse");
+
+  // The backward from the reference's lse (float32) and the kernel's own bf16 out.
+  const at::Tensor o = out.to(at::kDouble), dout = grad_out.to(at::kDouble);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
+  const at::Tensor dp = at::matmul(dout, r.v.transpose(-1, -2));
+  const at::Tensor delta = (dout * o).sum(-1, true);
+  const at::Tensor ds = r.p * (dp - delta) * scale;
+  const at::Tensor dq_ref = at::matmul(ds, r.k);
+  const at::Tensor dk_ref = sum_groups(at::matmul(ds.transpose(-1, -2), r.q), c.kv_heads);
+  const at::Tensor dv_ref = sum_groups(at::matmul(r.p.transpose(-1, -2), dout), c.kv_heads);
+  // |dS| bound: P (|dO| |V|^T + rowsum |dO| |O|) scale, each factor's error as above.
+  const at::Tensor ds_abs =
+      r.p * (at::matmul(dout.abs(), r.v.abs().transpose(-1, -2)) + (dout.abs() * o.abs()).sum(-1, true)) * scale;
+  const at::Tensor ds_err = r.row_error + static_cast<double>(c.head_dim + 4) * kU;  // relative, per row
+  const double sum_terms = static_cast<double>(c.q_len * group + 2) * kU;
+
+  for (const auto grad_dtype : {at::kFloat, at::kBFloat16}) {
+    INFO((grad_dtype == at::kFloat ? "float32" : "bfloat16") << " gradients");
+    auto [dq, dk, dv] = cpu_attention_backward(grad_out, q, k, v, out, lse.copy_(r.lse), c.causal, grad_dtype);
+    REQUIRE(dq.scalar_type() == grad_dtype);
+    const double rounding = grad_dtype == at::kFloat ? 0.0 : kBf16;
+    check_within(dq, dq_ref,
+                 rounding * dq_ref.abs() +
+                     2.0 * (ds_err + static_cast<double>(c.kv_len + 2) * kU) * at::matmul(ds_abs, r.k.abs()),
+                 "dq");
+    check_within(
+        dk, dk_ref,
+        rounding * dk_ref.abs() +
+            2.0 * sum_groups(at::matmul((ds_abs * (ds_err + sum_terms)).transpose(-1, -2), r.q.abs()), c.kv_heads),
+        "dk");
+    check_within(
+        dv, dv_ref,
+        rounding * dv_ref.abs() +
+            2.0 * sum_groups(at::matmul((r.p * (r.row_error + sum_terms)).transpose(-1, -2), dout.abs()), c.kv_heads),
+        "dv");
+  }
+}
+
+}  // namespace
+
+TEST_CASE("bf16 CPU attention equals the float64 softmax up to its float32 and bf16 roundings", "[attention]") {
+  if (!titan::util::cpu_has_avx2_kernels()) {
+    WARN("skipped: this CPU lacks AVX2/FMA, the kernel's build target");
+    return;
+  }
+  at::manual_seed(7);
+  // Shapes that exercise every path: tiles of 32 rows and their tails, head_dim below, at and
+  // above one register block (16 floats), grouped-query heads, non-square non-causal blocks
+  // (ring attention), strided operands.
+  check_case({2, 4, 2, 37, 37, 16, true, false});
+  check_case({1, 2, 2, 20, 45, 24, false, false});
+  check_case({2, 3, 3, 70, 70, 64, true, true});
+  check_case({1, 4, 1, 33, 33, 8, true, true});
+  check_case({1, 2, 1, 65, 31, 40, false, true});
+}
+
+TEST_CASE("bf16 CPU attention is the same bits on 1 and 2 threads", "[attention]") {
+  if (!titan::util::cpu_has_avx2_kernels()) {
+    WARN("skipped: this CPU lacks AVX2/FMA, the kernel's build target");
+    return;
+  }
+  at::manual_seed(3);
+  const at::Tensor q = at::randn({2, 4, 50, 16}).to(at::kBFloat16), k = at::randn({2, 2, 50, 16}).to(at::kBFloat16),
+                   v = at::randn({2, 2, 50, 16}).to(at::kBFloat16), g = at::randn({2, 4, 50, 16}).to(at::kBFloat16);
+  const int threads = at::get_num_threads();
+  auto run = [&](int n) {
+    at::set_num_threads(n);
+    auto [out, lse] = cpu_attention_forward(q, k, v, true);
+    auto grads = cpu_attention_backward(g, q, k, v, out, lse, true, at::kFloat);
+    return std::make_tuple(out, lse, std::get<0>(grads), std::get<1>(grads), std::get<2>(grads));
+  };
+  const auto one = run(1), two = run(2);
+  at::set_num_threads(threads);
+  CHECK(at::equal(std::get<0>(one), std::get<0>(two)));
+  CHECK(at::equal(std::get<1>(one), std::get<1>(two)));
+  CHECK(at::equal(std::get<2>(one), std::get<2>(two)));
+  CHECK(at::equal(std::get<3>(one), std::get<3>(two)));
+  CHECK(at::equal(std::get<4>(one), std::get<4>(two)));
+}
+
+TEST_CASE("attention_op in bf16 runs the CPU kernel through autograd, grouped-query heads included", "[attention]") {
+  if (!titan::util::cpu_has_avx2_kernels()) {
+    WARN("skipped: this CPU lacks AVX2/FMA, the kernel's build target");
+    return;
+  }
+  at::manual_seed(11);
+  const at::Tensor q = at::randn({2, 4, 40, 16}).to(at::kBFloat16).requires_grad_(true);
+  const at::Tensor k = at::randn({2, 2, 40, 16}).to(at::kBFloat16).requires_grad_(true);
+  const at::Tensor v = at::randn({2, 2, 40, 16}).to(at::kBFloat16).requires_grad_(true);
+  const at::Tensor g = at::randn({2, 4, 40, 16}).to(at::kBFloat16);
+  REQUIRE(cpu_attention_kernel_applies(q, 40));
+  CHECK_FALSE(cpu_attention_kernel_applies(q, kCpuAttentionMaxKeys + 1));  // longer: LibTorch's flash kernel
+  CHECK_FALSE(cpu_attention_kernel_applies(q.to(at::kFloat), 40));          // float32: LibTorch's, bit for bit as before
+  const at::Tensor out = attention_op(q, k, v);
+  auto grads = torch::autograd::grad({out}, {q, k, v}, {g});
+  // The kernel called directly gives the same bits: attention_op adds nothing but autograd.
+  auto [out_direct, lse] = cpu_attention_forward(q.detach(), k.detach(), v.detach(), true);
+  auto [dq, dk, dv] =
+      cpu_attention_backward(g, q.detach(), k.detach(), v.detach(), out_direct, lse, true, at::kBFloat16);
+  CHECK(at::equal(out, out_direct));
+  CHECK(at::equal(grads[0], dq));
+  CHECK(at::equal(grads[1], dk));
+  CHECK(at::equal(grads[2], dv));
+}
+
+TEST_CASE("ring attention's bf16 blocks through the CPU kernel merge to the whole attention", "[attention]") {
+  if (!titan::util::cpu_has_avx2_kernels()) {
+    WARN("skipped: this CPU lacks AVX2/FMA, the kernel's build target");
+    return;
+  }
+  at::manual_seed(5);
+  // Two blocks of keys (20 + 28) seen by 24 queries, as a ring step sees another rank's chunk.
+  const at::Tensor q = at::randn({1, 2, 24, 16}).to(at::kBFloat16), k = at::randn({1, 1, 48, 16}).to(at::kBFloat16),
+                   v = at::randn({1, 1, 48, 16}).to(at::kBFloat16), g = at::randn({1, 2, 24, 16}).to(at::kBFloat16);
+  auto [out, lse] = cpu_attention_forward(q, k, v, false);
+  at::Tensor acc_out = at::zeros({1, 2, 24, 16}, at::kFloat);
+  at::Tensor acc_lse = at::full({1, 2, 24}, -std::numeric_limits<float>::infinity(), at::kFloat);
+  const at::Tensor k1 = k.slice(2, 0, 20), v1 = v.slice(2, 0, 20), k2 = k.slice(2, 20), v2 = v.slice(2, 20);
+  merge_attention_block(acc_out, acc_lse, attention_block_forward(q, k1, v1, false));
+  merge_attention_block(acc_out, acc_lse, attention_block_forward(q, k2, v2, false));
+  // Each block's out is rounded to bf16 before the merge (weights exp(lse_b - lse), summing to 1),
+  // the whole's after: each is within 2^-8 of sum_j p_j |v_j|; the merge's own float32 roundings
+  // are a handful of u on top.
+  const Reference r = reference(q, k, v, false);
+  const at::Tensor p_abs_v = at::matmul(r.p, r.v.abs());
+  check_within(acc_out, out.to(at::kDouble), (2 * kBf16 + 16 * kU) * p_abs_v, "merged out");
+  check_within(acc_lse, lse.to(at::kDouble), 16 * kU * (1.0 + lse.to(at::kDouble).abs()), "merged lse");
+  // Backward per block from the whole's out and lse: each key's gradient is computed from the same
+  // products in the same order as in the whole, so dk and dv are the whole's bits; dq is the sum
+  // of the two blocks' partial sums instead of one.
+  auto [dq, dk, dv] = cpu_attention_backward(g, q, k, v, out, lse, false, at::kFloat);
+  auto [dq1, dk1, dv1] = attention_block_backward(g, q, k1, v1, out, lse, false);
+  auto [dq2, dk2, dv2] = attention_block_backward(g, q, k2, v2, out, lse, false);
+  CHECK(at::equal(at::cat({dk1, dk2}, 2), dk));
+  CHECK(at::equal(at::cat({dv1, dv2}, 2), dv));
+  // dq: the same 48 products summed in another grouping, <= 2 (48 + 2) u sum_j |dS_j| |k_j| apart,
+  // |dS| <= P (|dO| |V|^T + rowsum |dO| |O|) / sqrt(hd).
+  const at::Tensor dout = g.to(at::kDouble), o = out.to(at::kDouble);
+  const at::Tensor ds_abs = r.p *
+                            (at::matmul(dout.abs(), r.v.abs().transpose(-1, -2)) + (dout.abs() * o.abs()).sum(-1, true)) /
+                            4.0;
+  check_within(dq1 + dq2, dq.to(at::kDouble), 2 * 50 * kU * at::matmul(ds_abs, r.k.abs()), "dq over blocks");
+}
