@@ -10,6 +10,7 @@
 #include "data/tokenizer.h"
 #include "float8/recipe.h"
 #include "model/flavors.h"
+#include "model/kernels/attention.h"
 #include "trainer/config/pipeline_keys.h"
 #include "float8/block_scaled_linear.h"
 #include "trainer/observe/memory.h"
@@ -61,8 +62,11 @@ BlockTerms block_terms(const EstimateInputs& in) {
   full.push_back({"normed input of wq/wk/wv", d * gathered});
   // q and k projections are not kept: RoPE's products with the (constant) tables keep only
   // the tables; the rotated copies are what attention keeps.
-  if (gqa) {
-    // The CPU flash kernel gets k and v repeated to every head; the un-repeated are freed.
+  // LibTorch's CPU flash kernel gets k and v repeated to every head (the un-repeated are
+  // freed); titan's bf16 CPU kernel takes them as they are (Note [Where the CPU attention kernel
+  // runs] in model/kernels/attention.h). CUDA as the CPU flash kernel: an upper bound.
+  const bool titan_cpu_attention = !in.cuda && in.compute_bytes == 2 && in.seq_len <= model::kCpuAttentionMaxKeys;
+  if (gqa && !titan_cpu_attention) {
     full.push_back({"RoPE-rotated q; k, v repeated to all heads (GQA)", 3 * dq * e});
   } else {
     full.push_back({"RoPE-rotated q, k and the v projection", (dq + 2 * dkv) * e});
