@@ -33,7 +33,9 @@ namespace titan::model {
 // AVX512-BF16, forward + backward against flash bf16): 128 keys 3.2x (head_dim 16), 256 keys
 // 1.7x (64), 512 keys 1.3x (128); 1024 keys 0.87-0.89x at head_dim 64 / 128 (1.2x at 16); 2048
 // keys 0.76x (128). So attention over more than kCpuAttentionMaxKeys keys keeps LibTorch's
-// kernel. Ring attention's blocks and a document's own attention count their own keys.
+// kernel. Ring attention's blocks and a document's own attention count their own keys. Not
+// measured: a CPU with AMX, where LibTorch's bf16 GEMMs run on tile units and the line may sit
+// lower (scripts' and titan-bench-attention's tables say which CPU gave each figure).
 constexpr int64_t kCpuAttentionMaxKeys = 512;
 
 // Whether cpu_attention_forward / _backward should run for these operands (See Note [Where the
