@@ -30,9 +30,10 @@ struct Shape {
 };
 
 const std::vector<Shape> kShapes = {
-    {"debugmodel", 4, 16, 16, 128, 16},      {"100M", 2, 12, 12, 256, 64},
-    {"debugmodel, 1k", 1, 16, 16, 1024, 16}, {"debugmodel, 2k", 1, 16, 16, 2048, 16},
-    {"8B heads, 512", 1, 32, 8, 512, 128},   {"8B heads, 1k", 1, 32, 8, 1024, 128},
+    {"debugmodel", 4, 16, 16, 128, 16},       {"100M", 2, 12, 12, 256, 64},
+    {"debugmodel, 1k", 1, 16, 16, 1024, 16},  {"debugmodel, 2k", 1, 16, 16, 2048, 16},
+    {"head_dim 32, 512", 1, 16, 16, 512, 32}, {"head_dim 32, 2k", 1, 16, 16, 2048, 32},
+    {"8B heads, 512", 1, 32, 8, 512, 128},    {"8B heads, 1k", 1, 32, 8, 1024, 128},
     {"8B heads, 2k", 1, 32, 8, 2048, 128},
 };
 
@@ -58,13 +59,14 @@ Times time_flash(const Shape& s, at::ScalarType dtype, int iters) {
           false)};
 }
 
-Times time_titan(const Shape& s, int iters) {
+Times time_titan(const Shape& s, int iters, titan::model::kernels::AttentionProducts products) {
   const at::Tensor q = operand(s, s.heads, at::kBFloat16), g = operand(s, s.heads, at::kBFloat16);
   const at::Tensor k = operand(s, s.kv_heads, at::kBFloat16), v = operand(s, s.kv_heads, at::kBFloat16);
-  auto [out, lse] = titan::model::cpu_attention_forward(q, k, v, true);
-  return {titan::bench::time_ms([&] { titan::model::cpu_attention_forward(q, k, v, true); }, iters, false),
+  auto [out, lse] = titan::model::cpu_attention_forward(q, k, v, true, products);
+  return {titan::bench::time_ms([&] { titan::model::cpu_attention_forward(q, k, v, true, products); }, iters, false),
           titan::bench::time_ms(
-              [&] { titan::model::cpu_attention_backward(g, q, k, v, out, lse, true, at::kBFloat16); }, iters, false)};
+              [&] { titan::model::cpu_attention_backward(g, q, k, v, out, lse, true, at::kBFloat16, products); }, iters,
+              false)};
 }
 
 }  // namespace
@@ -83,21 +85,32 @@ int main(int argc, char** argv) {
                  "TITAN_FUSED_OPS=0)\n");
     return 1;
   }
-  std::printf("threads: %d, causal, ms per call (forward / backward)\n\n", at::get_num_threads());
-  std::printf("| shape | B x H (KV) x S x hd | titan bf16 | flash bf16 | flash fp32 | vs flash bf16 (fwd+bwd) |\n");
-  std::printf("|---|---|---|---|---|---|\n");
+  using titan::model::kernels::AttentionProducts;
+  const bool dots = titan::model::kernels::cpu_has_bf16_dot_products();
+  std::printf("threads: %d, causal, ms per call (forward / backward); titan's products: float32 FMAs%s\n\n",
+              at::get_num_threads(), dots ? " and bf16 dot products (AVX512-BF16)" : " (no AVX512-BF16 here)");
+  std::printf(
+      "| shape | B x H (KV) x S x hd | titan, fp32 FMAs | titan, bf16 dots | flash bf16 | flash fp32 | "
+      "titan (default) vs flash bf16 |\n");
+  std::printf("|---|---|---|---|---|---|---|\n");
   // One untimed pass over the first shape: the thread pool and the allocator's first blocks
   // would otherwise land on whichever kernel runs first.
-  time_titan(kShapes[0], iters);
+  time_titan(kShapes[0], iters, AttentionProducts::kFloat32);
   time_flash(kShapes[0], at::kBFloat16, iters);
   for (const Shape& s : kShapes) {
-    const Times titan = time_titan(s, iters), bf16 = time_flash(s, at::kBFloat16, iters),
-                fp32 = time_flash(s, at::kFloat, iters);
-    std::printf("| %s | %ld x %ld (%ld) x %ld x %ld | %.3f / %.3f | %.3f / %.3f | %.3f / %.3f | %.2fx |\n", s.name,
+    const Times fma = time_titan(s, iters, AttentionProducts::kFloat32);
+    const Times dot = dots ? time_titan(s, iters, AttentionProducts::kBf16Dot) : Times{0, 0};
+    const Times bf16 = time_flash(s, at::kBFloat16, iters), fp32 = time_flash(s, at::kFloat, iters);
+    const bool dot_default =
+        titan::model::kernels::default_attention_products(s.head_dim) == AttentionProducts::kBf16Dot;
+    const Times& mine = dot_default ? dot : fma;  // what the model runs at this head_dim
+    char dot_cell[64] = "-";
+    if (dots) std::snprintf(dot_cell, sizeof dot_cell, "%.3f / %.3f", dot.forward_ms, dot.backward_ms);
+    std::printf("| %s | %ld x %ld (%ld) x %ld x %ld | %.3f / %.3f | %s | %.3f / %.3f | %.3f / %.3f | %.2fx |\n", s.name,
                 static_cast<long>(s.batch), static_cast<long>(s.heads), static_cast<long>(s.kv_heads),
-                static_cast<long>(s.seq), static_cast<long>(s.head_dim), titan.forward_ms, titan.backward_ms,
+                static_cast<long>(s.seq), static_cast<long>(s.head_dim), fma.forward_ms, fma.backward_ms, dot_cell,
                 bf16.forward_ms, bf16.backward_ms, fp32.forward_ms, fp32.backward_ms,
-                (bf16.forward_ms + bf16.backward_ms) / (titan.forward_ms + titan.backward_ms));
+                (bf16.forward_ms + bf16.backward_ms) / (mine.forward_ms + mine.backward_ms));
   }
   return 0;
 }

@@ -10,7 +10,10 @@
 //   polynomial's (~20 ulp, as LibTorch's flash kernel): a relative error per row
 //   E = 2 (hd + 2) u max_j |s|_j + (|lse| + Sk + 24) u (2: the score error enters through s
 //   and through the row maximum);
-// - each float32 GEMM over n terms adds (n + 2) u times the sum of the terms' magnitudes.
+// - each float32 GEMM over n terms adds (n + 2) u times the sum of the terms' magnitudes;
+// - with bf16 dot products (kBf16Dot), q.k and dO.v are exact bf16 products summed in float32 as
+//   above, but P and dS are rounded to bf16 before their products (as LibTorch's flash kernel
+//   rounds P): each such product gains 2^-8 times the sum of its terms' magnitudes.
 // Observed: the float32 parts stay 25x or more inside their bounds; the bf16 roundings of the
 // outputs reach up to their 2^-8 bound, as rounding to nearest does. An index, a mask or a scale
 // gone wrong gives O(1) errors.
@@ -32,6 +35,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "model/activation_checkpoint_ops.h"
 #include "model/attention_blocks.h"
@@ -100,7 +104,20 @@ at::Tensor operand(const Case& c, int64_t heads, int64_t len) {
   return at::randn({c.batch, heads, len, c.head_dim}).to(at::kBFloat16);
 }
 
-void check_case(const Case& c) {
+using titan::model::kernels::AttentionProducts;
+
+// The products the kernel can run here: float32 FMAs always, bf16 dot products where the CPU
+// has them (reported skipped otherwise).
+std::vector<AttentionProducts> products_here() {
+  if (titan::model::kernels::cpu_has_bf16_dot_products())
+    return {AttentionProducts::kFloat32, AttentionProducts::kBf16Dot};
+  WARN("bf16 dot products skipped: this CPU lacks AVX512-BF16");
+  return {AttentionProducts::kFloat32};
+}
+
+void check_case(const Case& c, AttentionProducts products) {
+  const double p_rounding = products == AttentionProducts::kBf16Dot ? kBf16 : 0.0;  // P and dS as bf16
+  INFO((products == AttentionProducts::kBf16Dot ? "bf16 dot products" : "float32 products"));
   INFO("B " << c.batch << " H " << c.heads << " KV " << c.kv_heads << " Sq " << c.q_len << " Sk " << c.kv_len << " hd "
             << c.head_dim << (c.causal ? " causal" : "") << (c.strided ? " strided" : ""));
   const at::Tensor q = operand(c, c.heads, c.q_len), k = operand(c, c.kv_heads, c.kv_len),
@@ -108,11 +125,11 @@ void check_case(const Case& c) {
   const Reference r = reference(q, k, v, c.causal);
   const int64_t group = c.heads / c.kv_heads;
 
-  auto [out, lse] = cpu_attention_forward(q, k, v, c.causal);
+  auto [out, lse] = cpu_attention_forward(q, k, v, c.causal, products);
   REQUIRE(out.scalar_type() == at::kBFloat16);
   const at::Tensor p_abs_v = at::matmul(r.p, r.v.abs());
   const at::Tensor out_err = r.row_error + static_cast<double>(c.kv_len + 2) * kU;
-  check_within(out, r.out, kBf16 * r.out.abs() + 2.0 * out_err * p_abs_v, "out");
+  check_within(out, r.out, kBf16 * r.out.abs() + (2.0 * out_err + p_rounding) * p_abs_v, "out");
   check_within(lse, r.lse, r.row_error.squeeze(-1), "lse");
 
   // The backward from the reference's lse (float32) and the kernel's own bf16 out.
@@ -132,22 +149,25 @@ void check_case(const Case& c) {
 
   for (const auto grad_dtype : {at::kFloat, at::kBFloat16}) {
     INFO((grad_dtype == at::kFloat ? "float32" : "bfloat16") << " gradients");
-    auto [dq, dk, dv] = cpu_attention_backward(grad_out, q, k, v, out, lse.copy_(r.lse), c.causal, grad_dtype);
+    auto [dq, dk, dv] =
+        cpu_attention_backward(grad_out, q, k, v, out, lse.copy_(r.lse), c.causal, grad_dtype, products);
     REQUIRE(dq.scalar_type() == grad_dtype);
     const double rounding = grad_dtype == at::kFloat ? 0.0 : kBf16;
     check_within(dq, dq_ref,
-                 rounding * dq_ref.abs() +
-                     2.0 * (ds_err + static_cast<double>(c.kv_len + 2) * kU) * at::matmul(ds_abs, r.k.abs()),
+                 rounding * dq_ref.abs() + (2.0 * (ds_err + static_cast<double>(c.kv_len + 2) * kU) + p_rounding) *
+                                               at::matmul(ds_abs, r.k.abs()),
                  "dq");
     check_within(
         dk, dk_ref,
         rounding * dk_ref.abs() +
-            2.0 * sum_groups(at::matmul((ds_abs * (ds_err + sum_terms)).transpose(-1, -2), r.q.abs()), c.kv_heads),
+            sum_groups(at::matmul((ds_abs * (2.0 * (ds_err + sum_terms) + p_rounding)).transpose(-1, -2), r.q.abs()),
+                       c.kv_heads),
         "dk");
     check_within(
         dv, dv_ref,
         rounding * dv_ref.abs() +
-            2.0 * sum_groups(at::matmul((r.p * (r.row_error + sum_terms)).transpose(-1, -2), dout.abs()), c.kv_heads),
+            sum_groups(at::matmul((r.p * (2.0 * (r.row_error + sum_terms) + p_rounding)).transpose(-1, -2), dout.abs()),
+                       c.kv_heads),
         "dv");
   }
 }
@@ -163,11 +183,13 @@ TEST_CASE("bf16 CPU attention equals the float64 softmax up to its float32 and b
   // Shapes that exercise every path: tiles of 32 rows and their tails, head_dim below, at and
   // above one register block (16 floats), grouped-query heads, non-square non-causal blocks
   // (ring attention), strided operands.
-  check_case({2, 4, 2, 37, 37, 16, true, false});
-  check_case({1, 2, 2, 20, 45, 24, false, false});
-  check_case({2, 3, 3, 70, 70, 64, true, true});
-  check_case({1, 4, 1, 33, 33, 8, true, true});
-  check_case({1, 2, 1, 65, 31, 40, false, true});
+  for (const AttentionProducts products : products_here()) {
+    check_case({2, 4, 2, 37, 37, 16, true, false}, products);
+    check_case({1, 2, 2, 20, 45, 24, false, false}, products);
+    check_case({2, 3, 3, 70, 70, 64, true, true}, products);
+    check_case({1, 4, 1, 33, 33, 8, true, true}, products);
+    check_case({1, 2, 1, 65, 31, 40, false, true}, products);
+  }
 }
 
 TEST_CASE("bf16 CPU attention is the same bits on 1 and 2 threads", "[attention]") {
@@ -179,19 +201,21 @@ TEST_CASE("bf16 CPU attention is the same bits on 1 and 2 threads", "[attention]
   const at::Tensor q = at::randn({2, 4, 50, 16}).to(at::kBFloat16), k = at::randn({2, 2, 50, 16}).to(at::kBFloat16),
                    v = at::randn({2, 2, 50, 16}).to(at::kBFloat16), g = at::randn({2, 4, 50, 16}).to(at::kBFloat16);
   const int threads = at::get_num_threads();
-  auto run = [&](int n) {
+  auto run = [&](int n, AttentionProducts products) {
     at::set_num_threads(n);
-    auto [out, lse] = cpu_attention_forward(q, k, v, true);
-    auto grads = cpu_attention_backward(g, q, k, v, out, lse, true, at::kFloat);
+    auto [out, lse] = cpu_attention_forward(q, k, v, true, products);
+    auto grads = cpu_attention_backward(g, q, k, v, out, lse, true, at::kFloat, products);
     return std::make_tuple(out, lse, std::get<0>(grads), std::get<1>(grads), std::get<2>(grads));
   };
-  const auto one = run(1), two = run(2);
-  at::set_num_threads(threads);
-  CHECK(at::equal(std::get<0>(one), std::get<0>(two)));
-  CHECK(at::equal(std::get<1>(one), std::get<1>(two)));
-  CHECK(at::equal(std::get<2>(one), std::get<2>(two)));
-  CHECK(at::equal(std::get<3>(one), std::get<3>(two)));
-  CHECK(at::equal(std::get<4>(one), std::get<4>(two)));
+  for (const AttentionProducts products : products_here()) {
+    const auto one = run(1, products), two = run(2, products);
+    at::set_num_threads(threads);
+    CHECK(at::equal(std::get<0>(one), std::get<0>(two)));
+    CHECK(at::equal(std::get<1>(one), std::get<1>(two)));
+    CHECK(at::equal(std::get<2>(one), std::get<2>(two)));
+    CHECK(at::equal(std::get<3>(one), std::get<3>(two)));
+    CHECK(at::equal(std::get<4>(one), std::get<4>(two)));
+  }
 }
 
 TEST_CASE("attention_op in bf16 runs the CPU kernel through autograd, grouped-query heads included", "[attention]") {
@@ -205,8 +229,9 @@ TEST_CASE("attention_op in bf16 runs the CPU kernel through autograd, grouped-qu
   const at::Tensor v = at::randn({2, 2, 40, 16}).to(at::kBFloat16).requires_grad_(true);
   const at::Tensor g = at::randn({2, 4, 40, 16}).to(at::kBFloat16);
   REQUIRE(cpu_attention_kernel_applies(q, 40));
-  CHECK_FALSE(cpu_attention_kernel_applies(q, kCpuAttentionMaxKeys + 1));  // longer: LibTorch's flash kernel
-  CHECK_FALSE(cpu_attention_kernel_applies(q.to(at::kFloat), 40));          // float32: LibTorch's, bit for bit as before
+  // head_dim 16: float32 FMAs, which hand longer key ranges to LibTorch's flash kernel
+  CHECK_FALSE(cpu_attention_kernel_applies(q, kCpuAttentionMaxKeys + 1));
+  CHECK_FALSE(cpu_attention_kernel_applies(q.to(at::kFloat), 40));  // float32: LibTorch's, bit for bit as before
   const at::Tensor out = attention_op(q, k, v);
   auto grads = torch::autograd::grad({out}, {q, k, v}, {g});
   // The kernel called directly gives the same bits: attention_op adds nothing but autograd.
@@ -252,8 +277,7 @@ TEST_CASE("ring attention's bf16 blocks through the CPU kernel merge to the whol
   // dq: the same 48 products summed in another grouping, <= 2 (48 + 2) u sum_j |dS_j| |k_j| apart,
   // |dS| <= P (|dO| |V|^T + rowsum |dO| |O|) / sqrt(hd).
   const at::Tensor dout = g.to(at::kDouble), o = out.to(at::kDouble);
-  const at::Tensor ds_abs = r.p *
-                            (at::matmul(dout.abs(), r.v.abs().transpose(-1, -2)) + (dout.abs() * o.abs()).sum(-1, true)) /
-                            4.0;
+  const at::Tensor ds_abs =
+      r.p * (at::matmul(dout.abs(), r.v.abs().transpose(-1, -2)) + (dout.abs() * o.abs()).sum(-1, true)) / 4.0;
   check_within(dq1 + dq2, dq.to(at::kDouble), 2 * 50 * kU * at::matmul(ds_abs, r.k.abs()), "dq over blocks");
 }

@@ -44,26 +44,29 @@ const at::BFloat16* bf16(const at::Tensor& t) { return t.const_data_ptr<at::BFlo
 }  // namespace
 
 bool cpu_attention_kernel_applies(const at::Tensor& q, int64_t kv_len) {
-  return q.device().is_cpu() && q.scalar_type() == at::kBFloat16 && kv_len <= kCpuAttentionMaxKeys &&
-         fused_ops_enabled() && util::cpu_has_avx2_kernels();
+  return q.device().is_cpu() && q.scalar_type() == at::kBFloat16 && fused_ops_enabled() &&
+         util::cpu_has_avx2_kernels() &&
+         (kv_len <= kCpuAttentionMaxKeys ||
+          kernels::default_attention_products(q.size(-1)) == kernels::AttentionProducts::kBf16Dot);
 }
 
 std::tuple<at::Tensor, at::Tensor> cpu_attention_forward(const at::Tensor& q_in, const at::Tensor& k_in,
-                                                         const at::Tensor& v_in, bool causal) {
+                                                         const at::Tensor& v_in, bool causal,
+                                                         std::optional<kernels::AttentionProducts> products) {
   const AttentionDims d = dims_of(q_in, k_in, v_in, causal);
   const at::Tensor q = rows_contiguous(q_in), k = rows_contiguous(k_in), v = rows_contiguous(v_in);
   at::Tensor out = at::empty({d.batch, d.heads, d.q_len, d.head_dim}, q.options());
   at::Tensor lse = at::empty({d.batch, d.heads, d.q_len}, q.options().dtype(at::kFloat));
   kernels::attention_forward_cpu(d, bf16(q), strides_of(q), bf16(k), strides_of(k), bf16(v), strides_of(v),
-                                 out.mutable_data_ptr<at::BFloat16>(), lse.mutable_data_ptr<float>());
+                                 out.mutable_data_ptr<at::BFloat16>(), lse.mutable_data_ptr<float>(),
+                                 products.value_or(kernels::default_attention_products(d.head_dim)));
   return {out, lse};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> cpu_attention_backward(const at::Tensor& grad_out_in,
-                                                                      const at::Tensor& q_in, const at::Tensor& k_in,
-                                                                      const at::Tensor& v_in, const at::Tensor& out_in,
-                                                                      const at::Tensor& lse_in, bool causal,
-                                                                      at::ScalarType grad_dtype) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> cpu_attention_backward(
+    const at::Tensor& grad_out_in, const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
+    const at::Tensor& out_in, const at::Tensor& lse_in, bool causal, at::ScalarType grad_dtype,
+    std::optional<kernels::AttentionProducts> products) {
   const AttentionDims d = dims_of(q_in, k_in, v_in, causal);
   TORCH_CHECK(grad_out_in.sizes() == q_in.sizes() && out_in.sizes() == q_in.sizes(),
               "cpu attention backward: grad_out and out must be q's shape ", q_in.sizes(), ", got ",
@@ -85,7 +88,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cpu_attention_backward(const at::
     kernels::attention_backward_cpu<at::BFloat16, G>(
         d, bf16(grad_out), strides_of(grad_out), bf16(q), strides_of(q), bf16(k), strides_of(k), bf16(v), strides_of(v),
         bf16(out), strides_of(out), lse.const_data_ptr<float>(), dq.mutable_data_ptr<G>(), dk.mutable_data_ptr<G>(),
-        dv.mutable_data_ptr<G>());
+        dv.mutable_data_ptr<G>(), products.value_or(kernels::default_attention_products(d.head_dim)));
   };
   if (grad_dtype == at::kFloat) {
     run(static_cast<float*>(nullptr));

@@ -9,9 +9,11 @@
 // by query tiles] in attention_cpu.cpp): 1.5 ms for that layer, forward and backward. It runs
 // where it is the faster of the two (Note [Where the CPU attention kernel runs] below).
 //
-// Numerics: every product and the softmax in float32 (exp to ~20 ulp, as LibTorch's flash
-// kernel), one rounding per output element; P is not rounded to bf16 before P V as in the
-// flash kernel. So the output is the float64 reference's, rounded, within a few float32 ulps
+// Numerics: the softmax in float32 (exp to ~20 ulp, as LibTorch's flash kernel); the products
+// in float32 FMAs (one rounding per output element) or, where the CPU has AVX512-BF16 and heads
+// are at least kMinHeadDimForDots wide, bf16 dot products, which round P and dS to bf16 first
+// as the flash kernel rounds P (Note [CPU attention products] in attention_cpu.cpp). Both are
+// checked against the float64 softmax with bounds built from the terms
 // (tests/test_attention_kernel.cpp). Float32 attention keeps LibTorch's kernel (a float32 run's
 // losses stay bit for bit what they were); TITAN_FUSED_OPS=0 turns this kernel off with the
 // other fused CPU ops.
@@ -21,41 +23,10 @@
 #include <c10/util/BFloat16.h>
 
 #include <cstdint>
+#include <optional>
 #include <tuple>
 
 namespace titan::model {
-
-// Note [Where the CPU attention kernel runs]: its GEMMs are float32 FMAs, which run near the
-// float32 peak (~85% at 2k keys); LibTorch's bf16 flash kernel pays a fixed cost per block of
-// keys but then multiplies with bf16 dot-product instructions (2x float32's rate where the CPU
-// has them). Short key ranges are all fixed cost and titan's kernel wins; long ones are all
-// arithmetic and flash's does. Measured (titan-bench-attention, 2-core AMD EPYC with
-// AVX512-BF16, forward + backward against flash bf16): 128 keys 3.2x (head_dim 16), 256 keys
-// 1.7x (64), 512 keys 1.3x (128); 1024 keys 0.87-0.89x at head_dim 64 / 128 (1.2x at 16); 2048
-// keys 0.76x (128). So attention over more than kCpuAttentionMaxKeys keys keeps LibTorch's
-// kernel. Ring attention's blocks and a document's own attention count their own keys. Not
-// measured: a CPU with AMX, where LibTorch's bf16 GEMMs run on tile units and the line may sit
-// lower (scripts' and titan-bench-attention's tables say which CPU gave each figure).
-constexpr int64_t kCpuAttentionMaxKeys = 512;
-
-// Whether cpu_attention_forward / _backward should run for these operands (See Note [Where the
-// CPU attention kernel runs]): CPU bfloat16, at most kCpuAttentionMaxKeys keys, the AVX2 kernels
-// present, the fused ops on. The kernel itself takes any length.
-bool cpu_attention_kernel_applies(const at::Tensor& q, int64_t kv_len);
-
-// q [B, H, Sq, hd]; k, v [B, KV, Sk, hd], H a multiple of KV, any strides with the last dim
-// contiguous. `causal`: query i sees keys 0..i (Sq == Sk). Returns out [B, H, Sq, hd] (q's
-// dtype, contiguous) and lse [B, H, Sq] float32: log sum_j exp(q_i . k_j / sqrt(hd)).
-std::tuple<at::Tensor, at::Tensor> cpu_attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                                         bool causal);
-
-// The gradients given the rows' final `out` and `lse` (those of the whole attention, which may
-// span more keys than k/v: ring attention's merged results). dq [B, H, Sq, hd], dk, dv
-// [B, KV, Sk, hd] (each group's query heads summed) in `grad_dtype`: q's dtype or float32.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> cpu_attention_backward(const at::Tensor& grad_out, const at::Tensor& q,
-                                                                      const at::Tensor& k, const at::Tensor& v,
-                                                                      const at::Tensor& out, const at::Tensor& lse,
-                                                                      bool causal, at::ScalarType grad_dtype);
 
 // ---- the kernels on raw buffers (model/kernels/attention_cpu.cpp)
 namespace kernels {
@@ -70,15 +41,65 @@ struct RowStrides {
   int64_t batch, head, row;
 };
 
+// How the products run (Note [CPU attention products] in attention_cpu.cpp): float32 FMAs on
+// every x86 CPU with AVX2, or bf16 dot products where the CPU has AVX512-BF16 (asked for
+// without it: float32).
+enum class AttentionProducts { kFloat32, kBf16Dot };
+bool cpu_has_bf16_dot_products();
+// The heads from which bf16 dot products are the faster (below, packing P and dS costs more
+// than the products save; measured in the Note).
+constexpr int64_t kMinHeadDimForDots = 32;
+// What the model runs: bf16 dot products where the CPU has them and head_dim >= kMinHeadDimForDots.
+AttentionProducts default_attention_products(int64_t head_dim);
+
 // out [B, H, Sq, hd] and lse [B, H, Sq] contiguous.
 template <typename T>
 void attention_forward_cpu(const AttentionDims& d, const T* q, RowStrides qs, const T* k, RowStrides ks, const T* v,
-                           RowStrides vs, T* out, float* lse);
+                           RowStrides vs, T* out, float* lse, AttentionProducts products);
 // lse [B, H, Sq], dq [B, H, Sq, hd], dk / dv [B, KV, Sk, hd] contiguous; G: T or float.
 template <typename T, typename G>
 void attention_backward_cpu(const AttentionDims& d, const T* dout, RowStrides dos, const T* q, RowStrides qs,
                             const T* k, RowStrides ks, const T* v, RowStrides vs, const T* out, RowStrides os,
-                            const float* lse, G* dq, G* dk, G* dv);
+                            const float* lse, G* dq, G* dk, G* dv, AttentionProducts products);
 
 }  // namespace kernels
+
+// Note [Where the CPU attention kernel runs]: LibTorch's bf16 flash kernel pays a fixed cost
+// per block of keys, then multiplies with bf16 dot products (MKL's). Short key ranges are all
+// fixed cost, long ones all arithmetic. Measured (titan-bench-attention, 2-core AMD EPYC with
+// AVX512-BF16, no AMX; forward + backward against flash bf16):
+// - with bf16 dot products (head_dim >= kMinHeadDimForDots on such CPUs): 2.2x at 256 keys
+//   (head_dim 64), 2.8x / 1.9x / 1.6x at 512 / 1024 / 2048 keys (head_dim 128), 1.9x / 1.02x
+//   at 512 / 2048 keys (head_dim 32): titan's kernel at every length;
+// - with float32 FMAs (smaller heads, or no AVX512-BF16): 5.3x at 128 keys (head_dim 16), 1.2x
+//   / 1.06x at 1024 / 2048 keys (16), but 0.87-0.89x at 1024 keys for head_dim 64 / 128 (the
+//   FMAs run at ~85% of the float32 peak there; flash's dot products at twice that rate): over
+//   kCpuAttentionMaxKeys keys, LibTorch's kernel.
+// Ring attention's blocks and a document's own attention count their own keys. Not measured: a
+// CPU with AMX, where LibTorch's bf16 GEMMs run on tile units and the lines may sit lower.
+constexpr int64_t kCpuAttentionMaxKeys = 512;
+
+// Whether cpu_attention_forward / _backward should run for these operands (See Note [Where the
+// CPU attention kernel runs]): CPU bfloat16, bf16 dot products for this head_dim or at most
+// kCpuAttentionMaxKeys keys, the AVX2 kernels present, the fused ops on. The kernel itself takes
+// any length.
+bool cpu_attention_kernel_applies(const at::Tensor& q, int64_t kv_len);
+
+// q [B, H, Sq, hd]; k, v [B, KV, Sk, hd], H a multiple of KV, any strides with the last dim
+// contiguous. `causal`: query i sees keys 0..i (Sq == Sk). Returns out [B, H, Sq, hd] (q's
+// dtype, contiguous) and lse [B, H, Sq] float32: log sum_j exp(q_i . k_j / sqrt(hd)).
+// `products`: how the kernel multiplies (unset: kernels::default_attention_products; tests and
+// titan-bench-attention pass each).
+std::tuple<at::Tensor, at::Tensor> cpu_attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                         bool causal,
+                                                         std::optional<kernels::AttentionProducts> products = {});
+
+// The gradients given the rows' final `out` and `lse` (those of the whole attention, which may
+// span more keys than k/v: ring attention's merged results). dq [B, H, Sq, hd], dk, dv
+// [B, KV, Sk, hd] (each group's query heads summed) in `grad_dtype`: q's dtype or float32.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> cpu_attention_backward(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+    const at::Tensor& lse, bool causal, at::ScalarType grad_dtype,
+    std::optional<kernels::AttentionProducts> products = {});
+
 }  // namespace titan::model

@@ -8,9 +8,11 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <vector>
 
 #include "model/kernels/attention.h"
+#include "model/kernels/attention_cpu_products.h"
 
 namespace titan::model::kernels {
 namespace {
@@ -181,30 +183,96 @@ float exp_row(float* s, int64_t valid, int64_t n, float scale, float shift) {
 // Keys query row i of a tile may see: all of them, or (causal, square) keys 0..i.
 int64_t visible_keys(const AttentionDims& d, int64_t i) { return d.causal ? i + 1 : d.kv_len; }
 
+// Note [CPU attention products]: the tile loop below asks a HeadProducts
+// (attention_cpu_products.h) for its seven products, so the loop, the softmax and the masks are
+// written once for both ways of multiplying:
+// - float32 FMAs (here): each operand converted to float32 once, every product in float32, one
+//   rounding per output element;
+// - bf16 dot products (attention_cpu_bf16.cpp, CPUs with AVX512-BF16): vdpbf16ps multiplies 32
+//   bf16 pairs into 16 float32 lanes per instruction, twice the FMAs' rate. q.k and dO.v are
+//   exact products of the bf16 inputs summed in float32, as before; P and dS are rounded to bf16
+//   for their products, as LibTorch's flash kernel rounds P. Packing P and dS into pairs costs
+//   per element about what the products of a 16-wide head cost, so small heads keep the FMAs
+//   (kMinHeadDimForDots, measured in docs/performance.md).
+
+// ---- the float32 products (See Note [CPU attention by query tiles])
+
+class Float32Products final : public HeadProducts {
+ public:
+  Float32Products(int64_t kv_len, int64_t head_dim, int64_t tile_rows)
+      : hd_(head_dim),
+        krows_(static_cast<size_t>(kv_len * head_dim)),
+        vrows_(krows_.size()),
+        kt_(static_cast<size_t>(panels_size(kv_len, head_dim))),
+        vt_(kt_.size()),
+        qtile_(static_cast<size_t>(tile_rows * head_dim)),
+        dotile_(qtile_.size()),
+        kv_len_(kv_len) {}
+
+  void load_kv(const at::BFloat16* k, int64_t k_stride, const at::BFloat16* v, int64_t v_stride) override {
+    load_rows(k, k_stride, kv_len_, hd_, krows_.data(), kt_.data());
+    load_rows(v, v_stride, kv_len_, hd_, vrows_.data(), vt_.data());
+  }
+  void load_q(const at::BFloat16* q, int64_t stride, int64_t rows) override {
+    load_rows(q, stride, rows, hd_, qtile_.data(), nullptr);
+  }
+  void load_dout(const at::BFloat16* dout, int64_t stride, int64_t rows) override {
+    load_rows(dout, stride, rows, hd_, dotile_.data(), nullptr);
+  }
+  void scores(int64_t rows, int64_t keys, float* s) override {
+    gemm(rows, keys, hd_, qtile_.data(), hd_, 1, kt_.data(), panels_layout(hd_), s, keys, false);
+  }
+  void out(int64_t rows, int64_t keys, const float* p, float* o) override {
+    gemm(rows, hd_, keys, p, keys, 1, vrows_.data(), row_major(hd_), o, hd_, false);
+  }
+  void grad_probs(int64_t rows, int64_t keys, float* dp) override {
+    gemm(rows, keys, hd_, dotile_.data(), hd_, 1, vt_.data(), panels_layout(hd_), dp, keys, false);
+  }
+  void grad_q(int64_t rows, int64_t keys, const float* ds, float* dq) override {
+    gemm(rows, hd_, keys, ds, keys, 1, krows_.data(), row_major(hd_), dq, hd_, false);
+  }
+  void grad_kv(int64_t rows, int64_t keys, const float* ds, const float* p, float* dk, float* dv) override {
+    gemm(keys, hd_, rows, ds, 1, keys, qtile_.data(), row_major(hd_), dk, hd_, true);
+    gemm(keys, hd_, rows, p, 1, keys, dotile_.data(), row_major(hd_), dv, hd_, true);
+  }
+
+ private:
+  int64_t hd_;
+  std::vector<float> krows_, vrows_, kt_, vt_, qtile_, dotile_;
+  int64_t kv_len_;
+};
+
+std::unique_ptr<HeadProducts> products_for(AttentionProducts which, const AttentionDims& d, int64_t tile) {
+  if (which == AttentionProducts::kBf16Dot) {
+    if (auto made = bf16_dot_products(d.kv_len, d.head_dim, tile)) return made;
+  }
+  return float32_products(d.kv_len, d.head_dim, tile);
+}
+
 }  // namespace
+
+std::unique_ptr<HeadProducts> float32_products(int64_t kv_len, int64_t head_dim, int64_t tile_rows) {
+  return std::make_unique<Float32Products>(kv_len, head_dim, tile_rows);
+}
 
 template <typename T>
 void attention_forward_cpu(const AttentionDims& d, const T* q, RowStrides qs, const T* k, RowStrides ks, const T* v,
-                           RowStrides vs, T* out, float* lse) {
+                           RowStrides vs, T* out, float* lse, AttentionProducts which) {
   const int64_t hd = d.head_dim, Sq = d.q_len, Sk = d.kv_len, group = d.heads / d.kv_heads;
   const int64_t tile = tile_rows(Sk);
   at::parallel_for(0, d.batch * d.heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> kt(static_cast<size_t>(panels_size(Sk, hd))), vrows(static_cast<size_t>(Sk * hd)),
-        krows(vrows.size());
-    std::vector<float> qtile(static_cast<size_t>(tile * hd)), otile(qtile.size()),
-        scores(static_cast<size_t>(tile * Sk));
+    const std::unique_ptr<HeadProducts> products = products_for(which, d, tile);
+    std::vector<float> otile(static_cast<size_t>(tile * hd)), scores(static_cast<size_t>(tile * Sk));
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / d.heads, h = task % d.heads, kvh = h / group;
-      load_rows(k + b * ks.batch + kvh * ks.head, ks.row, Sk, hd, krows.data(), kt.data());
-      load_rows(v + b * vs.batch + kvh * vs.head, vs.row, Sk, hd, vrows.data(), nullptr);
+      products->load_kv(k + b * ks.batch + kvh * ks.head, ks.row, v + b * vs.batch + kvh * vs.head, vs.row);
       const T* qh = q + b * qs.batch + h * qs.head;
       T* oh = out + task * Sq * hd;
       float* lh = lse + task * Sq;
       for (int64_t i0 = 0; i0 < Sq; i0 += tile) {
         const int64_t rows = std::min(tile, Sq - i0), keys = d.causal ? i0 + rows : Sk;
-        load_rows(qh + i0 * qs.row, qs.row, rows, hd, qtile.data(), nullptr);
-        // scores[r, j] = q_r . k_j (scaled in the exponent below)
-        gemm(rows, keys, hd, qtile.data(), hd, 1, kt.data(), panels_layout(hd), scores.data(), keys, false);
+        products->load_q(qh + i0 * qs.row, qs.row, rows);
+        products->scores(rows, keys, scores.data());  // q_r . k_j, scaled in the exponent below
         for (int64_t r = 0; r < rows; ++r) {
           float* s = scores.data() + r * keys;
           const int64_t valid = visible_keys(d, i0 + r);
@@ -216,7 +284,7 @@ void attention_forward_cpu(const AttentionDims& d, const T* q, RowStrides qs, co
           for (; j + kV <= valid; j += kV) (Vec::loadu(s + j) * inv).store(s + j);
           for (; j < valid; ++j) s[j] *= 1.f / sum;
         }
-        gemm(rows, hd, keys, scores.data(), keys, 1, vrows.data(), row_major(hd), otile.data(), hd, false);  // P V
+        products->out(rows, keys, scores.data(), otile.data());
         for (int64_t r = 0; r < rows; ++r) store_row(otile.data() + r * hd, oh + (i0 + r) * hd, hd);
       }
     }
@@ -226,21 +294,19 @@ void attention_forward_cpu(const AttentionDims& d, const T* q, RowStrides qs, co
 template <typename T, typename G>
 void attention_backward_cpu(const AttentionDims& d, const T* dout, RowStrides dos, const T* q, RowStrides qs,
                             const T* k, RowStrides ks, const T* v, RowStrides vs, const T* out, RowStrides os,
-                            const float* lse, G* dq, G* dk, G* dv) {
+                            const float* lse, G* dq, G* dk, G* dv, AttentionProducts which) {
   const int64_t hd = d.head_dim, Sq = d.q_len, Sk = d.kv_len, group = d.heads / d.kv_heads;
   const int64_t tile = tile_rows(Sk);
   // One task per (batch, kv head): its group of query heads adds into one dk / dv, in order.
   at::parallel_for(0, d.batch * d.kv_heads, 1, [&](int64_t begin, int64_t end) {
+    const std::unique_ptr<HeadProducts> products = products_for(which, d, tile);
     const size_t kv_elems = static_cast<size_t>(Sk * hd), tile_elems = static_cast<size_t>(tile * hd);
-    const size_t panel_elems = static_cast<size_t>(panels_size(Sk, hd));
-    std::vector<float> krows(kv_elems), kt(panel_elems), vt(panel_elems), vscratch(kv_elems), dk_acc(kv_elems),
-        dv_acc(kv_elems);
-    std::vector<float> qtile(tile_elems), dotile(tile_elems), otile(tile_elems), dqtile(tile_elems);
-    std::vector<float> p(static_cast<size_t>(tile * Sk)), ds(p.size()), rowdot(static_cast<size_t>(tile));
+    std::vector<float> dk_acc(kv_elems), dv_acc(kv_elems);
+    std::vector<float> dotile(tile_elems), otile(tile_elems), dqtile(tile_elems);
+    std::vector<float> p(static_cast<size_t>(tile * Sk)), ds(p.size());
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / d.kv_heads, kvh = task % d.kv_heads;
-      load_rows(k + b * ks.batch + kvh * ks.head, ks.row, Sk, hd, krows.data(), kt.data());
-      load_rows(v + b * vs.batch + kvh * vs.head, vs.row, Sk, hd, vscratch.data(), vt.data());
+      products->load_kv(k + b * ks.batch + kvh * ks.head, ks.row, v + b * vs.batch + kvh * vs.head, vs.row);
       std::fill(dk_acc.begin(), dk_acc.end(), 0.f);
       std::fill(dv_acc.begin(), dv_acc.end(), 0.f);
       for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
@@ -252,12 +318,12 @@ void attention_backward_cpu(const AttentionDims& d, const T* dout, RowStrides do
         G* dqh = dq + qhead * Sq * hd;
         for (int64_t i0 = 0; i0 < Sq; i0 += tile) {
           const int64_t rows = std::min(tile, Sq - i0), keys = d.causal ? i0 + rows : Sk;
-          load_rows(qh + i0 * qs.row, qs.row, rows, hd, qtile.data(), nullptr);
-          load_rows(doh + i0 * dos.row, dos.row, rows, hd, dotile.data(), nullptr);
+          products->load_q(qh + i0 * qs.row, qs.row, rows);
+          products->load_dout(doh + i0 * dos.row, dos.row, rows);
+          load_rows(doh + i0 * dos.row, dos.row, rows, hd, dotile.data(), nullptr);  // for rowsum(dO * O)
           load_rows(oh + i0 * os.row, os.row, rows, hd, otile.data(), nullptr);
-          gemm(rows, keys, hd, qtile.data(), hd, 1, kt.data(), panels_layout(hd), p.data(), keys, false);  // scores
-          gemm(rows, keys, hd, dotile.data(), hd, 1, vt.data(), panels_layout(hd), ds.data(), keys,
-               false);  // dP = dO V^T
+          products->scores(rows, keys, p.data());
+          products->grad_probs(rows, keys, ds.data());  // dP = dO V^T
           for (int64_t r = 0; r < rows; ++r) {
             float* pr = p.data() + r * keys;
             float* dsr = ds.data() + r * keys;
@@ -272,11 +338,8 @@ void attention_backward_cpu(const AttentionDims& d, const T* dout, RowStrides do
             for (; j < valid; ++j) dsr[j] = pr[j] * (dsr[j] - delta) * d.scale;
             std::fill(dsr + valid, dsr + keys, 0.f);
           }
-          gemm(rows, hd, keys, ds.data(), keys, 1, krows.data(), row_major(hd), dqtile.data(), hd, false);  // dQ = dS K
-          gemm(keys, hd, rows, ds.data(), 1, keys, qtile.data(), row_major(hd), dk_acc.data(), hd,
-               true);  // dK += dS^T Q
-          gemm(keys, hd, rows, p.data(), 1, keys, dotile.data(), row_major(hd), dv_acc.data(), hd,
-               true);  // dV += P^T dO
+          products->grad_q(rows, keys, ds.data(), dqtile.data());
+          products->grad_kv(rows, keys, ds.data(), p.data(), dk_acc.data(), dv_acc.data());
           for (int64_t r = 0; r < rows; ++r) store_row(dqtile.data() + r * hd, dqh + (i0 + r) * hd, hd);
         }
       }
@@ -292,11 +355,12 @@ void attention_backward_cpu(const AttentionDims& d, const T* dout, RowStrides do
 
 template void attention_forward_cpu<at::BFloat16>(const AttentionDims&, const at::BFloat16*, RowStrides,
                                                   const at::BFloat16*, RowStrides, const at::BFloat16*, RowStrides,
-                                                  at::BFloat16*, float*);
+                                                  at::BFloat16*, float*, AttentionProducts);
 #define TITAN_ATTENTION_BACKWARD(G)                                                                                \
   template void attention_backward_cpu<at::BFloat16, G>(                                                           \
       const AttentionDims&, const at::BFloat16*, RowStrides, const at::BFloat16*, RowStrides, const at::BFloat16*, \
-      RowStrides, const at::BFloat16*, RowStrides, const at::BFloat16*, RowStrides, const float*, G*, G*, G*);
+      RowStrides, const at::BFloat16*, RowStrides, const at::BFloat16*, RowStrides, const float*, G*, G*, G*,      \
+      AttentionProducts);
 TITAN_ATTENTION_BACKWARD(at::BFloat16)
 TITAN_ATTENTION_BACKWARD(float)
 #undef TITAN_ATTENTION_BACKWARD

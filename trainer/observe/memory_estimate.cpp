@@ -65,7 +65,10 @@ BlockTerms block_terms(const EstimateInputs& in) {
   // LibTorch's CPU flash kernel gets k and v repeated to every head (the un-repeated are
   // freed); titan's bf16 CPU kernel takes them as they are (Note [Where the CPU attention kernel
   // runs] in model/kernels/attention.h). CUDA as the CPU flash kernel: an upper bound.
-  const bool titan_cpu_attention = !in.cuda && in.compute_bytes == 2 && in.seq_len <= model::kCpuAttentionMaxKeys;
+  const bool titan_cpu_attention =
+      !in.cuda && in.compute_bytes == 2 &&
+      (in.seq_len <= model::kCpuAttentionMaxKeys ||
+       model::kernels::default_attention_products(a.head_dim()) == model::kernels::AttentionProducts::kBf16Dot);
   if (gqa && !titan_cpu_attention) {
     full.push_back({"RoPE-rotated q; k, v repeated to all heads (GQA)", 3 * dq * e});
   } else {
