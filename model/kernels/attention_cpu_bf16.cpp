@@ -122,29 +122,23 @@ class Bf16DotProducts final : public HeadProducts {
     pack_b(sk_, hd_, key, k_grad_.data());                                              // ds k
   }
   void load_q(const at::BFloat16* q, int64_t stride, int64_t rows) override {
-    auto get = [&](int64_t r, int64_t d) { return q[r * stride + d]; };
-    pack_a(rows, hd_, get, q_a_.data());
-    pack_b(rows, hd_, get, q_b_.data());
+    pack_tile(q, stride, rows, q_a_.data(), q_b_.data());
   }
   void load_dout(const at::BFloat16* dout, int64_t stride, int64_t rows) override {
-    auto get = [&](int64_t r, int64_t d) { return dout[r * stride + d]; };
-    pack_a(rows, hd_, get, do_a_.data());
-    pack_b(rows, hd_, get, do_b_.data());
+    pack_tile(dout, stride, rows, do_a_.data(), do_b_.data());
   }
   void scores(int64_t rows, int64_t keys, float* s) override {
     dot_gemm(rows, keys, hd_, q_a_.data(), k_scores_.data(), hd_, s, keys, false);
   }
   void out(int64_t rows, int64_t keys, const float* p, float* o) override {
-    pack_a(
-        rows, keys, [&](int64_t r, int64_t j) { return p[r * keys + j]; }, lhs_.data());
+    pack_a(rows, keys, [&](int64_t r, int64_t j) { return p[r * keys + j]; }, lhs_.data());
     dot_gemm(rows, hd_, keys, lhs_.data(), v_out_.data(), sk_, o, hd_, false);
   }
   void grad_probs(int64_t rows, int64_t keys, float* dp) override {
     dot_gemm(rows, keys, hd_, do_a_.data(), v_probs_.data(), hd_, dp, keys, false);
   }
   void grad_q(int64_t rows, int64_t keys, const float* ds, float* dq) override {
-    pack_a(
-        rows, keys, [&](int64_t r, int64_t j) { return ds[r * keys + j]; }, lhs_.data());
+    pack_a(rows, keys, [&](int64_t r, int64_t j) { return ds[r * keys + j]; }, lhs_.data());
     dot_gemm(rows, hd_, keys, lhs_.data(), k_grad_.data(), sk_, dq, hd_, false);
   }
   void grad_kv(int64_t rows, int64_t keys, const float* ds, const float* p, float* dk, float* dv) override {
@@ -157,6 +151,14 @@ class Bf16DotProducts final : public HeadProducts {
   }
 
  private:
+  // A tile's rows (queries or their output gradients) as the left operand of q k^T / dO v^T and
+  // the right one of ds^T q / p^T dO.
+  void pack_tile(const at::BFloat16* src, int64_t stride, int64_t rows, uint32_t* as_a, uint32_t* as_b) {
+    auto get = [&](int64_t r, int64_t d) { return src[r * stride + d]; };
+    pack_a(rows, hd_, get, as_a);
+    pack_b(rows, hd_, get, as_b);
+  }
+
   int64_t sk_, hd_;
   std::vector<uint32_t> k_scores_, v_probs_, v_out_, k_grad_, q_a_, do_a_, q_b_, do_b_, lhs_;
 };
