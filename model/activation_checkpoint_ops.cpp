@@ -117,16 +117,15 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// The CPU flash-attention kernel as an autograd Function, so its forward can be replayed
+// The CPU attention kernels as an autograd Function, so its forward can be replayed
 // (See Note [Replay needs no autograd history]): the backward needs q, k, v, out and the
-// logsumexp, all of which are saved here, and never the forward's history. The same two ATen
-// kernels at::scaled_dot_product_attention's autograd uses on the CPU.
+// logsumexp, all of which are saved here, and never the forward's history. `titan_kernel`
+// (attention_op decides it once): titan's bf16 kernel (model/kernels/attention.h; grouped-query
+// k/v as they are), else the two ATen flash kernels at::scaled_dot_product_attention's autograd
+// uses on the CPU (k/v repeated to every query head by attention_op).
 struct CpuFlashAttention : public torch::autograd::Function<CpuFlashAttention> {
-  static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
-                               const at::Tensor& v) {
-    // titan's bf16 kernel (model/kernels/attention.h; grouped-query k/v as they are) or
-    // LibTorch's flash kernel (k/v repeated to every query head by attention_op).
-    const bool titan_kernel = cpu_attention_kernel_applies(q, k.size(2));
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                               bool titan_kernel) {
     // out [B, H, S, hd], logsumexp [B, H, S] float32: kept or recomputed together.
     auto r = checkpointable_op_multi("sdpa", [&] {
       auto [out, lse] = titan_kernel
@@ -145,7 +144,7 @@ struct CpuFlashAttention : public torch::autograd::Function<CpuFlashAttention> {
                  ? cpu_attention_backward(grads[0], s[0], s[1], s[2], s[3], s[4], /*causal=*/true, s[0].scalar_type())
                  : at::_scaled_dot_product_flash_attention_for_cpu_backward(grads[0].contiguous(), s[0], s[1], s[2],
                                                                             s[3], s[4], 0.0, /*is_causal=*/true);
-    return {std::get<0>(g), std::get<1>(g), std::get<2>(g)};
+    return {std::get<0>(g), std::get<1>(g), std::get<2>(g), at::Tensor()};
   }
 };
 
@@ -161,14 +160,15 @@ at::Tensor attention_op(const at::Tensor& q, const at::Tensor& k, const at::Tens
     return at::scaled_dot_product_attention(q, k, v, std::nullopt, 0.0, /*is_causal=*/true,
                                             std::nullopt, /*enable_gqa=*/q.size(1) != k.size(1));
   }
+  const bool titan_kernel = cpu_attention_kernel_applies(q, k.size(2));
   at::Tensor kk = k, vv = v;
   // GQA for LibTorch's kernel: repeat each kv head, as SDPA's math path does (titan's takes them as they are)
-  if (q.size(1) != k.size(1) && !cpu_attention_kernel_applies(q, k.size(2))) {
+  if (q.size(1) != k.size(1) && !titan_kernel) {
     const int64_t rep = q.size(1) / k.size(1);
     kk = k.repeat_interleave(rep, 1);
     vv = v.repeat_interleave(rep, 1);
   }
-  return CpuFlashAttention::apply(q, kk, vv)[0];
+  return CpuFlashAttention::apply(q, kk, vv, titan_kernel)[0];
 }
 
 }  // namespace titan::model

@@ -12,14 +12,14 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <atomic>
-#include <future>
-#include <utility>
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
+#include <future>
 #include <sstream>
 #include <thread>
+#include <utility>
 
 #include "parallel/comm/process_group.h"
 #include "trainer/config/parallel_options.h"

@@ -106,6 +106,13 @@ at::Tensor operand(const Case& c, int64_t heads, int64_t len) {
 
 using titan::model::kernels::AttentionProducts;
 
+// Whether this CPU runs the kernel's build target (reported skipped otherwise).
+bool kernel_builds_here() {
+  if (titan::util::cpu_has_avx2_kernels()) return true;
+  WARN("skipped: this CPU lacks AVX2/FMA, the kernel's build target");
+  return false;
+}
+
 // The products the kernel can run here: float32 FMAs always, bf16 dot products where the CPU
 // has them (reported skipped otherwise).
 std::vector<AttentionProducts> products_here() {
@@ -175,10 +182,7 @@ void check_case(const Case& c, AttentionProducts products) {
 }  // namespace
 
 TEST_CASE("bf16 CPU attention equals the float64 softmax up to its float32 and bf16 roundings", "[attention]") {
-  if (!titan::util::cpu_has_avx2_kernels()) {
-    WARN("skipped: this CPU lacks AVX2/FMA, the kernel's build target");
-    return;
-  }
+  if (!kernel_builds_here()) return;
   at::manual_seed(7);
   // Shapes that exercise every path: tiles of 32 rows and their tails, head_dim below, at and
   // above one register block (16 floats), grouped-query heads, non-square non-causal blocks
@@ -193,10 +197,7 @@ TEST_CASE("bf16 CPU attention equals the float64 softmax up to its float32 and b
 }
 
 TEST_CASE("bf16 CPU attention is the same bits on 1 and 2 threads", "[attention]") {
-  if (!titan::util::cpu_has_avx2_kernels()) {
-    WARN("skipped: this CPU lacks AVX2/FMA, the kernel's build target");
-    return;
-  }
+  if (!kernel_builds_here()) return;
   at::manual_seed(3);
   const at::Tensor q = at::randn({2, 4, 50, 16}).to(at::kBFloat16), k = at::randn({2, 2, 50, 16}).to(at::kBFloat16),
                    v = at::randn({2, 2, 50, 16}).to(at::kBFloat16), g = at::randn({2, 4, 50, 16}).to(at::kBFloat16);
@@ -219,10 +220,7 @@ TEST_CASE("bf16 CPU attention is the same bits on 1 and 2 threads", "[attention]
 }
 
 TEST_CASE("attention_op in bf16 runs the CPU kernel through autograd, grouped-query heads included", "[attention]") {
-  if (!titan::util::cpu_has_avx2_kernels()) {
-    WARN("skipped: this CPU lacks AVX2/FMA, the kernel's build target");
-    return;
-  }
+  if (!kernel_builds_here()) return;
   at::manual_seed(11);
   const at::Tensor q = at::randn({2, 4, 40, 16}).to(at::kBFloat16).requires_grad_(true);
   const at::Tensor k = at::randn({2, 2, 40, 16}).to(at::kBFloat16).requires_grad_(true);
@@ -245,10 +243,7 @@ TEST_CASE("attention_op in bf16 runs the CPU kernel through autograd, grouped-qu
 }
 
 TEST_CASE("ring attention's bf16 blocks through the CPU kernel merge to the whole attention", "[attention]") {
-  if (!titan::util::cpu_has_avx2_kernels()) {
-    WARN("skipped: this CPU lacks AVX2/FMA, the kernel's build target");
-    return;
-  }
+  if (!kernel_builds_here()) return;
   at::manual_seed(5);
   // Two blocks of keys (20 + 28) seen by 24 queries, as a ring step sees another rank's chunk.
   const at::Tensor q = at::randn({1, 2, 24, 16}).to(at::kBFloat16), k = at::randn({1, 1, 48, 16}).to(at::kBFloat16),

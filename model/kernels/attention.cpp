@@ -43,11 +43,14 @@ const at::BFloat16* bf16(const at::Tensor& t) { return t.const_data_ptr<at::BFlo
 
 }  // namespace
 
-bool cpu_attention_kernel_applies(const at::Tensor& q, int64_t kv_len) {
-  return q.device().is_cpu() && q.scalar_type() == at::kBFloat16 && fused_ops_enabled() &&
-         util::cpu_has_avx2_kernels() &&
+bool cpu_attention_kernel_applies(at::ScalarType dtype, int64_t head_dim, int64_t kv_len) {
+  return dtype == at::kBFloat16 && fused_ops_enabled() && util::cpu_has_avx2_kernels() &&
          (kv_len <= kCpuAttentionMaxKeys ||
-          kernels::default_attention_products(q.size(-1)) == kernels::AttentionProducts::kBf16Dot);
+          kernels::default_attention_products(head_dim) == kernels::AttentionProducts::kBf16Dot);
+}
+
+bool cpu_attention_kernel_applies(const at::Tensor& q, int64_t kv_len) {
+  return q.device().is_cpu() && cpu_attention_kernel_applies(q.scalar_type(), q.size(-1), kv_len);
 }
 
 std::tuple<at::Tensor, at::Tensor> cpu_attention_forward(const at::Tensor& q_in, const at::Tensor& k_in,
@@ -85,7 +88,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cpu_attention_backward(
   at::Tensor dv = at::empty_like(dk);
   auto run = [&](auto* typed) {
     using G = std::remove_pointer_t<decltype(typed)>;
-    kernels::attention_backward_cpu<at::BFloat16, G>(
+    kernels::attention_backward_cpu<G>(
         d, bf16(grad_out), strides_of(grad_out), bf16(q), strides_of(q), bf16(k), strides_of(k), bf16(v), strides_of(v),
         bf16(out), strides_of(out), lse.const_data_ptr<float>(), dq.mutable_data_ptr<G>(), dk.mutable_data_ptr<G>(),
         dv.mutable_data_ptr<G>(), products.value_or(kernels::default_attention_products(d.head_dim)));

@@ -53,14 +53,14 @@ constexpr int64_t kMinHeadDimForDots = 32;
 AttentionProducts default_attention_products(int64_t head_dim);
 
 // out [B, H, Sq, hd] and lse [B, H, Sq] contiguous.
-template <typename T>
-void attention_forward_cpu(const AttentionDims& d, const T* q, RowStrides qs, const T* k, RowStrides ks, const T* v,
-                           RowStrides vs, T* out, float* lse, AttentionProducts products);
-// lse [B, H, Sq], dq [B, H, Sq, hd], dk / dv [B, KV, Sk, hd] contiguous; G: T or float.
-template <typename T, typename G>
-void attention_backward_cpu(const AttentionDims& d, const T* dout, RowStrides dos, const T* q, RowStrides qs,
-                            const T* k, RowStrides ks, const T* v, RowStrides vs, const T* out, RowStrides os,
-                            const float* lse, G* dq, G* dk, G* dv, AttentionProducts products);
+using BF16 = at::BFloat16;
+void attention_forward_cpu(const AttentionDims& d, const BF16* q, RowStrides qs, const BF16* k, RowStrides ks,
+                           const BF16* v, RowStrides vs, BF16* out, float* lse, AttentionProducts products);
+// lse [B, H, Sq], dq [B, H, Sq, hd], dk / dv [B, KV, Sk, hd] contiguous; G: bf16 or float.
+template <typename G>
+void attention_backward_cpu(const AttentionDims& d, const BF16* dout, RowStrides dos, const BF16* q, RowStrides qs,
+                            const BF16* k, RowStrides ks, const BF16* v, RowStrides vs, const BF16* out,
+                            RowStrides os, const float* lse, G* dq, G* dk, G* dv, AttentionProducts products);
 
 }  // namespace kernels
 
@@ -82,8 +82,9 @@ constexpr int64_t kCpuAttentionMaxKeys = 512;
 // Whether cpu_attention_forward / _backward should run for these operands (See Note [Where the
 // CPU attention kernel runs]): CPU bfloat16, bf16 dot products for this head_dim or at most
 // kCpuAttentionMaxKeys keys, the AVX2 kernels present, the fused ops on. The kernel itself takes
-// any length.
+// any length. The second form is the same rule without a tensor (the memory estimate's).
 bool cpu_attention_kernel_applies(const at::Tensor& q, int64_t kv_len);
+bool cpu_attention_kernel_applies(at::ScalarType dtype, int64_t head_dim, int64_t kv_len);
 
 // q [B, H, Sq, hd]; k, v [B, KV, Sk, hd], H a multiple of KV, any strides with the last dim
 // contiguous. `causal`: query i sees keys 0..i (Sq == Sk). Returns out [B, H, Sq, hd] (q's

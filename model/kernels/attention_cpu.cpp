@@ -255,9 +255,8 @@ std::unique_ptr<HeadProducts> float32_products(int64_t kv_len, int64_t head_dim,
   return std::make_unique<Float32Products>(kv_len, head_dim, tile_rows);
 }
 
-template <typename T>
-void attention_forward_cpu(const AttentionDims& d, const T* q, RowStrides qs, const T* k, RowStrides ks, const T* v,
-                           RowStrides vs, T* out, float* lse, AttentionProducts which) {
+void attention_forward_cpu(const AttentionDims& d, const BF16* q, RowStrides qs, const BF16* k, RowStrides ks,
+                           const BF16* v, RowStrides vs, BF16* out, float* lse, AttentionProducts which) {
   const int64_t hd = d.head_dim, Sq = d.q_len, Sk = d.kv_len, group = d.heads / d.kv_heads;
   const int64_t tile = tile_rows(Sk);
   at::parallel_for(0, d.batch * d.heads, 1, [&](int64_t begin, int64_t end) {
@@ -266,8 +265,8 @@ void attention_forward_cpu(const AttentionDims& d, const T* q, RowStrides qs, co
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / d.heads, h = task % d.heads, kvh = h / group;
       products->load_kv(k + b * ks.batch + kvh * ks.head, ks.row, v + b * vs.batch + kvh * vs.head, vs.row);
-      const T* qh = q + b * qs.batch + h * qs.head;
-      T* oh = out + task * Sq * hd;
+      const BF16* qh = q + b * qs.batch + h * qs.head;
+      BF16* oh = out + task * Sq * hd;
       float* lh = lse + task * Sq;
       for (int64_t i0 = 0; i0 < Sq; i0 += tile) {
         const int64_t rows = std::min(tile, Sq - i0), keys = d.causal ? i0 + rows : Sk;
@@ -291,10 +290,10 @@ void attention_forward_cpu(const AttentionDims& d, const T* q, RowStrides qs, co
   });
 }
 
-template <typename T, typename G>
-void attention_backward_cpu(const AttentionDims& d, const T* dout, RowStrides dos, const T* q, RowStrides qs,
-                            const T* k, RowStrides ks, const T* v, RowStrides vs, const T* out, RowStrides os,
-                            const float* lse, G* dq, G* dk, G* dv, AttentionProducts which) {
+template <typename G>
+void attention_backward_cpu(const AttentionDims& d, const BF16* dout, RowStrides dos, const BF16* q, RowStrides qs,
+                            const BF16* k, RowStrides ks, const BF16* v, RowStrides vs, const BF16* out,
+                            RowStrides os, const float* lse, G* dq, G* dk, G* dv, AttentionProducts which) {
   const int64_t hd = d.head_dim, Sq = d.q_len, Sk = d.kv_len, group = d.heads / d.kv_heads;
   const int64_t tile = tile_rows(Sk);
   // One task per (batch, kv head): its group of query heads adds into one dk / dv, in order.
@@ -311,9 +310,9 @@ void attention_backward_cpu(const AttentionDims& d, const T* dout, RowStrides do
       std::fill(dv_acc.begin(), dv_acc.end(), 0.f);
       for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
         const int64_t qhead = b * d.heads + h;
-        const T* qh = q + b * qs.batch + h * qs.head;
-        const T* doh = dout + b * dos.batch + h * dos.head;
-        const T* oh = out + b * os.batch + h * os.head;
+        const BF16* qh = q + b * qs.batch + h * qs.head;
+        const BF16* doh = dout + b * dos.batch + h * dos.head;
+        const BF16* oh = out + b * os.batch + h * os.head;
         const float* lh = lse + qhead * Sq;
         G* dqh = dq + qhead * Sq * hd;
         for (int64_t i0 = 0; i0 < Sq; i0 += tile) {
@@ -353,15 +352,11 @@ void attention_backward_cpu(const AttentionDims& d, const T* dout, RowStrides do
   });
 }
 
-template void attention_forward_cpu<at::BFloat16>(const AttentionDims&, const at::BFloat16*, RowStrides,
-                                                  const at::BFloat16*, RowStrides, const at::BFloat16*, RowStrides,
-                                                  at::BFloat16*, float*, AttentionProducts);
-#define TITAN_ATTENTION_BACKWARD(G)                                                                                \
-  template void attention_backward_cpu<at::BFloat16, G>(                                                           \
-      const AttentionDims&, const at::BFloat16*, RowStrides, const at::BFloat16*, RowStrides, const at::BFloat16*, \
-      RowStrides, const at::BFloat16*, RowStrides, const at::BFloat16*, RowStrides, const float*, G*, G*, G*,      \
-      AttentionProducts);
-TITAN_ATTENTION_BACKWARD(at::BFloat16)
+#define TITAN_ATTENTION_BACKWARD(G)                                                                             \
+  template void attention_backward_cpu<G>(const AttentionDims&, const BF16*, RowStrides, const BF16*, RowStrides, \
+                                          const BF16*, RowStrides, const BF16*, RowStrides, const BF16*, RowStrides, \
+                                          const float*, G*, G*, G*, AttentionProducts);
+TITAN_ATTENTION_BACKWARD(BF16)
 TITAN_ATTENTION_BACKWARD(float)
 #undef TITAN_ATTENTION_BACKWARD
 

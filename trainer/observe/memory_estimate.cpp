@@ -66,9 +66,7 @@ BlockTerms block_terms(const EstimateInputs& in) {
   // freed); titan's bf16 CPU kernel takes them as they are (Note [Where the CPU attention kernel
   // runs] in model/kernels/attention.h). CUDA as the CPU flash kernel: an upper bound.
   const bool titan_cpu_attention =
-      !in.cuda && in.compute_bytes == 2 &&
-      (in.seq_len <= model::kCpuAttentionMaxKeys ||
-       model::kernels::default_attention_products(a.head_dim()) == model::kernels::AttentionProducts::kBf16Dot);
+      !in.cuda && in.compute_bytes == 2 && model::cpu_attention_kernel_applies(at::kBFloat16, a.head_dim(), in.seq_len);
   if (gqa && !titan_cpu_attention) {
     full.push_back({"RoPE-rotated q; k, v repeated to all heads (GQA)", 3 * dq * e});
   } else {
