@@ -6,6 +6,13 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 start=$(date +%s)
+# The checkpoint cases write up to a few GB at once under the temp folder (each test process
+# removes its own when it passes: tests/catch_main.cpp). Say so up front when the disk is short,
+# so a later "No space left on device" is not a mystery.
+free_kib=$(df -Pk "${TMPDIR:-/tmp}" | awk 'NR == 2 { print $4 }')
+if [[ -n "$free_kib" ]] && ((free_kib < 4 * 1024 * 1024)); then
+  echo "[test] WARNING: only $((free_kib / 1024)) MiB free under ${TMPDIR:-/tmp}; the checkpoint cases need a few GiB" >&2
+fi
 "$ROOT/scripts/setup.sh"
 echo "[test] set-up + build took $(( $(date +%s) - start )) s"
 [[ -x /usr/local/cuda/bin/nvcc ]] && export PATH="$PATH:/usr/local/cuda/bin"

@@ -7,10 +7,20 @@
 //    without a device a run that selects only [cuda] cases prints why and exits with
 //    kSkipReturnCode, which ctest's SKIP_RETURN_CODE reports as "Skipped"; a run that selects
 //    other cases as well leaves the [cuda] ones out and says how many it left out.
+//  * Note [One scratch folder per test process]: a run works under its own <tmp>/titan-test-<pid>,
+//    set as TMPDIR before any case starts, so whatever a case, or a rank it launches, writes
+//    under temp_directory_path() lands there. When every case passed the folder is removed; after
+//    a failure only checkpoint shards (*.safetensors, the bulk) go and the path is printed, so
+//    logs and metrics stay for diagnosis. CI shares its disk: a suite that kept its checkpoints
+//    (about 14 GB over a day's runs) once filled it, and the next run's checkpoints failed.
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -35,6 +45,31 @@ std::string tags_of(const Catch::TestCase& test) {
   for (const auto& tag : test.getTestCaseInfo().tags) joined += "[" + tag + "]";
   return joined;
 }
+
+// Note [One scratch folder per test process].
+class ScratchRoot {
+ public:
+  ScratchRoot() : dir_(std::filesystem::temp_directory_path() / ("titan-test-" + std::to_string(::getpid()))) {
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+    ::setenv("TMPDIR", dir_.c_str(), 1);
+  }
+  void finish(bool passed) const {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    if (passed) {
+      fs::remove_all(dir_, ec);
+      return;
+    }
+    for (auto it = fs::recursive_directory_iterator(dir_, ec); it != fs::recursive_directory_iterator();
+         it.increment(ec))
+      if (it->path().extension() == ".safetensors") fs::remove(it->path(), ec);
+    std::cout << "the failed run's logs are kept in " << dir_.string() << " (checkpoint shards removed)\n";
+  }
+
+ private:
+  std::filesystem::path dir_;
+};
 
 }  // namespace
 
@@ -85,5 +120,8 @@ int main(int argc, char* argv[]) {
       }
     }
   }
-  return session.run();
+  const ScratchRoot scratch;
+  const int failed = session.run();
+  scratch.finish(failed == 0);
+  return failed;
 }

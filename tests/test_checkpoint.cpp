@@ -48,10 +48,9 @@ using namespace titan::testing::runs;
 
 namespace {
 
-// The scratch folder; at exit its shard files (about 1 GB over all cases) are deleted.
 fs::path root() {
-  static const titan::testing::ScratchWithShards scratch("test_checkpoint");
-  return scratch.dir;
+  static const fs::path dir = titan::testing::fresh_temp_dir("test_checkpoint");
+  return dir;
 }
 
 // ---------------------------------------------------------------- a synthetic sharded tensor

@@ -34,10 +34,9 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-// The scratch folder; at exit its shard files (the Qwen3 debug model's are 126 MB each) are deleted.
 fs::path root() {
-  static const titan::testing::ScratchWithShards scratch("test_checkpoint_hf");
-  return scratch.dir;
+  static const fs::path dir = titan::testing::fresh_temp_dir("test_checkpoint_hf");
+  return dir;
 }
 
 // Logits: `trainer`'s forward on fixed tokens vs the HF folder `hf`'s model computed by

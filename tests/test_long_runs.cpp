@@ -32,8 +32,8 @@ using Catch::Matchers::Contains;
 namespace {
 
 fs::path root() {
-  static const titan::testing::ScratchWithShards scratch("test_long_runs");
-  return scratch.dir;
+  static const fs::path dir = titan::testing::fresh_temp_dir("test_long_runs");
+  return dir;
 }
 
 std::string read_text(const fs::path& p) {
