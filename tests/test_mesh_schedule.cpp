@@ -14,12 +14,15 @@
 #include <ATen/ops/arange.h>
 #include <ATen/ops/equal.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "model/flavors.h"
 #include "model/transformer.h"
 #include "parallel/comm/mesh.h"
 #include "parallel/pipeline/orders.h"
@@ -27,6 +30,7 @@
 #include "parallel/pipeline/schedule.h"
 #include "parallel/context_parallel/sequence_shard.h"
 #include "tests/rank_threads.h"
+#include "trainer/config/pipeline_keys.h"
 #include "tests/temp_dir.h"
 
 namespace tp = titan::parallel;
@@ -377,4 +381,95 @@ TEST_CASE("stages split the model as torchtitan does", "[parallel][pipeline]") {
                     Contains("must be a multiple of pipeline_parallel_degree") && Contains("7 stages over 4 pipeline ranks"));
   CHECK_THROWS_WITH(tp::pipeline::pipeline_stage_count(Kind::k1F1B, 2, 6, 2, 1, 1), Contains("1F1B runs exactly 1 stage per rank, but the split gives 2"));
   CHECK_THROWS_WITH(tp::pipeline::pipeline_stage_count(Kind::kLoopedBFS, 2, 6, 4, 1, 1), Contains("at least 2 stages per rank, but the split gives 1"));
+}
+
+namespace {
+
+// Each rank's cost under a split: its stages' blocks, the embedding on stage 0, the output on the last.
+std::vector<double> rank_costs(const tp::pipeline::StageModules& stages, const std::vector<int>& stage_rank,
+                               const tp::pipeline::ModuleFlops& costs) {
+  std::vector<double> load(static_cast<size_t>(*std::max_element(stage_rank.begin(), stage_rank.end()) + 1), 0.0);
+  for (size_t s = 0; s < stages.size(); ++s)
+    for (const std::string& m : stages[s])
+      load[static_cast<size_t>(stage_rank[s])] += m == "tok_embeddings" ? costs.embedding
+                                                  : m == "output"       ? costs.output
+                                                  : m == "norm"         ? 0.0
+                                                                        : costs.block;
+  return load;
+}
+
+// The smallest largest rank cost over every split (first and last stage may hold no block, the
+// others at least one), by enumeration.
+double best_largest_rank_cost(const std::vector<int>& stage_rank, int64_t n_layers, const tp::pipeline::ModuleFlops& c) {
+  const size_t num_stages = stage_rank.size();
+  std::vector<int64_t> blocks(num_stages, 0);
+  double best = 1e300;
+  std::function<void(size_t, int64_t)> place = [&](size_t s, int64_t left) {
+    if (s + 1 == num_stages) {
+      blocks[s] = left;
+      std::vector<double> load(num_stages, 0.0);
+      for (size_t t = 0; t < num_stages; ++t) load[static_cast<size_t>(stage_rank[t])] += c.block * blocks[t];
+      load[static_cast<size_t>(stage_rank.front())] += c.embedding;
+      load[static_cast<size_t>(stage_rank.back())] += c.output;
+      best = std::min(best, *std::max_element(load.begin(), load.end()));
+      return;
+    }
+    for (int64_t b = s == 0 ? 0 : 1; b <= left; ++b) blocks[s] = b, place(s + 1, left - b);
+  };
+  place(0, n_layers);
+  return best;
+}
+
+}  // namespace
+
+TEST_CASE("the FLOP-balanced split: every rank's stages cost the least possible largest load", "[parallel][pipeline]") {
+  using S = tp::pipeline::StageModules;
+  tp::pipeline::ModuleFlops debug;  // the debug model at seq 32: the output is 0.6 of a block
+  debug.block = 1.0, debug.output = 0.6, debug.embedding = 0.0;
+  // ZBV over 2 ranks (rank 0 holds stages 0 and 3): torchtitan's split gives rank 0 two blocks
+  // and the output, rank 1 four blocks; this one three and three.
+  CHECK(tp::pipeline::module_fqns_balanced({0, 1, 1, 0}, 6, debug) ==
+        S{{"tok_embeddings", "layers.0", "layers.1"}, {"layers.2", "layers.3"}, {"layers.4"},
+          {"layers.5", "norm", "output"}});
+  // 1F1B over 2: the output's stage holds fewer blocks only when it costs a block or more.
+  CHECK(tp::pipeline::module_fqns_balanced({0, 1}, 6, debug) ==
+        S{{"tok_embeddings", "layers.0", "layers.1", "layers.2"}, {"layers.3", "layers.4", "layers.5", "norm", "output"}});
+  tp::pipeline::ModuleFlops llama8b;  // Llama 3 8B at short sequences: the output is 2.4 blocks
+  llama8b.output = 2.4;
+  const S eight = tp::pipeline::module_fqns_balanced({0, 1, 2, 3}, 32, llama8b);
+  // 32 blocks + 2.4 over 4 ranks: 9, 9, 8 blocks and 6 + the output (8.4).
+  CHECK(rank_costs(eight, {0, 1, 2, 3}, llama8b) == std::vector<double>{9.0, 9.0, 8.0, 6.0 + 2.4});
+  // Stages between the ends need a block: ZBV over 4 ranks (8 stages) of 6 blocks leaves the
+  // embedding and the output alone on their stages, as torchtitan's split does.
+  const S v4 = tp::pipeline::module_fqns_balanced({0, 1, 2, 3, 3, 2, 1, 0}, 6, debug);
+  CHECK(v4.front() == std::vector<std::string>{"tok_embeddings"});
+  CHECK(v4.back() == std::vector<std::string>{"norm", "output"});
+  CHECK_THROWS_WITH(tp::pipeline::module_fqns_balanced({0, 1, 2, 3, 3, 2, 1, 0}, 5, debug),
+                    Contains("needs a block on every stage between the first and the last: 8 stages for 5 layers"));
+  // What a debug model's module costs per token at seq 2048 (dim 256, ffn 768, 16 heads of 16,
+  // vocab 2048): a block 6 x 852,480 weights + half of 12 x 16 x 16 x 2048 for attention, the
+  // output 6 x 256 x 2048, the embedding nothing.
+  const tp::pipeline::ModuleFlops flops =
+      titan::trainer::config::module_flops(titan::model::model_flavor("llama3", "debugmodel"), 2048);
+  CHECK(flops.block == 6.0 * 852480 + 0.5 * 12 * 16 * 16 * 2048);
+  CHECK(flops.output == 6.0 * 256 * 2048);
+  CHECK(flops.embedding == 0.0);
+  // Against enumeration: single-stage, looped and V placements, several cost mixes.
+  const std::vector<std::vector<int>> placements = {{0, 1}, {0, 1, 2}, {0, 1, 0, 1}, {0, 1, 1, 0}, {0, 1, 2, 2, 1, 0},
+                                                    {0, 1, 2, 0, 1, 2}};
+  for (const auto& stage_rank : placements)
+    for (int64_t n_layers = static_cast<int64_t>(stage_rank.size()); n_layers <= 9; ++n_layers)
+      for (const double output : {0.0, 0.3, 0.6, 1.0, 2.4})
+        for (const double embedding : {0.0, 0.5}) {
+          tp::pipeline::ModuleFlops c;
+          c.output = output, c.embedding = embedding;
+          const S split = tp::pipeline::module_fqns_balanced(stage_rank, n_layers, c);
+          CHECK_NOTHROW(tp::pipeline::check_stage_modules(split, n_layers));
+          const std::vector<double> load = rank_costs(split, stage_rank, c);
+          INFO("stages " << stage_rank.size() << ", " << n_layers << " layers, output " << output << ", embedding "
+                         << embedding);
+          // Sums of the same few terms: equal up to rounding.
+          CHECK(*std::max_element(load.begin(), load.end()) ==
+                Approx(best_largest_rank_cost(stage_rank, n_layers, c)).epsilon(1e-12));
+        }
 }

@@ -76,6 +76,15 @@ TEST_CASE("PP 4: single-stage and interleaved and V schedules reproduce the sing
   check_pp("pp4_LoopedBFS", 4, pp_args(4, "LoopedBFS"));
 }
 
+TEST_CASE("PP 2: the FLOP-balanced split (V-shaped and looped) reproduces the single-process run",
+          "[parallel][dist][pipeline]") {
+  // Note [Stage split by FLOPs]: ZBV's rank 0 then holds layers 0-1 and 5 with the output, rank 1
+  // layers 2-4 (torchtitan's split: 0 and 5, against 1-4).
+  const std::string flops = " --parallelism.pipeline_parallel_stage_balance flops";
+  check_bitwise_pp("pp2_ZBV_flops", 2, pp_args(2, "ZBVZeroBubble") + flops);
+  check_bitwise_pp("pp2_Interleaved1F1B_flops", 2, pp_args(2, "Interleaved1F1B") + flops);
+}
+
 TEST_CASE("PP 2 with block-causal attention: 1F1B and ZBV reproduce the single-process run bitwise",
           "[parallel][dist][pipeline][documents]") {
   // Every stage finds its micro-batch's documents from the step's tokens, which every pipeline
@@ -177,6 +186,11 @@ TEST_CASE("impossible pipeline configs end before any process group and name the
       {"ZBVZeroBubble with four stages per rank",
        pp_args(2, "ZBVZeroBubble") + " --parallelism.pipeline_parallel_layers_per_stage 1", "stages per rank",
        "parallelism.pipeline_parallel_layers_per_stage 1"},
+      {"a FLOP-balanced split with split points",
+       pp_args(2, "1F1B") + " --parallelism.pipeline_parallel_stage_balance flops"
+                           " --parallelism.pipeline_parallel_split_points layers.3",
+       "computes the split; it cannot be combined with parallelism.pipeline_parallel_split_points",
+       "parallelism.pipeline_parallel_stage_balance"},
       {"norm and output on different stages",
        pp_args(2, "1F1B") + " --parallelism.module_fqns_per_model_part "
                            "'tok_embeddings layers.0 layers.1 layers.2 layers.3 layers.4 layers.5 norm,output'",

@@ -144,25 +144,41 @@ PipelinePlan plan_pipeline(const PipelineConfig& c, int pp, int64_t n_layers, in
     plan.microbatches = local_batch_size / c.microbatch_size;
   }
   // The split: given module by module, by v0.1 split points, or computed.
+  if (c.stage_balance != "layers" && c.stage_balance != "flops")
+    throw std::invalid_argument("parallelism.pipeline_parallel_stage_balance '" + c.stage_balance +
+                                "': valid values are layers, flops");
+  if (c.stage_balance == "flops" && (!c.module_fqns.empty() || !c.split_points.empty()))
+    throw std::invalid_argument(
+        "parallelism.pipeline_parallel_stage_balance flops computes the split; it cannot be combined with " +
+        std::string(!c.module_fqns.empty() ? "parallelism.module_fqns_per_model_part"
+                                           : "parallelism.pipeline_parallel_split_points"));
   if (!c.module_fqns.empty() && !c.split_points.empty())
     throw std::invalid_argument(
         "parallelism.module_fqns_per_model_part and parallelism.pipeline_parallel_split_points both set: give one");
   const std::string split_keys =
       !c.module_fqns.empty()    ? "parallelism.module_fqns_per_model_part"
       : !c.split_points.empty() ? "parallelism.pipeline_parallel_split_points"
-                                : "the stage split (parallelism.pipeline_parallel_layers_per_stage " +
-                                      n(c.layers_per_stage) + ", pipeline_parallel_first_stage_less_layers " +
-                                      n(c.first_stage_less_layers) + ", pipeline_parallel_last_stage_less_layers " +
-                                      n(c.last_stage_less_layers) + ", " + n(n_layers) + " layers)";
+      : c.stage_balance == "flops"
+          ? "the stage split (parallelism.pipeline_parallel_stage_balance flops, pipeline_parallel_layers_per_stage " +
+                n(c.layers_per_stage) + ", " + n(n_layers) + " layers)"
+          : "the stage split (parallelism.pipeline_parallel_layers_per_stage " + n(c.layers_per_stage) +
+                ", pipeline_parallel_first_stage_less_layers " + n(c.first_stage_less_layers) +
+                ", pipeline_parallel_last_stage_less_layers " + n(c.last_stage_less_layers) + ", " + n(n_layers) +
+                " layers)";
   with_context(split_keys, [&] {
     if (!c.module_fqns.empty()) {
       plan.stage_modules = c.module_fqns;
     } else if (!c.split_points.empty()) {
       plan.stage_modules = module_fqns_from_split_points(c.split_points, n_layers);
     } else {
-      const int stages = pipeline_stage_count(plan.kind, pp, n_layers, c.layers_per_stage, c.first_stage_less_layers,
-                                              c.last_stage_less_layers);
-      plan.stage_modules = module_fqns_per_stage(stages, n_layers, c.first_stage_less_layers, c.last_stage_less_layers);
+      // A FLOP-balanced split counts blocks only here (its blocks are placed once the schedule
+      // has placed the stages, below).
+      const bool by_layers = c.stage_balance == "layers";
+      const int64_t input_weight = by_layers ? c.first_stage_less_layers : 0;
+      const int64_t output_weight = by_layers ? c.last_stage_less_layers : 0;
+      const int stages =
+          pipeline_stage_count(plan.kind, pp, n_layers, c.layers_per_stage, input_weight, output_weight);
+      plan.stage_modules = module_fqns_per_stage(stages, n_layers, input_weight, output_weight);
     }
     check_stage_modules(plan.stage_modules, n_layers);
     for (int s = 0; s < plan.num_stages(); ++s)
@@ -199,6 +215,13 @@ PipelinePlan plan_pipeline(const PipelineConfig& c, int pp, int64_t n_layers, in
                  plan.stage_rank = validate_pipeline_order(*plan.order, pp, num_stages, plan.microbatches);
                  return 0;
                });
+  if (c.stage_balance == "flops" && c.module_fqns.empty() && c.split_points.empty()) {
+    // Note [Stage split by FLOPs]: the same stages, their blocks placed by the ranks that hold them.
+    plan.stage_modules = module_fqns_balanced(plan.stage_rank, n_layers, c.module_flops);
+    plan.stage_parts.clear();
+    for (int s = 0; s < num_stages; ++s)
+      plan.stage_parts.push_back(model_part_of(plan.stage_modules[static_cast<size_t>(s)], s));
+  }
   for (int r = 0; r < pp; ++r)
     if (static_cast<int>(plan.stages_of(r).size()) != per_rank)
       throw std::invalid_argument("the pipeline schedule " + plan.schedule_name + " gives pp rank " + n(r) + " " +

@@ -25,6 +25,10 @@ struct PipelineConfig {
   int64_t layers_per_stage = 0;   // pipeline_parallel_layers_per_stage; 0: unset
   int64_t first_stage_less_layers = 1;
   int64_t last_stage_less_layers = 1;
+  // pipeline_parallel_stage_balance: "layers" (torchtitan's split, by the two keys above) or
+  // "flops" (Note [Stage split by FLOPs], by module_flops, which the caller computes from the model).
+  std::string stage_balance = "layers";
+  ModuleFlops module_flops;
   std::vector<std::string> split_points;              // v0.1's pipeline_parallel_split_points
   std::vector<std::vector<std::string>> module_fqns;  // module_fqns_per_model_part
 };

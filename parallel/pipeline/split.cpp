@@ -1,6 +1,7 @@
 // parallel/pipeline/split.cpp — see split.h.
 #include "parallel/pipeline/split.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 namespace titan::parallel::pipeline {
@@ -67,6 +68,72 @@ StageModules module_fqns_per_stage(int num_stages, int64_t n_layers, int64_t inp
     if (first) modules.push_back("tok_embeddings");
     for (; layers > 0 && next_layer < n_layers; --layers) modules.push_back("layers." + n(next_layer++));
     if (last) {
+      modules.push_back("norm");
+      modules.push_back("output");
+    }
+    stages.push_back(std::move(modules));
+  }
+  return stages;
+}
+
+StageModules module_fqns_balanced(const std::vector<int>& stage_rank, int64_t n_layers, const ModuleFlops& costs) {
+  const int64_t num_stages = static_cast<int64_t>(stage_rank.size());
+  if (num_stages < 1) throw std::invalid_argument("the number of pipeline stages must be at least 1");
+  // The first stage holds the embedding and the last norm + output, so they may hold no block;
+  // every stage between needs one.
+  std::vector<int64_t> min_blocks(static_cast<size_t>(num_stages), 1);
+  min_blocks.front() = min_blocks.back() = 0;
+  int64_t min_total = 0;
+  for (const int64_t m : min_blocks) min_total += m;
+  if (min_total > n_layers)
+    throw std::invalid_argument("the FLOP-balanced split needs a block on every stage between the first and the last: " +
+                                n(num_stages) + " stages for " + n(n_layers) + " layers");
+  const int pp = *std::max_element(stage_rank.begin(), stage_rank.end()) + 1;
+  // What a stage costs besides its blocks, and the stages of each rank.
+  std::vector<double> stage_extra(static_cast<size_t>(num_stages), 0.0);
+  stage_extra.front() += costs.embedding;
+  stage_extra.back() += costs.output;
+  std::vector<std::vector<int64_t>> rank_stages(static_cast<size_t>(pp));
+  for (int64_t s = 0; s < num_stages; ++s)
+    rank_stages[static_cast<size_t>(stage_rank[static_cast<size_t>(s)])].push_back(s);
+  // Water-filling: from the minimum, each further block goes to the cheapest candidate (the first
+  // of equals), which gives the smallest possible largest load.
+  auto fill = [&](const std::vector<double>& extra, int64_t blocks, std::vector<int64_t>& count) {
+    for (int64_t b = 0; b < blocks; ++b) {
+      size_t best = 0;
+      for (size_t i = 1; i < count.size(); ++i)
+        if (extra[i] + costs.block * count[i] < extra[best] + costs.block * count[best]) best = i;
+      ++count[best];
+    }
+  };
+  std::vector<double> rank_extra(static_cast<size_t>(pp), 0.0);
+  std::vector<int64_t> rank_blocks(static_cast<size_t>(pp), 0);
+  for (size_t r = 0; r < rank_stages.size(); ++r)
+    for (const int64_t s : rank_stages[r]) {
+      rank_extra[r] += stage_extra[static_cast<size_t>(s)];
+      rank_blocks[r] += min_blocks[static_cast<size_t>(s)];
+    }
+  fill(rank_extra, n_layers - min_total, rank_blocks);
+  std::vector<int64_t> stage_blocks(min_blocks);
+  for (size_t r = 0; r < rank_stages.size(); ++r) {
+    std::vector<double> extra;
+    std::vector<int64_t> count;
+    int64_t placed = 0;
+    for (const int64_t s : rank_stages[r]) {
+      extra.push_back(stage_extra[static_cast<size_t>(s)]);
+      count.push_back(min_blocks[static_cast<size_t>(s)]);
+      placed += count.back();
+    }
+    fill(extra, rank_blocks[r] - placed, count);
+    for (size_t i = 0; i < count.size(); ++i) stage_blocks[static_cast<size_t>(rank_stages[r][i])] = count[i];
+  }
+  StageModules stages;
+  int64_t next_layer = 0;
+  for (int64_t s = 0; s < num_stages; ++s) {
+    std::vector<std::string> modules;
+    if (s == 0) modules.push_back("tok_embeddings");
+    for (int64_t b = 0; b < stage_blocks[static_cast<size_t>(s)]; ++b) modules.push_back("layers." + n(next_layer++));
+    if (s == num_stages - 1) {
       modules.push_back("norm");
       modules.push_back("output");
     }

@@ -32,6 +32,28 @@ int pipeline_stage_count(PipelineScheduleKind kind, int pp, int64_t n_layers, in
 // effective layers or a weight exceeds the layers per stage.
 StageModules module_fqns_per_stage(int num_stages, int64_t n_layers, int64_t input_weight, int64_t output_weight);
 
+// Note [Stage split by FLOPs]: parallelism.pipeline_parallel_stage_balance = "flops" splits the
+// blocks so that every pp rank's stages, as the schedule places them (one per rank, looped: stage
+// s on rank s mod pp, or V-shaped: rank r holds r and 2pp-1-r), cost the same training FLOPs: a
+// block its matmuls and attention, norm + output 6 x dim x vocab per token, the embedding lookup
+// nothing. torchtitan's split counts the embedding and the output as whole layers on their
+// stages, which misjudges both (the debug model's output is 0.4-0.6 of a block, Llama 3 8B's ~2) and
+// under a V puts both on rank 0: the debug model's ZBVZeroBubble then gives rank 0 two blocks and
+// rank 1 four. Water-filling, first over ranks (each block in turn to the rank whose stages cost
+// least: the smallest possible largest rank), then within each rank over its stages. Every stage
+// between the first and the last holds at least one block (those two hold the embedding and the
+// output, and may hold none, as in torchtitan's split); stages stay contiguous, in model order.
+struct ModuleFlops {
+  double block = 1;      // one transformer block, forward + backward, per token
+  double embedding = 0;  // tok_embeddings, on stage 0
+  double output = 0;     // norm + output (+ the loss), on the last stage
+};
+
+// The split of `n_layers` blocks over stage_rank.size() stages (stage s on pp rank stage_rank[s]);
+// see Note [Stage split by FLOPs]. Throws std::invalid_argument when the stages between the first
+// and the last outnumber the blocks.
+StageModules module_fqns_balanced(const std::vector<int>& stage_rank, int64_t n_layers, const ModuleFlops& costs);
+
 // torchtitan v0.1's pipeline_parallel_split_points: each "layers.k" starts a new stage
 // ("layers.2,layers.4" over 6 layers: 3 stages). Throws std::invalid_argument naming a point that
 // is not a layer or not in ascending order.

@@ -166,6 +166,7 @@ struct ParallelismSection {
   int64_t pipeline_parallel_layers_per_stage = 0;  // 0 = unset
   int64_t pipeline_parallel_first_stage_less_layers = 1;
   int64_t pipeline_parallel_last_stage_less_layers = 1;
+  std::string pipeline_parallel_stage_balance = "layers";  // layers|flops
   std::vector<std::string> pipeline_parallel_split_points;
   // One item per stage: its module names separated by spaces (TOML: a list of lists).
   std::vector<std::string> module_fqns_per_model_part;

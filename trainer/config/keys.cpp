@@ -294,6 +294,11 @@ std::vector<SectionSpec> build_table() {
           key("pipeline_parallel_last_stage_less_layers",
               &ParallelismSection::pipeline_parallel_last_stage_less_layers,
               "Layers the final norm + output count as on the last stage.").count_at_least(0),
+          key("pipeline_parallel_stage_balance", &ParallelismSection::pipeline_parallel_stage_balance,
+              "How the computed split places the blocks: layers (torchtitan's: stages of equal layers, the "
+              "embedding and the output counted by the two keys above) or flops (titan's: every rank's stages, "
+              "as the schedule places them, of equal training FLOPs; docs/pipeline.md).")
+              .one_of({"layers", "flops"}),
           key("pipeline_parallel_split_points", &ParallelismSection::pipeline_parallel_split_points,
               "torchtitan v0.1's split: each layers.<k> starts a new stage."),
           key("module_fqns_per_model_part", &ParallelismSection::module_fqns_per_model_part,

@@ -7,10 +7,28 @@
 #include <string>
 #include <vector>
 
+#include "model/args.h"
+#include "model/flavors.h"
 #include "parallel/pipeline/plan.h"
 #include "trainer/config/job_config.h"
 
 namespace titan::trainer::config {
+
+// Note [Stage split by FLOPs]: training FLOPs per token of a block (its matmuls, and attention
+// over the causal half of the square, which the flash kernels compute), of norm + output (the
+// output projection's GEMMs) and of the embedding (a lookup: none).
+inline parallel::pipeline::ModuleFlops module_flops(const model::ModelArgs& args, int64_t seq_len) {
+  const model::ParamCount count = model::count_params(args);
+  const double output_params = static_cast<double>(args.vocab_size) * static_cast<double>(args.dim);
+  const double block_params = static_cast<double>(count.active - count.embedding - args.dim) -
+                              (args.tie_embeddings ? 0.0 : output_params);
+  parallel::pipeline::ModuleFlops costs;
+  costs.block = (6.0 * block_params + 0.5 * model::attention_flops_per_token(args, seq_len)) /
+                static_cast<double>(args.n_layers);
+  costs.output = 6.0 * output_params;
+  costs.embedding = 0;
+  return costs;
+}
 
 inline parallel::pipeline::PipelineConfig pipeline_config(const JobConfig& cfg) {
   const auto& p = cfg.parallelism;
@@ -22,6 +40,8 @@ inline parallel::pipeline::PipelineConfig pipeline_config(const JobConfig& cfg) 
   pc.layers_per_stage = p.pipeline_parallel_layers_per_stage;
   pc.first_stage_less_layers = p.pipeline_parallel_first_stage_less_layers;
   pc.last_stage_less_layers = p.pipeline_parallel_last_stage_less_layers;
+  pc.stage_balance = p.pipeline_parallel_stage_balance;
+  pc.module_flops = module_flops(model::model_flavor(cfg.model.name, cfg.model.flavor), cfg.training.seq_len);
   pc.split_points = p.pipeline_parallel_split_points;
   for (const std::string& stage : p.module_fqns_per_model_part) {  // "tok_embeddings layers.0"
     std::vector<std::string> modules;
