@@ -23,7 +23,7 @@ std::string Layout::name() const {
   std::ostringstream os;
   os << "dp_replicate=" << dp_replicate << ",dp_shard=" << dp_shard << ",tp=" << tp << ",cp=" << cp << ",pp=" << pp;
   if (ep > 1) os << ",ep=" << ep;
-  if (pp > 1) os << ",schedule=" << schedule << ",microbatch=" << microbatch_size;
+  if (pp > 1) os << ",schedule=" << schedule << ",microbatch=" << microbatch_size << ",split=" << split;
   if (cp > 1) os << ",cp_method=" << cp_method;
   if (tp > 1) os << ",async_tp=" << yes_no(async_tp);
   os << ",local_batch=" << local_batch << ",ac=" << ac << ",precision=" << precision;
@@ -44,7 +44,8 @@ std::vector<std::string> Layout::overrides() const {
   if (ep > 1) o.insert(o.end(), {"--parallelism.expert_parallel_degree", std::to_string(ep)});
   if (pp > 1)
     o.insert(o.end(), {"--parallelism.pipeline_parallel_schedule", schedule,
-                       "--parallelism.pipeline_parallel_microbatch_size", std::to_string(microbatch_size)});
+                       "--parallelism.pipeline_parallel_microbatch_size", std::to_string(microbatch_size),
+                       "--parallelism.pipeline_parallel_stage_balance", split});
   if (cp > 1) o.insert(o.end(), {"--parallelism.context_parallel_rotate_method", cp_method});
   if (tp > 1 && async_tp) o.push_back("--parallelism.enable_async_tensor_parallel");
   if (precision != "bf16") o.insert(o.end(), {"--float8.enable_float8_linear", "--float8.recipe_name", precision});
@@ -63,6 +64,7 @@ trainer::config::JobConfig apply_layout(const trainer::config::JobConfig& base, 
   if (l.pp > 1) {
     p.pipeline_parallel_schedule = l.schedule;
     p.pipeline_parallel_microbatch_size = l.microbatch_size;
+    p.pipeline_parallel_stage_balance = l.split;
   }
   if (l.cp > 1) p.context_parallel_rotate_method = l.cp_method;
   p.enable_async_tensor_parallel = l.tp > 1 && l.async_tp;
@@ -82,7 +84,7 @@ Layout parse_layout(const std::string& text) {
     throw trainer::config::ConfigError(
         "plan.explain '" + text + "': " + why +
         " (a layout as the planner's table prints it: dp_replicate=, dp_shard=, tp=, cp=, pp=, ep=, schedule=, "
-        "microbatch=, cp_method=, async_tp=, local_batch=, ac=, precision=)");
+        "microbatch=, split=, cp_method=, async_tp=, local_batch=, ac=, precision=)");
   };
   for (std::string item; std::getline(in, item, ',');) {
     const size_t eq = item.find('=');
@@ -102,6 +104,7 @@ Layout parse_layout(const std::string& text) {
     else if (k == "ep") l.ep = number();
     else if (k == "schedule") l.schedule = v;
     else if (k == "microbatch") l.microbatch_size = number();
+    else if (k == "split") l.split = v;
     else if (k == "cp_method") l.cp_method = v;
     else if (k == "async_tp") l.async_tp = v == "1" || v == "true";
     else if (k == "local_batch") l.local_batch = number();

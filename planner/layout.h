@@ -14,6 +14,7 @@ struct Layout {
   int64_t dp_replicate = 1, dp_shard = 1, tp = 1, cp = 1, pp = 1, ep = 1;
   std::string schedule;            // pipeline_parallel_schedule when pp > 1
   int64_t microbatch_size = 1;     // pipeline_parallel_microbatch_size when pp > 1
+  std::string split = "layers";    // pipeline_parallel_stage_balance when pp > 1: layers or flops
   std::string cp_method;           // context_parallel_rotate_method when cp > 1
   bool async_tp = false;           // enable_async_tensor_parallel when tp > 1
   int64_t local_batch = 1;         // training.local_batch_size (gradient accumulation makes the rest)

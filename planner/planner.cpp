@@ -126,6 +126,8 @@ std::vector<Layout> family_layouts(const trainer::config::JobConfig& cfg, const 
     for (size_t si = 0; si < (family.pp > 1 ? schedules.size() : 1); ++si)
       for (int64_t mb : family.pp > 1 ? divisors(local) : std::vector<int64_t>{1})
         if (family.pp > 1 && local / mb > kMaxMicrobatchesPerStage * family.pp) continue; else
+        for (const char* split : family.pp > 1 ? std::vector<const char*>{"layers", "flops"}
+                                               : std::vector<const char*>{"layers"})
         for (size_t mi = 0; mi < (family.cp > 1 ? methods.size() : 1); ++mi)
           for (bool async : family.tp > 1 ? std::vector<bool>{false, true} : std::vector<bool>{false})
             for (const std::string& ac : cfg.plan.ac_modes)
@@ -134,6 +136,7 @@ std::vector<Layout> family_layouts(const trainer::config::JobConfig& cfg, const 
                 if (family.pp > 1) {
                   l.schedule = parallel::pipeline::pipeline_schedule_name(schedules[si]);
                   l.microbatch_size = mb;
+                  l.split = split;
                 }
                 if (family.cp > 1) l.cp_method = methods[mi];
                 l.async_tp = async;
@@ -234,7 +237,15 @@ PlanResult plan_layouts(const trainer::config::JobConfig& user_cfg, const Cluste
       reject("rules: " + reason_of(family_error), lightest, n);
       return;
     }
-    if (family_error.empty() && state_bytes(light_cfg, world, vocab) > cluster.device.memory_bytes) {
+    // The state under either split: the family is out only if neither fits.
+    double light_state = state_bytes(light_cfg, world, vocab);
+    if (family_error.empty() && lightest.pp > 1) {
+      Layout other = lightest;
+      other.split = lightest.split == "flops" ? "layers" : "flops";
+      const trainer::config::JobConfig other_cfg = apply_layout(cfg, other, result.global_batch);
+      if (check(other_cfg, nullptr).empty()) light_state = std::min(light_state, state_bytes(other_cfg, world, vocab));
+    }
+    if (family_error.empty() && light_state > cluster.device.memory_bytes) {
       result.rejected_by_memory += n;
       reject("memory: parameters, optimizer state and gradient shards alone exceed the " + gib(cluster.device.memory_bytes) +
                  " GiB of one GPU",

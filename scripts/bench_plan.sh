@@ -54,7 +54,8 @@ while IFS=$'\t' read -r predicted layout; do
          --parallelism.tensor_parallel_degree "${L[tp]}" --parallelism.context_parallel_degree "${L[cp]}"
          --parallelism.pipeline_parallel_degree "${L[pp]}" --training.local_batch_size "${L[local_batch]}"
          --activation_checkpoint.mode "${L[ac]}")
-  [[ -n "${L[schedule]:-}" ]] && args+=(--parallelism.pipeline_parallel_schedule "${L[schedule]}" --parallelism.pipeline_parallel_microbatch_size "${L[microbatch]}")
+  [[ -n "${L[schedule]:-}" ]] && args+=(--parallelism.pipeline_parallel_schedule "${L[schedule]}" --parallelism.pipeline_parallel_microbatch_size "${L[microbatch]}"
+                                         --parallelism.pipeline_parallel_stage_balance "${L[split]:-layers}")
   [[ -n "${L[cp_method]:-}" ]] && args+=(--parallelism.context_parallel_rotate_method "${L[cp_method]}")
   dump="$OUT/run$i"
   if OMP_NUM_THREADS=1 "$RUN" --nproc-per-node "$NPROC" -- "$TRAIN" "${JOB[@]}" "${args[@]}" --training.steps "$STEPS" \

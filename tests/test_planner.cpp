@@ -82,13 +82,14 @@ TEST_CASE("the planner's search covers every layout the trainer accepts on 4 ran
               for (const char* schedule : {"GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble",
                                            "ZBVZeroBubble"})
                 for (int64_t mb : {1, 2, 4, 8})
+                  for (const char* split : {"layers", "flops"})
                   for (const char* method : {"allgather", "alltoall", "titan_ulysses"}) {
-                    if ((pp == 1 && (std::string(schedule) != "GPipe" || mb != 1)) ||
+                    if ((pp == 1 && (std::string(schedule) != "GPipe" || mb != 1 || std::string(split) != "layers")) ||
                         (c == 1 && std::string(method) != "allgather"))
                       continue;
                     tp::Layout l;
                     l.dp_replicate = r, l.dp_shard = s, l.tp = t, l.cp = c, l.pp = pp, l.local_batch = local;
-                    if (pp > 1) l.schedule = schedule, l.microbatch_size = mb;
+                    if (pp > 1) l.schedule = schedule, l.microbatch_size = mb, l.split = split;
                     if (c > 1) l.cp_method = method;
                     if (!check_error(tp::apply_layout(base, l, 8), 4).empty()) continue;
                     ++accepted;
@@ -190,6 +191,7 @@ TEST_CASE("the pipeline simulation gives 1F1B's and GPipe's bubble (p - 1) / (m 
 TEST_CASE("plan.explain reads back the table's layout names and refuses what it cannot read", "[planner]") {
   tp::Layout l;
   l.dp_shard = 2, l.tp = 2, l.pp = 2, l.schedule = "Interleaved1F1B", l.microbatch_size = 2, l.local_batch = 4;
+  l.split = "flops";
   l.async_tp = true, l.ac = "selective", l.precision = "rowwise";
   CHECK(tp::parse_layout(l.name()).name() == l.name());
   CHECK_THROWS_WITH(tp::parse_layout("dp_shard=2,tensor=2"), Contains("unknown field 'tensor'"));
