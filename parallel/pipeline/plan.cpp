@@ -49,6 +49,13 @@ GeneratedOrder generated_order(PipelineScheduleKind kind, int pp, int per_rank, 
   return g;
 }
 
+// The stages' modules as model parts.
+void set_stage_parts(PipelinePlan& plan) {
+  plan.stage_parts.clear();
+  for (int s = 0; s < plan.num_stages(); ++s)
+    plan.stage_parts.push_back(model_part_of(plan.stage_modules[static_cast<size_t>(s)], s));
+}
+
 // Runs `f`, adding `context` (the keys the numbers came from) in front of its error.
 template <class F>
 auto with_context(const std::string& context, F&& f) {
@@ -181,8 +188,7 @@ PipelinePlan plan_pipeline(const PipelineConfig& c, int pp, int64_t n_layers, in
       plan.stage_modules = module_fqns_per_stage(stages, n_layers, input_weight, output_weight);
     }
     check_stage_modules(plan.stage_modules, n_layers);
-    for (int s = 0; s < plan.num_stages(); ++s)
-      plan.stage_parts.push_back(model_part_of(plan.stage_modules[static_cast<size_t>(s)], s));
+    set_stage_parts(plan);
     return 0;
   });
   const int num_stages = plan.num_stages();
@@ -218,9 +224,7 @@ PipelinePlan plan_pipeline(const PipelineConfig& c, int pp, int64_t n_layers, in
   if (c.stage_balance == "flops" && c.module_fqns.empty() && c.split_points.empty()) {
     // Note [Stage split by FLOPs]: the same stages, their blocks placed by the ranks that hold them.
     plan.stage_modules = module_fqns_balanced(plan.stage_rank, n_layers, c.module_flops);
-    plan.stage_parts.clear();
-    for (int s = 0; s < num_stages; ++s)
-      plan.stage_parts.push_back(model_part_of(plan.stage_modules[static_cast<size_t>(s)], s));
+    set_stage_parts(plan);
   }
   for (int r = 0; r < pp; ++r)
     if (static_cast<int>(plan.stages_of(r).size()) != per_rank)
