@@ -120,6 +120,10 @@ int main(int argc, char* argv[]) {
       }
     }
   }
+  // A listing runs no case (and its return value is the count listed, not failures).
+  const auto& config = session.config();
+  if (config.listTests() || config.listTestNamesOnly() || config.listTags() || config.listReporters())
+    return session.run();
   const ScratchRoot scratch;
   const int failed = session.run();
   scratch.finish(failed == 0);
