@@ -238,7 +238,7 @@ PlanResult plan_layouts(const trainer::config::JobConfig& user_cfg, const Cluste
       return;
     }
     // The state under either split: the family is out only if neither fits.
-    double light_state = state_bytes(light_cfg, world, vocab);
+    double light_state = family_error.empty() ? state_bytes(light_cfg, world, vocab) : 0.0;
     if (family_error.empty() && lightest.pp > 1) {
       Layout other = lightest;
       other.split = lightest.split == "flops" ? "layers" : "flops";

@@ -64,6 +64,17 @@ TEST_CASE("the planner lists exactly the layouts the trainer's checks accept, no
   CHECK(r.rejected_by_memory == 0);
 }
 
+TEST_CASE("a pipeline family whose representative the rules refuse is searched, not estimated", "[planner]") {
+  // Global batch 2 on 4 ranks: pp 2 x dp 2 gets one row per rank, fewer micro-batches than
+  // stages for every schedule; the search counts those candidates refused and goes on (it once
+  // estimated the refused representative's memory under the other split and threw).
+  const tc::JobConfig cfg = debug_job({"--training.global_batch_size", "2"});
+  tp::PlanResult r;
+  REQUIRE_NOTHROW(r = tp::plan_layouts(cfg, tp::cluster_from_config(tp::planning_config(cfg))));
+  CHECK(r.rejected_by_rules > 0);
+  CHECK_FALSE(r.fits.empty());
+}
+
 TEST_CASE("the planner's search covers every layout the trainer accepts on 4 ranks", "[planner]") {
   // Brute force over the keys the planner varies, independently of its enumeration: each
   // combination the trainer's checks accept must be one of the planner's candidates.
