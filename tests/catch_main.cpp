@@ -64,6 +64,10 @@ class ScratchRoot {
     for (auto it = fs::recursive_directory_iterator(dir_, ec); it != fs::recursive_directory_iterator();
          it.increment(ec))
       if (it->path().extension() == ".safetensors") fs::remove(it->path(), ec);
+    if (fs::is_empty(dir_, ec)) {
+      fs::remove(dir_, ec);  // nothing was written: nothing to keep
+      return;
+    }
     std::cout << "the failed run's logs are kept in " << dir_.string() << " (checkpoint shards removed)\n";
   }
 
