@@ -18,6 +18,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tests/job_runs.h"
@@ -251,9 +252,13 @@ TEST_CASE("the memory estimate follows each pipeline stage: GPipe holds every mi
   // not go (more than 5%: allocator rounding), since an estimate that says "fits" must fit.
   // ZBVZeroBubble: two stages per rank, and between each I and its W the deferred weight
   // gradients' operands (Note [Deferred weight gradients]) on top of the micro-batch's graph.
-  for (const char* schedule : {"GPipe", "1F1B", "ZBVZeroBubble"}) {
-    const fs::path dump = root() / (std::string("pp_memory_") + schedule);
-    const std::string args = train_args(dump, 8, 3) + " " + pp_args(2, schedule) + " --training.seq_len 128";
+  // ZBV under the FLOP-balanced split too (Note [Stage split by FLOPs]): rank 0 takes a block from rank 1.
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"GPipe", ""}, {"1F1B", ""}, {"ZBVZeroBubble", ""},
+      {"ZBVZeroBubble", " --parallelism.pipeline_parallel_stage_balance flops"}};
+  for (const auto& [schedule, split] : cases) {
+    const fs::path dump = root() / ("pp_memory_" + schedule + (split.empty() ? "" : "_flops"));
+    const std::string args = train_args(dump, 8, 3) + " " + pp_args(2, schedule) + split + " --training.seq_len 128";
     const Run estimate = run_job("WORLD_SIZE=2 " + std::string(TITAN_TRAIN_PATH) + " --estimate-memory " + args,
                                  dump.string() + "_estimate.log");
     INFO(estimate.log);
