@@ -26,6 +26,7 @@
 #include "model/transformer.h"
 #include "parallel/comm/mesh.h"
 #include "parallel/pipeline/orders.h"
+#include "parallel/pipeline/plan.h"
 #include "parallel/pipeline/split.h"
 #include "parallel/pipeline/schedule.h"
 #include "parallel/context_parallel/sequence_shard.h"
@@ -444,6 +445,12 @@ TEST_CASE("the FLOP-balanced split: every rank's stages cost the least possible 
   const S v4 = tp::pipeline::module_fqns_balanced({0, 1, 2, 3, 3, 2, 1, 0}, 6, debug);
   CHECK(v4.front() == std::vector<std::string>{"tok_embeddings"});
   CHECK(v4.back() == std::vector<std::string>{"norm", "output"});
+  // Through the plan: ZBV over 4 ranks of the 6-block debug model (8 stages, more than its blocks).
+  tp::pipeline::PipelineConfig zbv4;
+  zbv4.schedule = "ZBVZeroBubble", zbv4.stage_balance = "flops", zbv4.module_flops = debug;
+  const tp::pipeline::PipelinePlan plan4 = tp::pipeline::plan_pipeline(zbv4, 4, 6, 8);
+  CHECK(plan4.stage_modules == v4);
+  CHECK(plan4.stage_parts.size() == 8);
   CHECK_THROWS_WITH(tp::pipeline::module_fqns_balanced({0, 1, 2, 3, 3, 2, 1, 0}, 5, debug),
                     Contains("needs a block on every stage between the first and the last: 8 stages for 5 layers"));
   // What a debug model's module costs per token at seq 2048 (dim 256, ffn 768, 16 heads of 16,

@@ -172,26 +172,24 @@ PipelinePlan plan_pipeline(const PipelineConfig& c, int pp, int64_t n_layers, in
                 ", pipeline_parallel_first_stage_less_layers " + n(c.first_stage_less_layers) +
                 ", pipeline_parallel_last_stage_less_layers " + n(c.last_stage_less_layers) + ", " + n(n_layers) +
                 " layers)";
-  with_context(split_keys, [&] {
+  // A FLOP-balanced split needs the stage count only here: its blocks are placed once the
+  // schedule has placed the stages (below).
+  const bool by_flops = c.stage_balance == "flops";
+  const int num_stages = with_context(split_keys, [&] {
+    if (by_flops) return pipeline_stage_count(plan.kind, pp, n_layers, c.layers_per_stage, 0, 0);
     if (!c.module_fqns.empty()) {
       plan.stage_modules = c.module_fqns;
     } else if (!c.split_points.empty()) {
       plan.stage_modules = module_fqns_from_split_points(c.split_points, n_layers);
     } else {
-      // A FLOP-balanced split counts blocks only here (its blocks are placed once the schedule
-      // has placed the stages, below).
-      const bool by_layers = c.stage_balance == "layers";
-      const int64_t input_weight = by_layers ? c.first_stage_less_layers : 0;
-      const int64_t output_weight = by_layers ? c.last_stage_less_layers : 0;
-      const int stages =
-          pipeline_stage_count(plan.kind, pp, n_layers, c.layers_per_stage, input_weight, output_weight);
-      plan.stage_modules = module_fqns_per_stage(stages, n_layers, input_weight, output_weight);
+      const int stages = pipeline_stage_count(plan.kind, pp, n_layers, c.layers_per_stage, c.first_stage_less_layers,
+                                              c.last_stage_less_layers);
+      plan.stage_modules = module_fqns_per_stage(stages, n_layers, c.first_stage_less_layers, c.last_stage_less_layers);
     }
     check_stage_modules(plan.stage_modules, n_layers);
     set_stage_parts(plan);
-    return 0;
+    return plan.num_stages();
   });
-  const int num_stages = plan.num_stages();
   if (num_stages % pp != 0)
     throw std::invalid_argument("the split gives " + n(num_stages) + " pipeline stages, not a multiple of "
                                 "parallelism.pipeline_parallel_degree (" + n(pp) + ")");
@@ -221,11 +219,13 @@ PipelinePlan plan_pipeline(const PipelineConfig& c, int pp, int64_t n_layers, in
                  plan.stage_rank = validate_pipeline_order(*plan.order, pp, num_stages, plan.microbatches);
                  return 0;
                });
-  if (c.stage_balance == "flops" && c.module_fqns.empty() && c.split_points.empty()) {
-    // Note [Stage split by FLOPs]: the same stages, their blocks placed by the ranks that hold them.
-    plan.stage_modules = module_fqns_balanced(plan.stage_rank, n_layers, c.module_flops);
-    set_stage_parts(plan);
-  }
+  if (by_flops)  // Note [Stage split by FLOPs]: the blocks placed by the ranks that hold the stages
+    with_context(split_keys, [&] {
+      plan.stage_modules = module_fqns_balanced(plan.stage_rank, n_layers, c.module_flops);
+      check_stage_modules(plan.stage_modules, n_layers);
+      set_stage_parts(plan);
+      return 0;
+    });
   for (int r = 0; r < pp; ++r)
     if (static_cast<int>(plan.stages_of(r).size()) != per_rank)
       throw std::invalid_argument("the pipeline schedule " + plan.schedule_name + " gives pp rank " + n(r) + " " +
