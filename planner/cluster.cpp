@@ -120,13 +120,30 @@ double loopback_bytes_per_s() {
 }
 
 // Gloo's own collectives among `ranks` threads of this process (ranks as threads: the copies,
-// the reductions and the TCP transport on this machine's cores, as titan's ranks run them):
-// all-gather and reduce-scatter of a small and a large message, each timed on the slowest rank.
+// the reductions and the TCP transport on this machine's cores, as titan's ranks run them),
+// while `busy` more threads keep cores busy (the world's other ranks computing): all-gather and
+// reduce-scatter of a small and a large message, each timed on the slowest rank.
 // Returns {fixed cost of one ring step, bytes per second}, for t(bytes) = (ranks - 1) x (step +
 // bytes / ranks / rate): the step from the small message, the rate from the large one, with
 // all-gathers and reduce-scatters counted alike (titan issues them in pairs; Gloo's
 // reduce-scatter is an all-reduce, which the rate absorbs).
-std::pair<double, double> gloo_probe(int ranks) {
+std::pair<double, double> gloo_probe(int ranks, int busy) {
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> spinners;
+  for (int i = 0; i < busy; ++i)
+    spinners.emplace_back([&stop] {
+      volatile double x = 1.0;
+      while (!stop.load(std::memory_order_relaxed))
+        for (int k = 0; k < 4096; ++k) x = x * 1.0000001 + 1e-9;
+    });
+  struct Join {  // the spinners stop however the probe ends
+    std::atomic<bool>& stop;
+    std::vector<std::thread>& threads;
+    ~Join() {
+      stop = true;
+      for (std::thread& t : threads) t.join();
+    }
+  } join{stop, spinners};
   using parallel::comm::Comm;
   constexpr int64_t kSmall = 16 << 10, kLarge = 4 << 20;  // bytes of the full (gathered) tensor
   constexpr int kRepeats = 15;
@@ -202,6 +219,7 @@ DeviceSpec cpu_device(const trainer::config::JobConfig& cfg, int64_t processes) 
   const double gemm_s = seconds_of([&] { at::mm(a, b); }, 4);
   d.peak_bf16 = 2.0 * n * n * n / gemm_s / static_cast<double>(processes);
   d.peak_fp8 = 0;  // float8 on the CPU is an emulation: never faster
+  d.host_cores = std::max(1u, std::thread::hardware_concurrency());
   const at::Tensor big = at::empty({64 << 20}, at::kFloat), dst = at::empty({64 << 20}, at::kFloat);
   const double copy_s = seconds_of([&] { dst.copy_(big); }, 3);
   d.hbm_bytes_per_s = 2.0 * static_cast<double>(big.nbytes()) / copy_s / static_cast<double>(processes);
@@ -209,7 +227,15 @@ DeviceSpec cpu_device(const trainer::config::JobConfig& cfg, int64_t processes) 
   // Gloo's collectives among `processes` ranks on this machine, measured; a single rank has no
   // collectives (then, or if the probe cannot form its group, the raw loopback bandwidth only
   // fills the table).
-  const auto [step_latency, gloo_rate] = processes > 1 ? gloo_probe(static_cast<int>(processes)) : std::pair{0.0, 0.0};
+  const auto [step_latency, gloo_rate] = processes > 1 ? gloo_probe(static_cast<int>(processes), 0) : std::pair{0.0, 0.0};
+  // Groups smaller than the world (TP, CP or FSDP within a larger world, a pipeline's
+  // transfers): their collectives run while the other ranks compute, which on shared cores
+  // delays every hand-off (a woken rank waits for a core). Measured so, for each group size.
+  for (int64_t g = 2; g < processes; ++g) {
+    if (processes % g != 0) continue;
+    const auto [latency, rate] = gloo_probe(static_cast<int>(g), static_cast<int>(processes - g));
+    if (rate > 0) d.group_links[g] = {latency, rate};
+  }
   d.intra_node_bytes_per_s = d.inter_node_bytes_per_s = gloo_rate > 0 ? gloo_rate : loopback_bytes_per_s();
   d.message_latency_s = step_latency;
   d.comm_shares_compute = true;
@@ -227,6 +253,9 @@ DeviceSpec cpu_device(const trainer::config::JobConfig& cfg, int64_t processes) 
                       }
                     }, 3) / 1000.0;
   at::set_num_threads(threads);
+  // One thread's dispatch is CPU work like the rest: where the ranks outnumber the cores, each
+  // gets cores / ranks of one while all compute (the rates above are shared the same way).
+  d.op_dispatch_s *= std::max(1.0, static_cast<double>(processes) / d.host_cores);
   // The probes are the machine's own rates: nothing left to discount.
   d.gemm_efficiency = d.link_efficiency = d.hbm_efficiency = d.optimizer_efficiency = 1.0;
   return d;
@@ -281,6 +310,9 @@ std::vector<std::string> Cluster::describe() const {
      << device.inter_node_bytes_per_s / kG << " GB/s (collectives at " << device.link_efficiency << "), "
      << device.message_latency_s * 1e6 << " us per message"
      << (device.comm_shares_compute ? "; transfers share the compute's cores (no overlap)" : "");
+  for (const auto& [g, l] : device.group_links)
+    os << "; groups of " << g << " with the other ranks computing: " << l.bytes_per_s / kG << " GB/s, "
+       << l.message_latency_s * 1e6 << " us per message";
   if (device.op_dispatch_s > 0) {
     lines.push_back(os.str());
     os.str("");

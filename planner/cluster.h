@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,17 @@ struct DeviceSpec {
   // The host's cost of dispatching one operator, where the host waits for it (device cpu: the
   // op runs on the dispatching thread); 0 where launches run ahead of the device (GPUs).
   double op_dispatch_s = 0;
+  // device cpu: a group of g ranks smaller than the world, measured while the other ranks
+  // compute (what a TP, CP or FSDP group or a pipeline transfer meets in a larger world): its
+  // fixed cost per message and bandwidth, by g. A group size not here uses the figures above.
+  struct GroupLink {
+    double message_latency_s = 0;
+    double bytes_per_s = 0;
+  };
+  std::map<int64_t, GroupLink> group_links;
+  // The cores all ranks share (device cpu); 0: a device per rank. Where ranks outnumber them, a
+  // rank that waits lends its share to those that compute (the pipeline simulation counts it).
+  double host_cores = 0;
 };
 
 struct Cluster {

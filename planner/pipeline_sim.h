@@ -24,9 +24,12 @@ struct PipelineTiming {
   double idle_fraction() const;       // of the busiest rank's step: 1 - max busy / step
 };
 
-// `stage_costs[s]`: stage s's costs; `transfer_seconds`: one activation (or its gradient) between
-// two ranks. Throws std::logic_error if the order cannot finish (it would hang the real run).
+// `stage_costs[s]`: stage s's costs when every rank computes; `transfer_seconds`: one activation
+// (or its gradient) between two ranks; `max_speedup`: where ranks share cores (device cpu, more
+// ranks than cores), how much faster a rank computes while others wait, at most (1: a device
+// per rank; Note [Pipeline simulation by events]). Throws std::logic_error if the order cannot
+// finish (it would hang the real run).
 PipelineTiming simulate_pipeline(const parallel::pipeline::PipelinePlan& plan, const std::vector<StageCosts>& stage_costs,
-                                 double transfer_seconds);
+                                 double transfer_seconds, double max_speedup = 1.0);
 
 }  // namespace titan::planner

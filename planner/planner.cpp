@@ -261,6 +261,23 @@ PlanResult plan_layouts(const trainer::config::JobConfig& user_cfg, const Cluste
     std::map<std::string, std::string> refused;  // structural key -> the trainer's error ("" = accepted)
     std::map<std::string, trainer::config::CheckedLayout> accepted;  // structural key -> what the checks made
     std::map<std::string, double> memory;        // + ac + precision -> bytes
+    // What check_layout reads of a layout (the AC mode, precision and async TP do not change it).
+    auto structural_of = [](Layout l) {
+      l.ac = "none", l.precision = "bf16", l.async_tp = false;
+      return l;
+    };
+    // The trainer's error for a candidate's structure ("" = accepted: then in `accepted`), cached.
+    auto checked_error = [&](const Layout& candidate, const trainer::config::JobConfig& candidate_cfg) -> const std::string& {
+      const std::string key = structural_of(candidate).name();
+      auto found = refused.find(key);
+      if (found == refused.end()) {
+        trainer::config::CheckedLayout made;
+        const std::string error = check(candidate_cfg, &made);
+        if (error.empty()) accepted.emplace(key, std::move(made));
+        found = refused.emplace(key, error).first;
+      }
+      return found->second;
+    };
     auto without_local = [](Layout l) {
       l.local_batch = 0;
       return l.name();
@@ -280,25 +297,26 @@ PlanResult plan_layouts(const trainer::config::JobConfig& user_cfg, const Cluste
         return std::nullopt;
       }
       trainer::config::JobConfig c = apply_layout(cfg, l, result.global_batch);
-      Layout structural = l;
-      structural.ac = "none", structural.precision = "bf16", structural.async_tp = false;
-      const std::string key = structural.name();
-      auto found = refused.find(key);
-      if (found == refused.end()) {
-        trainer::config::CheckedLayout made;
-        const std::string error = check(c, &made);
-        if (error.empty()) accepted.emplace(key, std::move(made));
-        found = refused.emplace(key, error).first;
-      }
-      if (!found->second.empty()) {
+      if (const std::string& error = checked_error(l, c); !error.empty()) {
         ++result.rejected_by_rules;
-        reject("rules: " + reason_of(found->second), l, 1);
+        reject("rules: " + reason_of(error), l, 1);
         return std::nullopt;
+      }
+      const trainer::config::CheckedLayout& checked = accepted.at(structural_of(l).name());
+      // A FLOP split that puts every module where the layer split does is the same run: the
+      // layer split's candidate stands for both.
+      if (l.pp > 1 && l.split == "flops") {
+        Layout twin = structural_of(l);
+        twin.split = "layers";
+        if (checked_error(twin, apply_layout(cfg, twin, result.global_batch)).empty() &&
+            accepted.at(twin.name()).pipeline->stage_modules == checked.pipeline->stage_modules) {
+          ++result.same_split;
+          return std::nullopt;
+        }
       }
       Layout mem_key = l;
       mem_key.async_tp = false;
       auto m = memory.find(mem_key.name());
-      const trainer::config::CheckedLayout& checked = accepted.at(key);
       if (m == memory.end())
         m = memory.emplace(mem_key.name(), estimated_memory_bytes(c, world, vocab, checked.pipeline ? &*checked.pipeline : nullptr))
                 .first;
@@ -395,6 +413,7 @@ PlanResult plan_layouts(const trainer::config::JobConfig& user_cfg, const Cluste
     result.rejected_by_rules += part.rejected_by_rules;
     result.rejected_by_memory += part.rejected_by_memory;
     result.dominated += part.dominated;
+    result.same_split += part.same_split;
     for (auto& [why, hit] : part.reasons) {
       auto& [n, family] = result.reasons[why];
       if (n == 0) family = hit.second;
@@ -470,6 +489,8 @@ int run_planner(const trainer::config::JobConfig& cfg, std::ostream& out, std::o
   for (const std::string& line : cluster.describe()) out << line << "\n";
   out << r.considered << " layouts considered: " << r.fits.size() << " fit, " << r.rejected_by_rules
       << " refused by the trainer's checks, " << r.rejected_by_memory << " over memory";
+  if (r.same_split > 0)
+    out << ", " << r.same_split << " the same as their split=layers twin (split=flops places every module alike)";
   if (!cfg.plan.exhaustive)
     out << ", " << r.dominated << " dominated (not examined: a larger local batch or a lighter AC mode of the "
         << "same layout fits, or async TP off; --plan.exhaustive true examines them)";

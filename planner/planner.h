@@ -33,6 +33,9 @@ struct PlanResult {
   // Not examined (plan.exhaustive false): a candidate some fitting one of the same layout beats
   // by construction (See Note [Dominated layouts] in planner.cpp).
   int64_t dominated = 0;
+  // Not listed: a split=flops candidate whose stages hold exactly what its split=layers twin's
+  // do (the same run; the twin is listed).
+  int64_t same_split = 0;
   // Why: the trainer's error (rules) or "memory: <estimate> > <capacity>", with how many
   // candidates and one family each reason hit.
   std::map<std::string, std::pair<int64_t, std::string>> reasons;

@@ -40,13 +40,14 @@
 //     EP: the MoE dispatch and combine all-to-alls, forward and backward. Exposed.
 //     PP: one activation (or its gradient) per micro-batch and stage boundary, inside the
 //       pipeline simulation.
-//   Pipeline idle: planner/pipeline_sim.h runs the schedule's own order with these stage costs.
+//   Pipeline idle: planner/pipeline_sim.h runs the schedule's own order with these stage costs;
+//     where ranks share fewer cores (device cpu), a waiting rank's share speeds up the others.
 //   Where the transfers run on the compute's cores (device cpu: Gloo), nothing overlaps: FSDP's
 //     gathers and async TP's traffic are exposed whole; and where the host waits for each
 //     operator (device cpu), every layer and micro-batch pays its operators' dispatch (so more,
 //     smaller micro-batches cost more than the same rows in fewer).
 // Step = gradient-accumulation passes x (micro-batches' compute + exposed communication, or the
-// simulated pipeline pass) + HSDP all-reduce + optimizer.
+// simulated pipeline pass) + FSDP under pp (once per step) + HSDP all-reduce + optimizer.
 #include "planner/predict.h"
 
 #include <algorithm>
@@ -103,16 +104,26 @@ Prediction predict(const trainer::config::JobConfig& cfg, const trainer::config:
   const double linear_rate = (float8 && d.peak_fp8 > 0 ? d.peak_fp8 : d.peak_bf16) * d.gemm_efficiency;
   const double hbm = d.hbm_bytes_per_s * d.hbm_efficiency;
   const double tp = dims.tp, cp = dims.cp, fsdp = dims.dp_shard_cp();
-  auto link = [&](bool inside) {
+  // A group of `size` ranks `stride` apart: its bandwidth (measured for `messages_among` ranks,
+  // by default its size, where the cluster has that figure: device cpu) and each message's
+  // fixed cost.
+  auto link = [&](int64_t stride, int64_t size, int64_t messages_among = 0) {
+    const auto measured = d.group_links.find(messages_among > 0 ? messages_among : size);
+    if (measured != d.group_links.end()) return measured->second.bytes_per_s * d.link_efficiency;
+    const bool inside = within_node(stride, size, cluster.gpus_per_node);
     return (inside ? d.intra_node_bytes_per_s : d.inter_node_bytes_per_s) * d.link_efficiency;
   };
-  const int64_t g = cluster.gpus_per_node;
-  const double tp_link = link(within_node(1, dims.tp, g));
-  const double cp_link = link(within_node(dims.tp, dims.cp, g));
-  const double fsdp_link = link(within_node(dims.tp, static_cast<int64_t>(fsdp), g));
-  const double hsdp_link = link(within_node(int64_t(dims.tp) * dims.cp * dims.dp_shard, dims.dp_replicate, g));
-  const double ep_link = link(within_node(dims.tp, dims.ep, g));
-  const double pp_link = link(within_node(cluster.world() / std::max(1, dims.pp), dims.pp, g));
+  auto message_latency = [&](double size) {
+    const auto measured = d.group_links.find(static_cast<int64_t>(size));
+    return measured != d.group_links.end() ? measured->second.message_latency_s : d.message_latency_s;
+  };
+  const double tp_link = link(1, dims.tp);
+  const double cp_link = link(dims.tp, dims.cp);
+  const double fsdp_link = link(dims.tp, static_cast<int64_t>(fsdp));
+  const double hsdp_link = link(int64_t(dims.tp) * dims.cp * dims.dp_shard, dims.dp_replicate);
+  const double ep_link = link(dims.tp, dims.ep);
+  // A pipeline transfer is between two ranks (the slowest hop: across nodes if pp spans them).
+  const double pp_link = link(cluster.world() / std::max(1, dims.pp), dims.pp, 2);
 
   // One micro-batch's rows and how many micro-batches one step runs per rank.
   const int64_t rows = checked.pipeline ? checked.pipeline->microbatch_rows : cfg.training.local_batch_size;
@@ -134,7 +145,7 @@ Prediction predict(const trainer::config::JobConfig& cfg, const trainer::config:
   w.memory_bwd = (tokens * (2.0 * elementwise + cast_bwd) / tp + weight_casts / 2.0) / hbm;
   const double act = tokens * dim * bytes;
   // A ring collective over g ranks: g - 1 messages' fixed cost before its bytes.
-  auto messages = [&](double g) { return (g - 1.0) * d.message_latency_s; };
+  auto messages = [&](double g) { return (g - 1.0) * message_latency(g); };
   if (dims.tp > 1) w.tp_comm = 4.0 * act * (tp - 1) / tp / tp_link + 4.0 * messages(tp);
   if (dims.cp > 1) {
     const double full_rows = static_cast<double>(rows) * seq * bytes;
@@ -179,7 +190,7 @@ Prediction predict(const trainer::config::JobConfig& cfg, const trainer::config:
 
   double pass_seconds = 0, idle = 0;
   double sum_compute = 0, sum_memory = 0, sum_recompute = 0, sum_tp = 0, sum_cp = 0, sum_ep = 0, sum_fsdp = 0;
-  double sum_dispatch = 0;
+  double sum_dispatch = 0, fsdp_once = 0;
   if (checked.pipeline) {
     const auto& plan = *checked.pipeline;
     std::vector<StageCosts> costs(static_cast<size_t>(plan.num_stages()));
@@ -197,9 +208,11 @@ Prediction predict(const trainer::config::JobConfig& cfg, const trainer::config:
       c.backward = n * (layer_b + layer_b_comm) + (output ? 2.0 * out_f : 0);
       c.backward_input = std::max(0.0, c.backward - c.backward_weight);
     }
-    const double transfer = static_cast<double>(rows) * seq / cp * dim * bytes / pp_link + d.message_latency_s;
-    const PipelineTiming t = simulate_pipeline(plan, costs, transfer);
-    pass_seconds = t.step_seconds + sum_fsdp;
+    const double transfer = static_cast<double>(rows) * seq / cp * dim * bytes / pp_link + message_latency(2);
+    // Ranks sharing fewer cores: a rank computes up to world / cores faster while others wait.
+    const double max_speedup = d.host_cores > 0 ? static_cast<double>(cluster.world()) / d.host_cores : 1.0;
+    const PipelineTiming t = simulate_pipeline(plan, costs, transfer, max_speedup);
+    pass_seconds = t.step_seconds;
     idle = t.idle_fraction();
     // Per-rank shares of the terms, for the breakdown: layers / pp of each, m micro-batches.
     const double m = static_cast<double>(micro_per_pass), per_rank_layers = layers / dims.pp;
@@ -212,8 +225,8 @@ Prediction predict(const trainer::config::JobConfig& cfg, const trainer::config:
     sum_ep = m * per_rank_layers * 2.0 * w.ep_comm;
     // Under pp, FSDP gathers a stage's parameters once per step and reduce-scatters its
     // gradients once (the gathered parameters and unsharded gradients stay all step, as the
-    // memory estimate counts them): exposed, outside the pipeline pass.
-    sum_fsdp = per_rank_layers * (w.fsdp_gather + w.fsdp_reduce_scatter);
+    // memory estimate counts them): exposed, outside the pipeline passes.
+    fsdp_once = per_rank_layers * (w.fsdp_gather + w.fsdp_reduce_scatter);
   } else {
     const auto [ff, fb] = fsdp_exposed(layers);
     sum_compute = layers * (3.0 * w.gemm_fwd + 3.0 * w.attention_fwd) + 3.0 * tokens * 2.0 * output_params / tp / mm_rate;
@@ -233,12 +246,12 @@ Prediction predict(const trainer::config::JobConfig& cfg, const trainer::config:
                                   layers * 2.0 * messages(static_cast<double>(dims.dp_replicate))
                             : 0;
   const double np = static_cast<double>(passes);
-  p.step_seconds = np * pass_seconds + hsdp + optimizer;
+  p.step_seconds = np * pass_seconds + fsdp_once + hsdp + optimizer;
   const double global_tokens = static_cast<double>(checked.global_batch) * seq;
   p.tokens_per_second_per_gpu = global_tokens / p.step_seconds / static_cast<double>(cluster.world());
   p.mfu = model::flops_per_token(args, cfg.training.seq_len) * p.tokens_per_second_per_gpu / d.peak_bf16;
   p.pipeline_idle = idle;
-  p.exposed_comm_seconds = np * (sum_tp + sum_cp + sum_ep + sum_fsdp) + hsdp;
+  p.exposed_comm_seconds = np * (sum_tp + sum_cp + sum_ep + sum_fsdp) + fsdp_once + hsdp;
   p.terms = {{"compute (GEMMs, attention)", np * sum_compute},
              {"memory-bound (elementwise, casts, loss)", np * sum_memory},
              {"AC recompute", np * sum_recompute},
@@ -246,7 +259,7 @@ Prediction predict(const trainer::config::JobConfig& cfg, const trainer::config:
              {"TP exposed", np * sum_tp},
              {"CP exposed", np * sum_cp},
              {"EP exposed", np * sum_ep},
-             {"FSDP exposed", np * sum_fsdp},
+             {"FSDP exposed", np * sum_fsdp + fsdp_once},
              {"HSDP all-reduce", hsdp},
              {"optimizer", optimizer}};
   if (checked.pipeline) p.terms.push_back({"pipeline idle (simulated order)", np * pass_seconds * idle});

@@ -8,6 +8,11 @@
 #
 #   scripts/bench_plan.sh [BUILD_DIR] [extra --section.key overrides for both...]
 #   NPROC=4 scripts/bench_plan.sh
+#   REUSE=/tmp/titan_bench_plan.abc123 scripts/bench_plan.sh   # a new planner against old runs
+#
+# REUSE names an earlier run's OUT folder: a layout measured there (same NPROC, GLOBAL, STEPS and
+# overrides) is not run again, only predicted again; the measured times are the trainer's and do
+# not depend on the planner, so a change to the step-time model is scored in the planner's time.
 #
 # The search is narrowed to what a few minutes allow: no gradient accumulation (local batch =
 # the global batch's share), one-row pipeline micro-batches, AC none and full; every degree
@@ -58,7 +63,9 @@ while IFS=$'\t' read -r predicted layout; do
                                          --parallelism.pipeline_parallel_stage_balance "${L[split]:-layers}")
   [[ -n "${L[cp_method]:-}" ]] && args+=(--parallelism.context_parallel_rotate_method "${L[cp_method]}")
   dump="$OUT/run$i"
-  if OMP_NUM_THREADS=1 "$RUN" --nproc-per-node "$NPROC" -- "$TRAIN" "${JOB[@]}" "${args[@]}" --training.steps "$STEPS" \
+  if [[ -n "${REUSE:-}" ]] && measured=$(awk -F'\t' -v l="$layout" '$3 == l { print $2; found = 1; exit } END { exit !found }' "$REUSE/results.tsv"); then
+    :
+  elif OMP_NUM_THREADS=1 "$RUN" --nproc-per-node "$NPROC" -- "$TRAIN" "${JOB[@]}" "${args[@]}" --training.steps "$STEPS" \
        --lr_scheduler.warmup_steps 2 --metrics.log_freq 1 --job.dump_folder "$dump" >"$dump.log" 2>&1; then
     measured=$(python3 - "$dump" "$NPROC" "$STEPS_WARMUP" <<'PY'
 import json, os, sys

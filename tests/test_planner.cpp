@@ -50,17 +50,31 @@ TEST_CASE("the planner lists exactly the layouts the trainer's checks accept, no
   std::set<std::string> listed;
   for (const tp::PlannedLayout& p : r.fits) listed.insert(p.layout.name());
   REQUIRE(listed.size() == r.fits.size());
-  // Every listed layout passes the trainer's checks; every candidate that passes is listed.
+  // Every listed layout passes the trainer's checks; every candidate that passes is listed, but
+  // a split=flops one whose stages hold what its split=layers twin's do (the same run: the twin
+  // is listed in its place).
   const tc::JobConfig planning = tp::planning_config(cfg);
-  int64_t accepted = 0;
+  int64_t accepted = 0, same_split = 0;
+  auto stage_modules = [&](const tp::Layout& l) { return tc::check_layout(tp::apply_layout(planning, l, 8), 4).pipeline->stage_modules; };
   for (const tp::Layout& l : tp::enumerate_layouts(planning, 4, 8)) {
     const bool ok = check_error(tp::apply_layout(planning, l, 8), 4).empty();
-    accepted += ok;
     INFO(l.name());
+    tp::Layout twin = l;
+    twin.split = "layers";
+    if (ok && l.pp > 1 && l.split == "flops" && check_error(tp::apply_layout(planning, twin, 8), 4).empty() &&
+        stage_modules(l) == stage_modules(twin)) {
+      ++same_split;
+      CHECK(listed.count(l.name()) == 0);
+      CHECK(listed.count(twin.name()) == 1);
+      continue;
+    }
+    accepted += ok;
     CHECK(ok == (listed.count(l.name()) == 1));
   }
+  CHECK(same_split > 0);  // 1F1B over 2 ranks of 6 blocks: 3 + 3 either way
+  CHECK(same_split == r.same_split);
   CHECK(accepted == static_cast<int64_t>(r.fits.size()));
-  CHECK(r.rejected_by_rules + r.rejected_by_memory + accepted == r.considered);
+  CHECK(r.rejected_by_rules + r.rejected_by_memory + r.same_split + accepted == r.considered);
   CHECK(r.rejected_by_memory == 0);
 }
 
@@ -197,6 +211,63 @@ TEST_CASE("the pipeline simulation gives 1F1B's and GPipe's bubble (p - 1) / (m 
       }
     }
   }
+}
+
+TEST_CASE("ranks sharing cores: a waiting rank's share goes to the ranks that compute", "[planner]") {
+  // p ranks on one core's worth of compute (max_speedup p): whenever any rank computes, the core
+  // is busy, and with no transfer time some rank can always compute. So no order has a bubble:
+  // the step is the work, m x (F + B) per stage spread over the p ranks, whatever the schedule.
+  for (const char* schedule : {"1F1B", "GPipe", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble"}) {
+    for (int p : {2, 4}) {
+      const int64_t m = 8;
+      titan::parallel::pipeline::PipelineConfig pc;
+      pc.schedule = schedule;
+      pc.first_stage_less_layers = pc.last_stage_less_layers = 0;
+      const auto plan = titan::parallel::pipeline::plan_pipeline(pc, p, 16, m);
+      std::vector<tp::StageCosts> costs(static_cast<size_t>(plan.num_stages()), {1.0, 2.0, 1.0, 1.0});
+      const double work = 3.0 * static_cast<double>(m) * plan.num_stages() / p;
+      INFO(schedule << " p " << p);
+      CHECK(tp::simulate_pipeline(plan, costs, 0.0, p).step_seconds == Approx(work));
+      if (p < 4) continue;
+      // Half that sharing (4 ranks on 2 cores): between the bubble of a device per rank and none.
+      const double half = tp::simulate_pipeline(plan, costs, 0.0, p / 2.0).step_seconds;
+      CHECK(half > work);
+      CHECK(half < tp::simulate_pipeline(plan, costs, 0.0).step_seconds);
+    }
+  }
+}
+
+TEST_CASE("a collective group smaller than the world pays the figures measured for its size", "[planner]") {
+  // device cpu measures groups smaller than the world while the other ranks compute
+  // (DeviceSpec::group_links); here a slow figure for groups of 2 on 4 ranks. Every layout with a
+  // group of 2 (TP, CP, FSDP or HSDP of 2, or a pipeline's point-to-point transfers) slows down;
+  // the rest use the world's figures and do not move.
+  const tc::JobConfig cfg = debug_job({"--plan.exhaustive", "true", "--plan.ac_modes", "none", "--plan.precisions", "bf16"});
+  const tp::Cluster plain = tp::cluster_from_config(tp::planning_config(cfg));
+  tp::Cluster loaded = plain;
+  loaded.device.group_links[2] = {1e-3, 1e8};
+  auto predicted = [&](const tp::Cluster& c) {
+    std::map<std::string, double> by_name;
+    for (const tp::PlannedLayout& p : tp::plan_layouts(cfg, c).fits) by_name[p.layout.name()] = p.prediction.step_seconds;
+    return by_name;
+  };
+  const auto before = predicted(plain), after = predicted(loaded);
+  REQUIRE(before.size() == after.size());
+  int slower = 0, same = 0;
+  for (const auto& [name, seconds] : before) {
+    const tp::Layout l = tp::parse_layout(name);
+    const bool group_of_2 = l.pp > 1 || l.tp == 2 || l.cp == 2 || l.dp_shard * l.cp == 2 || l.dp_replicate == 2;
+    INFO(name);
+    if (group_of_2) {
+      CHECK(after.at(name) > seconds);
+      ++slower;
+    } else {
+      CHECK(after.at(name) == seconds);
+      ++same;
+    }
+  }
+  CHECK(slower > 0);
+  CHECK(same > 0);  // FSDP 4, TP 4, CP 4, HSDP 4
 }
 
 TEST_CASE("plan.explain reads back the table's layout names and refuses what it cannot read", "[planner]") {
