@@ -16,7 +16,7 @@ PLAN="$BUILD/apps/titan-plan"
 [[ -x "$PLAN" ]] || { echo "plan_published.sh: build titan-plan in $BUILD first" >&2; exit 1; }
 VOCAB="$ROOT/.gpu_bundle/data/bench_vocab_128k.tiktoken"
 [[ -f "$VOCAB" ]] || VOCAB="$(mktemp -d)/bench_vocab_128k.tiktoken" && [[ -f "$VOCAB" ]] ||
-  python3 "$ROOT/scripts/bench/bench_vocab.py" --out "$VOCAB" >/dev/null
+  python3 "$ROOT/scripts/bench/bench_vocab.py" "$VOCAB" >/dev/null
 
 # name | config | nodes | global batch | layout | published tok/s per GPU
 RUNS=(
