@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cstring>
 #include <future>
+#include <numeric>
 #include <sstream>
 #include <thread>
 #include <utility>
@@ -69,12 +70,20 @@ DeviceSpec table_device(const std::string& kind) {
   return d;
 }
 
+// The median of `repeats` timed calls after a warm-up: one call slowed by the machine's other
+// work (or the first calls' clock ramp) must not decide a rate every prediction scales with (the
+// mean of 4 GEMMs swung by 50% between planner runs here).
 template <typename F>
 double seconds_of(F&& f, int repeats) {
   f();  // warm-up
-  const auto t0 = Clock::now();
-  for (int i = 0; i < repeats; ++i) f();
-  return std::chrono::duration<double>(Clock::now() - t0).count() / repeats;
+  std::vector<double> each;
+  for (int i = 0; i < repeats; ++i) {
+    const auto t0 = Clock::now();
+    f();
+    each.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  std::nth_element(each.begin(), each.begin() + repeats / 2, each.end());
+  return each[static_cast<size_t>(repeats / 2)];
 }
 
 // Bytes per second through a TCP connection on 127.0.0.1 (Gloo's transport between ranks of one
@@ -128,13 +137,13 @@ double loopback_bytes_per_s() {
 // all-gathers and reduce-scatters counted alike (titan issues them in pairs; Gloo's
 // reduce-scatter is an all-reduce, which the rate absorbs).
 std::pair<double, double> gloo_probe(int ranks, int busy) {
+  const bool shared_cores = ranks + busy > static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   std::atomic<bool> stop{false};
   std::vector<std::thread> spinners;
   for (int i = 0; i < busy; ++i)
     spinners.emplace_back([&stop] {
-      volatile double x = 1.0;
-      while (!stop.load(std::memory_order_relaxed))
-        for (int k = 0; k < 4096; ++k) x = x * 1.0000001 + 1e-9;
+      const at::Tensor x = at::randn({384, 384}), y = at::randn({384, 384});
+      while (!stop.load(std::memory_order_relaxed)) at::mm(x, y);  // a rank's GEMMs, one thread each
     });
   struct Join {  // the spinners stop however the probe ends
     std::atomic<bool>& stop;
@@ -176,15 +185,23 @@ std::pair<double, double> gloo_probe(int ranks, int busy) {
           const at::Tensor summed = at::ones({full}, at::kFloat), out = at::empty({part}, at::kFloat);
           comm.all_gather_into_tensor_async(gathered, mine).wait();  // warm-up
           comm.reduce_scatter_tensor_async(out, summed).wait();
-          // The median pair (one descheduled rank must not decide the figure); the small message's
-          // fixed cost is bimodal on a loaded host (a thread's wake-up), so it takes the fastest.
+          // The median pair (one descheduled rank must not decide the figure). The small
+          // message's fixed cost: where every thread has a core of its own, the fastest (a
+          // wake-up delayed by whatever else the machine runs is noise, not the cost, and swung
+          // the median from 230 to 1,900 us between runs); where the threads outnumber the cores
+          // (4 ranks on 2), the mean of more pairs: there a woken rank waits for a core as a
+          // rule (Linux's scheduler lets the running thread finish its slice), that wait is the
+          // cost, and it spreads from 0.2 to 4.5 ms (the median jumps between the two ends).
+          const bool expected_wait = bytes == kSmall && shared_cores;
+          const int repeats = expected_wait ? 4 * kRepeats : kRepeats;
           std::vector<double> pairs;
-          for (int i = 0; i < kRepeats; ++i) {
+          for (int i = 0; i < repeats; ++i) {
             const auto t0 = Clock::now();
             comm.all_gather_into_tensor_async(gathered, mine).wait();
             comm.reduce_scatter_tensor_async(out, summed).wait();
             pairs.push_back(std::chrono::duration<double>(Clock::now() - t0).count() / 2.0);
           }
+          if (expected_wait) return std::accumulate(pairs.begin(), pairs.end(), 0.0) / repeats;
           if (bytes == kSmall) return *std::min_element(pairs.begin(), pairs.end());
           std::nth_element(pairs.begin(), pairs.begin() + kRepeats / 2, pairs.end());
           return pairs[kRepeats / 2];
@@ -216,12 +233,30 @@ DeviceSpec cpu_device(const trainer::config::JobConfig& cfg, int64_t processes) 
                                                                 "training.mixed_precision_param");
   constexpr int64_t n = 768;
   const at::Tensor a = at::randn({n, n}).to(dtype), b = at::randn({n, n}).to(dtype);
-  const double gemm_s = seconds_of([&] { at::mm(a, b); }, 4);
-  d.peak_bf16 = 2.0 * n * n * n / gemm_s / static_cast<double>(processes);
-  d.peak_fp8 = 0;  // float8 on the CPU is an emulation: never faster
   d.host_cores = std::max(1u, std::thread::hardware_concurrency());
+  // A rank's GEMM rate with every rank computing at once: `processes` threads of one-thread
+  // GEMMs side by side, the slowest thread's median call, times the cores each rank has beyond
+  // one. On shared cores this counts what one thread alone does not see (time slicing, the
+  // caches the ranks share); and one thread's rate is steadier than the whole pool's, which
+  // swung by 50% between planner runs here.
+  const int pool_threads = at::get_num_threads();
+  at::set_num_threads(1);
+  std::vector<double> gemm_seconds(static_cast<size_t>(processes));
+  {
+    std::vector<std::thread> ranks;
+    for (int64_t r = 0; r < processes; ++r)
+      ranks.emplace_back([&, r] {
+        const at::Tensor x = a.clone(), y = b.clone();
+        gemm_seconds[static_cast<size_t>(r)] = seconds_of([&] { at::mm(x, y); }, 15);
+      });
+    for (std::thread& t : ranks) t.join();
+  }
+  at::set_num_threads(pool_threads);
+  const double gemm_s = *std::max_element(gemm_seconds.begin(), gemm_seconds.end());
+  d.peak_bf16 = 2.0 * n * n * n / gemm_s * std::max(1.0, d.host_cores / static_cast<double>(processes));
+  d.peak_fp8 = 0;  // float8 on the CPU is an emulation: never faster
   const at::Tensor big = at::empty({64 << 20}, at::kFloat), dst = at::empty({64 << 20}, at::kFloat);
-  const double copy_s = seconds_of([&] { dst.copy_(big); }, 3);
+  const double copy_s = seconds_of([&] { dst.copy_(big); }, 7);
   d.hbm_bytes_per_s = 2.0 * static_cast<double>(big.nbytes()) / copy_s / static_cast<double>(processes);
   d.memory_bytes = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE) / static_cast<double>(processes);
   // Gloo's collectives among `processes` ranks on this machine, measured; a single rank has no
@@ -233,7 +268,9 @@ DeviceSpec cpu_device(const trainer::config::JobConfig& cfg, int64_t processes) 
   // delays every hand-off (a woken rank waits for a core). Measured so, for each group size.
   for (int64_t g = 2; g < processes; ++g) {
     if (processes % g != 0) continue;
+    at::set_num_threads(1);  // the computing ranks' GEMMs each on one thread
     const auto [latency, rate] = gloo_probe(static_cast<int>(g), static_cast<int>(processes - g));
+    at::set_num_threads(pool_threads);
     if (rate > 0) d.group_links[g] = {latency, rate};
   }
   d.intra_node_bytes_per_s = d.inter_node_bytes_per_s = gloo_rate > 0 ? gloo_rate : loopback_bytes_per_s();
@@ -243,7 +280,6 @@ DeviceSpec cpu_device(const trainer::config::JobConfig& cfg, int64_t processes) 
   // a sum, and the backward (mm, sum, the engine's ones, SumBackward's expand, MmBackward's two
   // transposes and two matmuls, two AccumulateGrads: 10 operators), on one thread as each rank.
   const at::Tensor x = at::ones({2, 2}).requires_grad_(true), wt = at::ones({2, 2}).requires_grad_(true);
-  const int threads = at::get_num_threads();
   at::set_num_threads(1);
   d.op_dispatch_s = seconds_of([&] {
                       for (int i = 0; i < 100; ++i) {
@@ -251,8 +287,8 @@ DeviceSpec cpu_device(const trainer::config::JobConfig& cfg, int64_t processes) 
                         wt.mutable_grad().reset();
                         at::mm(x, wt).sum().backward();
                       }
-                    }, 3) / 1000.0;
-  at::set_num_threads(threads);
+                    }, 9) / 1000.0;
+  at::set_num_threads(pool_threads);
   // One thread's dispatch is CPU work like the rest: where the ranks outnumber the cores, each
   // gets cores / ranks of one while all compute (the rates above are shared the same way).
   d.op_dispatch_s *= std::max(1.0, static_cast<double>(processes) / d.host_cores);
