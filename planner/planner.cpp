@@ -261,6 +261,7 @@ PlanResult plan_layouts(const trainer::config::JobConfig& user_cfg, const Cluste
     std::map<std::string, std::string> refused;  // structural key -> the trainer's error ("" = accepted)
     std::map<std::string, trainer::config::CheckedLayout> accepted;  // structural key -> what the checks made
     std::map<std::string, double> memory;        // + ac + precision -> bytes
+    std::map<std::string, bool> same_as_layers;  // structural key (split=flops) -> stages as split=layers
     // What check_layout reads of a layout (the AC mode, precision and async TP do not change it).
     auto structural_of = [](Layout l) {
       l.ac = "none", l.precision = "bf16", l.async_tp = false;
@@ -306,10 +307,14 @@ PlanResult plan_layouts(const trainer::config::JobConfig& user_cfg, const Cluste
       // A FLOP split that puts every module where the layer split does is the same run: the
       // layer split's candidate stands for both.
       if (l.pp > 1 && l.split == "flops") {
-        Layout twin = structural_of(l);
-        twin.split = "layers";
-        if (checked_error(twin, apply_layout(cfg, twin, result.global_batch)).empty() &&
-            accepted.at(twin.name()).pipeline->stage_modules == checked.pipeline->stage_modules) {
+        auto [same, fresh] = same_as_layers.emplace(structural_of(l).name(), false);
+        if (fresh) {
+          Layout twin = structural_of(l);
+          twin.split = "layers";
+          same->second = checked_error(twin, apply_layout(cfg, twin, result.global_batch)).empty() &&
+                         accepted.at(twin.name()).pipeline->stage_modules == checked.pipeline->stage_modules;
+        }
+        if (same->second) {
           ++result.same_split;
           return std::nullopt;
         }

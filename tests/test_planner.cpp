@@ -228,6 +228,15 @@ TEST_CASE("ranks sharing cores: a waiting rank's share goes to the ranks that co
       const double work = 3.0 * static_cast<double>(m) * plan.num_stages() / p;
       INFO(schedule << " p " << p);
       CHECK(tp::simulate_pipeline(plan, costs, 0.0, p).step_seconds == Approx(work));
+      // Sharing that never speeds anyone up takes the by-events simulation to a device per
+      // rank's answer (the two algorithms of Note [Pipeline simulation by events]), transfers
+      // included.
+      for (double transfer : {0.0, 0.25}) {
+        const tp::PipelineTiming events = tp::simulate_pipeline(plan, costs, transfer, 1.0 + 1e-12);
+        const tp::PipelineTiming devices = tp::simulate_pipeline(plan, costs, transfer);
+        CHECK(events.step_seconds == Approx(devices.step_seconds).epsilon(1e-9));
+        CHECK(events.idle_fraction() == Approx(devices.idle_fraction()).epsilon(1e-9));
+      }
       if (p < 4) continue;
       // Half that sharing (4 ranks on 2 cores): between the bubble of a device per rank and none.
       const double half = tp::simulate_pipeline(plan, costs, 0.0, p / 2.0).step_seconds;
