@@ -15,8 +15,12 @@ BUILD="${1:-$ROOT/build}"
 PLAN="$BUILD/apps/titan-plan"
 [[ -x "$PLAN" ]] || { echo "plan_published.sh: build titan-plan in $BUILD first" >&2; exit 1; }
 VOCAB="$ROOT/.gpu_bundle/data/bench_vocab_128k.tiktoken"
-[[ -f "$VOCAB" ]] || VOCAB="$(mktemp -d)/bench_vocab_128k.tiktoken" && [[ -f "$VOCAB" ]] ||
+if [[ ! -f "$VOCAB" ]]; then  # no GPU bundle here: a vocabulary of Llama 3's size for this run only
+  vocab_dir="$(mktemp -d)"
+  trap 'rm -rf "$vocab_dir"' EXIT
+  VOCAB="$vocab_dir/bench_vocab_128k.tiktoken"
   python3 "$ROOT/scripts/bench/bench_vocab.py" "$VOCAB" >/dev/null
+fi
 
 # name | config | nodes | global batch | layout | published tok/s per GPU
 RUNS=(
