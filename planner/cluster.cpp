@@ -136,8 +136,8 @@ double loopback_bytes_per_s() {
 // bytes / ranks / rate): the step from the small message, the rate from the large one, with
 // all-gathers and reduce-scatters counted alike (titan issues them in pairs; Gloo's
 // reduce-scatter is an all-reduce, which the rate absorbs).
-std::pair<double, double> gloo_probe(int ranks, int busy) {
-  const bool shared_cores = ranks + busy > static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+std::pair<double, double> gloo_probe(int ranks, int busy, double cores) {
+  const bool shared_cores = ranks + busy > cores;
   std::atomic<bool> stop{false};
   std::vector<std::thread> spinners;
   for (int i = 0; i < busy; ++i)
@@ -203,8 +203,8 @@ std::pair<double, double> gloo_probe(int ranks, int busy) {
           }
           if (expected_wait) return std::accumulate(pairs.begin(), pairs.end(), 0.0) / repeats;
           if (bytes == kSmall) return *std::min_element(pairs.begin(), pairs.end());
-          std::nth_element(pairs.begin(), pairs.begin() + kRepeats / 2, pairs.end());
-          return pairs[kRepeats / 2];
+          std::nth_element(pairs.begin(), pairs.begin() + repeats / 2, pairs.end());
+          return pairs[static_cast<size_t>(repeats / 2)];
         };
         small_s[static_cast<size_t>(rank)] = time_pair(kSmall);
         large_s[static_cast<size_t>(rank)] = time_pair(kLarge);
@@ -227,13 +227,13 @@ std::pair<double, double> gloo_probe(int ranks, int busy) {
 // memory bandwidth (titan's ranks on one host split the cores between them).
 DeviceSpec cpu_device(const trainer::config::JobConfig& cfg, int64_t processes) {
   DeviceSpec d;
-  d.name = "cpu (this machine, measured; " + std::to_string(std::thread::hardware_concurrency()) + " cores shared by " +
+  d.host_cores = std::max(1u, std::thread::hardware_concurrency());
+  d.name = "cpu (this machine, measured; " + std::to_string(static_cast<int>(d.host_cores)) + " cores shared by " +
            std::to_string(processes) + " ranks)";
   const at::ScalarType dtype = trainer::config::dtype_from_name(cfg.training.mixed_precision_param,
                                                                 "training.mixed_precision_param");
   constexpr int64_t n = 768;
   const at::Tensor a = at::randn({n, n}).to(dtype), b = at::randn({n, n}).to(dtype);
-  d.host_cores = std::max(1u, std::thread::hardware_concurrency());
   // A rank's GEMM rate with every rank computing at once: `processes` threads of one-thread
   // GEMMs side by side, the slowest thread's median call, times the cores each rank has beyond
   // one. On shared cores this counts what one thread alone does not see (time slicing, the
@@ -262,14 +262,15 @@ DeviceSpec cpu_device(const trainer::config::JobConfig& cfg, int64_t processes) 
   // Gloo's collectives among `processes` ranks on this machine, measured; a single rank has no
   // collectives (then, or if the probe cannot form its group, the raw loopback bandwidth only
   // fills the table).
-  const auto [step_latency, gloo_rate] = processes > 1 ? gloo_probe(static_cast<int>(processes), 0) : std::pair{0.0, 0.0};
+  const auto [step_latency, gloo_rate] = processes > 1 ? gloo_probe(static_cast<int>(processes), 0, d.host_cores)
+                                                         : std::pair{0.0, 0.0};
   // Groups smaller than the world (TP, CP or FSDP within a larger world, a pipeline's
   // transfers): their collectives run while the other ranks compute, which on shared cores
   // delays every hand-off (a woken rank waits for a core). Measured so, for each group size.
   for (int64_t g = 2; g < processes; ++g) {
     if (processes % g != 0) continue;
     at::set_num_threads(1);  // the computing ranks' GEMMs each on one thread
-    const auto [latency, rate] = gloo_probe(static_cast<int>(g), static_cast<int>(processes - g));
+    const auto [latency, rate] = gloo_probe(static_cast<int>(g), static_cast<int>(processes - g), d.host_cores);
     at::set_num_threads(pool_threads);
     if (rate > 0) d.group_links[g] = {latency, rate};
   }

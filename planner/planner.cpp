@@ -267,9 +267,9 @@ PlanResult plan_layouts(const trainer::config::JobConfig& user_cfg, const Cluste
       l.ac = "none", l.precision = "bf16", l.async_tp = false;
       return l;
     };
-    // The trainer's error for a candidate's structure ("" = accepted: then in `accepted`), cached.
-    auto checked_error = [&](const Layout& candidate, const trainer::config::JobConfig& candidate_cfg) -> const std::string& {
-      const std::string key = structural_of(candidate).name();
+    // The trainer's error for the structure `key` names ("" = accepted: then in `accepted`),
+    // checked on `candidate_cfg` once.
+    auto checked_error = [&](const std::string& key, const trainer::config::JobConfig& candidate_cfg) -> const std::string& {
       auto found = refused.find(key);
       if (found == refused.end()) {
         trainer::config::CheckedLayout made;
@@ -298,21 +298,23 @@ PlanResult plan_layouts(const trainer::config::JobConfig& user_cfg, const Cluste
         return std::nullopt;
       }
       trainer::config::JobConfig c = apply_layout(cfg, l, result.global_batch);
-      if (const std::string& error = checked_error(l, c); !error.empty()) {
+      const std::string key = structural_of(l).name();
+      if (const std::string& error = checked_error(key, c); !error.empty()) {
         ++result.rejected_by_rules;
         reject("rules: " + reason_of(error), l, 1);
         return std::nullopt;
       }
-      const trainer::config::CheckedLayout& checked = accepted.at(structural_of(l).name());
+      const trainer::config::CheckedLayout& checked = accepted.at(key);
       // A FLOP split that puts every module where the layer split does is the same run: the
       // layer split's candidate stands for both.
       if (l.pp > 1 && l.split == "flops") {
-        auto [same, fresh] = same_as_layers.emplace(structural_of(l).name(), false);
+        auto [same, fresh] = same_as_layers.emplace(key, false);
         if (fresh) {
           Layout twin = structural_of(l);
           twin.split = "layers";
-          same->second = checked_error(twin, apply_layout(cfg, twin, result.global_batch)).empty() &&
-                         accepted.at(twin.name()).pipeline->stage_modules == checked.pipeline->stage_modules;
+          const std::string twin_key = twin.name();
+          same->second = checked_error(twin_key, apply_layout(cfg, twin, result.global_batch)).empty() &&
+                         accepted.at(twin_key).pipeline->stage_modules == checked.pipeline->stage_modules;
         }
         if (same->second) {
           ++result.same_split;
