@@ -258,7 +258,14 @@ PlanResult plan_layouts(const trainer::config::JobConfig& user_cfg, const Cluste
     std::map<std::string, int64_t> over_memory_from;
     // check_layout and the memory estimate depend on fewer fields than the prediction: cached
     // for the family (a pipeline plan holds every rank's order: not kept beyond it).
-    std::map<std::string, std::string> refused;  // structural key -> the trainer's error ("" = accepted)
+    // The trainer's verdict on a structure: its error ("" = accepted: then in `accepted`), and
+    // once it has refused a candidate, that reason's counter in result.reasons (a candidate
+    // refused for a known structure costs one lookup: a 405B search on 16k GPUs refuses millions).
+    struct Verdict {
+      std::string error;
+      std::pair<int64_t, std::string>* reason = nullptr;
+    };
+    std::map<std::string, Verdict> refused;                          // structural key -> verdict
     std::map<std::string, trainer::config::CheckedLayout> accepted;  // structural key -> what the checks made
     std::map<std::string, double> memory;        // + ac + precision -> bytes
     std::map<std::string, bool> same_as_layers;  // structural key (split=flops) -> stages as split=layers
@@ -267,22 +274,29 @@ PlanResult plan_layouts(const trainer::config::JobConfig& user_cfg, const Cluste
       l.ac = "none", l.precision = "bf16", l.async_tp = false;
       return l;
     };
-    // The trainer's error for the structure `key` names ("" = accepted: then in `accepted`),
-    // checked on `candidate_cfg` once.
-    auto checked_error = [&](const std::string& key, const trainer::config::JobConfig& candidate_cfg) -> const std::string& {
+    // The verdict on the structure `key` names, checked on `candidate`'s config once.
+    auto verdict_of = [&](const std::string& key, const Layout& candidate) -> Verdict& {
       auto found = refused.find(key);
       if (found == refused.end()) {
         trainer::config::CheckedLayout made;
-        const std::string error = check(candidate_cfg, &made);
-        if (error.empty()) accepted.emplace(key, std::move(made));
-        found = refused.emplace(key, error).first;
+        Verdict verdict{check(apply_layout(cfg, candidate, result.global_batch), &made)};
+        if (verdict.error.empty()) accepted.emplace(key, std::move(made));
+        found = refused.emplace(key, std::move(verdict)).first;
       }
       return found->second;
+    };
+    auto count_refused = [&](Verdict& verdict, const Layout& l) {
+      ++result.rejected_by_rules;
+      if (!verdict.reason) verdict.reason = &result.reasons["rules: " + reason_of(verdict.error)];
+      if (verdict.reason->first == 0) verdict.reason->second = l.family();
+      ++verdict.reason->first;
     };
     auto without_local = [](Layout l) {
       l.local_batch = 0;
       return l.name();
     };
+    const std::string over_memory =
+        "memory: the estimate exceeds the " + gib(cluster.device.memory_bytes) + " GiB of one GPU";
     // One candidate through the checks and the memory estimate: what the checks made and its
     // memory when it fits, nullptr (counted as refused or over memory) when not.
     struct Admitted {
@@ -291,17 +305,17 @@ PlanResult plan_layouts(const trainer::config::JobConfig& user_cfg, const Cluste
       double memory_bytes;
     };
     auto admit = [&](const Layout& l) -> std::optional<Admitted> {
-      const auto over = over_memory_from.find(without_local(l));
-      if (over != over_memory_from.end() && l.local_batch > over->second) {
-        ++result.rejected_by_memory;
-        reject("memory: the estimate exceeds the " + gib(cluster.device.memory_bytes) + " GiB of one GPU", l, 1);
-        return std::nullopt;
+      if (!over_memory_from.empty()) {
+        const auto over = over_memory_from.find(without_local(l));
+        if (over != over_memory_from.end() && l.local_batch > over->second) {
+          ++result.rejected_by_memory;
+          reject(over_memory, l, 1);
+          return std::nullopt;
+        }
       }
-      trainer::config::JobConfig c = apply_layout(cfg, l, result.global_batch);
       const std::string key = structural_of(l).name();
-      if (const std::string& error = checked_error(key, c); !error.empty()) {
-        ++result.rejected_by_rules;
-        reject("rules: " + reason_of(error), l, 1);
+      if (Verdict& verdict = verdict_of(key, l); !verdict.error.empty()) {
+        count_refused(verdict, l);
         return std::nullopt;
       }
       const trainer::config::CheckedLayout& checked = accepted.at(key);
@@ -313,7 +327,7 @@ PlanResult plan_layouts(const trainer::config::JobConfig& user_cfg, const Cluste
           Layout twin = structural_of(l);
           twin.split = "layers";
           const std::string twin_key = twin.name();
-          same->second = checked_error(twin_key, apply_layout(cfg, twin, result.global_batch)).empty() &&
+          same->second = verdict_of(twin_key, twin).error.empty() &&
                          accepted.at(twin_key).pipeline->stage_modules == checked.pipeline->stage_modules;
         }
         if (same->second) {
@@ -321,16 +335,18 @@ PlanResult plan_layouts(const trainer::config::JobConfig& user_cfg, const Cluste
           return std::nullopt;
         }
       }
-      Layout mem_key = l;
-      mem_key.async_tp = false;
-      auto m = memory.find(mem_key.name());
+      trainer::config::JobConfig c = apply_layout(cfg, l, result.global_batch);
+      Layout mem_layout = l;
+      mem_layout.async_tp = false;
+      const std::string mem_key = mem_layout.name();
+      auto m = memory.find(mem_key);
       if (m == memory.end())
-        m = memory.emplace(mem_key.name(), estimated_memory_bytes(c, world, vocab, checked.pipeline ? &*checked.pipeline : nullptr))
+        m = memory.emplace(mem_key, estimated_memory_bytes(c, world, vocab, checked.pipeline ? &*checked.pipeline : nullptr))
                 .first;
       if (m->second > cluster.device.memory_bytes) {
         over_memory_from.emplace(without_local(l), l.local_batch);
         ++result.rejected_by_memory;
-        reject("memory: the estimate exceeds the " + gib(cluster.device.memory_bytes) + " GiB of one GPU", l, 1);
+        reject(over_memory, l, 1);
         return std::nullopt;
       }
       return Admitted{std::move(c), &checked, m->second};

@@ -453,6 +453,10 @@ TEST_CASE("the FLOP-balanced split: every rank's stages cost the least possible 
   CHECK(plan4.stage_parts.size() == 8);
   CHECK_THROWS_WITH(tp::pipeline::module_fqns_balanced({0, 1, 2, 3, 3, 2, 1, 0}, 5, debug),
                     Contains("needs a block on every stage between the first and the last: 8 stages for 5 layers"));
+  // Refused from the stage count alone, before a schedule places the stages: 2^40 micro-batches
+  // would be an order of terabytes (the layout planner asks for such splits by the thousand).
+  CHECK_THROWS_WITH(tp::pipeline::plan_pipeline(zbv4, 4, 5, int64_t{1} << 40),
+                    Contains("needs a block on every stage between the first and the last: 8 stages for 5 layers"));
   // What a debug model's module costs per token at seq 2048 (dim 256, ffn 768, 16 heads of 16,
   // vocab 2048): a block 6 x 852,480 weights + half of 12 x 16 x 16 x 2048 for attention, the
   // output 6 x 256 x 2048, the embedding nothing.

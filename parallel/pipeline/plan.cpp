@@ -176,7 +176,11 @@ PipelinePlan plan_pipeline(const PipelineConfig& c, int pp, int64_t n_layers, in
   // schedule has placed the stages (below).
   const bool by_flops = c.stage_balance == "flops";
   const int num_stages = with_context(split_keys, [&] {
-    if (by_flops) return pipeline_stage_count(plan.kind, pp, n_layers, c.layers_per_stage, 0, 0);
+    if (by_flops) {
+      const int stages = pipeline_stage_count(plan.kind, pp, n_layers, c.layers_per_stage, 0, 0);
+      check_balanced_stage_count(stages, n_layers);
+      return stages;
+    }
     if (!c.module_fqns.empty()) {
       plan.stage_modules = c.module_fqns;
     } else if (!c.split_points.empty()) {

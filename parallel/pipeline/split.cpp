@@ -76,18 +76,22 @@ StageModules module_fqns_per_stage(int num_stages, int64_t n_layers, int64_t inp
   return stages;
 }
 
+void check_balanced_stage_count(int64_t num_stages, int64_t n_layers) {
+  if (num_stages < 1) throw std::invalid_argument("the number of pipeline stages must be at least 1");
+  if (num_stages - 2 > n_layers)
+    throw std::invalid_argument("the FLOP-balanced split needs a block on every stage between the first and the last: " +
+                                n(num_stages) + " stages for " + n(n_layers) + " layers");
+}
+
 StageModules module_fqns_balanced(const std::vector<int>& stage_rank, int64_t n_layers, const ModuleFlops& costs) {
   const int64_t num_stages = static_cast<int64_t>(stage_rank.size());
-  if (num_stages < 1) throw std::invalid_argument("the number of pipeline stages must be at least 1");
+  check_balanced_stage_count(num_stages, n_layers);
   // The first stage holds the embedding and the last norm + output, so they may hold no block;
   // every stage between needs one.
   std::vector<int64_t> min_blocks(static_cast<size_t>(num_stages), 1);
   min_blocks.front() = min_blocks.back() = 0;
   int64_t min_total = 0;
   for (const int64_t m : min_blocks) min_total += m;
-  if (min_total > n_layers)
-    throw std::invalid_argument("the FLOP-balanced split needs a block on every stage between the first and the last: " +
-                                n(num_stages) + " stages for " + n(n_layers) + " layers");
   const int pp = *std::max_element(stage_rank.begin(), stage_rank.end()) + 1;
   // What a stage costs besides its blocks, and the stages of each rank.
   std::vector<double> stage_extra(static_cast<size_t>(num_stages), 0.0);

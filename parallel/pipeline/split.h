@@ -53,6 +53,10 @@ struct ModuleFlops {
 // see Note [Stage split by FLOPs]. Throws std::invalid_argument when the stages between the first
 // and the last outnumber the blocks.
 StageModules module_fqns_balanced(const std::vector<int>& stage_rank, int64_t n_layers, const ModuleFlops& costs);
+// What module_fqns_balanced asks of the stage count alone (a block for every stage between the
+// first and the last): checkable before a schedule places the stages, which at a large pp and many
+// micro-batches costs far more than the split. Throws std::invalid_argument as it does.
+void check_balanced_stage_count(int64_t num_stages, int64_t n_layers);
 
 // torchtitan v0.1's pipeline_parallel_split_points: each "layers.k" starts a new stage
 // ("layers.2,layers.4" over 6 layers: 3 stages). Throws std::invalid_argument naming a point that
