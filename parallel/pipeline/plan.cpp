@@ -2,6 +2,7 @@
 #include "parallel/pipeline/plan.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -128,7 +129,9 @@ std::vector<std::string> PipelinePlan::describe() const {
   return lines;
 }
 
-PipelinePlan plan_pipeline(const PipelineConfig& c, int pp, int64_t n_layers, int64_t local_batch_size) {
+namespace {
+
+PipelinePlan make_plan(const PipelineConfig& c, int pp, int64_t n_layers, int64_t local_batch_size) {
   PipelinePlan plan;
   plan.pp = pp;
   plan.kind = with_context("parallelism.pipeline_parallel_schedule",
@@ -236,6 +239,65 @@ PipelinePlan plan_pipeline(const PipelineConfig& c, int pp, int64_t n_layers, in
                                   n(static_cast<int64_t>(plan.stages_of(r).size())) + " stages; every rank must hold " +
                                   n(per_rank) + " (" + n(num_stages) + " stages over " + n(pp) + " ranks)");
   return plan;
+}
+
+// Everything make_plan reads, as one string.
+std::string plan_key(const PipelineConfig& c, int pp, int64_t n_layers, int64_t local_batch_size) {
+  std::string key;
+  auto add = [&key](const std::string& field) { key += field, key += '\x1f'; };
+  char flops[96];
+  std::snprintf(flops, sizeof flops, "%a %a %a", c.module_flops.block, c.module_flops.embedding, c.module_flops.output);
+  for (int64_t v : {int64_t{pp}, n_layers, local_batch_size, c.microbatch_size, c.num_microbatches, c.layers_per_stage,
+                    c.first_stage_less_layers, c.last_stage_less_layers})
+    add(n(v));
+  add(c.schedule), add(c.stage_balance), add(flops);
+  for (const std::string& point : c.split_points) add(point);
+  key += '\x1e';
+  for (const auto& stage : c.module_fqns) {
+    for (const std::string& module : stage) add(module);
+    key += '\x1d';
+  }
+  return key;
+}
+
+}  // namespace
+
+// Note [Pipeline plans memoized]: without a CSV (a file that can change between calls), a plan
+// is a pure function of its arguments, and the layout planner asks for the same one once per
+// layout family that shares the pipeline degree and the local batch (24 families of the 405B
+// search on 16,384 GPUs at pp 64 and a data-parallel degree of 32), most of them refusals. Both
+// answers, a plan or the refusal's message, are kept: at most kMaxCachedPlans, then the cache
+// starts over. Thread-safe; the trainer asks once.
+PipelinePlan plan_pipeline(const PipelineConfig& c, int pp, int64_t n_layers, int64_t local_batch_size) {
+  if (!c.schedule_csv.empty()) return make_plan(c, pp, n_layers, local_batch_size);
+  constexpr size_t kMaxCachedPlans = 8192;  // a 128-stage plan is about 10 KB
+  struct Answer {
+    std::shared_ptr<const PipelinePlan> plan;  // or
+    std::string refusal;
+  };
+  static std::mutex mu;
+  static std::map<std::string, Answer> cache;
+  const std::string key = plan_key(c, pp, n_layers, local_batch_size);
+  Answer answer;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    const auto hit = cache.find(key);
+    if (hit != cache.end()) answer = hit->second;
+  }
+  if (answer.plan) return *answer.plan;  // copied outside the lock
+  if (!answer.refusal.empty()) throw std::invalid_argument(answer.refusal);
+  try {
+    answer.plan = std::make_shared<const PipelinePlan>(make_plan(c, pp, n_layers, local_batch_size));
+  } catch (const std::invalid_argument& e) {
+    answer.refusal = e.what();
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (cache.size() >= kMaxCachedPlans) cache.clear();
+    cache.emplace(key, answer);
+  }
+  if (!answer.plan) throw std::invalid_argument(answer.refusal);
+  return *answer.plan;
 }
 
 }  // namespace titan::parallel::pipeline
