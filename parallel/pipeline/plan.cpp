@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <tuple>
@@ -20,33 +21,48 @@ std::string join(const std::vector<std::string>& items) {
   return out;
 }
 
+// A thread-safe memo of a pure function's answers, holding at most `capacity` units (each answer
+// weighs what its caller says); past that it starts over. The layout planner asks for the same
+// pipeline orders and plans thousands of times, the trainer once.
+template <class Key, class Value>
+class Memo {
+ public:
+  explicit Memo(size_t capacity) : capacity_(capacity) {}
+  std::optional<Value> find(const Key& key) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto hit = answers_.find(key);
+    if (hit == answers_.end()) return std::nullopt;
+    return hit->second;
+  }
+  void keep(const Key& key, const Value& value, size_t weight) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (held_ + weight > capacity_) answers_.clear(), held_ = 0;
+    if (answers_.emplace(key, value).second) held_ += weight;
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<Key, Value> answers_;
+  size_t capacity_;
+  size_t held_ = 0;
+};
+
 // A generated order and its validation (the stage of every rank), memoized: a pure function of
-// (schedule, pp, stages per rank, micro-batches) that the layout planner asks for thousands of
-// times (the trainer once). At most kMaxCachedActions slots are kept; past that the cache starts
-// over. Thread-safe.
+// (schedule, pp, stages per rank, micro-batches). At most 2M slots (about 50 MB) are kept.
 struct GeneratedOrder {
   std::shared_ptr<const PipelineOrder> order;
   std::vector<int> stage_rank;
 };
 GeneratedOrder generated_order(PipelineScheduleKind kind, int pp, int per_rank, int64_t microbatches) {
-  constexpr size_t kMaxCachedActions = size_t{1} << 21;  // 2M slots, about 50 MB
-  static std::mutex mu;
-  static std::map<std::tuple<int, int, int, int64_t>, GeneratedOrder> cache;
-  static size_t cached_actions = 0;
+  static Memo<std::tuple<int, int, int, int64_t>, GeneratedOrder> memo(size_t{1} << 21);
   const auto key = std::make_tuple(static_cast<int>(kind), pp, per_rank, microbatches);
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    const auto hit = cache.find(key);
-    if (hit != cache.end()) return hit->second;
-  }
+  if (std::optional<GeneratedOrder> hit = memo.find(key)) return *std::move(hit);
   GeneratedOrder g;
   g.order = std::make_shared<const PipelineOrder>(pipeline_order(kind, pp, per_rank, microbatches));
   g.stage_rank = validate_pipeline_order(*g.order, pp, pp * per_rank, microbatches);
   size_t actions = 0;
   for (const RankActions& r : *g.order) actions += r.size();
-  std::lock_guard<std::mutex> lock(mu);
-  if (cached_actions + actions > kMaxCachedActions) cache.clear(), cached_actions = 0;
-  if (cache.emplace(key, g).second) cached_actions += actions;
+  memo.keep(key, g, actions);
   return g;
 }
 
@@ -266,38 +282,33 @@ std::string plan_key(const PipelineConfig& c, int pp, int64_t n_layers, int64_t 
 // is a pure function of its arguments, and the layout planner asks for the same one once per
 // layout family that shares the pipeline degree and the local batch (24 families of the 405B
 // search on 16,384 GPUs at pp 64 and a data-parallel degree of 32), most of them refusals. Both
-// answers, a plan or the refusal's message, are kept: at most kMaxCachedPlans, then the cache
-// starts over. Thread-safe; the trainer asks once.
+// answers, a plan or the refusal's message, are kept, at most 8,192 of them; a plan is kept
+// without its order, which the order memo holds (and bounds) and a hit takes from there, so a
+// kept plan is its stages' module names only (about 10 KB at 128 stages).
 PipelinePlan plan_pipeline(const PipelineConfig& c, int pp, int64_t n_layers, int64_t local_batch_size) {
   if (!c.schedule_csv.empty()) return make_plan(c, pp, n_layers, local_batch_size);
-  constexpr size_t kMaxCachedPlans = 8192;  // a 128-stage plan is about 10 KB
   struct Answer {
-    std::shared_ptr<const PipelinePlan> plan;  // or
+    std::shared_ptr<const PipelinePlan> plan;  // without its order; or
     std::string refusal;
   };
-  static std::mutex mu;
-  static std::map<std::string, Answer> cache;
+  static Memo<std::string, Answer> memo(8192);
   const std::string key = plan_key(c, pp, n_layers, local_batch_size);
-  Answer answer;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    const auto hit = cache.find(key);
-    if (hit != cache.end()) answer = hit->second;
+  std::optional<Answer> answer = memo.find(key);
+  if (!answer) {
+    answer.emplace();
+    try {
+      PipelinePlan plan = make_plan(c, pp, n_layers, local_batch_size);
+      plan.order.reset();
+      answer->plan = std::make_shared<const PipelinePlan>(std::move(plan));
+    } catch (const std::invalid_argument& e) {
+      answer->refusal = e.what();
+    }
+    memo.keep(key, *answer, 1);
   }
-  if (answer.plan) return *answer.plan;  // copied outside the lock
-  if (!answer.refusal.empty()) throw std::invalid_argument(answer.refusal);
-  try {
-    answer.plan = std::make_shared<const PipelinePlan>(make_plan(c, pp, n_layers, local_batch_size));
-  } catch (const std::invalid_argument& e) {
-    answer.refusal = e.what();
-  }
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    if (cache.size() >= kMaxCachedPlans) cache.clear();
-    cache.emplace(key, answer);
-  }
-  if (!answer.plan) throw std::invalid_argument(answer.refusal);
-  return *answer.plan;
+  if (!answer->plan) throw std::invalid_argument(answer->refusal);
+  PipelinePlan plan = *answer->plan;
+  plan.order = generated_order(plan.kind, pp, plan.num_stages() / pp, plan.microbatches).order;
+  return plan;
 }
 
 }  // namespace titan::parallel::pipeline
