@@ -31,7 +31,7 @@ Float8Tensor delayed_cast(AmaxHistory& h, const at::Tensor& x, at::ScalarType dt
   // validating changes no later training step: the history's scale, or before the first
   // training step a dynamic scale from the current amax.
   if (!record)
-    return to_float8_with_scale(
+    return cast_rows_with_scale(
         x, h.initialized ? h.scale.clone() : scale_from_amax(current, dtype, recipe.round_scales_to_power_of_2), dtype);
   if (!h.initialized) {
     auto opts = current.options();
@@ -42,7 +42,7 @@ Float8Tensor delayed_cast(AmaxHistory& h, const at::Tensor& x, at::ScalarType dt
     h.initialized = true;
   }
   h.amax.copy_(at::maximum(h.amax, current));
-  return to_float8_with_scale(x, h.scale.clone(), dtype);
+  return cast_rows_with_scale(x, h.scale.clone(), dtype);
 }
 
 // Dynamic cast of an operand; `tp_sharded_dim`: the dimension (0 first, 1 last, -1 none) along
@@ -59,10 +59,14 @@ Float8Tensor cast_dynamic(const Float8LinearState& s, int tp_sharded_dim, const 
   return to_float8(x, config, axis_dim, pow2);
 }
 
-// Dynamic or snapshot cast: `snapshot` is the forward's delayed scale when defined.
+// Dynamic or snapshot cast: `snapshot` is the forward's delayed scale when defined. A snapshot
+// cast along dim 0 (the backward's W and x) is laid out column-major on CUDA, as a dynamic
+// tensorwise cast is (Note [Fused casts on the hot path]): no float8 transpose copy before the GEMM.
 Float8Tensor recast(const Float8LinearState& s, int tp_sharded_dim, const at::Tensor& x,
                     const CastConfig& config, int64_t axis_dim, const at::Tensor& snapshot) {
-  if (snapshot.defined()) return to_float8_with_scale(x, snapshot, config.dtype);
+  if (snapshot.defined())
+    return axis_dim == 0 ? cast_to_columns_with_scale(x, snapshot, config.dtype)
+                         : cast_rows_with_scale(x, snapshot, config.dtype);
   return cast_dynamic(s, tp_sharded_dim, x, config, axis_dim);
 }
 
@@ -162,6 +166,8 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
     Float8Tensor g8_rows, g8_cols;
     if (r.delayed) {
       g8_rows = g8_cols = delayed_cast(s.grad_output, G, r.grad_output.dtype, r);
+      if (G.is_cuda() && ctx->needs_input_grad(1))
+        g8_cols = cast_to_columns_with_scale(G, g8_rows.scale, r.grad_output.dtype);
     } else {
       g8_rows = cast_dynamic(s, s.tp.grad_output_dim, G, r.grad_output, /*axis_dim=*/-1);
       if (r.grad_output.granularity != ScalingGranularity::Tensorwise)

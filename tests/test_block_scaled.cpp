@@ -4,10 +4,14 @@
 // scripts/reference/block_scaled_reference.py, run here with the venv's torch and the torchao
 // that scripts/setup.sh installs (.deps/torchao); without them the tests report themselves skipped.
 #include <ATen/Parallel.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/bitwise_left_shift.h>
+#include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/equal.h>
 #include <ATen/ops/isnan.h>
 #include <ATen/ops/randn.h>
+#include <ATen/ops/randint.h>
 
 #include <unistd.h>
 
@@ -18,6 +22,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <string>
 
@@ -121,6 +126,37 @@ struct OneThread {
     std::exit(77);                                                                                    \
   }
 
+// torchao's _f32_to_floatx_unpacked for e2m1, one element at a time with its integer steps: the
+// reference float_to_e2m1_codes' tensor formulation must equal for every float32 bit pattern.
+uint8_t e2m1_code_reference(float value) {
+  constexpr int32_t kMbits = 1, kExpBias = 1, kF32Mbits = 23, kF32Bias = 127;
+  constexpr uint32_t kMagicAdder = (1u << (kF32Mbits - kMbits - 1)) - 1;
+  constexpr uint32_t kDenormMaskInt = uint32_t((kF32Bias - kExpBias) + (kF32Mbits - kMbits) + 1) << kF32Mbits;
+  float denorm_mask_float;
+  std::memcpy(&denorm_mask_float, &kDenormMaskInt, 4);
+  const uint32_t val_to_add = uint32_t(int32_t(kExpBias - kF32Bias) * (1 << kF32Mbits)) + kMagicAdder;
+  uint32_t bits;
+  std::memcpy(&bits, &value, 4);
+  const uint32_t sign = bits & 0x80000000u;
+  bits ^= sign;
+  float a;
+  std::memcpy(&a, &bits, 4);
+  uint8_t code;
+  if (a >= 6.0f) {
+    code = 7;
+  } else if (a < 1.0f) {
+    float d = a + denorm_mask_float;
+    uint32_t di;
+    std::memcpy(&di, &d, 4);
+    code = static_cast<uint8_t>(di - kDenormMaskInt);
+  } else {
+    const uint32_t mant_odd = (bits >> (kF32Mbits - kMbits)) & 1u;
+    const uint32_t v = bits + val_to_add + mant_odd;
+    code = static_cast<uint8_t>(static_cast<int32_t>(v) >> (kF32Mbits - kMbits));
+  }
+  return static_cast<uint8_t>(code | ((sign >> 28) & 0x8u));
+}
+
 }  // namespace
 
 TEST_CASE("MX casts equal torchao's to_mx bit for bit, at every boundary", "[block_scaled][mx]") {
@@ -217,6 +253,24 @@ TEST_CASE("MX scales swizzle into cuBLASLt's 128 x 4 layout as torchao's to_bloc
     INFO(s);
     CHECK(same_bits(swizzle_mx_scales(expected("swizzle/" + s + "/in")).flatten(), expected("swizzle/" + s + "/out")));
   }
+}
+
+TEST_CASE("e2m1 codes: the tensor formulation equals torchao's per-element steps on every bit pattern class",
+          "[block_scaled][mx]") {
+  // Every bfloat16 bit pattern (the upper 16 bits: all exponents, NaNs, infinities, denormals,
+  // both signs) and 2^20 random float32 patterns (the low mantissa bits decide the rounding).
+  at::Tensor high = at::bitwise_left_shift(at::arange(65536, at::kInt), 16);
+  at::Tensor random = at::randint(std::numeric_limits<int32_t>::min(), int64_t{1} << 31, {1 << 20}, at::kLong).to(at::kInt);
+  const at::Tensor x = at::cat({high, random}).view(at::kFloat);
+  const at::Tensor codes = float_to_e2m1_codes(x);
+  REQUIRE(codes.scalar_type() == at::kByte);
+  const float* src = x.data_ptr<float>();
+  const uint8_t* got = codes.data_ptr<uint8_t>();
+  int64_t mismatches = 0, first = -1;
+  for (int64_t i = 0; i < x.numel(); ++i)
+    if (got[i] != e2m1_code_reference(src[i]) && mismatches++ == 0) first = i;
+  INFO("first mismatch at " << first);
+  CHECK(mismatches == 0);
 }
 
 TEST_CASE("e2m1 codes: every code round-trips, the grid rounds half to even and saturates", "[block_scaled][mx]") {

@@ -240,6 +240,24 @@ TEST_CASE("CUDA block-scaled casts equal quantize_blocks bit for bit", "[block_s
                   std::invalid_argument);
 }
 
+TEST_CASE("CUDA e2m1 codes and their values equal the CPU's bit for bit", "[block_scaled][cuda]") {
+  if (!at::hasCUDA()) return;
+  // MXFP4 is emulated on every GPU: its casts run on the device as tensor ops (no host round
+  // trip); the CPU formulation is checked against torchao's per-element steps in
+  // tests/test_block_scaled.cpp. Random float32 bit patterns cover NaN, inf and denormals.
+  at::manual_seed(23);
+  const at::Tensor x = at::randint(std::numeric_limits<int32_t>::min(), int64_t{1} << 31, {1 << 20}, at::kLong)
+                           .to(at::kInt)
+                           .view(at::kFloat);
+  const at::Tensor codes = float_to_e2m1_codes(x);
+  const at::Tensor codes_cuda = float_to_e2m1_codes(x.cuda());
+  CHECK(codes_cuda.is_cuda());
+  CHECK(at::equal(codes_cuda.cpu(), codes));
+  const at::Tensor values_cuda = e2m1_codes_to_float(codes.cuda());
+  CHECK(values_cuda.is_cuda());
+  CHECK(at::equal(values_cuda.cpu().view(at::kInt), e2m1_codes_to_float(codes).view(at::kInt)));  // -0.0 too
+}
+
 TEST_CASE("CUDA MXFP8 cuBLASLt GEMM matches the emulation", "[block_scaled][cuda]") {
   if (!at::hasCUDA()) return;
   at::manual_seed(22);

@@ -141,6 +141,22 @@ Float8Tensor cast_to_columns_with_scale(const at::Tensor& x_in, const at::Tensor
   return {data_t.t(), s, src};  // [R, C] column-major
 }
 
+Float8Tensor cast_rows_with_scale(const at::Tensor& x_in, const at::Tensor& scale, at::ScalarType dtype) {
+  const at::ScalarType src = x_in.scalar_type();
+  if (!fused_casts_enabled() || !x_in.is_cuda() || x_in.dim() < 1 || x_in.numel() == 0 || scale.dim() != 0 ||
+      scale.scalar_type() != at::kFloat || (src != at::kFloat && src != at::kBFloat16 && src != at::kHalf))
+    return to_float8_with_scale(x_in, scale, dtype);
+  const int64_t C = x_in.size(-1);
+  at::Tensor x = checked_input(x_in.reshape({-1, C}), "cast_rows_with_scale");  // [R, C]
+  c10::cuda::CUDAGuard guard(x.device());
+  void* stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
+  at::Tensor data = at::empty(x.sizes(), x.options().dtype(dtype));
+  const at::Tensor s = scale.contiguous();
+  kernels::launch_cast(x.data_ptr(), src_type(x), x.size(0), C, {s.data_ptr<float>(), 0, 0}, fp8_type(dtype),
+                       data.data_ptr(), stream);
+  return {data.view(x_in.sizes()), s, src};
+}
+
 // See Note [Fused casts on the hot path].
 std::optional<Float8Tensor> try_fused_to_float8(const at::Tensor& x, const CastConfig& config,
                                                 int64_t axis_dim, bool round_scales_to_power_of_2) {
@@ -225,6 +241,10 @@ std::optional<Float8Tensor> try_fused_to_float8(const at::Tensor&, const CastCon
 
 Float8Tensor cast_to_columns_with_scale(const at::Tensor& x, const at::Tensor& scale, at::ScalarType dtype) {
   return to_float8_with_scale(x, scale, dtype);  // no CUDA in this build: the layout is the composite's
+}
+
+Float8Tensor cast_rows_with_scale(const at::Tensor& x, const at::Tensor& scale, at::ScalarType dtype) {
+  return to_float8_with_scale(x, scale, dtype);  // no CUDA in this build
 }
 
 #endif

@@ -56,6 +56,11 @@ Float8Tensor fused_cast_transpose_cols_reference(const at::Tensor& x, const Cast
 // tensorwise G cast once per row serves grad_input, this copy of it grad_weight (G^T as the
 // row-major first operand) without a float8 transpose copy. Values bit for bit the same.
 Float8Tensor cast_to_columns_with_scale(const at::Tensor& x, const at::Tensor& scale, at::ScalarType dtype);
+// to_float8_with_scale(x, scale (0-dim), dtype) for x of any rank, in one pass on CUDA (the
+// tensorwise cast kernel, 16 bytes per thread) instead of the composite's float32 temporaries:
+// the delayed recipe's casts, whose scale comes from the amax history. Values and layout bit for
+// bit to_float8_with_scale's, which runs elsewhere.
+Float8Tensor cast_rows_with_scale(const at::Tensor& x, const at::Tensor& scale, at::ScalarType dtype);
 
 // ---- CPU: the same casts as single vectorized passes (fused_cast_cpu.cpp) ----
 // Note [Fused CPU casts]: to_float8() on a float32 / bf16 CPU tensor takes
