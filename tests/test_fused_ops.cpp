@@ -122,6 +122,58 @@ void check_swiglu(c10::Device device) {
   check_within(uf.grad(), uc.grad(), (dy * gate0 * s).abs() * (16 * kU));
 }
 
+// A bf16 kernel widens each row (span) to float32 exactly, runs the float32 row code and rounds
+// each output once to nearest even: forward and backward outputs must equal the float32
+// kernel's on the same device, rounded, bit for bit. Shapes with vector bodies, scalar tails,
+// several RMSNorm weight-gradient blocks and several SwiGLU spans (1024 elements).
+void check_bf16_is_rounded_float32(c10::Device device) {
+  at::manual_seed(11);
+  const auto opt = at::TensorOptions().device(device);
+  auto bf16 = [](const at::Tensor& t) { return t.to(at::kBFloat16); };
+  auto fp32 = [](const at::Tensor& t) { return t.to(at::kFloat); };
+  // bf16 unit roundoff 2^-8: the fused form rounds once; a bf16 composite rounds an intermediate
+  // too (rms_norm: x * rstd, then * w; silu, then * up): <= 3 roundings, bound 2^-6 relative
+  // (no cancellation in these forwards).
+  const double kBf16Composite = 1.0 / 64;
+  {
+    const int64_t dim = 67;
+    const at::Tensor x = bf16(at::randn({3, 37, dim}, opt)), w = bf16(at::rand({dim}, opt) + 0.5);
+    const at::Tensor g = bf16(at::randn({3, 37, dim}, opt));
+    const Grads h = rms_norm_run(true, x, w, g), f = rms_norm_run(true, fp32(x), fp32(w), fp32(g));
+    REQUIRE(h.out.scalar_type() == at::kBFloat16);
+    CHECK(at::equal(h.out, bf16(f.out)));
+    CHECK(at::equal(h.gx, bf16(f.gx)));
+    CHECK(at::equal(h.gw, bf16(f.gw)));
+    const at::Tensor c = at::rms_norm(x, {dim}, w, 1e-5);
+    check_within(fp32(h.out), fp32(c), fp32(c).abs() * kBf16Composite);
+  }
+  {
+    RotaryTable table = make_rotary_table(36, 40, 10000.0, device);
+    const at::Tensor x0 = bf16(at::randn({2, 19, 3, 36}, opt)), g = bf16(at::randn({2, 19, 3, 36}, opt));
+    at::Tensor xh = leaf(x0), xf = leaf(fp32(x0));
+    const at::Tensor yh = fused_rotary(xh, table.cos, table.sin), yf = fused_rotary(xf, table.cos, table.sin);
+    torch::autograd::backward({yh}, {g});
+    torch::autograd::backward({yf}, {fp32(g)});
+    CHECK(at::equal(yh, bf16(yf)));
+    CHECK(at::equal(xh.grad(), bf16(xf.grad())));
+    // The model's composite for bf16 rotates in float32 and rounds once: the same bits.
+    CHECK(at::equal(yh, bf16(rotary_composite(fp32(x0), table.cos, table.sin))));
+  }
+  {
+    const at::Tensor gate0 = bf16(at::randn({5, 7, 61}, opt) * 3), up0 = bf16(at::randn({5, 7, 61}, opt));
+    const at::Tensor dy = bf16(at::randn({5, 7, 61}, opt));
+    at::Tensor gh = leaf(gate0), uh = leaf(up0), gf = leaf(fp32(gate0)), uf = leaf(fp32(up0));
+    const at::Tensor yh = fused_swiglu(gh, uh), yf = fused_swiglu(gf, uf);
+    torch::autograd::backward({yh}, {dy});
+    torch::autograd::backward({yf}, {fp32(dy)});
+    CHECK(at::equal(yh, bf16(yf)));
+    CHECK(at::equal(gh.grad(), bf16(gf.grad())));
+    CHECK(at::equal(uh.grad(), bf16(uf.grad())));
+    const at::Tensor c = at::silu(gate0) * up0;
+    check_within(fp32(yh), fp32(c), fp32(c).abs() * kBf16Composite);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("fused RMSNorm forward and backward match at::rms_norm", "[model][fused]") {
@@ -178,55 +230,10 @@ TEST_CASE("titan's CPU kernels give the same bits on 1 and 2 intra-op threads", 
 TEST_CASE("bfloat16 fused kernels are the float32 kernels on the upcast inputs, rounded; the bf16 composites agree "
           "within bf16 rounding",
           "[model][fused]") {
-  // A bf16 kernel converts each row (span) to float32 exactly, runs the float32 row code and
-  // rounds each output once to nearest even: forward and backward outputs must equal the
-  // float32 kernel's, rounded, bit for bit. Shapes with vector bodies, scalar tails, several
-  // RMSNorm weight-gradient blocks and several SwiGLU spans (1024 elements), one intra-op chunk.
+  // One intra-op chunk on the CPU: the test is of the arithmetic, not of the split.
   const int before = at::get_num_threads();
   at::set_num_threads(1);
-  at::manual_seed(11);
-  auto bf16 = [](const at::Tensor& t) { return t.to(at::kBFloat16); };
-  auto fp32 = [](const at::Tensor& t) { return t.to(at::kFloat); };
-  // bf16 unit roundoff 2^-8: the fused form rounds once; a bf16 composite rounds an intermediate
-  // too (rms_norm: x * rstd, then * w; silu, then * up): <= 3 roundings, bound 2^-6 relative
-  // (no cancellation in these forwards).
-  const double kBf16Composite = 1.0 / 64;
-  {
-    const int64_t dim = 67;
-    const at::Tensor x = bf16(at::randn({3, 37, dim})), w = bf16(at::rand({dim}) + 0.5), g = bf16(at::randn({3, 37, dim}));
-    const Grads h = rms_norm_run(true, x, w, g), f = rms_norm_run(true, fp32(x), fp32(w), fp32(g));
-    REQUIRE(h.out.scalar_type() == at::kBFloat16);
-    CHECK(at::equal(h.out, bf16(f.out)));
-    CHECK(at::equal(h.gx, bf16(f.gx)));
-    CHECK(at::equal(h.gw, bf16(f.gw)));
-    const at::Tensor c = at::rms_norm(x, {dim}, w, 1e-5);
-    check_within(fp32(h.out), fp32(c), fp32(c).abs() * kBf16Composite);
-  }
-  {
-    RotaryTable table = make_rotary_table(36, 40, 10000.0, at::kCPU);
-    const at::Tensor x0 = bf16(at::randn({2, 19, 3, 36})), g = bf16(at::randn({2, 19, 3, 36}));
-    at::Tensor xh = leaf(x0), xf = leaf(fp32(x0));
-    const at::Tensor yh = fused_rotary(xh, table.cos, table.sin), yf = fused_rotary(xf, table.cos, table.sin);
-    torch::autograd::backward({yh}, {g});
-    torch::autograd::backward({yf}, {fp32(g)});
-    CHECK(at::equal(yh, bf16(yf)));
-    CHECK(at::equal(xh.grad(), bf16(xf.grad())));
-    // The model's composite for bf16 rotates in float32 and rounds once: the same bits.
-    CHECK(at::equal(yh, bf16(rotary_composite(fp32(x0), table.cos, table.sin))));
-  }
-  {
-    const at::Tensor gate0 = bf16(at::randn({5, 7, 61}) * 3), up0 = bf16(at::randn({5, 7, 61}));
-    const at::Tensor dy = bf16(at::randn({5, 7, 61}));
-    at::Tensor gh = leaf(gate0), uh = leaf(up0), gf = leaf(fp32(gate0)), uf = leaf(fp32(up0));
-    const at::Tensor yh = fused_swiglu(gh, uh), yf = fused_swiglu(gf, uf);
-    torch::autograd::backward({yh}, {dy});
-    torch::autograd::backward({yf}, {fp32(dy)});
-    CHECK(at::equal(yh, bf16(yf)));
-    CHECK(at::equal(gh.grad(), bf16(gf.grad())));
-    CHECK(at::equal(uh.grad(), bf16(uf.grad())));
-    const at::Tensor c = at::silu(gate0) * up0;
-    check_within(fp32(yh), fp32(c), fp32(c).abs() * kBf16Composite);
-  }
+  check_bf16_is_rounded_float32(at::kCPU);
   at::set_num_threads(before);
 }
 
@@ -261,10 +268,10 @@ TEST_CASE("fused ops leave other dtypes to the composite and reject bad shapes",
 
 #ifdef TITAN_WITH_CUDA
 TEST_CASE("CUDA fused ops match the composites", "[model][fused][cuda]") {
-  setenv("TITAN_FUSED_OPS_CUDA", "1", 1);  // read once, on the first fused call below
-  REQUIRE(fused_ops_cuda_enabled());
+  REQUIRE(fused_ops_cuda_enabled());  // the default (Note [Fused ops on CUDA])
   check_rms_norm(at::kCUDA);
   check_rotary(at::kCUDA);
   check_swiglu(at::kCUDA);
+  check_bf16_is_rounded_float32(at::kCUDA);
 }
 #endif

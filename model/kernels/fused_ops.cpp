@@ -32,11 +32,11 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// Where the fused kernels run: float32 or bfloat16 on the CPU; float32 on CUDA only when opted in (Note [Fused ops
-// on CUDA] in model/kernels/fused_ops_cuda.h).
+// Where the fused kernels run: float32 or bfloat16, on the CPU or CUDA (Note [Fused ops on CUDA] in
+// model/kernels/fused_ops_cuda.h).
 enum class Path { kComposite, kCpu, kCuda };
 
-// `tensors`: the operands that share the compute dtype (float32; on the CPU also bfloat16);
+// `tensors`: the operands that share the compute dtype (float32 or bfloat16);
 // `tables`: float32 operands whatever the dtype (RoPE's angles).
 Path path_for(std::initializer_list<at::Tensor> tensors, std::initializer_list<at::Tensor> tables = {}) {
   if (!fused_ops_enabled()) return Path::kComposite;
@@ -45,7 +45,7 @@ Path path_for(std::initializer_list<at::Tensor> tensors, std::initializer_list<a
   if (cuda && !fused_ops_cuda_enabled()) return Path::kComposite;
   if (!cuda && (!first.device().is_cpu() || !util::cpu_has_avx2_kernels())) return Path::kComposite;
   const at::ScalarType dtype = first.scalar_type();
-  if (dtype != at::kFloat && (cuda || dtype != at::kBFloat16)) return Path::kComposite;
+  if (dtype != at::kFloat && dtype != at::kBFloat16) return Path::kComposite;
   for (const at::Tensor& t : tensors)
     if (t.scalar_type() != dtype || t.device() != first.device()) return Path::kComposite;
   for (const at::Tensor& t : tables)

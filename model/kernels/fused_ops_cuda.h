@@ -1,22 +1,24 @@
 // model/kernels/fused_ops_cuda.h — the CUDA twins of the fused CPU kernels (fused_ops.h), on
-// float32 at::Tensors. They exist in every build and throw std::runtime_error without TITAN_CUDA.
+// float32 or bfloat16 at::Tensors. They exist in every build and throw std::runtime_error without TITAN_CUDA.
 //
-// Note [Fused ops on CUDA]: the CUDA kernels (fused_ops_kernels.cu) are compiled in the CUDA
-// build and tested against the ATen composite by tests/test_fused_ops.cpp's [cuda] cases, but the
-// model takes them only when TITAN_FUSED_OPS_CUDA=1: they have not yet been run on a GPU
-// (scripts/gpu_check.sh runs the [cuda] cases), and on GPUs the model's activations are mostly
-// bf16, which the fused path leaves to the composite. Until then CUDA runs the composite.
+// Note [Fused ops on CUDA]: the CUDA kernels (fused_ops_kernels.cu) run float32 and bfloat16
+// activations (bf16 widened to float32, the float32 arithmetic, each output rounded once: the
+// CPU bf16 kernels' contract). tests/test_fused_ops.cpp's [cuda] cases check them against the
+// ATen composite (float32) and against the float32 kernels on the widened inputs, rounded (bf16,
+// bit for bit); scripts/gpu_check.sh runs them. The model takes them by default;
+// TITAN_FUSED_OPS_CUDA=0 sends CUDA back to the ATen composites (to compare, or to rule them out).
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
 namespace titan::model {
 
-// TITAN_FUSED_OPS_CUDA=1 in the environment (read once) and a CUDA build.
+// A CUDA build and not TITAN_FUSED_OPS_CUDA=0 in the environment (read once).
 bool fused_ops_cuda_enabled();
 
 namespace cuda_ops {
-// All tensors contiguous float32 on one CUDA device; outputs preallocated (shapes as the CPU kernels).
+// All tensors contiguous on one CUDA device, the activations all float32 or all bfloat16, rstd and
+// RoPE's tables float32; outputs preallocated (shapes as the CPU kernels).
 void rms_norm_forward(const at::Tensor& x, const at::Tensor& w, double eps, at::Tensor& y, at::Tensor& rstd);
 void rms_norm_backward(const at::Tensor& g, const at::Tensor& x, const at::Tensor& w,
                        const at::Tensor& rstd, at::Tensor& gx, at::Tensor& gw);

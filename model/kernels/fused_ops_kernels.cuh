@@ -1,22 +1,22 @@
 // model/kernels/fused_ops_kernels.cuh — launchers of the fused RMSNorm / RoPE / SwiGLU CUDA
-// kernels (CUDA build only). Raw float32 pointers, so the .cu compiles without LibTorch headers;
+// kernels (CUDA build only). Raw pointers, so the .cu compiles without LibTorch headers;
 // fused_ops_cuda.cpp wraps them for at::Tensor. Same formulas as the CPU kernels
-// (model/kernels/fused_ops.h).
-#pragma once
+// (model/kernels/fused_ops.h). The activations (x, w, g, y, gate, up, ...) are `Elem`: float32,
+// or bfloatenum class Elem { kFloat32, kBFloat16 };
 
-#include <cstdint>
+void launch_rms_norm_forward(Elem elem, const void* x, const void* w, int64_t rows, int64_t dim, float eps, void* y,
+                             float* rstd, void* stream);
+// gw_partial: [ceil(rows / 32), dim] float32 scratch of per-block sums, reduced into gw in block
+// order (deterministic, as the CPU kernel).
+void launch_rms_norm_backward(Elem elem, const void* g, const void* x, const void* w, const float* rstd,
+                              int64_t rows, int64_t dim, void* gx, float* gw_partial, void* gw, void* stream);
+void launch_rotary(Elem elem, const void* x, const float* cos, const float* sin, int64_t outer, int64_t seq,
+                   int64_t inner, int64_t half, bool inverse, void* y, void* stream);
+void launch_swiglu_forward(Elem elem, const void* gate, const void* up, int64_t n, void* y, void* stream);
+void launch_swiglu_backward(Elem elem, const void* dy, const void* gate, const void* up, int64_t n, void* dgate,
+                            void* dup, void* stream);
 
-namespace titan::model::kernels {
-
-void launch_rms_norm_forward(const float* x, const float* w, int64_t rows, int64_t dim, float eps,
-                             float* y, float* rstd, void* stream);
-// gw_partial: [ceil(rows / 32), dim] scratch of per-block sums, reduced into gw in block order
-// (deterministic, as the CPU kernel).
-void launch_rms_norm_backward(const float* g, const float* x, const float* w, const float* rstd,
-                              int64_t rows, int64_t dim, float* gx, float* gw_partial, float* gw,
-                              void* stream);
-void launch_rotary(const float* x, const float* cos, const float* sin, int64_t outer, int64_t seq,
-                   int64_t inner, int64_t half, bool inverse, float* y, void* stream);
+verse, float* y, void* stream);
 void launch_swiglu_forward(const float* gate, const float* up, int64_t n, float* y, void* stream);
 void launch_swiglu_backward(const float* dy, const float* gate, const float* up, int64_t n,
                             float* dgate, float* dup, void* stream);
