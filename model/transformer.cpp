@@ -38,11 +38,11 @@ RMSNorm::RMSNorm(std::string fqn_, int64_t dim, double eps_)
     : fqn(std::move(fqn_)), eps(eps_), weight(meta_tensor({dim})) {}
 
 at::Tensor RMSNorm::forward(const at::Tensor& x) const {
-  // Normalize in float32 whatever the compute dtype (as torchtitan: x.float() -> type_as(x)).
-  // float32: the fused kernel (model/kernels/fused_ops.h); float64 runs ATen's composite in it.
-  if (x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble) return fused_rms_norm(x, weight, eps);
-  return at::rms_norm(x.to(at::kFloat), {weight.size(0)}, std::nullopt, eps).to(x.scalar_type()) *
-         weight;
+  // torchtitan's nn.RMSNorm (F.rms_norm): normalized and scaled in float32 whatever the compute
+  // dtype, one rounding to it at the end; bf16 activations with bf16 weights (the compute copies)
+  // run the fused kernel's bf16 form, which is exactly that (model/kernels/fused_ops.h); float64
+  // and mixed dtypes run ATen's composite, which promotes the same way.
+  return fused_rms_norm(x, weight, eps);
 }
 
 void RMSNorm::visit_params(const ParamVisitor& visit) { visit(fqn + ".weight", weight); }
