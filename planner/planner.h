@@ -71,7 +71,14 @@ PlanResult plan_layouts(const trainer::config::JobConfig& cfg, const Cluster& cl
 double estimated_memory_bytes(const trainer::config::JobConfig& cfg, int64_t world, int64_t vocab_size,
                               const parallel::pipeline::PipelinePlan* pipeline = nullptr);
 
-// titan-plan / --job.plan: the table (or plan.explain's breakdown) to `out`, progress to `err`.
+// The vocabulary the run trains: the tokenizer's (model.tokenizer_path), else the flavor's.
+int64_t vocab_of(const trainer::config::JobConfig& cfg);
+// v with `digits` decimals; bytes in GiB with one.
+std::string fixed(double v, int digits);
+std::string gib(double bytes);
+
+// titan-plan / --job.plan (planner/report.cpp): the table (or plan.explain's breakdown) to `out`,
+// progress to `err`.
 // Returns the exit code: 0, or 1 when nothing fits.
 int run_planner(const trainer::config::JobConfig& cfg, std::ostream& out, std::ostream& err);
 
