@@ -1,6 +1,7 @@
 #include "float8/block_scaled.h"
 
 #include <ATen/ops/abs.h>
+#include <ATen/ops/arange.h>
 #include <ATen/ops/amax.h>
 #include <ATen/ops/bitwise_and.h>
 #include <ATen/ops/bitwise_left_shift.h>
@@ -12,7 +13,6 @@
 #include <ATen/ops/constant_pad_nd.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/exp2.h>
-#include <ATen/ops/from_blob.h>
 #include <ATen/ops/full_like.h>
 #include <ATen/ops/isinf.h>
 #include <ATen/ops/index_select.h>
@@ -247,9 +247,14 @@ at::Tensor float_to_e2m1_codes(const at::Tensor& x) {
 }
 
 at::Tensor e2m1_codes_to_float(const at::Tensor& codes) {
-  static const float kValues[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
-                                    -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
-  const at::Tensor table = at::from_blob(const_cast<float*>(kValues), {16}, at::kFloat).to(codes.device());
+  // The 16 values, computed where the codes live (no host table copied to the device on every
+  // call): code = sign | exponent (2 bits) | mantissa (1 bit); exponent 0 is subnormal (0, 0.5).
+  const at::Tensor code = at::arange(16, codes.options().dtype(at::kInt));
+  const at::Tensor exponent = at::bitwise_right_shift(at::bitwise_and(code, 0x7), 1).to(at::kFloat);
+  const at::Tensor half_mantissa = at::bitwise_and(code, 0x1).to(at::kFloat) * 0.5;
+  const at::Tensor magnitude =
+      at::where(exponent == 0, half_mantissa, at::exp2(exponent - 1) * (half_mantissa + 1));
+  const at::Tensor table = at::where(at::bitwise_and(code, 0x8) != 0, -magnitude, magnitude);  // -0.0 for code 8
   const at::Tensor index = at::bitwise_and(codes, 0xF).to(at::kLong).reshape({-1});
   return at::index_select(table, 0, index).reshape(codes.sizes());
 }

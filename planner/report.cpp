@@ -89,8 +89,8 @@ int run_planner(const trainer::config::JobConfig& cfg, std::ostream& out, std::o
     for (size_t i = 0; i < rows; ++i) {
       const Prediction& p = r.fits[i].prediction;
       char line[160];
-      std::snprintf(line, sizeof line, "%3zu %9.1f %10.0f %7.1f %8.1f %7.1f %7.1f  ", i + 1, p.step_seconds * 1e3,
-                    p.tokens_per_second_per_gpu, 100 * p.mfu, p.memory_bytes / 1073741824.0,
+      std::snprintf(line, sizeof line, "%3zu %9.1f %10.0f %7.1f %8s %7.1f %7.1f  ", i + 1, p.step_seconds * 1e3,
+                    p.tokens_per_second_per_gpu, 100 * p.mfu, gib(p.memory_bytes).c_str(),
                     100 * p.exposed_comm_seconds / p.step_seconds, 100 * p.pipeline_idle);
       out << line << r.fits[i].layout.name() << "\n";
     }

@@ -125,11 +125,19 @@ Float8Tensor fused_cast_transpose_cols_cuda(const at::Tensor& x_in, const CastCo
   return {data_t, axiswise ? scale.reshape({C, 1}) : scale, x.scalar_type()};
 }
 
+namespace {
+// A cast with a given tensorwise scale runs on the kernels: CUDA, a float32 0-dim scale, a source
+// dtype the kernels read, the fused casts not turned off.
+bool kernels_cast_with_scale(const at::Tensor& x, const at::Tensor& scale) {
+  const at::ScalarType src = x.scalar_type();
+  return fused_casts_enabled() && x.is_cuda() && x.numel() > 0 && scale.dim() == 0 &&
+         scale.scalar_type() == at::kFloat && (src == at::kFloat || src == at::kBFloat16 || src == at::kHalf);
+}
+}  // namespace
+
 Float8Tensor cast_to_columns_with_scale(const at::Tensor& x_in, const at::Tensor& scale, at::ScalarType dtype) {
   const at::ScalarType src = x_in.scalar_type();
-  if (!fused_casts_enabled() || !x_in.is_cuda() || x_in.dim() != 2 || scale.dim() != 0 ||
-      scale.scalar_type() != at::kFloat || (src != at::kFloat && src != at::kBFloat16 && src != at::kHalf))
-    return to_float8_with_scale(x_in, scale, dtype);
+  if (x_in.dim() != 2 || !kernels_cast_with_scale(x_in, scale)) return to_float8_with_scale(x_in, scale, dtype);
   at::Tensor x = checked_input(x_in, "cast_to_columns_with_scale");  // [R, C]
   c10::cuda::CUDAGuard guard(x.device());
   void* stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
@@ -143,9 +151,7 @@ Float8Tensor cast_to_columns_with_scale(const at::Tensor& x_in, const at::Tensor
 
 Float8Tensor cast_rows_with_scale(const at::Tensor& x_in, const at::Tensor& scale, at::ScalarType dtype) {
   const at::ScalarType src = x_in.scalar_type();
-  if (!fused_casts_enabled() || !x_in.is_cuda() || x_in.dim() < 1 || x_in.numel() == 0 || scale.dim() != 0 ||
-      scale.scalar_type() != at::kFloat || (src != at::kFloat && src != at::kBFloat16 && src != at::kHalf))
-    return to_float8_with_scale(x_in, scale, dtype);
+  if (x_in.dim() < 1 || !kernels_cast_with_scale(x_in, scale)) return to_float8_with_scale(x_in, scale, dtype);
   const int64_t C = x_in.size(-1);
   at::Tensor x = checked_input(x_in.reshape({-1, C}), "cast_rows_with_scale");  // [R, C]
   c10::cuda::CUDAGuard guard(x.device());
