@@ -86,6 +86,42 @@ double seconds_of(F&& f, int repeats) {
   return each[static_cast<size_t>(repeats / 2)];
 }
 
+// FLOP/s of `threads` threads side by side, each multiplying a x b on one intra-op thread (the
+// caller sets it) for about `window_s` of wall clock after a common start: each thread's calls
+// that ended inside the window over the time its last one ended, summed over the threads.
+double shared_gemm_rate(const at::Tensor& a, const at::Tensor& b, int64_t threads, double window_s) {
+  const double flops = 2.0 * static_cast<double>(a.size(0)) * a.size(1) * b.size(1);
+  const auto window = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(window_s));
+  std::atomic<int64_t> ready{0};
+  std::atomic<bool> go{false};
+  Clock::time_point start;
+  std::vector<double> rate(static_cast<size_t>(threads), 0.0);
+  std::vector<std::thread> pool;
+  for (int64_t r = 0; r < threads; ++r)
+    pool.emplace_back([&, r] {
+      const at::Tensor x = a.clone(), y = b.clone();
+      at::mm(x, y);  // warm-up: the packed buffers, the pages
+      ++ready;
+      while (!go.load()) std::this_thread::yield();
+      int64_t calls = 0;
+      Clock::time_point last = start;
+      while (true) {
+        at::mm(x, y);
+        const Clock::time_point now = Clock::now();
+        if (now - start >= window) break;
+        ++calls;
+        last = now;
+      }
+      const double s = std::chrono::duration<double>(last - start).count();
+      rate[static_cast<size_t>(r)] = s > 0 ? flops * static_cast<double>(calls) / s : 0;
+    });
+  while (ready.load() < threads) std::this_thread::yield();
+  start = Clock::now();
+  go = true;
+  for (std::thread& t : pool) t.join();
+  return std::accumulate(rate.begin(), rate.end(), 0.0);
+}
+
 // Bytes per second through a TCP connection on 127.0.0.1 (Gloo's transport between ranks of one
 // host), one direction.
 double loopback_bytes_per_s() {
@@ -234,26 +270,18 @@ DeviceSpec cpu_device(const trainer::config::JobConfig& cfg, int64_t processes) 
                                                                 "training.mixed_precision_param");
   constexpr int64_t n = 768;
   const at::Tensor a = at::randn({n, n}).to(dtype), b = at::randn({n, n}).to(dtype);
-  // A rank's GEMM rate with every rank computing at once: `processes` threads of one-thread
-  // GEMMs side by side, the slowest thread's median call, times the cores each rank has beyond
-  // one. On shared cores this counts what one thread alone does not see (time slicing, the
-  // caches the ranks share); and one thread's rate is steadier than the whole pool's, which
-  // swung by 50% between planner runs here.
+  // A rank's GEMM rate with every rank computing at once: `processes` threads, one per rank,
+  // each calling one-thread GEMMs for the same wall-clock window; the GEMMs all of them finished,
+  // over the window, shared by the ranks (times the cores each rank has beyond one). A count over
+  // a window is what the ranks get from the machine, time slicing and shared caches included,
+  // and it is steady where a per-call time is not: on 4 threads over 2 cores the slowest
+  // thread's median call swung from 0.029 to 0.050 TFLOP/s between planner runs here (how a
+  // call's time falls across the scheduler's slices), the window's count by a few percent.
   const int pool_threads = at::get_num_threads();
   at::set_num_threads(1);
-  std::vector<double> gemm_seconds(static_cast<size_t>(processes));
-  {
-    std::vector<std::thread> ranks;
-    for (int64_t r = 0; r < processes; ++r)
-      ranks.emplace_back([&, r] {
-        const at::Tensor x = a.clone(), y = b.clone();
-        gemm_seconds[static_cast<size_t>(r)] = seconds_of([&] { at::mm(x, y); }, 15);
-      });
-    for (std::thread& t : ranks) t.join();
-  }
+  const double gemm_rate = shared_gemm_rate(a, b, processes, /*window_s=*/1.0);
   at::set_num_threads(pool_threads);
-  const double gemm_s = *std::max_element(gemm_seconds.begin(), gemm_seconds.end());
-  d.peak_bf16 = 2.0 * n * n * n / gemm_s * std::max(1.0, d.host_cores / static_cast<double>(processes));
+  d.peak_bf16 = gemm_rate / static_cast<double>(processes) * std::max(1.0, d.host_cores / static_cast<double>(processes));
   d.peak_fp8 = 0;  // float8 on the CPU is an emulation: never faster
   const at::Tensor big = at::empty({64 << 20}, at::kFloat), dst = at::empty({64 << 20}, at::kFloat);
   const double copy_s = seconds_of([&] { dst.copy_(big); }, 7);

@@ -51,6 +51,7 @@
 #include "planner/predict.h"
 
 #include <algorithm>
+#include <cmath>
 #include <sstream>
 
 #include "planner/pipeline_sim.h"
@@ -189,6 +190,7 @@ Prediction predict(const trainer::config::JobConfig& cfg, const trainer::config:
   const double embed = tokens * dim * bytes * 2.0 / hbm;
 
   double pass_seconds = 0, idle = 0;
+  std::string pipeline_note;
   double sum_compute = 0, sum_memory = 0, sum_recompute = 0, sum_tp = 0, sum_cp = 0, sum_ep = 0, sum_fsdp = 0;
   double sum_dispatch = 0, fsdp_once = 0;
   if (checked.pipeline) {
@@ -214,6 +216,10 @@ Prediction predict(const trainer::config::JobConfig& cfg, const trainer::config:
     const PipelineTiming t = simulate_pipeline(plan, costs, transfer, max_speedup);
     pass_seconds = t.step_seconds;
     idle = t.idle_fraction();
+    std::ostringstream busy;
+    busy << "pipeline ranks busy (simulated, share of a pass):";
+    for (const double b : t.busy_seconds) busy << " " << std::lround(100.0 * b / pass_seconds) << "%";
+    pipeline_note = busy.str();
     // Per-rank shares of the terms, for the breakdown: layers / pp of each, m micro-batches.
     const double m = static_cast<double>(micro_per_pass), per_rank_layers = layers / dims.pp;
     sum_compute = m * per_rank_layers * (3.0 * w.gemm_fwd + 3.0 * w.attention_fwd);
@@ -267,6 +273,7 @@ Prediction predict(const trainer::config::JobConfig& cfg, const trainer::config:
   os << passes << " pass" << (passes == 1 ? "" : "es") << " of " << micro_per_pass << " micro-batch"
      << (micro_per_pass == 1 ? "" : "es") << " of " << rows << " rows per step";
   p.notes.push_back(os.str());
+  if (!pipeline_note.empty()) p.notes.push_back(pipeline_note);
   return p;
 }
 

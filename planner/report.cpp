@@ -51,7 +51,9 @@ void print_explain(const trainer::config::JobConfig& user_cfg, const Cluster& cl
     out << "  " << std::left << std::setw(42) << what << std::right << std::setw(10) << fixed(seconds * 1e3, 2)
         << " ms  " << std::setw(5) << fixed(100.0 * seconds / p.step_seconds, 1) << "%\n";
   out << "  " << std::left << std::setw(42) << "step" << std::right << std::setw(10) << fixed(p.step_seconds * 1e3, 2)
-      << " ms\n\n"
+      << " ms\n\n";
+  for (size_t i = 1; i < p.notes.size(); ++i) out << p.notes[i] << "\n";
+  out
       << "tokens/s per GPU " << fixed(p.tokens_per_second_per_gpu, 0) << ", MFU " << fixed(100 * p.mfu, 1)
       << "%, memory " << gib(p.memory_bytes) << " of " << gib(cluster.device.memory_bytes) << " GiB (the memory "
       << "estimate, busiest pipeline rank)" << (p.memory_bytes > cluster.device.memory_bytes ? ": does NOT fit" : "")
