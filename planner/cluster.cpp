@@ -276,7 +276,8 @@ DeviceSpec cpu_device(const trainer::config::JobConfig& cfg, int64_t processes) 
   // a window is what the ranks get from the machine, time slicing and shared caches included,
   // and it is steady where a per-call time is not: on 4 threads over 2 cores the slowest
   // thread's median call swung from 0.029 to 0.050 TFLOP/s between planner runs here (how a
-  // call's time falls across the scheduler's slices), the window's count by a few percent.
+  // call's time falls across the scheduler's slices), the window's count from 0.035 to 0.043,
+  // about what this machine's own float32 GEMM throughput moves from one second to the next.
   const int pool_threads = at::get_num_threads();
   at::set_num_threads(1);
   const double gemm_rate = shared_gemm_rate(a, b, processes, /*window_s=*/1.0);
