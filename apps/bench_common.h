@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <vector>
 
 namespace titan::bench {
 
@@ -14,6 +15,21 @@ namespace titan::bench {
 // float8 GEMM constraints still hold.
 inline int64_t scaled(int64_t v, int64_t scale) {
   return std::max<int64_t>(16, (v / scale + 15) / 16 * 16);
+}
+
+// Milliseconds of one call of fn (synchronizing CUDA around it): for benchmarks that alternate
+// two steps call by call and report medians.
+inline double call_ms(const std::function<void()>& fn, bool cuda) {
+  if (cuda) torch::cuda::synchronize();
+  const auto t0 = std::chrono::steady_clock::now();
+  fn();
+  if (cuda) torch::cuda::synchronize();
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+inline double median(std::vector<double> v) {
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+  return v[v.size() / 2];
 }
 
 // Mean milliseconds of fn over iters after one warm-up call (synchronizing CUDA around it).

@@ -13,32 +13,19 @@
 
 #include <CLI/CLI.hpp>
 
-#include <algorithm>
-#include <chrono>
 #include <cstdio>
-#include <functional>
 #include <string>
 #include <vector>
 
+#include "apps/bench_common.h"
 #include "trainer/optim/optimizer.h"
 
 namespace {
 
 using titan::trainer::optim::AdamW;
 
-// Milliseconds of each call of fn (synchronizing CUDA around it).
-double call_ms(const std::function<void()>& fn, bool cuda) {
-  if (cuda) torch::cuda::synchronize();
-  const auto t0 = std::chrono::steady_clock::now();
-  fn();
-  if (cuda) torch::cuda::synchronize();
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-}
-
-double median(std::vector<double> v) {
-  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
-  return v[v.size() / 2];
-}
+using titan::bench::call_ms;
+using titan::bench::median;
 
 }  // namespace
 
