@@ -16,6 +16,12 @@
 #                                            the GEMM share of its self CPU time (not for eager/compile)
 #   BENCH_OUT=dir                            keep each engine's JSON line (with the top self-time
 #                                            ops of the profiled step) and titan's logs there
+#   ROUNDS=n (default 1)                     run every case's engines n times back to back, every
+#                                            other round in reverse order; each ratio is taken within
+#                                            a round and the verdict is the median round's (this
+#                                            machine's speed drifts by 10-20% between minutes: one
+#                                            round's 100M ratio against the compiled peer read 1.02x,
+#                                            then 1.12x, then 0.96x); tok/s is each engine's median
 # Time to first step: from process start to the end of the first optimizer step (Python: from
 # before `import torch`; includes torch.compile's warm-up; titan: the process's wall time minus
 # its timed steps, so it also counts titan's exit). Steady state: tokens/s over the timed steps
@@ -28,6 +34,8 @@ THREADS="${1:-$(nproc)}"
 ENGINES="${ENGINES:-titan eager compile}"
 DTYPES="${DTYPE:-float32}"
 GEMM_SHARE="${GEMM_SHARE:-1}"
+ROUNDS="${ROUNDS:-1}"
+[[ "$ROUNDS" =~ ^[1-9][0-9]*$ ]] || { echo "bench_train.sh: ROUNDS '$ROUNDS': a whole number >= 1" >&2; exit 2; }
 for engine in $ENGINES; do
   case "$engine" in
     titan | eager | compile | torchtitan | torchtitan_compile) ;;
@@ -59,19 +67,22 @@ CASES=("debug debugmodel 4 128 30" "100M 100M 2 256 8")
 for dtype in $DTYPES; do
 for c in "${CASES[@]}"; do
   read -r name flavor batch seq steps <<<"$c"
-  for engine in $ENGINES; do
+  for round in $(seq 1 "$ROUNDS"); do
+  order=($ENGINES)
+  if (( round % 2 == 0 )); then rev=(); for e in "${order[@]}"; do rev=("$e" "${rev[@]}"); done; order=("${rev[@]}"); fi
+  for engine in "${order[@]}"; do
     warmup=2
-    res="$OUT/$name.$dtype.$engine.json"
+    res="$OUT/$name.$dtype.$engine.r$round.json"
     case "$engine" in
       titan)
         titan_flags=(--model.flavor "$flavor" --training.local_batch_size "$batch" --training.seq_len "$seq"
                      --training.num_threads "$THREADS" --training.mixed_precision_param "$dtype"
                      --metrics.log_freq 1 --metrics.peak_flops 1e12)
         start=$(date +%s.%N)
-        "$TRAIN" "${titan_flags[@]}" --training.steps $((steps + warmup)) --job.dump_folder "$OUT/$name.$dtype" \
-          >"$OUT/$name.$dtype.log" 2>&1 || { cat "$OUT/$name.$dtype.log" >&2; exit 1; }
+        "$TRAIN" "${titan_flags[@]}" --training.steps $((steps + warmup)) --job.dump_folder "$OUT/$name.$dtype.r$round" \
+          >"$OUT/$name.$dtype.r$round.log" 2>&1 || { cat "$OUT/$name.$dtype.r$round.log" >&2; exit 1; }
         end=$(date +%s.%N)
-        "$PY" - "$OUT/$name.$dtype/metrics.jsonl" "$warmup" "$start" "$end" >"$res" <<'PY'
+        "$PY" - "$OUT/$name.$dtype.r$round/metrics.jsonl" "$warmup" "$start" "$end" >"$res" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 warmup, wall = int(sys.argv[2]), float(sys.argv[4]) - float(sys.argv[3])
@@ -80,7 +91,7 @@ after_first = sum(r["elapsed_s"] for r in rows if r["step"] > 1)
 print(json.dumps({"tps": sum(r["tokens"] for r in timed) / sum(r["elapsed_s"] for r in timed),
                   "first_step_s": wall - after_first, "peak_rss_bytes": rows[-1]["peak_rss_bytes"]}))
 PY
-        if [[ "$GEMM_SHARE" == 1 ]]; then
+        if [[ "$GEMM_SHARE" == 1 && "$round" == 1 ]]; then
           # A separate run (so the trace export costs neither the timing nor the first step): the
           # step after the warm-up steps traced, as torch.profiler's schedule (1 warmup, 1 active).
           prof="$OUT/$name.$dtype.prof"
@@ -101,23 +112,26 @@ PY
       eager | compile | torchtitan | torchtitan_compile)
         script="$BENCH/eager_llama.py"; flags=()
         [[ "$engine" == torchtitan* ]] && script="$BENCH/torchtitan_llama.py"
-        if [[ "$engine" == torchtitan* && "$GEMM_SHARE" != 1 ]]; then flags+=(--no-profile); fi
+        if [[ "$engine" == torchtitan* && ( "$GEMM_SHARE" != 1 || "$round" != 1 ) ]]; then flags+=(--no-profile); fi
         if [[ "$engine" == *compile ]]; then flags+=(--compile); warmup=3; fi
         OMP_NUM_THREADS=$THREADS "$PY" "$script" --flavor "$flavor" --dtype "$dtype" \
           --batch "$batch" --seq-len "$seq" --steps "$steps" --warmup "$warmup" --threads "$THREADS" \
-          "${flags[@]}" 2>"$OUT/$name.$dtype.$engine.err" >"$res" ||
-          { cat "$OUT/$name.$dtype.$engine.err" >&2; exit 1; }
+          "${flags[@]}" 2>"$OUT/$name.$dtype.$engine.r$round.err" >"$res" ||
+          { cat "$OUT/$name.$dtype.$engine.r$round.err" >&2; exit 1; }
         ;;
     esac
+  done
   done
 done
 done
 
-"$PY" - "$OUT" "$THREADS" "$ENGINES" "$DTYPES" "${CASES[@]}" <<'PY'
-import json, os, sys
-out, threads, engines, dtypes, cases = sys.argv[1], sys.argv[2], sys.argv[3].split(), sys.argv[4].split(), sys.argv[5:]
+"$PY" - "$OUT" "$THREADS" "$ENGINES" "$DTYPES" "$ROUNDS" "${CASES[@]}" <<'PY'
+import json, os, statistics, sys
+out, threads, engines, dtypes, rounds, cases = (sys.argv[1], sys.argv[2], sys.argv[3].split(), sys.argv[4].split(),
+                                                int(sys.argv[5]), sys.argv[6:])
 peers = [e for e in engines if e != "titan"]
-print(f"threads: {threads}")
+print(f"threads: {threads}, rounds: {rounds} (tok/s: each engine's median round; ratios: the median of the rounds' "
+      "ratios, each within one round)")
 print("| case | dtype | engine | tok/s | " + "".join(f"vs {p} | " for p in peers)
       + "first step s | peak RSS GiB | GEMM share |")
 print("|---|---|---|---|" + "---|" * len(peers) + "---|---|---|")
@@ -125,19 +139,28 @@ verdicts = []
 for dtype in dtypes:
     for c in cases:
         name = c.split()[0]
-        res = {e: json.load(open(os.path.join(out, f"{name}.{dtype}.{e}.json"))) for e in engines}
+        res = {e: [json.load(open(os.path.join(out, f"{name}.{dtype}.{e}.r{r}.json"))) for r in range(1, rounds + 1)]
+               for e in engines}
+        def ratio(a, b):  # median over rounds of a's tok/s over b's, and the range when rounds > 1
+            each = [x["tps"] / y["tps"] for x, y in zip(res[a], res[b])]
+            return statistics.median(each), each
         for e in engines:
-            r = res[e]
-            ratios = "".join(f"{r['tps'] / res[p]['tps']:.2f}x | " for p in peers)
-            share = r.get("gemm_share")
+            first = res[e][0]
+            ratios = ""
+            for p in peers:
+                med, each = ratio(e, p)
+                ratios += f"{med:.2f}x" + (f" ({min(each):.2f}-{max(each):.2f})" if rounds > 1 else "") + " | "
+            share = first.get("gemm_share")
             share = f"{100 * share:.1f}%" if share is not None else "n/a"
-            print(f"| {name} | {dtype} | {e} | {r['tps']:,.0f} | {ratios}{r['first_step_s']:.1f} | "
-                  f"{r['peak_rss_bytes'] / 2**30:.3f} | {share} |")
+            tps = statistics.median(r["tps"] for r in res[e])
+            print(f"| {name} | {dtype} | {e} | {tps:,.0f} | {ratios}{first['first_step_s']:.1f} | "
+                  f"{max(r['peak_rss_bytes'] for r in res[e]) / 2**30:.3f} | {share} |")
         if "titan" in res:
             for p in peers:
                 if p.startswith("torchtitan"):
-                    x = res["titan"]["tps"] / res[p]["tps"]
-                    verdicts.append(f"{name} {dtype}: titan / {p} = {x:.2f}x "
+                    x, each = ratio("titan", p)
+                    spread = f", rounds {' '.join(f'{v:.2f}' for v in each)}" if rounds > 1 else ""
+                    verdicts.append(f"{name} {dtype}: titan / {p} = {x:.2f}x{spread} "
                                     f"({'meets' if x >= 1.1 else 'MISSES'} the 1.1x target)")
 for v in verdicts:
     print(v)
