@@ -39,7 +39,10 @@
 //     HSDP: the gradient shard all-reduced across replicas once per step (2 (r - 1) / r of it).
 //     EP: the MoE dispatch and combine all-to-alls, forward and backward. Exposed.
 //     PP: one activation (or its gradient) per micro-batch and stage boundary, inside the
-//       pipeline simulation.
+//       pipeline simulation: in flight beside the compute on GPUs; where transfers run on the
+//       compute's cores, its bytes are work on the sending and the receiving rank (added to the
+//       F and B of each stage with a neighbour on another rank) and only its fixed cost is in
+//       flight.
 //   Pipeline idle: planner/pipeline_sim.h runs the schedule's own order with these stage costs;
 //     where ranks share fewer cores (device cpu), a waiting rank's share speeds up the others.
 //   Where the transfers run on the compute's cores (device cpu: Gloo), nothing overlaps: FSDP's
@@ -196,6 +199,17 @@ Prediction predict(const trainer::config::JobConfig& cfg, const trainer::config:
   if (checked.pipeline) {
     const auto& plan = *checked.pipeline;
     std::vector<StageCosts> costs(static_cast<size_t>(plan.num_stages()));
+    // One activation (or its gradient) between two ranks: its bytes over the link, and the
+    // message's fixed cost. Where transfers run on the compute's cores (device cpu: Gloo copies
+    // through the ranks' own cores), the bytes occupy the sender's and the receiver's cores (F
+    // sends its output forward and receives its input; B the gradients back), and only the
+    // fixed cost is in flight; elsewhere all of it is in flight, beside the compute.
+    const double transfer_bytes_s = static_cast<double>(rows) * seq / cp * dim * bytes / pp_link;
+    const double transfer = (overlap ? transfer_bytes_s : 0.0) + message_latency(2);
+    auto remote_boundaries = [&](int s) {  // of stage s with its neighbours on other ranks
+      const auto rank = [&](int i) { return plan.stage_rank[static_cast<size_t>(i)]; };
+      return (s > 0 && rank(s - 1) != rank(s) ? 1.0 : 0.0) + (s + 1 < plan.num_stages() && rank(s + 1) != rank(s) ? 1.0 : 0.0);
+    };
     for (int s = 0; s < plan.num_stages(); ++s) {
       double n = 0;
       bool output = false, embedding = false;
@@ -208,9 +222,13 @@ Prediction predict(const trainer::config::JobConfig& cfg, const trainer::config:
       c.forward = n * (layer_f + layer_f_comm) + (output ? out_f : 0) + (embedding ? embed : 0);
       c.backward_weight = n * w.gemm_fwd + (output ? tokens * 2.0 * output_params / tp / mm_rate : 0);
       c.backward = n * (layer_b + layer_b_comm) + (output ? 2.0 * out_f : 0);
+      if (!overlap) {
+        const double copies = remote_boundaries(s) * transfer_bytes_s;
+        c.forward += copies;
+        c.backward += copies;
+      }
       c.backward_input = std::max(0.0, c.backward - c.backward_weight);
     }
-    const double transfer = static_cast<double>(rows) * seq / cp * dim * bytes / pp_link + message_latency(2);
     // Ranks sharing fewer cores: a rank computes up to world / cores faster while others wait.
     const double max_speedup = d.host_cores > 0 ? static_cast<double>(cluster.world()) / d.host_cores : 1.0;
     const PipelineTiming t = simulate_pipeline(plan, costs, transfer, max_speedup);

@@ -279,6 +279,31 @@ TEST_CASE("a collective group smaller than the world pays the figures measured f
   CHECK(same > 0);  // FSDP 4, TP 4, CP 4, HSDP 4
 }
 
+TEST_CASE("where transfers share the compute's cores, a pipeline transfer's bytes occupy both ranks", "[planner]") {
+  // device cpu: Gloo copies an activation through the sender's and the receiver's own cores, so
+  // a pipeline transfer's bytes / bandwidth is work on both ranks (each F and B pays it once per
+  // remote neighbour), not a delay in flight beside their compute. A slow link makes the copies
+  // large: every pipeline-only layout takes longer once they occupy the cores, and a rank whose
+  // two stages are neighbours (ZBV's V: stages 1 and 2 on pp rank 1) pays only the remote ones.
+  const tc::JobConfig cfg = debug_job({"--plan.exhaustive", "true", "--plan.ac_modes", "none", "--plan.precisions",
+                                       "bf16", "--plan.intra_node_gbps", "0.1"});
+  tp::Cluster in_flight = tp::cluster_from_config(tp::planning_config(cfg));
+  tp::Cluster on_cores = in_flight;
+  on_cores.device.comm_shares_compute = true;
+  std::map<std::string, double> before, after;
+  for (const tp::PlannedLayout& p : tp::plan_layouts(cfg, in_flight).fits) before[p.layout.name()] = p.prediction.step_seconds;
+  for (const tp::PlannedLayout& p : tp::plan_layouts(cfg, on_cores).fits) after[p.layout.name()] = p.prediction.step_seconds;
+  int pipelines = 0;
+  for (const auto& [name, seconds] : before) {
+    const tp::Layout l = tp::parse_layout(name);
+    if (l.pp != 4) continue;
+    INFO(name);
+    CHECK(after.at(name) > seconds);
+    ++pipelines;
+  }
+  CHECK(pipelines > 0);
+}
+
 TEST_CASE("plan.explain reads back the table's layout names and refuses what it cannot read", "[planner]") {
   tp::Layout l;
   l.dp_shard = 2, l.tp = 2, l.pp = 2, l.schedule = "Interleaved1F1B", l.microbatch_size = 2, l.local_batch = 4;
