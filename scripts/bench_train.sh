@@ -16,12 +16,13 @@
 #                                            the GEMM share of its self CPU time (not for eager/compile)
 #   BENCH_OUT=dir                            keep each engine's JSON line (with the top self-time
 #                                            ops of the profiled step) and titan's logs there
-#   ROUNDS=n (default 1)                     run every case's engines n times back to back, every
-#                                            other round in reverse order; each ratio is taken within
-#                                            a round and the verdict is the median round's (this
-#                                            machine's speed drifts by 10-20% between minutes: one
-#                                            round's 100M ratio against the compiled peer read 1.02x,
-#                                            then 1.12x, then 0.96x); tok/s is each engine's median
+#   REPEAT=n (default 1)                     run every case's engines n times back to back, every
+#                                            other round in reverse order (as bench_plan.sh's
+#                                            REPEAT); each ratio is taken within a round and the
+#                                            verdict is the median round's (this machine's speed
+#                                            drifts by 10-20% between minutes: one round's 100M
+#                                            ratio against the compiled peer read 1.02x, then
+#                                            1.12x, then 0.96x); tok/s is each engine's median
 # Time to first step: from process start to the end of the first optimizer step (Python: from
 # before `import torch`; includes torch.compile's warm-up; titan: the process's wall time minus
 # its timed steps, so it also counts titan's exit). Steady state: tokens/s over the timed steps
@@ -34,8 +35,8 @@ THREADS="${1:-$(nproc)}"
 ENGINES="${ENGINES:-titan eager compile}"
 DTYPES="${DTYPE:-float32}"
 GEMM_SHARE="${GEMM_SHARE:-1}"
-ROUNDS="${ROUNDS:-1}"
-[[ "$ROUNDS" =~ ^[1-9][0-9]*$ ]] || { echo "bench_train.sh: ROUNDS '$ROUNDS': a whole number >= 1" >&2; exit 2; }
+REPEAT="${REPEAT:-1}"
+[[ "$REPEAT" =~ ^[1-9][0-9]*$ ]] || { echo "bench_train.sh: REPEAT '$REPEAT': a whole number >= 1" >&2; exit 2; }
 for engine in $ENGINES; do
   case "$engine" in
     titan | eager | compile | torchtitan | torchtitan_compile) ;;
@@ -67,7 +68,7 @@ CASES=("debug debugmodel 4 128 30" "100M 100M 2 256 8")
 for dtype in $DTYPES; do
 for c in "${CASES[@]}"; do
   read -r name flavor batch seq steps <<<"$c"
-  for round in $(seq 1 "$ROUNDS"); do
+  for round in $(seq 1 "$REPEAT"); do  # (body not indented: its heredocs end at column 0)
   order=($ENGINES)
   if (( round % 2 == 0 )); then rev=(); for e in "${order[@]}"; do rev=("$e" "${rev[@]}"); done; order=("${rev[@]}"); fi
   for engine in "${order[@]}"; do
@@ -125,7 +126,7 @@ PY
 done
 done
 
-"$PY" - "$OUT" "$THREADS" "$ENGINES" "$DTYPES" "$ROUNDS" "${CASES[@]}" <<'PY'
+"$PY" - "$OUT" "$THREADS" "$ENGINES" "$DTYPES" "$REPEAT" "${CASES[@]}" <<'PY'
 import json, os, statistics, sys
 out, threads, engines, dtypes, rounds, cases = (sys.argv[1], sys.argv[2], sys.argv[3].split(), sys.argv[4].split(),
                                                 int(sys.argv[5]), sys.argv[6:])

@@ -32,6 +32,13 @@ tc::JobConfig debug_job(std::vector<std::string> extra = {}) {
   return tc::parse_job_config(args);
 }
 
+// Each layout that fits, by name: its predicted step seconds on `cluster`.
+std::map<std::string, double> step_seconds_by_layout(const tc::JobConfig& cfg, const tp::Cluster& cluster) {
+  std::map<std::string, double> by_name;
+  for (const tp::PlannedLayout& p : tp::plan_layouts(cfg, cluster).fits) by_name[p.layout.name()] = p.prediction.step_seconds;
+  return by_name;
+}
+
 std::string check_error(const tc::JobConfig& cfg, int world) {
   try {
     tc::check_layout(cfg, world);
@@ -255,12 +262,7 @@ TEST_CASE("a collective group smaller than the world pays the figures measured f
   const tp::Cluster plain = tp::cluster_from_config(tp::planning_config(cfg));
   tp::Cluster loaded = plain;
   loaded.device.group_links[2] = {1e-3, 1e8};
-  auto predicted = [&](const tp::Cluster& c) {
-    std::map<std::string, double> by_name;
-    for (const tp::PlannedLayout& p : tp::plan_layouts(cfg, c).fits) by_name[p.layout.name()] = p.prediction.step_seconds;
-    return by_name;
-  };
-  const auto before = predicted(plain), after = predicted(loaded);
+  const auto before = step_seconds_by_layout(cfg, plain), after = step_seconds_by_layout(cfg, loaded);
   REQUIRE(before.size() == after.size());
   int slower = 0, same = 0;
   for (const auto& [name, seconds] : before) {
@@ -283,16 +285,13 @@ TEST_CASE("where transfers share the compute's cores, a pipeline transfer's byte
   // device cpu: Gloo copies an activation through the sender's and the receiver's own cores, so
   // a pipeline transfer's bytes / bandwidth is work on both ranks (each F and B pays it once per
   // remote neighbour), not a delay in flight beside their compute. A slow link makes the copies
-  // large: every pipeline-only layout takes longer once they occupy the cores, and a rank whose
-  // two stages are neighbours (ZBV's V: stages 1 and 2 on pp rank 1) pays only the remote ones.
+  // large: every pipeline-only layout takes longer once they occupy the cores.
   const tc::JobConfig cfg = debug_job({"--plan.exhaustive", "true", "--plan.ac_modes", "none", "--plan.precisions",
                                        "bf16", "--plan.intra_node_gbps", "0.1"});
-  tp::Cluster in_flight = tp::cluster_from_config(tp::planning_config(cfg));
+  const tp::Cluster in_flight = tp::cluster_from_config(tp::planning_config(cfg));
   tp::Cluster on_cores = in_flight;
   on_cores.device.comm_shares_compute = true;
-  std::map<std::string, double> before, after;
-  for (const tp::PlannedLayout& p : tp::plan_layouts(cfg, in_flight).fits) before[p.layout.name()] = p.prediction.step_seconds;
-  for (const tp::PlannedLayout& p : tp::plan_layouts(cfg, on_cores).fits) after[p.layout.name()] = p.prediction.step_seconds;
+  const auto before = step_seconds_by_layout(cfg, in_flight), after = step_seconds_by_layout(cfg, on_cores);
   int pipelines = 0;
   for (const auto& [name, seconds] : before) {
     const tp::Layout l = tp::parse_layout(name);
