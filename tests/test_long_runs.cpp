@@ -280,11 +280,7 @@ TEST_CASE("a corrupt shard of rank 1 is named to the user although only rank 0's
   run_ranks(2, ten_steps, root() / "corrupt_first.log");
   const fs::path shard = dump / "checkpoint" / "step-10" / "rank00001.safetensors";
   REQUIRE(fs::exists(shard));
-  {
-    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(static_cast<std::streamoff>(fs::file_size(shard) - 7));
-    f.put('\x5a');
-  }
+  corrupt_byte(shard, 7);
   const fs::path log = root() / "corrupt_resume.log";
   const std::string cmd = "OMP_NUM_THREADS=1 " + std::string(TITAN_RUN_PATH) +
                           " --nproc-per-node 2 --local-ranks-filter 0 -- " + TITAN_TRAIN_PATH + joined(args) + " > " +
