@@ -4,6 +4,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/ones.h>
+#include <ATen/ops/ones_like.h>
 #include <ATen/ops/randn.h>
 #include <ATen/ops/sum.h>
 #include <ATen/Parallel.h>
@@ -22,6 +23,8 @@
 #include <thread>
 #include <utility>
 
+#include "model/activation_checkpoint_ops.h"
+#include "model/flavors.h"
 #include "parallel/comm/process_group.h"
 #include "trainer/config/parallel_options.h"
 
@@ -259,6 +262,34 @@ std::pair<double, double> gloo_probe(int ranks, int busy, double cores) {
   return {small / steps, large > 0 ? steps * static_cast<double>(kLarge) / ranks / large : 0};
 }
 
+// Attention's rate over the GEMMs', both on one thread: the model's own causal attention
+// (model::attention_op: LibTorch's flash kernel in float32, titan's kernel in bf16) forward and
+// backward at its head_dim and seq_len, against a x b. On this machine's two cores, the debug
+// model's float32 attention at head_dim 16 runs at about a quarter of the GEMMs' rate: counted at
+// the GEMM rate it was predicted at 102 ms of a one-process step where the profile shows 214 ms.
+// The heads and the length are capped (the rate per head does not depend on the count, and an 8B
+// model's whole attention at seq 8192 would take the probe minutes): at most 2 key/value heads
+// with their query heads, at most 1,024 positions.
+double attention_over_gemm_rate(const trainer::config::JobConfig& cfg, at::ScalarType dtype, const at::Tensor& a,
+                                const at::Tensor& b) {
+  const model::ModelArgs args = model::model_flavor(cfg.model.name, cfg.model.flavor);
+  const int64_t kv = std::min<int64_t>(args.kv_heads(), 2), heads = kv * (args.n_heads / args.kv_heads());
+  const int64_t seq = std::min<int64_t>(cfg.training.seq_len, 1024), head_dim = args.head_dim();
+  auto make = [&](int64_t h) { return at::randn({1, h, seq, head_dim}).to(dtype).requires_grad_(true); };
+  const at::Tensor q = make(heads), k = make(kv), v = make(kv);
+  const int pool_threads = at::get_num_threads();
+  at::set_num_threads(1);
+  const double attention_s = seconds_of([&] {
+    const at::Tensor out = model::attention_op(q, k, v);
+    out.backward(at::ones_like(out));
+  }, 5);
+  const double gemm_s = seconds_of([&] { at::mm(a, b); }, 5);
+  at::set_num_threads(pool_threads);
+  const double attention_flops = 3.0 * 4.0 * static_cast<double>(heads * head_dim) * seq * seq;
+  const double gemm_flops = 2.0 * static_cast<double>(a.size(0)) * a.size(1) * b.size(1);
+  return (attention_flops / attention_s) / (gemm_flops / gemm_s);
+}
+
 // This machine, shared by `processes` ranks: each gets 1/processes of the cores' GEMM rate and
 // memory bandwidth (titan's ranks on one host split the cores between them).
 DeviceSpec cpu_device(const trainer::config::JobConfig& cfg, int64_t processes) {
@@ -306,6 +337,7 @@ DeviceSpec cpu_device(const trainer::config::JobConfig& cfg, int64_t processes) 
   d.intra_node_bytes_per_s = d.inter_node_bytes_per_s = gloo_rate > 0 ? gloo_rate : loopback_bytes_per_s();
   d.message_latency_s = step_latency;
   d.comm_shares_compute = true;
+  d.attention_efficiency = attention_over_gemm_rate(cfg, dtype, a, b);
   // A tiny step through autograd, as titan's layers dispatch theirs: a matmul of 2 x 2 tensors,
   // a sum, and the backward (mm, sum, the engine's ones, SumBackward's expand, MmBackward's two
   // transposes and two matmuls, two AccumulateGrads: 10 operators), on one thread as each rank.
@@ -368,7 +400,9 @@ std::vector<std::string> Cluster::describe() const {
   os.str("");
   os << "per GPU: bf16 " << device.peak_bf16 / kT << " TFLOP/s";
   if (device.peak_fp8 > 0) os << ", float8 " << device.peak_fp8 / kT << " TFLOP/s";
-  os << " (GEMMs at " << device.gemm_efficiency << " of peak), memory " << device.memory_bytes / kGiB << " GiB at "
+  os << " (GEMMs at " << device.gemm_efficiency << " of peak";
+  if (device.attention_efficiency != 1.0) os << ", attention at " << device.attention_efficiency << " of the GEMMs' rate";
+  os << "), memory " << device.memory_bytes / kGiB << " GiB at "
      << device.hbm_bytes_per_s / 1e12 << " TB/s (" << device.hbm_efficiency << " reached)";
   lines.push_back(os.str());
   os.str("");

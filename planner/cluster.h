@@ -21,6 +21,10 @@ struct DeviceSpec {
   double intra_node_bytes_per_s = 0;  // per GPU and direction
   double inter_node_bytes_per_s = 0;
   double gemm_efficiency = 0;     // of the peak, large GEMMs and flash attention
+  // Attention's FLOP rate (torchtitan's count: 4 x heads x head_dim x seq_len per token forward,
+  // the whole square) over the GEMMs': 1 on GPUs, where flash attention runs near the GEMMs'
+  // efficiency; device cpu measures it at the model's head_dim and seq_len.
+  double attention_efficiency = 1.0;
   double link_efficiency = 0;     // of a link, NCCL's bus bandwidth for large messages
   double hbm_efficiency = 0;      // of the memory bandwidth, the step's elementwise kernels
   double optimizer_efficiency = 0;  // of the memory bandwidth, the fused AdamW's streaming

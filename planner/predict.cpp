@@ -6,8 +6,9 @@
 //     matmul FLOPs are 2 x (the block's active parameters) per token and layer, plus the output
 //     layer's 2 x dim x vocab on the last stage, divided by tp; attention is 4 x heads x head_dim
 //     x seq_len per token and layer forward (torchtitan's count). Backward is twice the forward,
-//     half of it the weight gradients (the W of zero-bubble schedules). GEMMs and attention run at
-//     the bf16 peak x the GEMM efficiency; a float8 recipe's block linears at the float8 peak.
+//     half of it the weight gradients (the W of zero-bubble schedules). GEMMs run at the bf16
+//     peak x the GEMM efficiency, attention at that x the device's attention efficiency (device
+//     cpu: measured); a float8 recipe's block linears at the float8 peak.
 //   Memory-bound work. Forward elementwise traffic per token and layer: 16 x dim + 3 x hidden
 //     elements of the compute dtype (two RMSNorms, RoPE on q and k, two residual adds, SwiGLU,
 //     the attention layout copies), divided by tp (sequence parallel); backward twice that. A
@@ -18,9 +19,10 @@
 //     one-pass update over a bf16 compute copy reads a 2-byte gradient and writes a 2-byte copy:
 //     28 too), at the optimizer's streaming efficiency; the rest at the elementwise kernels'
 //     (planner/cluster.cpp says how each was measured).
-//   Recompute. Full AC runs every block's forward again in backward; per-op (selective) AC keeps
-//     attention and every other matmul output (torchtitan's op list), so it recomputes half the
-//     block matmuls and all the elementwise work.
+//   Recompute. Full AC runs every block's forward again in backward, its collectives and
+//     operator dispatch included; per-op (selective) AC keeps attention, every other matmul
+//     output and the reduce-scatters and all-to-alls (torchtitan's op list), so it recomputes
+//     half the block matmuls, all the elementwise work and the TP all-gathers.
 //   Communication, each collective over the link its group crosses (the mesh is pp, dp_replicate,
 //     dp_shard, cp, tp from outermost to innermost, ranks filling nodes in order: a group leaves
 //     its node when stride x size > GPUs per node), bytes / (bandwidth x link efficiency) plus
@@ -36,7 +38,8 @@
 //       layer's gather during this layer's compute, so a layer exposes only what its transfer
 //       exceeds the previous layer's compute, plus the first layer's whole gather. Under pp, once
 //       per step (gathered parameters and unsharded gradients stay), exposed.
-//     HSDP: the gradient shard all-reduced across replicas once per step (2 (r - 1) / r of it).
+//     HSDP: the gradient shard all-reduced across replicas once per step, one flat buffer
+//       (2 (r - 1) / r of it, and a ring's 2 (r - 1) messages: reduce-scatter then all-gather).
 //     EP: the MoE dispatch and combine all-to-alls, forward and backward. Exposed.
 //     PP: one activation (or its gradient) per micro-batch and stage boundary, inside the
 //       pipeline simulation: in flight beside the compute on GPUs; where transfers run on the
@@ -137,7 +140,7 @@ Prediction predict(const trainer::config::JobConfig& cfg, const trainer::config:
 
   LayerWork w;
   w.gemm_fwd = tokens * 2.0 * block_active / tp / linear_rate;
-  w.attention_fwd = tokens * 4.0 * q_dim * seq / tp / mm_rate;
+  w.attention_fwd = tokens * 4.0 * q_dim * seq / tp / (mm_rate * d.attention_efficiency);
   const double elementwise = (16.0 * dim + 3.0 * hidden) * bytes;
   double cast_fwd = 0, cast_bwd = 0, weight_casts = 0;
   if (float8) {
@@ -165,10 +168,6 @@ Prediction predict(const trainer::config::JobConfig& cfg, const trainer::config:
     w.fsdp_reduce_scatter = block_params_all / tp * 4.0 * (fsdp - 1) / fsdp / fsdp_link + messages(fsdp);
   }
 
-  // Recompute per layer (in backward).
-  double recompute = 0;
-  if (L.ac == "full") recompute = w.gemm_fwd + w.attention_fwd + w.memory_fwd;
-  else if (L.ac == "selective") recompute = 0.5 * w.gemm_fwd + w.memory_fwd;
   // Async TP hides a direction's TP traffic behind that direction's matmuls (backward: twice),
   // unless the transfers need the compute's own cores.
   const bool overlap = !d.comm_shares_compute;
@@ -176,6 +175,16 @@ Prediction predict(const trainer::config::JobConfig& cfg, const trainer::config:
   const double tp_b_exposed = L.async_tp && overlap ? std::max(0.0, w.tp_comm - 2.0 * w.gemm_fwd) : w.tp_comm;
   // Dispatch: kOpsPerLayer operators per layer and micro-batch, a third of them forward.
   const double dispatch = kOpsPerLayer * d.op_dispatch_s;
+  // Recompute per layer (in backward): the forward's work, its operators' dispatch, and its
+  // collectives where the recomputed ops issue them again: full AC runs the whole block again (TP,
+  // CP and EP traffic included); per-op AC keeps the TP reduce-scatters, the attention (ring
+  // exchanges inside it) and the CP / EP all-to-alls, and gathers the TP activations again (half
+  // the forward's TP traffic).
+  double recompute = 0;
+  if (L.ac == "full")
+    recompute = w.gemm_fwd + w.attention_fwd + w.memory_fwd + dispatch / 3.0 + tp_exposed + w.cp_comm + w.ep_comm;
+  else if (L.ac == "selective")
+    recompute = 0.5 * w.gemm_fwd + w.memory_fwd + dispatch / 3.0 + 0.5 * tp_exposed;
   const double layer_f = w.gemm_fwd + w.attention_fwd + w.memory_fwd + dispatch / 3.0;
   const double layer_b = 2.0 * w.gemm_fwd + 2.0 * w.attention_fwd + w.memory_bwd + recompute + 2.0 * dispatch / 3.0;
   const double layer_f_comm = tp_exposed + w.cp_comm + w.ep_comm;
@@ -267,7 +276,7 @@ Prediction predict(const trainer::config::JobConfig& cfg, const trainer::config:
   const double optimizer = local_params * 28.0 / (d.hbm_bytes_per_s * d.optimizer_efficiency);
   const double hsdp =
       dims.dp_replicate > 1 ? 2.0 * (dims.dp_replicate - 1.0) / dims.dp_replicate * local_params * 4.0 / hsdp_link +
-                                  layers * 2.0 * messages(static_cast<double>(dims.dp_replicate))
+                                  2.0 * messages(static_cast<double>(dims.dp_replicate))
                             : 0;
   const double np = static_cast<double>(passes);
   p.step_seconds = np * pass_seconds + fsdp_once + hsdp + optimizer;

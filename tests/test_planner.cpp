@@ -39,6 +39,16 @@ std::map<std::string, double> step_seconds_by_layout(const tc::JobConfig& cfg, c
   return by_name;
 }
 
+// Each layout that fits, by name: one term of its prediction (plan.explain's rows), seconds.
+std::map<std::string, double> term_by_layout(const tc::JobConfig& cfg, const tp::Cluster& cluster,
+                                             const std::string& term) {
+  std::map<std::string, double> by_name;
+  for (const tp::PlannedLayout& p : tp::plan_layouts(cfg, cluster).fits)
+    for (const auto& [name, seconds] : p.prediction.terms)
+      if (name == term) by_name[p.layout.name()] = seconds;
+  return by_name;
+}
+
 std::string check_error(const tc::JobConfig& cfg, int world) {
   try {
     tc::check_layout(cfg, world);
@@ -301,6 +311,92 @@ TEST_CASE("where transfers share the compute's cores, a pipeline transfer's byte
     ++pipelines;
   }
   CHECK(pipelines > 0);
+}
+
+TEST_CASE("full AC recomputes the block's collectives, per-op AC its TP all-gathers", "[planner]") {
+  // Recompute re-issues what the recomputed ops issue: under full AC the whole block, TP, CP and
+  // EP traffic included; per-op AC keeps the TP reduce-scatters and CP's exchanges (its save
+  // list), so it gathers the TP activations again and nothing else. A slower link therefore
+  // raises the recompute term of every full-AC layout with TP or CP and every per-op-AC layout
+  // with TP, and of nothing else.
+  const std::vector<std::string> keys = {"--plan.exhaustive", "true", "--plan.ac_modes", "full,selective",
+                                         "--plan.precisions", "bf16"};
+  auto slow_keys = keys;
+  slow_keys.insert(slow_keys.end(), {"--plan.intra_node_gbps", "1"});
+  const tc::JobConfig fast_cfg = debug_job(keys), slow_cfg = debug_job(slow_keys);
+  const auto fast = term_by_layout(fast_cfg, tp::cluster_from_config(tp::planning_config(fast_cfg)), "AC recompute");
+  const auto slow = term_by_layout(slow_cfg, tp::cluster_from_config(tp::planning_config(slow_cfg)), "AC recompute");
+  REQUIRE(fast.size() == slow.size());
+  int raised = 0, same = 0;
+  for (const auto& [name, seconds] : fast) {
+    const tp::Layout l = tp::parse_layout(name);
+    const bool recomputes_traffic = l.ac == "full" ? l.tp > 1 || l.cp > 1 : l.tp > 1;
+    INFO(name);
+    CHECK(seconds > 0);
+    if (recomputes_traffic) {
+      CHECK(slow.at(name) > seconds);
+      ++raised;
+    } else {
+      CHECK(slow.at(name) == seconds);
+      ++same;
+    }
+  }
+  CHECK(raised > 0);
+  CHECK(same > 0);
+}
+
+TEST_CASE("replicas all-reduce their gradients as one buffer: one ring's 2 (r - 1) messages", "[planner]") {
+  // ParallelModel::reduce_grads flattens every gradient into one all-reduce per step, so the
+  // HSDP term pays a ring's 2 (r - 1) fixed message costs once, whatever the layer count.
+  const tc::JobConfig cfg = debug_job({"--plan.exhaustive", "true", "--plan.ac_modes", "none", "--plan.precisions", "bf16"});
+  const tp::Cluster plain = tp::cluster_from_config(tp::planning_config(cfg));
+  tp::Cluster slow = plain;
+  slow.device.message_latency_s += 1e-3;
+  const auto before = term_by_layout(cfg, plain, "HSDP all-reduce"), after = term_by_layout(cfg, slow, "HSDP all-reduce");
+  int replicated = 0;
+  for (const auto& [name, seconds] : before) {
+    const tp::Layout l = tp::parse_layout(name);
+    INFO(name);
+    CHECK(after.at(name) - seconds == Approx(2.0 * (l.dp_replicate - 1) * 1e-3).epsilon(1e-9));
+    replicated += l.dp_replicate > 1;
+  }
+  CHECK(replicated > 0);
+}
+
+TEST_CASE("attention runs at the device's attention efficiency; device cpu measures it", "[planner]") {
+  // Attention's FLOPs (torchtitan's count, 3 x 4 x heads x head_dim x seq_len per token, forward
+  // and backward) at the GEMM rate x attention_efficiency: at one half, the compute term of a
+  // layout without pipeline, TP or CP grows by exactly those FLOPs at the GEMM rate.
+  const tc::JobConfig cfg = debug_job({"--plan.exhaustive", "true", "--plan.ac_modes", "none", "--plan.precisions", "bf16"});
+  const tp::Cluster plain = tp::cluster_from_config(tp::planning_config(cfg));
+  tp::Cluster half = plain;
+  half.device.attention_efficiency = 0.5;
+  const auto before = term_by_layout(cfg, plain, "compute (GEMMs, attention)");
+  const auto after = term_by_layout(cfg, half, "compute (GEMMs, attention)");
+  const double rate = plain.device.peak_bf16 * plain.device.gemm_efficiency;
+  int checked = 0;
+  for (const auto& [name, seconds] : before) {
+    const tp::Layout l = tp::parse_layout(name);
+    if (l.pp > 1 || l.tp > 1 || l.cp > 1) continue;
+    INFO(name);
+    // heads x head_dim 256, seq_len 256, 6 layers; a rank's rows per step: its share of the 8
+    // (gradient accumulation runs the passes that make it up).
+    const double rows = 8.0 / static_cast<double>(l.dp_replicate * l.dp_shard);
+    const double attention = 3.0 * 4.0 * 256.0 * 256.0 * 256.0 * rows * 6 / rate;
+    CHECK(after.at(name) - seconds == Approx(attention).epsilon(1e-9));
+    ++checked;
+  }
+  CHECK(checked > 0);
+  // device cpu: the model's attention against a GEMM, both on one thread. A measured ratio, so
+  // only its sense is checked: positive, and not above the GEMMs' rate by more than the machine's
+  // spread (attention does more than multiply).
+  const tc::JobConfig cpu = debug_job({"--plan.device", "cpu", "--plan.gpus_per_node", "1"});
+  const tp::Cluster measured = tp::cluster_from_config(tp::planning_config(cpu));
+  CHECK(measured.device.attention_efficiency > 0);
+  CHECK(measured.device.attention_efficiency < 1.5);
+  std::string lines;
+  for (const std::string& line : measured.describe()) lines += line + "\n";
+  CHECK_THAT(lines, Contains("attention at"));
 }
 
 TEST_CASE("plan.explain reads back the table's layout names and refuses what it cannot read", "[planner]") {
