@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -169,13 +170,21 @@ double loopback_bytes_per_s() {
 
 // Gloo's own collectives among `ranks` threads of this process (ranks as threads: the copies,
 // the reductions and the TCP transport on this machine's cores, as titan's ranks run them),
-// while `busy` more threads keep cores busy (the world's other ranks computing): all-gather and
-// reduce-scatter of a small and a large message, each timed on the slowest rank.
-// Returns {fixed cost of one ring step, bytes per second}, for t(bytes) = (ranks - 1) x (step +
-// bytes / ranks / rate): the step from the small message, the rate from the large one, with
-// all-gathers and reduce-scatters counted alike (titan issues them in pairs; Gloo's
-// reduce-scatter is an all-reduce, which the rate absorbs).
-std::pair<double, double> gloo_probe(int ranks, int busy, double cores) {
+// while `busy` more threads keep cores busy (the world's other ranks computing), each timed on
+// the slowest rank: the fixed cost of one ring step, from all-gather + reduce-scatter pairs of a
+// small message, for t(bytes) = (ranks - 1) x (step + bytes / ranks / rate); and each
+// collective's bus bandwidth from a large message on its own (NCCL's definition: (g - 1) / g of
+// the bytes over the time for an all-gather or a reduce-scatter, 2 (g - 1) / g for an
+// all-reduce). On GPUs the three are alike; Gloo's differ: its reduce-scatter is an all-reduce
+// underneath, so it moves twice an all-gather's bytes (4 ranks here: all-gather 0.4 GB/s bus
+// bandwidth, reduce-scatter about half, all-reduce about the all-gather's).
+struct GlooFigures {
+  double step_latency_s = 0;
+  double all_gather_bytes_per_s = 0;  // also a point-to-point transfer's and an all-to-all's
+  DeviceSpec::BusRatios ratios;
+};
+
+GlooFigures gloo_probe(int ranks, int busy, double cores) {
   const bool shared_cores = ranks + busy > cores;
   std::atomic<bool> stop{false};
   std::vector<std::thread> spinners;
@@ -195,7 +204,8 @@ std::pair<double, double> gloo_probe(int ranks, int busy, double cores) {
   using parallel::comm::Comm;
   constexpr int64_t kSmall = 16 << 10, kLarge = 4 << 20;  // bytes of the full (gathered) tensor
   constexpr int kRepeats = 15;
-  std::vector<double> small_s(static_cast<size_t>(ranks)), large_s(static_cast<size_t>(ranks));
+  // Per rank: the small pair, then the large all-gather, reduce-scatter and all-reduce.
+  std::vector<std::array<double, 4>> seconds(static_cast<size_t>(ranks));
   std::promise<int> port_promise;
   std::shared_future<int> port = port_promise.get_future().share();
   std::atomic<bool> failed{false};
@@ -218,48 +228,59 @@ std::pair<double, double> gloo_probe(int ranks, int busy, double cores) {
           store = parallel::comm::create_tcp_store("127.0.0.1", port.get(), rank, ranks, timeout);
         }
         Comm comm(store, rank, ranks, "plan_probe");
-        auto time_pair = [&](int64_t bytes) {
-          const int64_t full = bytes / 4 / ranks * ranks, part = full / ranks;
+        const auto full_of = [&](int64_t bytes) { return bytes / 4 / ranks * ranks; };
+        // The small message's fixed cost: where every thread has a core of its own, the fastest
+        // pair (a wake-up delayed by whatever else the machine runs is noise, not the cost, and
+        // swung the median from 230 to 1,900 us between runs); where the threads outnumber the
+        // cores (4 ranks on 2), the mean of more pairs: there a woken rank waits for a core as a
+        // rule (Linux's scheduler lets the running thread finish its slice), that wait is the
+        // cost, and it spreads from 0.2 to 4.5 ms (the median jumps between the two ends).
+        {
+          const int64_t full = full_of(kSmall), part = full / ranks;
           const at::Tensor gathered = at::empty({full}, at::kFloat), mine = at::ones({part}, at::kFloat);
           const at::Tensor summed = at::ones({full}, at::kFloat), out = at::empty({part}, at::kFloat);
-          comm.all_gather_into_tensor_async(gathered, mine).wait();  // warm-up
-          comm.reduce_scatter_tensor_async(out, summed).wait();
-          // The median pair (one descheduled rank must not decide the figure). The small
-          // message's fixed cost: where every thread has a core of its own, the fastest (a
-          // wake-up delayed by whatever else the machine runs is noise, not the cost, and swung
-          // the median from 230 to 1,900 us between runs); where the threads outnumber the cores
-          // (4 ranks on 2), the mean of more pairs: there a woken rank waits for a core as a
-          // rule (Linux's scheduler lets the running thread finish its slice), that wait is the
-          // cost, and it spreads from 0.2 to 4.5 ms (the median jumps between the two ends).
-          const bool expected_wait = bytes == kSmall && shared_cores;
-          const int repeats = expected_wait ? 4 * kRepeats : kRepeats;
+          auto pair = [&] {
+            comm.all_gather_into_tensor_async(gathered, mine).wait();
+            comm.reduce_scatter_tensor_async(out, summed).wait();
+          };
+          pair();  // warm-up
+          const int repeats = shared_cores ? 4 * kRepeats : kRepeats;
           std::vector<double> pairs;
           for (int i = 0; i < repeats; ++i) {
             const auto t0 = Clock::now();
-            comm.all_gather_into_tensor_async(gathered, mine).wait();
-            comm.reduce_scatter_tensor_async(out, summed).wait();
+            pair();
             pairs.push_back(std::chrono::duration<double>(Clock::now() - t0).count() / 2.0);
           }
-          if (expected_wait) return std::accumulate(pairs.begin(), pairs.end(), 0.0) / repeats;
-          if (bytes == kSmall) return *std::min_element(pairs.begin(), pairs.end());
-          std::nth_element(pairs.begin(), pairs.begin() + repeats / 2, pairs.end());
-          return pairs[static_cast<size_t>(repeats / 2)];
-        };
-        small_s[static_cast<size_t>(rank)] = time_pair(kSmall);
-        large_s[static_cast<size_t>(rank)] = time_pair(kLarge);
+          seconds[static_cast<size_t>(rank)][0] = shared_cores ? std::accumulate(pairs.begin(), pairs.end(), 0.0) / repeats
+                                                               : *std::min_element(pairs.begin(), pairs.end());
+        }
+        const int64_t full = full_of(kLarge), part = full / ranks;
+        const at::Tensor gathered = at::empty({full}, at::kFloat), mine = at::ones({part}, at::kFloat);
+        const at::Tensor summed = at::ones({full}, at::kFloat), out = at::empty({part}, at::kFloat);
+        auto& mine_s = seconds[static_cast<size_t>(rank)];
+        mine_s[1] = seconds_of([&] { comm.all_gather_into_tensor_async(gathered, mine).wait(); }, kRepeats);
+        mine_s[2] = seconds_of([&] { comm.reduce_scatter_tensor_async(out, summed).wait(); }, kRepeats);
+        mine_s[3] = seconds_of([&] { comm.all_reduce_async(summed).wait(); }, kRepeats);
       } catch (const std::exception&) {
         failed = true;
       }
     });
   }
   for (std::thread& t : threads) t.join();
-  if (failed) return {0, 0};
-  const double small = *std::max_element(small_s.begin(), small_s.end());
-  const double large = *std::max_element(large_s.begin(), large_s.end());
-  // Each figure from its own size (a difference of the two would amplify the machine's noise):
-  // the small message is all fixed cost, the large one all bytes.
-  const double steps = ranks - 1.0;
-  return {small / steps, large > 0 ? steps * static_cast<double>(kLarge) / ranks / large : 0};
+  if (failed) return {};
+  auto slowest = [&](size_t what) {
+    double s = 0;
+    for (const auto& r : seconds) s = std::max(s, r[what]);
+    return s;
+  };
+  const double steps = ranks - 1.0, bytes = static_cast<double>(kLarge);
+  GlooFigures g;
+  g.step_latency_s = slowest(0) / steps;
+  const double all_gather = steps / ranks * bytes / slowest(1);
+  g.all_gather_bytes_per_s = all_gather;
+  g.ratios.reduce_scatter = steps / ranks * bytes / slowest(2) / all_gather;
+  g.ratios.all_reduce = 2.0 * steps / ranks * bytes / slowest(3) / all_gather;
+  return g;
 }
 
 // Attention's rate over the GEMMs', both on one thread: the model's own causal attention
@@ -322,20 +343,22 @@ DeviceSpec cpu_device(const trainer::config::JobConfig& cfg, int64_t processes) 
   // Gloo's collectives among `processes` ranks on this machine, measured; a single rank has no
   // collectives (then, or if the probe cannot form its group, the raw loopback bandwidth only
   // fills the table).
-  const auto [step_latency, gloo_rate] = processes > 1 ? gloo_probe(static_cast<int>(processes), 0, d.host_cores)
-                                                         : std::pair{0.0, 0.0};
+  const GlooFigures world = processes > 1 ? gloo_probe(static_cast<int>(processes), 0, d.host_cores) : GlooFigures{};
   // Groups smaller than the world (TP, CP or FSDP within a larger world, a pipeline's
   // transfers): their collectives run while the other ranks compute, which on shared cores
   // delays every hand-off (a woken rank waits for a core). Measured so, for each group size.
   for (int64_t g = 2; g < processes; ++g) {
     if (processes % g != 0) continue;
     at::set_num_threads(1);  // the computing ranks' GEMMs each on one thread
-    const auto [latency, rate] = gloo_probe(static_cast<int>(g), static_cast<int>(processes - g), d.host_cores);
+    const GlooFigures group = gloo_probe(static_cast<int>(g), static_cast<int>(processes - g), d.host_cores);
     at::set_num_threads(pool_threads);
-    if (rate > 0) d.group_links[g] = {latency, rate};
+    if (group.all_gather_bytes_per_s > 0)
+      d.group_links[g] = {group.step_latency_s, group.all_gather_bytes_per_s, group.ratios};
   }
-  d.intra_node_bytes_per_s = d.inter_node_bytes_per_s = gloo_rate > 0 ? gloo_rate : loopback_bytes_per_s();
-  d.message_latency_s = step_latency;
+  const bool measured = world.all_gather_bytes_per_s > 0;
+  d.intra_node_bytes_per_s = d.inter_node_bytes_per_s = measured ? world.all_gather_bytes_per_s : loopback_bytes_per_s();
+  d.message_latency_s = world.step_latency_s;
+  if (measured) d.bus_ratios = world.ratios;
   d.comm_shares_compute = true;
   d.attention_efficiency = attention_over_gemm_rate(cfg, dtype, a, b);
   // A tiny step through autograd, as titan's layers dispatch theirs: a matmul of 2 x 2 tensors,
@@ -357,6 +380,16 @@ DeviceSpec cpu_device(const trainer::config::JobConfig& cfg, int64_t processes) 
   // The probes are the machine's own rates: nothing left to discount.
   d.gemm_efficiency = d.link_efficiency = d.hbm_efficiency = d.optimizer_efficiency = 1.0;
   return d;
+}
+
+// The reduce-scatter's and the all-reduce's bus bandwidth against the all-gather's, where they
+// differ (device cpu: Gloo).
+std::string bus_ratio_text(const DeviceSpec::BusRatios& r) {
+  if (r.reduce_scatter == 1.0 && r.all_reduce == 1.0) return "";
+  std::ostringstream os;
+  os.precision(3);
+  os << " (reduce-scatter x" << r.reduce_scatter << ", all-reduce x" << r.all_reduce << ")";
+  return os.str();
 }
 
 }  // namespace
@@ -407,12 +440,12 @@ std::vector<std::string> Cluster::describe() const {
   lines.push_back(os.str());
   os.str("");
   os << "links per GPU and direction: in a node " << device.intra_node_bytes_per_s / kG << " GB/s, between nodes "
-     << device.inter_node_bytes_per_s / kG << " GB/s (collectives at " << device.link_efficiency << "), "
-     << device.message_latency_s * 1e6 << " us per message"
+     << device.inter_node_bytes_per_s / kG << " GB/s (collectives at " << device.link_efficiency << ")"
+     << bus_ratio_text(device.bus_ratios) << ", " << device.message_latency_s * 1e6 << " us per message"
      << (device.comm_shares_compute ? "; transfers share the compute's cores (no overlap)" : "");
   for (const auto& [g, l] : device.group_links)
-    os << "; groups of " << g << " with the other ranks computing: " << l.bytes_per_s / kG << " GB/s, "
-       << l.message_latency_s * 1e6 << " us per message";
+    os << "; groups of " << g << " with the other ranks computing: " << l.bytes_per_s / kG << " GB/s"
+       << bus_ratio_text(l.ratios) << ", " << l.message_latency_s * 1e6 << " us per message";
   if (device.op_dispatch_s > 0) {
     lines.push_back(os.str());
     os.str("");

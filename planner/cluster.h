@@ -30,6 +30,16 @@ struct DeviceSpec {
   double optimizer_efficiency = 0;  // of the memory bandwidth, the fused AdamW's streaming
   // One message's fixed cost: a ring collective over g ranks pays (g - 1) of them, a send one.
   double message_latency_s = 0;
+  // The bandwidths above are an all-gather's bus bandwidth (NCCL's definition: (g - 1) / g of
+  // the bytes over the time), which a point-to-point transfer and an all-to-all get too; the
+  // reduce-scatter's and the all-reduce's (2 (g - 1) / g of the bytes) relative to it. 1 on GPUs
+  // (NCCL's bus bandwidths are alike); device cpu measures Gloo's, whose reduce-scatter is an
+  // all-reduce underneath.
+  struct BusRatios {
+    double reduce_scatter = 1.0;
+    double all_reduce = 1.0;
+  };
+  BusRatios bus_ratios;
   // The collectives' copies run on the cores that compute (device cpu: Gloo on the ranks' own
   // cores): no transfer hides behind compute (no FSDP prefetch overlap, no async TP).
   bool comm_shares_compute = false;
@@ -41,7 +51,8 @@ struct DeviceSpec {
   // fixed cost per message and bandwidth, by g. A group size not here uses the figures above.
   struct GroupLink {
     double message_latency_s = 0;
-    double bytes_per_s = 0;
+    double bytes_per_s = 0;  // the all-gather's bus bandwidth
+    BusRatios ratios;
   };
   std::map<int64_t, GroupLink> group_links;
   // The cores all ranks share (device cpu); 0: a device per rank. Where ranks outnumber them, a

@@ -26,7 +26,9 @@
 //   Communication, each collective over the link its group crosses (the mesh is pp, dp_replicate,
 //     dp_shard, cp, tp from outermost to innermost, ranks filling nodes in order: a group leaves
 //     its node when stride x size > GPUs per node), bytes / (bandwidth x link efficiency) plus
-//     the fixed cost of g - 1 messages for a ring over g ranks (one for a pipeline transfer):
+//     the fixed cost of g - 1 messages for a ring over g ranks (one for a pipeline transfer);
+//     each kind at its own bus bandwidth (DeviceSpec::BusRatios: alike on GPUs, Gloo's
+//     reduce-scatter and all-reduce differ from its all-gather):
 //     TP: per layer two all-gathers and two reduce-scatters of the activations forward, as many
 //       backward, (tp - 1) / tp of rows x seq / cp x dim each; exposed unless async TP, which
 //       hides them behind the layer's matmuls (exposed: what exceeds them).
@@ -71,7 +73,8 @@ struct LayerWork {
   double memory_fwd = 0;     // elementwise forward
   double memory_bwd = 0;     // elementwise + float8 casts backward
   double tp_comm = 0;        // one direction
-  double cp_comm = 0;        // one direction
+  double cp_comm = 0;        // forward
+  double cp_comm_b = 0;      // backward
   double ep_comm = 0;        // one direction
   double fsdp_gather = 0;
   double fsdp_reduce_scatter = 0;
@@ -120,14 +123,22 @@ Prediction predict(const trainer::config::JobConfig& cfg, const trainer::config:
     const bool inside = within_node(stride, size, cluster.gpus_per_node);
     return (inside ? d.intra_node_bytes_per_s : d.inter_node_bytes_per_s) * d.link_efficiency;
   };
+  // A group's reduce-scatter and all-reduce bus bandwidths relative to its all-gather's (the
+  // figures measured for its size where the cluster has them).
+  auto bus_ratios = [&](int64_t size) {
+    const auto measured = d.group_links.find(size);
+    return measured != d.group_links.end() ? measured->second.ratios : d.bus_ratios;
+  };
   auto message_latency = [&](double size) {
     const auto measured = d.group_links.find(static_cast<int64_t>(size));
     return measured != d.group_links.end() ? measured->second.message_latency_s : d.message_latency_s;
   };
-  const double tp_link = link(1, dims.tp);
-  const double cp_link = link(dims.tp, dims.cp);
+  const double tp_link = link(1, dims.tp), tp_rs_link = tp_link * bus_ratios(dims.tp).reduce_scatter;
+  const double cp_link = link(dims.tp, dims.cp), cp_rs_link = cp_link * bus_ratios(dims.cp).reduce_scatter;
   const double fsdp_link = link(dims.tp, static_cast<int64_t>(fsdp));
-  const double hsdp_link = link(int64_t(dims.tp) * dims.cp * dims.dp_shard, dims.dp_replicate);
+  const double fsdp_rs_link = fsdp_link * bus_ratios(static_cast<int64_t>(fsdp)).reduce_scatter;
+  const double hsdp_ar_link = link(int64_t(dims.tp) * dims.cp * dims.dp_shard, dims.dp_replicate) *
+                              bus_ratios(dims.dp_replicate).all_reduce;
   const double ep_link = link(dims.tp, dims.ep);
   // A pipeline transfer is between two ranks (the slowest hop: across nodes if pp spans them).
   const double pp_link = link(cluster.world() / std::max(1, dims.pp), dims.pp, 2);
@@ -153,19 +164,25 @@ Prediction predict(const trainer::config::JobConfig& cfg, const trainer::config:
   const double act = tokens * dim * bytes;
   // A ring collective over g ranks: g - 1 messages' fixed cost before its bytes.
   auto messages = [&](double g) { return (g - 1.0) * message_latency(g); };
-  if (dims.tp > 1) w.tp_comm = 4.0 * act * (tp - 1) / tp / tp_link + 4.0 * messages(tp);
+  // TP, either direction: two all-gathers and two reduce-scatters.
+  if (dims.tp > 1) w.tp_comm = 2.0 * act * (tp - 1) / tp * (1.0 / tp_link + 1.0 / tp_rs_link) + 4.0 * messages(tp);
   if (dims.cp > 1) {
     const double full_rows = static_cast<double>(rows) * seq * bytes;
-    w.cp_comm = L.cp_method == "allgather"
-                    ? full_rows * 2.0 * kv_dim * (cp - 1) / cp / tp / cp_link + 2.0 * messages(cp)
-                    : tokens * (2.0 * q_dim + 2.0 * kv_dim) * bytes * (cp - 1) / cp / tp / cp_link + 4.0 * messages(cp);
+    if (L.cp_method == "allgather") {  // K and V gathered forward, their gradients reduce-scattered backward
+      const double kv = full_rows * 2.0 * kv_dim * (cp - 1) / cp / tp;
+      w.cp_comm = kv / cp_link + 2.0 * messages(cp);
+      w.cp_comm_b = kv / cp_rs_link + 2.0 * messages(cp);
+    } else {
+      w.cp_comm = w.cp_comm_b =
+          tokens * (2.0 * q_dim + 2.0 * kv_dim) * bytes * (cp - 1) / cp / tp / cp_link + 4.0 * messages(cp);
+    }
   }
   if (dims.ep > 1 && args.moe)
     w.ep_comm = 2.0 * tokens * static_cast<double>(args.moe->top_k) * dim * bytes * (dims.ep - 1.0) / dims.ep / ep_link +
                 2.0 * messages(static_cast<double>(dims.ep));
   if (fsdp > 1) {
     w.fsdp_gather = block_params_all / tp * bytes * (fsdp - 1) / fsdp / fsdp_link + messages(fsdp);
-    w.fsdp_reduce_scatter = block_params_all / tp * 4.0 * (fsdp - 1) / fsdp / fsdp_link + messages(fsdp);
+    w.fsdp_reduce_scatter = block_params_all / tp * 4.0 * (fsdp - 1) / fsdp / fsdp_rs_link + messages(fsdp);
   }
 
   // Async TP hides a direction's TP traffic behind that direction's matmuls (backward: twice),
@@ -188,7 +205,7 @@ Prediction predict(const trainer::config::JobConfig& cfg, const trainer::config:
   const double layer_f = w.gemm_fwd + w.attention_fwd + w.memory_fwd + dispatch / 3.0;
   const double layer_b = 2.0 * w.gemm_fwd + 2.0 * w.attention_fwd + w.memory_bwd + recompute + 2.0 * dispatch / 3.0;
   const double layer_f_comm = tp_exposed + w.cp_comm + w.ep_comm;
-  const double layer_b_comm = tp_b_exposed + w.cp_comm + w.ep_comm;
+  const double layer_b_comm = tp_b_exposed + w.cp_comm_b + w.ep_comm;
   // FSDP exposed over `n` layers of one micro-batch (prefetch: see the Note).
   auto fsdp_exposed = [&](double n) {
     if (fsdp <= 1 || n <= 0) return std::make_pair(0.0, 0.0);
@@ -254,7 +271,7 @@ Prediction predict(const trainer::config::JobConfig& cfg, const trainer::config:
     sum_recompute = m * per_rank_layers * recompute;
     sum_dispatch = m * per_rank_layers * dispatch;
     sum_tp = m * per_rank_layers * (tp_exposed + tp_b_exposed);
-    sum_cp = m * per_rank_layers * 2.0 * w.cp_comm;
+    sum_cp = m * per_rank_layers * (w.cp_comm + w.cp_comm_b);
     sum_ep = m * per_rank_layers * 2.0 * w.ep_comm;
     // Under pp, FSDP gathers a stage's parameters once per step and reduce-scatters its
     // gradients once (the gathered parameters and unsharded gradients stay all step, as the
@@ -267,7 +284,7 @@ Prediction predict(const trainer::config::JobConfig& cfg, const trainer::config:
     sum_recompute = layers * recompute;
     sum_dispatch = layers * dispatch;
     sum_tp = layers * (tp_exposed + tp_b_exposed);
-    sum_cp = layers * 2.0 * w.cp_comm;
+    sum_cp = layers * (w.cp_comm + w.cp_comm_b);
     sum_ep = layers * 2.0 * w.ep_comm;
     sum_fsdp = ff + fb;
     pass_seconds = sum_compute + sum_memory + sum_recompute + sum_dispatch + sum_tp + sum_cp + sum_ep + sum_fsdp;
@@ -275,7 +292,7 @@ Prediction predict(const trainer::config::JobConfig& cfg, const trainer::config:
   const double local_params = static_cast<double>(count.total) / (dims.pp * tp * fsdp);
   const double optimizer = local_params * 28.0 / (d.hbm_bytes_per_s * d.optimizer_efficiency);
   const double hsdp =
-      dims.dp_replicate > 1 ? 2.0 * (dims.dp_replicate - 1.0) / dims.dp_replicate * local_params * 4.0 / hsdp_link +
+      dims.dp_replicate > 1 ? 2.0 * (dims.dp_replicate - 1.0) / dims.dp_replicate * local_params * 4.0 / hsdp_ar_link +
                                   2.0 * messages(static_cast<double>(dims.dp_replicate))
                             : 0;
   const double np = static_cast<double>(passes);

@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <set>
 #include <string>
@@ -47,6 +48,26 @@ std::map<std::string, double> term_by_layout(const tc::JobConfig& cfg, const tp:
     for (const auto& [name, seconds] : p.prediction.terms)
       if (name == term) by_name[p.layout.name()] = seconds;
   return by_name;
+}
+
+// From `before` to `after` (seconds by layout name): exactly the layouts `moves` picks take longer,
+// the others are unchanged; and both kinds exist.
+void check_only_these_slower(const std::map<std::string, double>& before, const std::map<std::string, double>& after,
+                             const std::function<bool(const tp::Layout&)>& moves) {
+  REQUIRE(before.size() == after.size());
+  int slower = 0, same = 0;
+  for (const auto& [name, seconds] : before) {
+    INFO(name);
+    if (moves(tp::parse_layout(name))) {
+      CHECK(after.at(name) > seconds);
+      ++slower;
+    } else {
+      CHECK(after.at(name) == seconds);
+      ++same;
+    }
+  }
+  CHECK(slower > 0);
+  CHECK(same > 0);
 }
 
 std::string check_error(const tc::JobConfig& cfg, int world) {
@@ -271,24 +292,11 @@ TEST_CASE("a collective group smaller than the world pays the figures measured f
   const tc::JobConfig cfg = debug_job({"--plan.exhaustive", "true", "--plan.ac_modes", "none", "--plan.precisions", "bf16"});
   const tp::Cluster plain = tp::cluster_from_config(tp::planning_config(cfg));
   tp::Cluster loaded = plain;
-  loaded.device.group_links[2] = {1e-3, 1e8};
-  const auto before = step_seconds_by_layout(cfg, plain), after = step_seconds_by_layout(cfg, loaded);
-  REQUIRE(before.size() == after.size());
-  int slower = 0, same = 0;
-  for (const auto& [name, seconds] : before) {
-    const tp::Layout l = tp::parse_layout(name);
-    const bool group_of_2 = l.pp > 1 || l.tp == 2 || l.cp == 2 || l.dp_shard * l.cp == 2 || l.dp_replicate == 2;
-    INFO(name);
-    if (group_of_2) {
-      CHECK(after.at(name) > seconds);
-      ++slower;
-    } else {
-      CHECK(after.at(name) == seconds);
-      ++same;
-    }
-  }
-  CHECK(slower > 0);
-  CHECK(same > 0);  // FSDP 4, TP 4, CP 4, HSDP 4
+  loaded.device.group_links[2] = {1e-3, 1e8, {}};
+  // Unchanged: FSDP 4, TP 4, CP 4, HSDP 4.
+  check_only_these_slower(step_seconds_by_layout(cfg, plain), step_seconds_by_layout(cfg, loaded), [](const tp::Layout& l) {
+    return l.pp > 1 || l.tp == 2 || l.cp == 2 || l.dp_shard * l.cp == 2 || l.dp_replicate == 2;
+  });
 }
 
 TEST_CASE("where transfers share the compute's cores, a pipeline transfer's bytes occupy both ranks", "[planner]") {
@@ -326,23 +334,11 @@ TEST_CASE("full AC recomputes the block's collectives, per-op AC its TP all-gath
   const tc::JobConfig fast_cfg = debug_job(keys), slow_cfg = debug_job(slow_keys);
   const auto fast = term_by_layout(fast_cfg, tp::cluster_from_config(tp::planning_config(fast_cfg)), "AC recompute");
   const auto slow = term_by_layout(slow_cfg, tp::cluster_from_config(tp::planning_config(slow_cfg)), "AC recompute");
-  REQUIRE(fast.size() == slow.size());
-  int raised = 0, same = 0;
   for (const auto& [name, seconds] : fast) {
-    const tp::Layout l = tp::parse_layout(name);
-    const bool recomputes_traffic = l.ac == "full" ? l.tp > 1 || l.cp > 1 : l.tp > 1;
     INFO(name);
     CHECK(seconds > 0);
-    if (recomputes_traffic) {
-      CHECK(slow.at(name) > seconds);
-      ++raised;
-    } else {
-      CHECK(slow.at(name) == seconds);
-      ++same;
-    }
   }
-  CHECK(raised > 0);
-  CHECK(same > 0);
+  check_only_these_slower(fast, slow, [](const tp::Layout& l) { return l.ac == "full" ? l.tp > 1 || l.cp > 1 : l.tp > 1; });
 }
 
 TEST_CASE("replicas all-reduce their gradients as one buffer: one ring's 2 (r - 1) messages", "[planner]") {
@@ -361,6 +357,37 @@ TEST_CASE("replicas all-reduce their gradients as one buffer: one ring's 2 (r - 
     replicated += l.dp_replicate > 1;
   }
   CHECK(replicated > 0);
+}
+
+TEST_CASE("each collective at its own bus bandwidth: Gloo's reduce-scatter and all-reduce differ", "[planner]") {
+  // DeviceSpec::BusRatios: the reduce-scatter's and the all-reduce's bus bandwidth against the
+  // all-gather's (1 on GPUs; device cpu measures Gloo's, whose reduce-scatter is an all-reduce
+  // underneath). An all-reduce twice as fast halves the HSDP term's bytes, not its messages; a
+  // reduce-scatter half as fast slows every layout that reduce-scatters (FSDP, TP, CP by
+  // all-gather), and nothing else moves.
+  const tc::JobConfig cfg = debug_job({"--plan.exhaustive", "true", "--plan.ac_modes", "none", "--plan.precisions", "bf16"});
+  tp::Cluster plain = tp::cluster_from_config(tp::planning_config(cfg));
+  plain.device.comm_shares_compute = true;  // nothing hidden behind compute: every byte shows
+  tp::Cluster fast_all_reduce = plain, slow_reduce_scatter = plain;
+  fast_all_reduce.device.bus_ratios.all_reduce = 2.0;
+  slow_reduce_scatter.device.bus_ratios.reduce_scatter = 0.5;
+  const auto hsdp = term_by_layout(cfg, plain, "HSDP all-reduce");
+  const auto hsdp_fast = term_by_layout(cfg, fast_all_reduce, "HSDP all-reduce");
+  const double latency = plain.device.message_latency_s;
+  int replicated = 0;
+  for (const auto& [name, seconds] : hsdp) {
+    const tp::Layout l = tp::parse_layout(name);
+    if (l.dp_replicate == 1) continue;
+    INFO(name);
+    const double messages = 2.0 * (l.dp_replicate - 1) * latency;
+    CHECK(hsdp_fast.at(name) - messages == Approx((seconds - messages) / 2.0).epsilon(1e-9));
+    ++replicated;
+  }
+  CHECK(replicated > 0);
+  check_only_these_slower(step_seconds_by_layout(cfg, plain), step_seconds_by_layout(cfg, slow_reduce_scatter),
+                          [](const tp::Layout& l) {
+                            return l.dp_shard * l.cp > 1 || l.tp > 1 || (l.cp > 1 && l.cp_method == "allgather");
+                          });
 }
 
 TEST_CASE("attention runs at the device's attention efficiency; device cpu measures it", "[planner]") {
