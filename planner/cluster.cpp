@@ -176,8 +176,8 @@ double loopback_bytes_per_s() {
 // collective's bus bandwidth from a large message on its own (NCCL's definition: (g - 1) / g of
 // the bytes over the time for an all-gather or a reduce-scatter, 2 (g - 1) / g for an
 // all-reduce). On GPUs the three are alike; Gloo's differ: its reduce-scatter is an all-reduce
-// underneath, so it moves twice an all-gather's bytes (4 ranks here: all-gather 0.4 GB/s bus
-// bandwidth, reduce-scatter about half, all-reduce about the all-gather's).
+// underneath, so it moves twice an all-gather's bytes (4 ranks here: all-gather 0.53 GB/s bus
+// bandwidth, reduce-scatter 0.51x that, all-reduce 1.72x).
 struct GlooFigures {
   double step_latency_s = 0;
   double all_gather_bytes_per_s = 0;  // also a point-to-point transfer's and an all-to-all's
@@ -285,9 +285,9 @@ GlooFigures gloo_probe(int ranks, int busy, double cores) {
 
 // Attention's rate over the GEMMs', both on one thread: the model's own causal attention
 // (model::attention_op: LibTorch's flash kernel in float32, titan's kernel in bf16) forward and
-// backward at its head_dim and seq_len, against a x b. On this machine's two cores, the debug
-// model's float32 attention at head_dim 16 runs at about a quarter of the GEMMs' rate: counted at
-// the GEMM rate it was predicted at 102 ms of a one-process step where the profile shows 214 ms.
+// backward at its head_dim and seq_len, against a x b. On this machine, the debug model's float32
+// attention at head_dim 16 runs at a third to a half of the GEMMs' rate (this probe: 0.34-0.40;
+// a one-process step's profile: 214 ms where the GEMM rate would give 102).
 // The heads and the length are capped (the rate per head does not depend on the count, and an 8B
 // model's whole attention at seq 8192 would take the probe minutes): at most 2 key/value heads
 // with their query heads, at most 1,024 positions.
