@@ -178,13 +178,9 @@ double loopback_bytes_per_s() {
 // all-reduce). On GPUs the three are alike; Gloo's differ: its reduce-scatter is an all-reduce
 // underneath, so it moves twice an all-gather's bytes (4 ranks here: all-gather 0.53 GB/s bus
 // bandwidth, reduce-scatter 0.51x that, all-reduce 1.72x).
-struct GlooFigures {
-  double step_latency_s = 0;
-  double all_gather_bytes_per_s = 0;  // also a point-to-point transfer's and an all-to-all's
-  DeviceSpec::BusRatios ratios;
-};
-
-GlooFigures gloo_probe(int ranks, int busy, double cores) {
+// Returns the group's figures (bytes_per_s: the all-gather's, which a point-to-point transfer
+// and an all-to-all get too); all zero if the group could not form.
+DeviceSpec::GroupLink gloo_probe(int ranks, int busy, double cores) {
   const bool shared_cores = ranks + busy > cores;
   std::atomic<bool> stop{false};
   std::vector<std::thread> spinners;
@@ -274,10 +270,10 @@ GlooFigures gloo_probe(int ranks, int busy, double cores) {
     return s;
   };
   const double steps = ranks - 1.0, bytes = static_cast<double>(kLarge);
-  GlooFigures g;
-  g.step_latency_s = slowest(0) / steps;
+  DeviceSpec::GroupLink g;
+  g.message_latency_s = slowest(0) / steps;
   const double all_gather = steps / ranks * bytes / slowest(1);
-  g.all_gather_bytes_per_s = all_gather;
+  g.bytes_per_s = all_gather;
   g.ratios.reduce_scatter = steps / ranks * bytes / slowest(2) / all_gather;
   g.ratios.all_reduce = 2.0 * steps / ranks * bytes / slowest(3) / all_gather;
   return g;
@@ -343,21 +339,21 @@ DeviceSpec cpu_device(const trainer::config::JobConfig& cfg, int64_t processes) 
   // Gloo's collectives among `processes` ranks on this machine, measured; a single rank has no
   // collectives (then, or if the probe cannot form its group, the raw loopback bandwidth only
   // fills the table).
-  const GlooFigures world = processes > 1 ? gloo_probe(static_cast<int>(processes), 0, d.host_cores) : GlooFigures{};
+  const DeviceSpec::GroupLink world =
+      processes > 1 ? gloo_probe(static_cast<int>(processes), 0, d.host_cores) : DeviceSpec::GroupLink{};
   // Groups smaller than the world (TP, CP or FSDP within a larger world, a pipeline's
   // transfers): their collectives run while the other ranks compute, which on shared cores
   // delays every hand-off (a woken rank waits for a core). Measured so, for each group size.
   for (int64_t g = 2; g < processes; ++g) {
     if (processes % g != 0) continue;
     at::set_num_threads(1);  // the computing ranks' GEMMs each on one thread
-    const GlooFigures group = gloo_probe(static_cast<int>(g), static_cast<int>(processes - g), d.host_cores);
+    const DeviceSpec::GroupLink group = gloo_probe(static_cast<int>(g), static_cast<int>(processes - g), d.host_cores);
     at::set_num_threads(pool_threads);
-    if (group.all_gather_bytes_per_s > 0)
-      d.group_links[g] = {group.step_latency_s, group.all_gather_bytes_per_s, group.ratios};
+    if (group.bytes_per_s > 0) d.group_links[g] = group;
   }
-  const bool measured = world.all_gather_bytes_per_s > 0;
-  d.intra_node_bytes_per_s = d.inter_node_bytes_per_s = measured ? world.all_gather_bytes_per_s : loopback_bytes_per_s();
-  d.message_latency_s = world.step_latency_s;
+  const bool measured = world.bytes_per_s > 0;
+  d.intra_node_bytes_per_s = d.inter_node_bytes_per_s = measured ? world.bytes_per_s : loopback_bytes_per_s();
+  d.message_latency_s = world.message_latency_s;
   if (measured) d.bus_ratios = world.ratios;
   d.comm_shares_compute = true;
   d.attention_efficiency = attention_over_gemm_rate(cfg, dtype, a, b);

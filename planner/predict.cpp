@@ -114,24 +114,27 @@ Prediction predict(const trainer::config::JobConfig& cfg, const trainer::config:
   const double linear_rate = (float8 && d.peak_fp8 > 0 ? d.peak_fp8 : d.peak_bf16) * d.gemm_efficiency;
   const double hbm = d.hbm_bytes_per_s * d.hbm_efficiency;
   const double tp = dims.tp, cp = dims.cp, fsdp = dims.dp_shard_cp();
+  // The figures measured for a group of `size` ranks (device cpu), or null: then the device's.
+  auto measured = [&](int64_t size) -> const DeviceSpec::GroupLink* {
+    const auto it = d.group_links.find(size);
+    return it != d.group_links.end() ? &it->second : nullptr;
+  };
   // A group of `size` ranks `stride` apart: its bandwidth (measured for `messages_among` ranks,
   // by default its size, where the cluster has that figure: device cpu) and each message's
   // fixed cost.
   auto link = [&](int64_t stride, int64_t size, int64_t messages_among = 0) {
-    const auto measured = d.group_links.find(messages_among > 0 ? messages_among : size);
-    if (measured != d.group_links.end()) return measured->second.bytes_per_s * d.link_efficiency;
+    if (const auto* m = measured(messages_among > 0 ? messages_among : size)) return m->bytes_per_s * d.link_efficiency;
     const bool inside = within_node(stride, size, cluster.gpus_per_node);
     return (inside ? d.intra_node_bytes_per_s : d.inter_node_bytes_per_s) * d.link_efficiency;
   };
-  // A group's reduce-scatter and all-reduce bus bandwidths relative to its all-gather's (the
-  // figures measured for its size where the cluster has them).
+  // A group's reduce-scatter and all-reduce bus bandwidths relative to its all-gather's.
   auto bus_ratios = [&](int64_t size) {
-    const auto measured = d.group_links.find(size);
-    return measured != d.group_links.end() ? measured->second.ratios : d.bus_ratios;
+    const auto* m = measured(size);
+    return m ? m->ratios : d.bus_ratios;
   };
   auto message_latency = [&](double size) {
-    const auto measured = d.group_links.find(static_cast<int64_t>(size));
-    return measured != d.group_links.end() ? measured->second.message_latency_s : d.message_latency_s;
+    const auto* m = measured(static_cast<int64_t>(size));
+    return m ? m->message_latency_s : d.message_latency_s;
   };
   const double tp_link = link(1, dims.tp), tp_rs_link = tp_link * bus_ratios(dims.tp).reduce_scatter;
   const double cp_link = link(dims.tp, dims.cp), cp_rs_link = cp_link * bus_ratios(dims.cp).reduce_scatter;
