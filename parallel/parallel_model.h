@@ -189,6 +189,8 @@ class ParallelModel : public pipeline::MicrobatchHooks {
   at::Tensor tp_local(const HeldParam& p, const at::Tensor& full) const;
   // Sums over TP (replicated weights) and over dp_replicate (HSDP) of this step's gradients.
   void reduce_grads();
+  // One sum over `comm` of `grads`, bucket by bucket (See Note [Gradient buckets]).
+  void all_reduce_grads(const std::vector<at::Tensor>& grads, comm::Comm& comm);
 
   model::Transformer& model_;
   comm::DeviceMesh& mesh_;
@@ -208,8 +210,13 @@ class ParallelModel : public pipeline::MicrobatchHooks {
   // The output stage's copy of a tied embedding, on a rank without the embedding's stage.
   bool tied_copy() const;
   std::unique_ptr<comm::Comm> tied_embedding_pair_;  // the two ranks holding it (Note [Tied embedding across stages])
+  at::Tensor reduce_bucket_;  // kept from step to step (Note [Gradient buckets])
   std::vector<std::string> log_;
 };
+
+// The most bytes of gradients one all-reduce of reduce_grads carries (Note [Gradient buckets]);
+// the kept bucket is this size, or the whole of the gradients when they are smaller.
+inline constexpr int64_t kReduceBucketBytes = int64_t{64} << 20;
 
 // Scales `grads` so that their global L2 norm is at most `max_norm`; returns the norm before
 // clipping (float64 on the host). `counted[i]`: whether grads[i] counts toward the norm on this

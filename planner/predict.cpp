@@ -40,8 +40,9 @@
 //       layer's gather during this layer's compute, so a layer exposes only what its transfer
 //       exceeds the previous layer's compute, plus the first layer's whole gather. Under pp, once
 //       per step (gathered parameters and unsharded gradients stay), exposed.
-//     HSDP: the gradient shard all-reduced across replicas once per step, one flat buffer
-//       (2 (r - 1) / r of it, and a ring's 2 (r - 1) messages: reduce-scatter then all-gather).
+//     HSDP: the gradient shard all-reduced across replicas once per step, in buckets of 64 MiB
+//       (2 (r - 1) / r of the bytes, a ring's 2 (r - 1) messages per bucket: reduce-scatter
+//       then all-gather; the copies into the kept bucket and back at the memory's rate).
 //     EP: the MoE dispatch and combine all-to-alls, forward and backward. Exposed.
 //     PP: one activation (or its gradient) per micro-batch and stage boundary, inside the
 //       pipeline simulation: in flight beside the compute on GPUs; where transfers run on the
@@ -62,6 +63,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "parallel/parallel_model.h"
 #include "planner/pipeline_sim.h"
 
 namespace titan::planner {
@@ -294,10 +296,16 @@ Prediction predict(const trainer::config::JobConfig& cfg, const trainer::config:
   }
   const double local_params = static_cast<double>(count.total) / (dims.pp * tp * fsdp);
   const double optimizer = local_params * 28.0 / (d.hbm_bytes_per_s * d.optimizer_efficiency);
-  const double hsdp =
-      dims.dp_replicate > 1 ? 2.0 * (dims.dp_replicate - 1.0) / dims.dp_replicate * local_params * 4.0 / hsdp_ar_link +
-                                  2.0 * messages(static_cast<double>(dims.dp_replicate))
-                            : 0;
+  // The replicas' sum, bucket by bucket (Note [Gradient buckets] in parallel/parallel_model.cpp):
+  // each bucket one ring's 2 (r - 1) messages; the bytes copied into the kept bucket and back
+  // (each read once and written once both ways).
+  double hsdp = 0;
+  if (dims.dp_replicate > 1) {
+    const double grad_bytes = local_params * 4.0;
+    const double buckets = std::max(1.0, std::ceil(grad_bytes / static_cast<double>(parallel::kReduceBucketBytes)));
+    hsdp = 2.0 * (dims.dp_replicate - 1.0) / dims.dp_replicate * grad_bytes / hsdp_ar_link +
+           buckets * 2.0 * messages(static_cast<double>(dims.dp_replicate)) + 4.0 * grad_bytes / hbm;
+  }
   const double np = static_cast<double>(passes);
   p.step_seconds = np * pass_seconds + fsdp_once + hsdp + optimizer;
   const double global_tokens = static_cast<double>(checked.global_batch) * seq;

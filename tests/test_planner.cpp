@@ -341,9 +341,10 @@ TEST_CASE("full AC recomputes the block's collectives, per-op AC its TP all-gath
   check_only_these_slower(fast, slow, [](const tp::Layout& l) { return l.ac == "full" ? l.tp > 1 || l.cp > 1 : l.tp > 1; });
 }
 
-TEST_CASE("replicas all-reduce their gradients as one buffer: one ring's 2 (r - 1) messages", "[planner]") {
-  // ParallelModel::reduce_grads flattens every gradient into one all-reduce per step, so the
-  // HSDP term pays a ring's 2 (r - 1) fixed message costs once, whatever the layer count.
+TEST_CASE("replicas all-reduce their gradients by bucket: one ring's 2 (r - 1) messages each", "[planner]") {
+  // ParallelModel::reduce_grads sums the gradients in buckets of parallel::kReduceBucketBytes
+  // (Note [Gradient buckets]), so the HSDP term pays a ring's 2 (r - 1) fixed message costs per
+  // bucket, whatever the layer count: the debug model's gradients (21 MB) fill one.
   const tc::JobConfig cfg = debug_job({"--plan.exhaustive", "true", "--plan.ac_modes", "none", "--plan.precisions", "bf16"});
   const tp::Cluster plain = tp::cluster_from_config(tp::planning_config(cfg));
   tp::Cluster slow = plain;
@@ -368,19 +369,23 @@ TEST_CASE("each collective at its own bus bandwidth: Gloo's reduce-scatter and a
   const tc::JobConfig cfg = debug_job({"--plan.exhaustive", "true", "--plan.ac_modes", "none", "--plan.precisions", "bf16"});
   tp::Cluster plain = tp::cluster_from_config(tp::planning_config(cfg));
   plain.device.comm_shares_compute = true;  // nothing hidden behind compute: every byte shows
-  tp::Cluster fast_all_reduce = plain, slow_reduce_scatter = plain;
+  tp::Cluster fast_all_reduce = plain, faster_all_reduce = plain, slow_reduce_scatter = plain;
   fast_all_reduce.device.bus_ratios.all_reduce = 2.0;
+  faster_all_reduce.device.bus_ratios.all_reduce = 4.0;
   slow_reduce_scatter.device.bus_ratios.reduce_scatter = 0.5;
   const auto hsdp = term_by_layout(cfg, plain, "HSDP all-reduce");
   const auto hsdp_fast = term_by_layout(cfg, fast_all_reduce, "HSDP all-reduce");
-  const double latency = plain.device.message_latency_s;
+  const auto hsdp_faster = term_by_layout(cfg, faster_all_reduce, "HSDP all-reduce");
   int replicated = 0;
   for (const auto& [name, seconds] : hsdp) {
     const tp::Layout l = tp::parse_layout(name);
     if (l.dp_replicate == 1) continue;
     INFO(name);
-    const double messages = 2.0 * (l.dp_replicate - 1) * latency;
-    CHECK(hsdp_fast.at(name) - messages == Approx((seconds - messages) / 2.0).epsilon(1e-9));
+    // bytes / rate + messages + copies: doubling the rate twice saves half, then a quarter, of
+    // the bytes' time; the messages and the bucket copies stay.
+    const double bytes_time = 2.0 * (seconds - hsdp_fast.at(name));
+    CHECK(bytes_time > 0);
+    CHECK(hsdp_fast.at(name) - hsdp_faster.at(name) == Approx(bytes_time / 4.0).epsilon(1e-9));
     ++replicated;
   }
   CHECK(replicated > 0);

@@ -11,6 +11,7 @@
 #include "float8/recipe.h"
 #include "model/flavors.h"
 #include "model/kernels/attention.h"
+#include "parallel/parallel_model.h"
 #include "trainer/config/pipeline_keys.h"
 #include "float8/block_scaled_linear.h"
 #include "trainer/observe/memory.h"
@@ -114,6 +115,13 @@ HeadBytes head_bytes(const EstimateInputs& in, double tokens) {
   const double e = static_cast<double>(in.compute_bytes), d = static_cast<double>(in.args.dim);
   const double vloc = static_cast<double>(in.args.vocab_size) / static_cast<double>(in.tp);
   return {tokens * (d * e * (1 + kNormSaved) + vloc * 4), tokens * (2 * vloc * 4 + (in.compute_bytes != 4 ? vloc * e : 0))};
+}
+
+// HSDP: the replicas' gradient sum keeps one bucket between steps (Note [Gradient buckets] in
+// parallel/parallel_model.cpp), the size of the gradients when they are smaller. (TP's sum of
+// the replicated norms' gradients uses the same bucket; they are far smaller.)
+double replica_bucket_bytes(const EstimateInputs& in, double gradient_bytes) {
+  return in.dp_replicate > 1 ? std::min(static_cast<double>(parallel::kReduceBucketBytes), gradient_bytes) : 0.0;
 }
 
 // Note [Pipeline memory]: a pp rank holds its stages' parameters (the embedding on the first
@@ -224,7 +232,8 @@ MemoryEstimate estimate_pipeline_rank(const EstimateInputs& in, const BlockTerms
   // FSDP: the stages' gathered parameters and their unsharded gradients, all step long.
   est.communication = static_cast<int64_t>(in.dp_shard > 1 ? params * e / tp + params * 4 / tp : 0) +
                       static_cast<int64_t>(in.tp > 1 ? 2 * tokens * d * e : 0) +
-                      static_cast<int64_t>(context_parallel_buffers(in, tokens));
+                      static_cast<int64_t>(context_parallel_buffers(in, tokens)) +
+                      static_cast<int64_t>(replica_bucket_bytes(in, params * 4 / shard));
   est.activations = static_cast<int64_t>(peak_acts);
   est.total = est.parameters + est.optimizer_state + est.gradients + est.communication + est.activations;
   est.peak_phase = "pp rank " + std::to_string(in.pp_rank) + ": the most micro-batches in flight on its stages";
@@ -285,6 +294,7 @@ MemoryEstimate estimate_memory(const EstimateInputs& in) {
   if (in.ep > 1 && a.moe) comm += 4 * tokens * static_cast<double>(a.moe->top_k) * d * e;
   if (in.tp > 1) comm += 2 * tokens * d * e;
   comm += context_parallel_buffers(in, tokens);  // See Note [Context parallel memory]
+  comm += replica_bucket_bytes(in, grads_all);
 
   const BlockTerms bt = block_terms(in);
   if (in.pipeline) return estimate_pipeline_rank(in, bt);
@@ -435,6 +445,7 @@ EstimateInputs estimate_inputs_from_config(const config::JobConfig& cfg, int64_t
   }
   in.tp = cfg.parallelism.tensor_parallel_degree;
   const int64_t replicate = cfg.parallelism.data_parallel_replicate_degree;
+  in.dp_replicate = replicate;
   const int64_t pp = cfg.parallelism.pipeline_parallel_degree;
   in.cp = cfg.parallelism.context_parallel_degree;
   if (in.args.moe) in.ep = cfg.parallelism.expert_parallel_degree;

@@ -35,6 +35,7 @@ struct EstimateInputs {
   bool float8_tp_input_all_gather = false;  // tensorwise + float8.tp_input_all_gather (under TP)
   int64_t dp_shard = 1;           // FSDP degree: parameters/grads/optimizer state sharded
   int64_t tp = 1;                 // tensor (+ sequence) parallel degree
+  int64_t dp_replicate = 1;       // HSDP replicas: their gradient sum keeps a bucket (parallel::kReduceBucketBytes)
   // Context parallel: each rank computes seq_len / cp positions of every sequence (activations
   // fall ~1/cp) and holds the exchange's K/V buffers. dp_shard above already includes cp (FSDP
   // shards over dp_shard x cp).
