@@ -25,6 +25,7 @@
 #include "trainer/train.h"
 #include "util/atomic_file.h"
 #include "util/logging.h"
+#include "util/malloc_policy.h"
 
 using namespace titan::trainer;
 using namespace titan::trainer::config;
@@ -181,6 +182,7 @@ __attribute__((section(".preinit_array"), used)) static void (*const g_preinit_s
 int main(int argc, char** argv) {
   // First of all: a signal before the training loop ends the process with a message.
   install_stop_handlers();
+  titan::util::keep_freed_memory_for_reuse();  // Note [Freed memory kept for the next step]
   // Whatever escapes run() (before logging exists, or a type no handler there names) is one
   // line on stderr that says what failed; never std::terminate's abort.
   const char* failed = "titan-train: error: ";
