@@ -5,6 +5,7 @@
 
 #include <ATen/core/Reduction.h>
 #include <ATen/core/grad_mode.h>
+#include <ATen/ops/_foreach_copy.h>
 #include <ATen/ops/_foreach_mul.h>
 #include <ATen/ops/_foreach_norm.h>
 #include <ATen/ops/cat.h>
@@ -410,42 +411,37 @@ void ParallelModel::shard_over_tp(const std::string& fqn, int dim, int tp_size) 
 // give the bits one buffer gave; over more, Gloo's ring may add an element's terms in another
 // order (as any change of the buffer's length would).
 void ParallelModel::all_reduce_grads(const std::vector<at::Tensor>& grads, comm::Comm& comm) {
-  std::vector<at::Tensor> pending;  // consecutive gradients of one dtype and device, fitting a bucket
-  int64_t pending_bytes = 0;
+  std::vector<at::Tensor> pending;  // consecutive gradients of one dtype and device, one bucket's worth
+  int64_t pending_numel = 0;
   auto flush = [&] {
     if (pending.empty()) return;
     const at::Tensor& first = pending.front();
-    int64_t total = 0;
-    for (const auto& g : pending) total += g.numel();
     if (!reduce_bucket_.defined() || reduce_bucket_.scalar_type() != first.scalar_type() ||
-        reduce_bucket_.device() != first.device() || reduce_bucket_.numel() < total)
-      reduce_bucket_ = at::empty({total}, first.options());  // grows to the largest bucket, then stays
-    at::Tensor bucket = reduce_bucket_.narrow(0, 0, total);
+        reduce_bucket_.device() != first.device() || reduce_bucket_.numel() < pending_numel)
+      reduce_bucket_ = at::empty({pending_numel}, first.options());  // grows to the largest bucket, then stays
+    std::vector<at::Tensor> slots;  // each gradient's place in the bucket
     int64_t offset = 0;
     for (const auto& g : pending) {
-      bucket.narrow(0, offset, g.numel()).view(g.sizes()).copy_(g);
+      slots.push_back(reduce_bucket_.narrow(0, offset, g.numel()).view(g.sizes()));
       offset += g.numel();
     }
-    comm.all_reduce(bucket, comm::ReduceOp::kSum);
-    offset = 0;
-    for (const auto& g : pending) {
-      g.copy_(bucket.narrow(0, offset, g.numel()).view(g.sizes()));
-      offset += g.numel();
-    }
+    at::_foreach_copy_(slots, pending);
+    comm.all_reduce(reduce_bucket_.narrow(0, 0, pending_numel), comm::ReduceOp::kSum);
+    at::_foreach_copy_(pending, slots);
     pending.clear();
-    pending_bytes = 0;
+    pending_numel = 0;
   };
   for (const auto& g : grads) {
-    const int64_t bytes = g.numel() * static_cast<int64_t>(g.element_size());
-    if (bytes >= kReduceBucketBytes && g.is_contiguous()) {
+    const int64_t cap = kReduceBucketBytes / static_cast<int64_t>(g.element_size());  // elements
+    if (g.numel() >= cap && g.is_contiguous()) {
       comm.all_reduce(g, comm::ReduceOp::kSum);  // in place: its storage is the gradient's
       continue;
     }
-    if (!pending.empty() && (pending_bytes + bytes > kReduceBucketBytes || g.scalar_type() != pending.front().scalar_type() ||
+    if (!pending.empty() && (pending_numel + g.numel() > cap || g.scalar_type() != pending.front().scalar_type() ||
                              g.device() != pending.front().device()))
       flush();
     pending.push_back(g);
-    pending_bytes += bytes;
+    pending_numel += g.numel();
   }
   flush();
 }
