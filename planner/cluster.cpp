@@ -17,6 +17,7 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <future>
 #include <numeric>
@@ -198,10 +199,13 @@ DeviceSpec::GroupLink gloo_probe(int ranks, int busy, double cores) {
     }
   } join{stop, spinners};
   using parallel::comm::Comm;
-  constexpr int64_t kSmall = 16 << 10, kLarge = 4 << 20;  // bytes of the full (gathered) tensor
-  constexpr int kRepeats = 15;
-  // Per rank: the small pair, then the large all-gather, reduce-scatter and all-reduce.
-  std::vector<std::array<double, 4>> seconds(static_cast<size_t>(ranks));
+  // Bytes of the full (gathered) tensor: the fixed cost's pair, then the two bandwidths'.
+  constexpr int64_t kSmall = 16 << 10, kMedium = static_cast<int64_t>(kProbeMessageBytes),
+                    kLarge = static_cast<int64_t>(kProbeLargeMessageBytes);
+  const int kRepeats = 15, kLargeRepeats = 3;  // the large ones take 0.1-1 s each here
+  // Per rank: the small pair, then the all-gather, reduce-scatter and all-reduce of the medium
+  // message, then of the large one.
+  std::vector<std::array<double, 7>> seconds(static_cast<size_t>(ranks));
   std::promise<int> port_promise;
   std::shared_future<int> port = port_promise.get_future().share();
   std::atomic<bool> failed{false};
@@ -250,13 +254,21 @@ DeviceSpec::GroupLink gloo_probe(int ranks, int busy, double cores) {
           seconds[static_cast<size_t>(rank)][0] = shared_cores ? std::accumulate(pairs.begin(), pairs.end(), 0.0) / repeats
                                                                : *std::min_element(pairs.begin(), pairs.end());
         }
-        const int64_t full = full_of(kLarge), part = full / ranks;
-        const at::Tensor gathered = at::empty({full}, at::kFloat), mine = at::ones({part}, at::kFloat);
-        const at::Tensor summed = at::ones({full}, at::kFloat), out = at::empty({part}, at::kFloat);
         auto& mine_s = seconds[static_cast<size_t>(rank)];
-        mine_s[1] = seconds_of([&] { comm.all_gather_into_tensor_async(gathered, mine).wait(); }, kRepeats);
-        mine_s[2] = seconds_of([&] { comm.reduce_scatter_tensor_async(out, summed).wait(); }, kRepeats);
-        mine_s[3] = seconds_of([&] { comm.all_reduce_async(summed).wait(); }, kRepeats);
+        struct Size {
+          int64_t bytes;
+          int first, repeats;  // the index of its all-gather in mine_s; how many times each
+        };
+        for (const Size& size : {Size{kMedium, 1, kRepeats}, Size{kLarge, 4, kLargeRepeats}}) {
+          const int64_t bytes = size.bytes;
+          const int first = size.first, repeats = size.repeats;
+          const int64_t full = full_of(bytes), part = full / ranks;
+          const at::Tensor gathered = at::empty({full}, at::kFloat), mine = at::ones({part}, at::kFloat);
+          const at::Tensor summed = at::ones({full}, at::kFloat), out = at::empty({part}, at::kFloat);
+          mine_s[first] = seconds_of([&] { comm.all_gather_into_tensor_async(gathered, mine).wait(); }, repeats);
+          mine_s[first + 1] = seconds_of([&] { comm.reduce_scatter_tensor_async(out, summed).wait(); }, repeats);
+          mine_s[first + 2] = seconds_of([&] { comm.all_reduce_async(summed).wait(); }, repeats);
+        }
       } catch (const std::exception&) {
         failed = true;
       }
@@ -269,13 +281,16 @@ DeviceSpec::GroupLink gloo_probe(int ranks, int busy, double cores) {
     for (const auto& r : seconds) s = std::max(s, r[what]);
     return s;
   };
-  const double steps = ranks - 1.0, bytes = static_cast<double>(kLarge);
+  const double steps = ranks - 1.0;
   DeviceSpec::GroupLink g;
   g.message_latency_s = slowest(0) / steps;
-  const double all_gather = steps / ranks * bytes / slowest(1);
-  g.bytes_per_s = all_gather;
-  g.ratios.reduce_scatter = steps / ranks * bytes / slowest(2) / all_gather;
-  g.ratios.all_reduce = 2.0 * steps / ranks * bytes / slowest(3) / all_gather;
+  auto rates = [&](double bytes, size_t first, double& all_gather, DeviceSpec::BusRatios& ratios) {
+    all_gather = steps / ranks * bytes / slowest(first);
+    ratios.reduce_scatter = steps / ranks * bytes / slowest(first + 1) / all_gather;
+    ratios.all_reduce = 2.0 * steps / ranks * bytes / slowest(first + 2) / all_gather;
+  };
+  rates(static_cast<double>(kMedium), 1, g.bytes_per_s, g.ratios);
+  rates(static_cast<double>(kLarge), 4, g.large_bytes_per_s, g.large_ratios);
   return g;
 }
 
@@ -344,6 +359,7 @@ DeviceSpec cpu_device(const trainer::config::JobConfig& cfg, int64_t processes) 
   // Groups smaller than the world (TP, CP or FSDP within a larger world, a pipeline's
   // transfers): their collectives run while the other ranks compute, which on shared cores
   // delays every hand-off (a woken rank waits for a core). Measured so, for each group size.
+  if (world.bytes_per_s > 0) d.group_links[processes] = world;
   for (int64_t g = 2; g < processes; ++g) {
     if (processes % g != 0) continue;
     at::set_num_threads(1);  // the computing ranks' GEMMs each on one thread
@@ -389,6 +405,15 @@ std::string bus_ratio_text(const DeviceSpec::BusRatios& r) {
 }
 
 }  // namespace
+
+double DeviceSpec::GroupLink::bus_bytes_per_s(Collective kind, double message_bytes) const {
+  const double small = bytes_per_s * ratios.of(kind);
+  if (large_bytes_per_s <= 0 || message_bytes <= kProbeMessageBytes) return small;
+  const double large = large_bytes_per_s * large_ratios.of(kind);
+  if (message_bytes >= kProbeLargeMessageBytes) return large;
+  const double t = std::log(message_bytes / kProbeMessageBytes) / std::log(kProbeLargeMessageBytes / kProbeMessageBytes);
+  return std::exp((1.0 - t) * std::log(small) + t * std::log(large));
+}
 
 const std::vector<std::string>& device_kinds() {
   static const std::vector<std::string> kinds = {"h100", "h200", "b200", "a100"};
@@ -439,9 +464,14 @@ std::vector<std::string> Cluster::describe() const {
      << device.inter_node_bytes_per_s / kG << " GB/s (collectives at " << device.link_efficiency << ")"
      << bus_ratio_text(device.bus_ratios) << ", " << device.message_latency_s * 1e6 << " us per message"
      << (device.comm_shares_compute ? "; transfers share the compute's cores (no overlap)" : "");
-  for (const auto& [g, l] : device.group_links)
-    os << "; groups of " << g << " with the other ranks computing: " << l.bytes_per_s / kG << " GB/s"
-       << bus_ratio_text(l.ratios) << ", " << l.message_latency_s * 1e6 << " us per message";
+  for (const auto& [g, l] : device.group_links) {
+    os << (g == world() ? "; all " : "; groups of ") << g << (g == world() ? "" : " with the other ranks computing")
+       << ": " << l.bytes_per_s / kG << " GB/s" << bus_ratio_text(l.ratios);
+    if (l.large_bytes_per_s > 0)
+      os << " (" << kProbeMessageBytes / (1 << 20) << " MiB messages), " << l.large_bytes_per_s / kG << " GB/s"
+         << bus_ratio_text(l.large_ratios) << " (" << kProbeLargeMessageBytes / (1 << 20) << " MiB)";
+    os << ", " << l.message_latency_s * 1e6 << " us per message";
+  }
   if (device.op_dispatch_s > 0) {
     lines.push_back(os.str());
     os.str("");

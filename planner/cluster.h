@@ -12,6 +12,11 @@
 
 namespace titan::planner {
 
+enum class Collective { kAllGather, kReduceScatter, kAllReduce };
+
+// The message sizes device cpu's Gloo probe measures (DeviceSpec::GroupLink).
+constexpr double kProbeMessageBytes = 4 << 20, kProbeLargeMessageBytes = 64 << 20;
+
 struct DeviceSpec {
   std::string name;               // "H100 SXM", "cpu (this machine, measured)"
   double peak_bf16 = 0;           // FLOP/s, dense
@@ -38,6 +43,9 @@ struct DeviceSpec {
   struct BusRatios {
     double reduce_scatter = 1.0;
     double all_reduce = 1.0;
+    double of(Collective kind) const {
+      return kind == Collective::kReduceScatter ? reduce_scatter : kind == Collective::kAllReduce ? all_reduce : 1.0;
+    }
   };
   BusRatios bus_ratios;
   // The collectives' copies run on the cores that compute (device cpu: Gloo on the ranks' own
@@ -47,12 +55,22 @@ struct DeviceSpec {
   // op runs on the dispatching thread); 0 where launches run ahead of the device (GPUs).
   double op_dispatch_s = 0;
   // device cpu: a group of g ranks smaller than the world, measured while the other ranks
-  // compute (what a TP, CP or FSDP group or a pipeline transfer meets in a larger world): its
-  // fixed cost per message and bandwidth, by g. A group size not here uses the figures above.
+  // compute (what a TP, CP or FSDP group or a pipeline transfer meets in a larger world), and the
+  // whole world: its fixed cost per message and bandwidths, by g. A group size not here uses the
+  // figures above (for the world, the same as its entry's small messages).
+  // Measured at two message sizes (the whole gathered or reduced tensor): kProbeMessageBytes,
+  // which the caches hold, and kProbeLargeMessageBytes, which they do not (an FSDP group's
+  // gradients, a 128k-vocabulary embedding): on this machine Gloo's all-gather of 64 MiB moves
+  // half the bytes per second of 4 MiB's. A size between is interpolated on log(size).
   struct GroupLink {
     double message_latency_s = 0;
     double bytes_per_s = 0;  // the all-gather's bus bandwidth
     BusRatios ratios;
+    double large_bytes_per_s = 0;  // the same for large messages; 0: not measured (the above for all)
+    BusRatios large_ratios;
+    // The bus bandwidth of one kind of collective (an all-to-all or a send: the all-gather's)
+    // whose whole tensor is `message_bytes`.
+    double bus_bytes_per_s(Collective kind, double message_bytes) const;
   };
   std::map<int64_t, GroupLink> group_links;
   // The cores all ranks share (device cpu); 0: a device per rank. Where ranks outnumber them, a

@@ -32,14 +32,19 @@
 //     TP: per layer two all-gathers and two reduce-scatters of the activations forward, as many
 //       backward, (tp - 1) / tp of rows x seq / cp x dim each; exposed unless async TP, which
 //       hides them behind the layer's matmuls (exposed: what exceeds them).
-//     CP: allgather gathers K and V per layer forward and reduce-scatters their gradients
-//       backward; alltoall / titan_ulysses move q, k, v and the output per layer each way.
-//       Exposed.
+//     CP: allgather gathers K and V per layer forward, gathers them again backward and
+//       reduce-scatters their float32 gradients; alltoall passes K and V around the ring (cp - 1
+//       steps) each way and the float32 gradient accumulators cp steps backward; titan_ulysses
+//       moves q, k, v and the output per layer each way. Exposed.
 //     FSDP (dp_shard x cp ranks): each layer's parameters gathered forward and again backward
 //       (bf16), gradients reduce-scattered in float32, per micro-batch; titan prefetches the next
 //       layer's gather during this layer's compute, so a layer exposes only what its transfer
-//       exceeds the previous layer's compute, plus the first layer's whole gather. Under pp, once
-//       per step (gathered parameters and unsharded gradients stay), exposed.
+//       exceeds the previous layer's compute, plus the first layer's whole gather; the last
+//       block stays gathered for backward. The embedding and norm + output are groups of their
+//       own (with a 128k vocabulary, two thirds of a 100M model's parameters): the embedding
+//       gathered first (exposed), again in backward unless tied, and reduce-scattered last
+//       (exposed); norm + output gathered once. Under pp, once per step (gathered parameters and
+//       unsharded gradients stay), exposed; the rank with the most bytes sets it.
 //     HSDP: the gradient shard all-reduced across replicas once per step, in buckets of 64 MiB
 //       (2 (r - 1) / r of the bytes, a ring's 2 (r - 1) messages per bucket: reduce-scatter
 //       then all-gather; the copies into the kept bucket and back at the memory's rate).
@@ -121,32 +126,22 @@ Prediction predict(const trainer::config::JobConfig& cfg, const trainer::config:
     const auto it = d.group_links.find(size);
     return it != d.group_links.end() ? &it->second : nullptr;
   };
-  // A group of `size` ranks `stride` apart: its bandwidth (measured for `messages_among` ranks,
-  // by default its size, where the cluster has that figure: device cpu) and each message's
-  // fixed cost.
-  auto link = [&](int64_t stride, int64_t size, int64_t messages_among = 0) {
-    if (const auto* m = measured(messages_among > 0 ? messages_among : size)) return m->bytes_per_s * d.link_efficiency;
+  // The bus bandwidth of a `kind` collective over a group of `size` ranks `stride` apart whose
+  // whole (gathered or reduced) tensor is `message` bytes: measured for `among` ranks (by default
+  // its size) where the cluster has that figure (device cpu), else the link the group crosses.
+  auto bus = [&](Collective kind, int64_t stride, int64_t size, double message, int64_t among = 0) {
+    if (const auto* m = measured(among > 0 ? among : size)) return m->bus_bytes_per_s(kind, message) * d.link_efficiency;
     const bool inside = within_node(stride, size, cluster.gpus_per_node);
-    return (inside ? d.intra_node_bytes_per_s : d.inter_node_bytes_per_s) * d.link_efficiency;
-  };
-  // A group's reduce-scatter and all-reduce bus bandwidths relative to its all-gather's.
-  auto bus_ratios = [&](int64_t size) {
-    const auto* m = measured(size);
-    return m ? m->ratios : d.bus_ratios;
+    return (inside ? d.intra_node_bytes_per_s : d.inter_node_bytes_per_s) * d.bus_ratios.of(kind) * d.link_efficiency;
   };
   auto message_latency = [&](double size) {
     const auto* m = measured(static_cast<int64_t>(size));
     return m ? m->message_latency_s : d.message_latency_s;
   };
-  const double tp_link = link(1, dims.tp), tp_rs_link = tp_link * bus_ratios(dims.tp).reduce_scatter;
-  const double cp_link = link(dims.tp, dims.cp), cp_rs_link = cp_link * bus_ratios(dims.cp).reduce_scatter;
-  const double fsdp_link = link(dims.tp, static_cast<int64_t>(fsdp));
-  const double fsdp_rs_link = fsdp_link * bus_ratios(static_cast<int64_t>(fsdp)).reduce_scatter;
-  const double hsdp_ar_link = link(int64_t(dims.tp) * dims.cp * dims.dp_shard, dims.dp_replicate) *
-                              bus_ratios(dims.dp_replicate).all_reduce;
-  const double ep_link = link(dims.tp, dims.ep);
   // A pipeline transfer is between two ranks (the slowest hop: across nodes if pp spans them).
-  const double pp_link = link(cluster.world() / std::max(1, dims.pp), dims.pp, 2);
+  auto pp_bus = [&](double message) {
+    return bus(Collective::kAllGather, cluster.world() / std::max(1, dims.pp), dims.pp, message, 2);
+  };
 
   // One micro-batch's rows and how many micro-batches one step runs per rank.
   const int64_t rows = checked.pipeline ? checked.pipeline->microbatch_rows : cfg.training.local_batch_size;
@@ -170,25 +165,61 @@ Prediction predict(const trainer::config::JobConfig& cfg, const trainer::config:
   // A ring collective over g ranks: g - 1 messages' fixed cost before its bytes.
   auto messages = [&](double g) { return (g - 1.0) * message_latency(g); };
   // TP, either direction: two all-gathers and two reduce-scatters.
-  if (dims.tp > 1) w.tp_comm = 2.0 * act * (tp - 1) / tp * (1.0 / tp_link + 1.0 / tp_rs_link) + 4.0 * messages(tp);
+  if (dims.tp > 1)
+    w.tp_comm = 2.0 * act * (tp - 1) / tp *
+                    (1.0 / bus(Collective::kAllGather, 1, dims.tp, act) + 1.0 / bus(Collective::kReduceScatter, 1, dims.tp, act)) +
+                4.0 * messages(tp);
   if (dims.cp > 1) {
-    const double full_rows = static_cast<double>(rows) * seq * bytes;
-    if (L.cp_method == "allgather") {  // K and V gathered forward, their gradients reduce-scattered backward
-      const double kv = full_rows * 2.0 * kv_dim * (cp - 1) / cp / tp;
-      w.cp_comm = kv / cp_link + 2.0 * messages(cp);
-      w.cp_comm_b = kv / cp_rs_link + 2.0 * messages(cp);
-    } else {
-      w.cp_comm = w.cp_comm_b =
-          tokens * (2.0 * q_dim + 2.0 * kv_dim) * bytes * (cp - 1) / cp / tp / cp_link + 4.0 * messages(cp);
+    // This rank's K and V (compute dtype) and their gradients (float32 accumulators).
+    const double kv_local = tokens * 2.0 * kv_dim / tp * bytes, dkv_local = kv_local / bytes * 4.0;
+    auto cp_bus = [&](Collective kind, double message) { return bus(kind, dims.tp, dims.cp, message); };
+    if (L.cp_method == "allgather") {
+      // K and V gathered forward; backward gathers them again and reduce-scatters the float32
+      // gradients of every rank's block.
+      const double gather = (cp - 1) * kv_local / cp_bus(Collective::kAllGather, cp * kv_local);
+      w.cp_comm = gather + messages(cp);
+      w.cp_comm_b = gather + (cp - 1) * dkv_local / cp_bus(Collective::kReduceScatter, cp * dkv_local) + 2.0 * messages(cp);
+    } else if (L.cp_method == "alltoall") {
+      // The ring: cp - 1 steps passing K and V on; backward passes them again, and each block's
+      // float32 gradient accumulator travels cp steps to its owner.
+      // Every step one message of the group's ring (its fixed cost: the group's).
+      const double kv_step = kv_local / cp_bus(Collective::kAllGather, kv_local) + message_latency(cp);
+      w.cp_comm = (cp - 1) * kv_step;
+      w.cp_comm_b = (cp - 1) * kv_step + cp * (dkv_local / cp_bus(Collective::kAllGather, dkv_local) + message_latency(cp));
+    } else {  // titan_ulysses: q, k, v to head shards and the output back, each way
+      const double moved = tokens * (2.0 * q_dim + 2.0 * kv_dim) * bytes / tp;
+      w.cp_comm = w.cp_comm_b = moved * (cp - 1) / cp / cp_bus(Collective::kAllGather, moved / 4.0) + 4.0 * messages(cp);
     }
   }
-  if (dims.ep > 1 && args.moe)
-    w.ep_comm = 2.0 * tokens * static_cast<double>(args.moe->top_k) * dim * bytes * (dims.ep - 1.0) / dims.ep / ep_link +
+  if (dims.ep > 1 && args.moe) {
+    const double routed = tokens * static_cast<double>(args.moe->top_k) * dim * bytes;
+    w.ep_comm = 2.0 * routed * (dims.ep - 1.0) / dims.ep / bus(Collective::kAllGather, dims.tp, dims.ep, routed) +
                 2.0 * messages(static_cast<double>(dims.ep));
-  if (fsdp > 1) {
-    w.fsdp_gather = block_params_all / tp * bytes * (fsdp - 1) / fsdp / fsdp_link + messages(fsdp);
-    w.fsdp_reduce_scatter = block_params_all / tp * 4.0 * (fsdp - 1) / fsdp / fsdp_rs_link + messages(fsdp);
   }
+  // FSDP's gather (compute dtype) and gradient reduce-scatter (float32) of `params` parameters.
+  const int64_t fsdp_ranks = dims.dp_shard_cp();
+  auto fsdp_gather_of = [&](double params) {
+    const double full = params * bytes;
+    return fsdp > 1 ? full * (fsdp - 1) / fsdp / bus(Collective::kAllGather, dims.tp, fsdp_ranks, full) + messages(fsdp)
+                    : 0.0;
+  };
+  auto fsdp_reduce_scatter_of = [&](double params) {
+    const double full = params * 4.0;
+    return fsdp > 1 ? full * (fsdp - 1) / fsdp / bus(Collective::kReduceScatter, dims.tp, fsdp_ranks, full) + messages(fsdp)
+                    : 0.0;
+  };
+  w.fsdp_gather = fsdp_gather_of(block_params_all / tp);
+  w.fsdp_reduce_scatter = fsdp_reduce_scatter_of(block_params_all / tp);
+  // The embedding's group and norm + output's: as large as all the blocks together in a small
+  // model with a 128k vocabulary. A tied embedding's group stays gathered until the output's
+  // backward (one gather; the output's group is the norm alone); untied, the embedding is
+  // resharded after forward and gathered again in backward, and norm + output stay gathered.
+  const double embedding_params = static_cast<double>(count.embedding) / tp;
+  const double head_params = (dim + (args.tie_embeddings ? 0.0 : output_params)) / tp;
+  const double embedding_gather = fsdp_gather_of(embedding_params);
+  const double embedding_regather = args.tie_embeddings ? 0.0 : embedding_gather;  // backward
+  const double embedding_reduce_scatter = fsdp_reduce_scatter_of(embedding_params);
+  const double head_gather = fsdp_gather_of(head_params), head_reduce_scatter = fsdp_reduce_scatter_of(head_params);
 
   // Async TP hides a direction's TP traffic behind that direction's matmuls (backward: twice),
   // unless the transfers need the compute's own cores.
@@ -211,13 +242,24 @@ Prediction predict(const trainer::config::JobConfig& cfg, const trainer::config:
   const double layer_b = 2.0 * w.gemm_fwd + 2.0 * w.attention_fwd + w.memory_bwd + recompute + 2.0 * dispatch / 3.0;
   const double layer_f_comm = tp_exposed + w.cp_comm + w.ep_comm;
   const double layer_b_comm = tp_b_exposed + w.cp_comm_b + w.ep_comm;
-  // FSDP exposed over `n` layers of one micro-batch (prefetch: see the Note).
+  // FSDP exposed over one micro-batch of `n` layers (prefetch: see the Note), the embedding's
+  // and norm + output's groups included: forward gathers the embedding (first: exposed), then
+  // each block while the previous one computes, then norm + output during the last block;
+  // backward reduce-scatters norm + output, then each block's gradients, gathering every block
+  // again but the last (kept after forward, as norm + output are) and the embedding during the
+  // first block's backward, and ends with the embedding's reduce-scatter.
   auto fsdp_exposed = [&](double n) {
     if (fsdp <= 1 || n <= 0) return std::make_pair(0.0, 0.0);
     const double per_b = w.fsdp_gather + w.fsdp_reduce_scatter;
-    if (!overlap) return std::make_pair(n * w.fsdp_gather, n * per_b);
-    const double fwd = w.fsdp_gather + (n - 1) * std::max(0.0, w.fsdp_gather - layer_f);
-    const double bwd = per_b + (n - 1) * std::max(0.0, per_b - layer_b);
+    if (!overlap)
+      return std::make_pair(embedding_gather + n * w.fsdp_gather + head_gather,
+                            head_reduce_scatter + n * w.fsdp_reduce_scatter + (n - 1) * w.fsdp_gather +
+                                embedding_regather + embedding_reduce_scatter);
+    const double fwd = embedding_gather + w.fsdp_gather + (n - 1) * std::max(0.0, w.fsdp_gather - layer_f) +
+                       std::max(0.0, head_gather - layer_f);
+    const double bwd = std::max(0.0, head_reduce_scatter - layer_b) + w.fsdp_reduce_scatter +
+                       (n - 1) * std::max(0.0, per_b - layer_b) + std::max(0.0, embedding_regather - layer_b) +
+                       embedding_reduce_scatter;
     return std::make_pair(fwd, bwd);
   };
   const double out_f = tokens * 2.0 * output_params / tp / mm_rate + tokens * vocab * 4.0 * 2.0 / tp / hbm;
@@ -235,12 +277,22 @@ Prediction predict(const trainer::config::JobConfig& cfg, const trainer::config:
     // through the ranks' own cores), the bytes occupy the sender's and the receiver's cores (F
     // sends its output forward and receives its input; B the gradients back), and only the
     // fixed cost is in flight; elsewhere all of it is in flight, beside the compute.
-    const double transfer_bytes_s = static_cast<double>(rows) * seq / cp * dim * bytes / pp_link;
+    const double transfer_bytes = static_cast<double>(rows) * seq / cp * dim * bytes;
+    const double transfer_bytes_s = transfer_bytes / pp_bus(transfer_bytes);
     const double transfer = (overlap ? transfer_bytes_s : 0.0) + message_latency(2);
     auto remote_boundaries = [&](int s) {  // of stage s with its neighbours on other ranks
       const auto rank = [&](int i) { return plan.stage_rank[static_cast<size_t>(i)]; };
       return (s > 0 && rank(s - 1) != rank(s) ? 1.0 : 0.0) + (s + 1 < plan.num_stages() && rank(s + 1) != rank(s) ? 1.0 : 0.0);
     };
+    // Under pp, FSDP gathers each of a rank's groups once per step and reduce-scatters its
+    // gradients once (the gathered parameters and unsharded gradients stay all step, as the
+    // memory estimate counts them): exposed, outside the pipeline passes; the step waits for the
+    // rank with the most (the embedding's or the output's stage, often).
+    std::vector<double> fsdp_of_rank(static_cast<size_t>(dims.pp), 0.0);
+    std::vector<bool> rank_embeds(static_cast<size_t>(dims.pp), false);
+    for (int s = 0; s < plan.num_stages(); ++s)
+      for (const std::string& m : plan.stage_modules[static_cast<size_t>(s)])
+        if (m == "tok_embeddings") rank_embeds[static_cast<size_t>(plan.stage_rank[static_cast<size_t>(s)])] = true;
     for (int s = 0; s < plan.num_stages(); ++s) {
       double n = 0;
       bool output = false, embedding = false;
@@ -259,6 +311,12 @@ Prediction predict(const trainer::config::JobConfig& cfg, const trainer::config:
         c.backward += copies;
       }
       c.backward_input = std::max(0.0, c.backward - c.backward_weight);
+      // A tied output whose embedding is on the same rank reads the embedding's group.
+      const size_t r = static_cast<size_t>(plan.stage_rank[static_cast<size_t>(s)]);
+      const double own_output = output && (!args.tie_embeddings || !rank_embeds[r]) ? output_params / tp : 0.0;
+      fsdp_of_rank[r] += n * (w.fsdp_gather + w.fsdp_reduce_scatter) +
+                         (embedding ? embedding_gather + embedding_reduce_scatter : 0.0) +
+                         (output ? fsdp_gather_of(dim / tp + own_output) + fsdp_reduce_scatter_of(dim / tp + own_output) : 0.0);
     }
     // Ranks sharing fewer cores: a rank computes up to world / cores faster while others wait.
     const double max_speedup = d.host_cores > 0 ? static_cast<double>(cluster.world()) / d.host_cores : 1.0;
@@ -278,10 +336,7 @@ Prediction predict(const trainer::config::JobConfig& cfg, const trainer::config:
     sum_tp = m * per_rank_layers * (tp_exposed + tp_b_exposed);
     sum_cp = m * per_rank_layers * (w.cp_comm + w.cp_comm_b);
     sum_ep = m * per_rank_layers * 2.0 * w.ep_comm;
-    // Under pp, FSDP gathers a stage's parameters once per step and reduce-scatters its
-    // gradients once (the gathered parameters and unsharded gradients stay all step, as the
-    // memory estimate counts them): exposed, outside the pipeline passes.
-    fsdp_once = per_rank_layers * (w.fsdp_gather + w.fsdp_reduce_scatter);
+    fsdp_once = *std::max_element(fsdp_of_rank.begin(), fsdp_of_rank.end());
   } else {
     const auto [ff, fb] = fsdp_exposed(layers);
     sum_compute = layers * (3.0 * w.gemm_fwd + 3.0 * w.attention_fwd) + 3.0 * tokens * 2.0 * output_params / tp / mm_rate;
@@ -303,7 +358,9 @@ Prediction predict(const trainer::config::JobConfig& cfg, const trainer::config:
   if (dims.dp_replicate > 1) {
     const double grad_bytes = local_params * 4.0;
     const double buckets = std::max(1.0, std::ceil(grad_bytes / static_cast<double>(parallel::kReduceBucketBytes)));
-    hsdp = 2.0 * (dims.dp_replicate - 1.0) / dims.dp_replicate * grad_bytes / hsdp_ar_link +
+    const double message = std::min(grad_bytes, static_cast<double>(parallel::kReduceBucketBytes));
+    const double link = bus(Collective::kAllReduce, int64_t(dims.tp) * dims.cp * dims.dp_shard, dims.dp_replicate, message);
+    hsdp = 2.0 * (dims.dp_replicate - 1.0) / dims.dp_replicate * grad_bytes / link +
            buckets * 2.0 * messages(static_cast<double>(dims.dp_replicate)) + 4.0 * grad_bytes / hbm;
   }
   const double np = static_cast<double>(passes);

@@ -10,7 +10,10 @@
 #include <string>
 #include <vector>
 
+#include "data/tokenizer.h"
+#include "model/flavors.h"
 #include "parallel/pipeline/plan.h"
+#include "planner/cluster.h"
 #include "planner/layout.h"
 #include "planner/pipeline_sim.h"
 #include "planner/planner.h"
@@ -393,6 +396,50 @@ TEST_CASE("each collective at its own bus bandwidth: Gloo's reduce-scatter and a
                           [](const tp::Layout& l) {
                             return l.dp_shard * l.cp > 1 || l.tp > 1 || (l.cp > 1 && l.cp_method == "allgather");
                           });
+}
+
+TEST_CASE("FSDP moves every parameter: the blocks, the embedding and norm + output", "[planner]") {
+  // Per step without pp (default reshard): every group gathered forward; backward gathers every
+  // block again but the last, and the (untied) embedding, while norm + output stay gathered;
+  // every gradient reduce-scattered once in float32. With nothing hidden behind compute and no
+  // message cost, the FSDP term is those bytes' (g - 1) / g over the link, exactly.
+  const tc::JobConfig cfg = debug_job({"--plan.exhaustive", "true", "--plan.ac_modes", "none", "--plan.precisions", "bf16"});
+  tp::Cluster cluster = tp::cluster_from_config(tp::planning_config(cfg));
+  cluster.device.comm_shares_compute = true;
+  cluster.device.message_latency_s = 0;
+  const titan::model::ModelArgs args = titan::model::trained_model_args(
+      cfg.model.name, cfg.model.flavor, titan::data::make_tokenizer(cfg.model.tokenizer_path)->vocab_size());
+  REQUIRE_FALSE(args.tie_embeddings);
+  const titan::model::ParamCount count = titan::model::count_params(args);
+  const double block = static_cast<double>(count.per_layer), embedding = static_cast<double>(count.embedding);
+  const double head = static_cast<double>(args.dim) * (1.0 + static_cast<double>(args.vocab_size));  // norm + output
+  const double n = static_cast<double>(args.n_layers), g = 4;
+  const double bf16_bytes = 2.0 * (2.0 * embedding + (2.0 * n - 1.0) * block + head);
+  const double float32_grads = 4.0 * (embedding + n * block + head);
+  const double link = cluster.device.intra_node_bytes_per_s * cluster.device.link_efficiency;
+  const auto fsdp = term_by_layout(cfg, cluster, "FSDP exposed");
+  const std::string layout = "dp_replicate=1,dp_shard=4,tp=1,cp=1,pp=1,local_batch=2,ac=none,precision=bf16";
+  REQUIRE(fsdp.count(layout) == 1);
+  CHECK(fsdp.at(layout) == Approx((g - 1) / g * (bf16_bytes + float32_grads) / link).epsilon(1e-9));
+}
+
+TEST_CASE("device cpu: a collective's bandwidth by its message size, between the two probed sizes", "[planner]") {
+  // Gloo's bandwidth falls once a message leaves the caches: the probe measures 4 MiB and 64 MiB
+  // messages, and a size between gets the rate interpolated on log(size) (16 MiB: the geometric
+  // mean); each kind at its own ratio; without a large figure, one rate for every size.
+  tp::DeviceSpec::GroupLink g;
+  g.bytes_per_s = 4e8;
+  g.ratios.reduce_scatter = 0.5;
+  CHECK(g.bus_bytes_per_s(tp::Collective::kAllGather, 64 << 20) == 4e8);
+  g.large_bytes_per_s = 1e8;
+  g.large_ratios.reduce_scatter = 0.5;
+  CHECK(g.bus_bytes_per_s(tp::Collective::kAllGather, 1 << 20) == 4e8);
+  CHECK(g.bus_bytes_per_s(tp::Collective::kAllGather, tp::kProbeMessageBytes) == 4e8);
+  CHECK(g.bus_bytes_per_s(tp::Collective::kAllGather, 16 << 20) == Approx(2e8).epsilon(1e-12));
+  CHECK(g.bus_bytes_per_s(tp::Collective::kReduceScatter, 16 << 20) == Approx(1e8).epsilon(1e-12));
+  CHECK(g.bus_bytes_per_s(tp::Collective::kAllGather, tp::kProbeLargeMessageBytes) == Approx(1e8).epsilon(1e-12));
+  CHECK(g.bus_bytes_per_s(tp::Collective::kAllGather, 1 << 30) == 1e8);
+  CHECK(g.bus_bytes_per_s(tp::Collective::kAllReduce, 1 << 30) == 1e8);  // ratio 1 by default
 }
 
 TEST_CASE("attention runs at the device's attention efficiency; device cpu measures it", "[planner]") {
