@@ -376,6 +376,9 @@ DeviceSpec cpu_device(const trainer::config::JobConfig& cfg, int64_t processes) 
   // A tiny step through autograd, as titan's layers dispatch theirs: a matmul of 2 x 2 tensors,
   // a sum, and the backward (mm, sum, the engine's ones, SumBackward's expand, MmBackward's two
   // transposes and two matmuls, two AccumulateGrads: 10 operators), on one thread as each rank.
+  // The median of 51 runs of 100 steps (~0.2 s): with 9 (~40 ms in all) one planner run in six
+  // read 8.3 us where the others read 4.2-5.1, a moment's slowdown of the machine taking most of
+  // the probe, and the debug model's predictions moved by half with it.
   const at::Tensor x = at::ones({2, 2}).requires_grad_(true), wt = at::ones({2, 2}).requires_grad_(true);
   at::set_num_threads(1);
   d.op_dispatch_s = seconds_of([&] {
@@ -384,7 +387,7 @@ DeviceSpec cpu_device(const trainer::config::JobConfig& cfg, int64_t processes) 
                         wt.mutable_grad().reset();
                         at::mm(x, wt).sum().backward();
                       }
-                    }, 9) / 1000.0;
+                    }, 51) / 1000.0;
   at::set_num_threads(pool_threads);
   // One thread's dispatch is CPU work like the rest: where the ranks outnumber the cores, each
   // gets cores / ranks of one while all compute (the rates above are shared the same way).

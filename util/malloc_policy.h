@@ -10,7 +10,11 @@
 // 424 -> 181 ms once freed blocks stay mapped for reuse. So a training process serves blocks up to
 // 256 MiB from its heap and keeps up to 1 GiB of freed memory there; the trainer's reported
 // memory (live tensor bytes) does not change, the resident set can stay up to that much above
-// it. CUDA memory has its own caching allocator; this is the host's.
+// it. Since then tensor storages of 128 KiB and more bypass glibc altogether (titan's CPU
+// allocator keeps them by size: Note [Large blocks cached by size] in
+// trainer/observe/memory.cpp, after glibc's heap fragmented under context parallelism); this
+// policy still serves what LibTorch and Gloo allocate outside tensors. CUDA memory has its own
+// caching allocator; this is the host's.
 #pragma once
 
 #if defined(__GLIBC__)
