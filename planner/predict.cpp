@@ -181,12 +181,13 @@ Prediction predict(const trainer::config::JobConfig& cfg, const trainer::config:
       w.cp_comm_b = gather + (cp - 1) * dkv_local / cp_bus(Collective::kReduceScatter, cp * dkv_local) + 2.0 * messages(cp);
     } else if (L.cp_method == "alltoall") {
       // The ring: cp - 1 steps passing K and V on; backward passes them again, and each block's
-      // float32 gradient accumulator travels cp steps to its owner.
-      // Every step one message of the group's ring (its fixed cost: the group's).
+      // float32 gradient accumulator travels cp steps to its owner. Each step is one message of
+      // the group's ring (its fixed cost: the group's).
       const double kv_step = kv_local / cp_bus(Collective::kAllGather, kv_local) + message_latency(cp);
       w.cp_comm = (cp - 1) * kv_step;
       w.cp_comm_b = (cp - 1) * kv_step + cp * (dkv_local / cp_bus(Collective::kAllGather, dkv_local) + message_latency(cp));
-    } else {  // titan_ulysses: q, k, v to head shards and the output back, each way
+    } else {  // titan_ulysses: q, k, v to head shards and the output back, each way (four
+              // all-to-alls, each about a quarter of the bytes)
       const double moved = tokens * (2.0 * q_dim + 2.0 * kv_dim) * bytes / tp;
       w.cp_comm = w.cp_comm_b = moved * (cp - 1) / cp / cp_bus(Collective::kAllGather, moved / 4.0) + 4.0 * messages(cp);
     }
