@@ -115,7 +115,8 @@ std::atomic<c10::DeleterFnPtr> g_base_deleter{nullptr};
 // stayed at 0.06 / 0.61 GiB; tcmalloc held it flat. So storages of kCachedBlockMin bytes and
 // more are whole pages mapped for them, and a freed one waits in a cache keyed by its size for
 // the next request of that size (a step asks for the same sizes every step), up to
-// kBlockCacheBytes in all; beyond that, or when mapping fails, cached blocks are unmapped.
+// kBlockCacheBytes in all; a block that would pass that bound, or a mapping that fails, first
+// unmaps every cached block.
 // The pages stay mapped from one step to the next, so they are not faulted in and zeroed again
 // either (what glibc's mmap threshold used to cost: Note [Freed memory kept for the next step]).
 constexpr size_t kCachedBlockMin = 128 << 10;
@@ -151,22 +152,25 @@ struct BlockCache {
     return block;
   }
 
-  // False if `block` is not one of the cache's (then the base allocator's).
+  // False if `block` is not one of the cache's (then the base allocator's). A block that would
+  // take the cache over its bound first empties it: sizes asked for before (another shape, an
+  // evaluation) give way to the ones asked for now.
   bool give_back(void* block) {
-    size_t unmap_size = 0;
+    std::vector<std::pair<void*, size_t>> evicted;
     {
       std::lock_guard<std::mutex> lock(mu);
       auto it = mapped.find(block);
       if (it == mapped.end()) return false;
-      if (cached_bytes + it->second <= kBlockCacheBytes) {
+      if (cached_bytes + it->second > kBlockCacheBytes) evicted = take_all_cached();
+      if (it->second <= kBlockCacheBytes) {
         free_by_size[it->second].push_back(block);
         cached_bytes += it->second;
-        return true;
+      } else {
+        evicted.emplace_back(block, it->second);
+        mapped.erase(it);
       }
-      unmap_size = it->second;
-      mapped.erase(it);
     }
-    munmap(block, unmap_size);
+    for (const auto& [b, size] : evicted) munmap(b, size);
     return true;
   }
 
@@ -174,15 +178,23 @@ struct BlockCache {
     std::vector<std::pair<void*, size_t>> blocks;
     {
       std::lock_guard<std::mutex> lock(mu);
-      for (auto& [size, list] : free_by_size)
-        for (void* b : list) {
-          blocks.emplace_back(b, size);
-          mapped.erase(b);
-        }
-      free_by_size.clear();
-      cached_bytes = 0;
+      blocks = take_all_cached();
     }
     for (const auto& [b, size] : blocks) munmap(b, size);
+  }
+
+ private:
+  // Under `mu`: every cached block, out of the cache (for the caller to unmap).
+  std::vector<std::pair<void*, size_t>> take_all_cached() {
+    std::vector<std::pair<void*, size_t>> blocks;
+    for (auto& [size, list] : free_by_size)
+      for (void* b : list) {
+        blocks.emplace_back(b, size);
+        mapped.erase(b);
+      }
+    free_by_size.clear();
+    cached_bytes = 0;
+    return blocks;
   }
 };
 BlockCache& block_cache() {
