@@ -202,7 +202,7 @@ DeviceSpec::GroupLink gloo_probe(int ranks, int busy, double cores) {
   // Bytes of the full (gathered) tensor: the fixed cost's pair, then the two bandwidths'.
   constexpr int64_t kSmall = 16 << 10, kMedium = static_cast<int64_t>(kProbeMessageBytes),
                     kLarge = static_cast<int64_t>(kProbeLargeMessageBytes);
-  const int kRepeats = 15, kLargeRepeats = 3;  // the large ones take 0.1-1 s each here
+  constexpr int kRepeats = 15, kLargeRepeats = 3;  // the large ones take 0.1-1 s each here
   // Per rank: the small pair, then the all-gather, reduce-scatter and all-reduce of the medium
   // message, then of the large one.
   std::vector<std::array<double, 7>> seconds(static_cast<size_t>(ranks));
@@ -255,20 +255,17 @@ DeviceSpec::GroupLink gloo_probe(int ranks, int busy, double cores) {
                                                                : *std::min_element(pairs.begin(), pairs.end());
         }
         auto& mine_s = seconds[static_cast<size_t>(rank)];
-        struct Size {
-          int64_t bytes;
-          int first, repeats;  // the index of its all-gather in mine_s; how many times each
-        };
-        for (const Size& size : {Size{kMedium, 1, kRepeats}, Size{kLarge, 4, kLargeRepeats}}) {
-          const int64_t bytes = size.bytes;
-          const int first = size.first, repeats = size.repeats;
+        // One message size: its all-gather, reduce-scatter and all-reduce into mine_s[first..first+2].
+        auto time_collectives = [&](int64_t bytes, size_t first, int repeats) {
           const int64_t full = full_of(bytes), part = full / ranks;
           const at::Tensor gathered = at::empty({full}, at::kFloat), mine = at::ones({part}, at::kFloat);
           const at::Tensor summed = at::ones({full}, at::kFloat), out = at::empty({part}, at::kFloat);
           mine_s[first] = seconds_of([&] { comm.all_gather_into_tensor_async(gathered, mine).wait(); }, repeats);
           mine_s[first + 1] = seconds_of([&] { comm.reduce_scatter_tensor_async(out, summed).wait(); }, repeats);
           mine_s[first + 2] = seconds_of([&] { comm.all_reduce_async(summed).wait(); }, repeats);
-        }
+        };
+        time_collectives(kMedium, 1, kRepeats);
+        time_collectives(kLarge, 4, kLargeRepeats);
       } catch (const std::exception&) {
         failed = true;
       }

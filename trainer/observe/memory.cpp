@@ -122,15 +122,21 @@ std::atomic<c10::DeleterFnPtr> g_base_deleter{nullptr};
 constexpr size_t kCachedBlockMin = 128 << 10;
 constexpr size_t kBlockCacheBytes = size_t{1} << 30;
 
+// A block's mapped size: its request rounded up to whole pages (the request is what the live
+// table keeps, so a freed block's size is known again from it).
+size_t block_bytes(size_t n) {
+  static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  return (n + page - 1) / page * page;
+}
+
 struct BlockCache {
   std::mutex mu;
-  std::unordered_map<size_t, std::vector<void*>> free_by_size;  // page-rounded sizes
-  std::unordered_map<void*, size_t> mapped;                     // every block, live or cached
+  std::unordered_map<size_t, std::vector<void*>> free_by_size;  // by block_bytes
   size_t cached_bytes = 0;
 
+  // A block for a request of `n` bytes (n >= kCachedBlockMin), or null if the system has none.
   void* take(size_t n) {
-    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-    const size_t size = (n + page - 1) / page * page;
+    const size_t size = block_bytes(n);
     {
       std::lock_guard<std::mutex> lock(mu);
       auto it = free_by_size.find(size);
@@ -143,58 +149,45 @@ struct BlockCache {
     }
     void* block = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (block == MAP_FAILED) {  // the cache's blocks back to the system, then once more
-      release_cached();
+      std::unique_lock<std::mutex> lock(mu);
+      unmap(drain(), lock);
       block = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-      if (block == MAP_FAILED) return nullptr;
     }
-    std::lock_guard<std::mutex> lock(mu);
-    mapped[block] = size;
-    return block;
+    return block == MAP_FAILED ? nullptr : block;
   }
 
-  // False if `block` is not one of the cache's (then the base allocator's). A block that would
-  // take the cache over its bound first empties it: sizes asked for before (another shape, an
-  // evaluation) give way to the ones asked for now.
-  bool give_back(void* block) {
-    std::vector<std::pair<void*, size_t>> evicted;
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      auto it = mapped.find(block);
-      if (it == mapped.end()) return false;
-      if (cached_bytes + it->second > kBlockCacheBytes) evicted = take_all_cached();
-      if (it->second <= kBlockCacheBytes) {
-        free_by_size[it->second].push_back(block);
-        cached_bytes += it->second;
-      } else {
-        evicted.emplace_back(block, it->second);
-        mapped.erase(it);
-      }
+  // `block`, taken for `n` bytes, is free. A block that would take the cache over its bound
+  // first empties it: sizes asked for before (another shape, an evaluation) give way to the ones
+  // asked for now.
+  void give_back(void* block, size_t n) {
+    const size_t size = block_bytes(n);
+    std::unique_lock<std::mutex> lock(mu);
+    std::vector<std::pair<void*, size_t>> unmapped;
+    if (cached_bytes + size > kBlockCacheBytes) unmapped = drain();
+    if (size > kBlockCacheBytes) {
+      unmapped.emplace_back(block, size);
+    } else {
+      free_by_size[size].push_back(block);
+      cached_bytes += size;
     }
-    for (const auto& [b, size] : evicted) munmap(b, size);
-    return true;
-  }
-
-  void release_cached() {
-    std::vector<std::pair<void*, size_t>> blocks;
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      blocks = take_all_cached();
-    }
-    for (const auto& [b, size] : blocks) munmap(b, size);
+    unmap(unmapped, lock);
   }
 
  private:
-  // Under `mu`: every cached block, out of the cache (for the caller to unmap).
-  std::vector<std::pair<void*, size_t>> take_all_cached() {
+  // Under `mu`: every cached block, out of the cache.
+  std::vector<std::pair<void*, size_t>> drain() {
     std::vector<std::pair<void*, size_t>> blocks;
     for (auto& [size, list] : free_by_size)
-      for (void* b : list) {
-        blocks.emplace_back(b, size);
-        mapped.erase(b);
-      }
+      for (void* b : list) blocks.emplace_back(b, size);
     free_by_size.clear();
     cached_bytes = 0;
     return blocks;
+  }
+
+  // Unmaps `blocks` after releasing `lock` (munmap takes long; other threads need not wait).
+  static void unmap(const std::vector<std::pair<void*, size_t>>& blocks, std::unique_lock<std::mutex>& lock) {
+    lock.unlock();
+    for (const auto& [b, size] : blocks) munmap(b, size);
   }
 };
 BlockCache& block_cache() {
@@ -216,7 +209,10 @@ void tracked_delete(void* data) {
   g_current.fetch_sub(bytes, std::memory_order_relaxed);
   if (g_recording.load(std::memory_order_relaxed))
     record_event(MemoryEvent::kFree, reinterpret_cast<uintptr_t>(data), bytes, 0, 0);
-  if (!block_cache().give_back(data)) g_base_deleter.load(std::memory_order_relaxed)(data);
+  if (static_cast<size_t>(bytes) >= kCachedBlockMin)  // Note [Large blocks cached by size]
+    block_cache().give_back(data, static_cast<size_t>(bytes));
+  else
+    g_base_deleter.load(std::memory_order_relaxed)(data);
 }
 
 std::string gib_text(int64_t bytes) {
