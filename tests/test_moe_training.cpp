@@ -76,7 +76,7 @@ TEST_CASE("validation adds no token counts: the biases equal a run without valid
   plain.train();
   Trainer validated(moe_job(dump / "validated", {"--validation.enable", "--validation.dataset", "fortunes",
                                                  "--validation.freq", "1", "--validation.steps", "2",
-                                                 "--validation.local_batch_size", "4"}));
+                                                 "--validation.local_batch_size", "4", "--validation.seq_len", "32"}));
   validated.train();
   const std::vector<at::Tensor> want = expert_biases(plain), got = expert_biases(validated);
   REQUIRE(want.size() == got.size());
