@@ -352,7 +352,7 @@ Prediction predict(const trainer::config::JobConfig& cfg, const trainer::config:
   }
   const double local_params = static_cast<double>(count.total) / (dims.pp * tp * fsdp);
   const double optimizer = local_params * 28.0 / (d.hbm_bytes_per_s * d.optimizer_efficiency);
-  // The replicas' sum, bucket by bucket (Note [Gradient buckets] in parallel/parallel_model.cpp):
+  // The replicas' sum, bucket by bucket (Note [Gradient buckets] in parallel/gradients.cpp):
   // each bucket one ring's 2 (r - 1) messages; the bytes copied into the kept bucket and back
   // (each read once and written once both ways).
   double hsdp = 0;

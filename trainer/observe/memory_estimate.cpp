@@ -118,7 +118,7 @@ HeadBytes head_bytes(const EstimateInputs& in, double tokens) {
 }
 
 // HSDP: the replicas' gradient sum keeps one bucket between steps (Note [Gradient buckets] in
-// parallel/parallel_model.cpp), the size of the gradients when they are smaller. (TP's sum of
+// parallel/gradients.cpp), the size of the gradients when they are smaller. (TP's sum of
 // the replicated norms' gradients uses the same bucket; they are far smaller.)
 double replica_bucket_bytes(const EstimateInputs& in, double gradient_bytes) {
   return in.dp_replicate > 1 ? std::min(static_cast<double>(parallel::kReduceBucketBytes), gradient_bytes) : 0.0;
