@@ -138,12 +138,13 @@ struct CpuFlashAttention : public torch::autograd::Function<CpuFlashAttention> {
     return {r[0]};
   }
 
+  // The gradient goes to LibTorch's backward as it comes (See Note [Attention gradient as it comes]).
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto s = ctx->get_saved_variables();
     auto g = ctx->saved_data["titan_kernel"].toBool()
                  ? cpu_attention_backward(grads[0], s[0], s[1], s[2], s[3], s[4], /*causal=*/true, s[0].scalar_type())
-                 : at::_scaled_dot_product_flash_attention_for_cpu_backward(grads[0].contiguous(), s[0], s[1], s[2],
-                                                                            s[3], s[4], 0.0, /*is_causal=*/true);
+                 : at::_scaled_dot_product_flash_attention_for_cpu_backward(grads[0], s[0], s[1], s[2], s[3], s[4],
+                                                                            0.0, /*is_causal=*/true);
     return {std::get<0>(g), std::get<1>(g), std::get<2>(g), at::Tensor()};
   }
 };

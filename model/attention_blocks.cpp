@@ -146,8 +146,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_block_backward(
   check_shapes(q, k, v, causal);
   if (cpu_attention_kernel_applies(q, k.size(2)))
     return cpu_attention_backward(grad_out, q, k, v, out, lse, causal, at::kFloat);
+  // Note [Attention gradient as it comes]: LibTorch's CPU flash backward reads grad_out as
+  // [B, S, H, hd] (it transposes it and calls .contiguous() on that, as it must for its GEMMs). The
+  // gradient that reaches attention is already that layout seen as [B, H, S, hd] (the transpose
+  // before the output projection), so it is passed as it comes: a .contiguous() here made it
+  // [B, H, S, hd]-dense only for the kernel to copy it back (two copies of the gradient per layer).
+  // The kernel then reads the same values at the same strides either way: the same bits.
   auto [dq, dk, dv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
-      grad_out.contiguous(), q, repeat_kv(k, q.size(1)), repeat_kv(v, q.size(1)), out, lse, 0.0, causal);
+      grad_out, q, repeat_kv(k, q.size(1)), repeat_kv(v, q.size(1)), out, lse, 0.0, causal);
   const int64_t kv_heads = k.size(1);
   return {dq.to(at::kFloat), sum_kv_groups(dk.to(at::kFloat), kv_heads), sum_kv_groups(dv.to(at::kFloat), kv_heads)};
 }
