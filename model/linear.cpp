@@ -1,5 +1,7 @@
 #include "model/linear.h"
 
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
 #include <ATen/ops/mm.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -7,6 +9,7 @@
 
 #include <atomic>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 
@@ -17,6 +20,14 @@ namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
+
+std::atomic<CpuFloat32Gemm> g_cpu_float32_gemm{CpuFloat32Gemm::kAten};  // Note [float32 GEMMs on the CPU]
+
+const std::optional<c10::OperatorHandle>& onednn_linear_op() {
+  static const std::optional<c10::OperatorHandle> op =
+      c10::Dispatcher::singleton().findSchema({"mkldnn::_linear_pointwise", ""});
+  return op;
+}
 
 // See Note [Deferred weight gradients]: the open scope's target (one backward at a time).
 std::atomic<DeferredWeightGrads*> g_deferred{nullptr};
@@ -30,7 +41,7 @@ struct LinearFunction : public torch::autograd::Function<LinearFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weight) {
     const int64_t k = weight.size(1);
     at::Tensor x2d = input.reshape({-1, k});  // [M, K]
-    at::Tensor y = checkpointable_op("mm", [&] { return at::mm(x2d, weight.t()); });  // [M, N]
+    at::Tensor y = checkpointable_op("mm", [&] { return times_transposed(x2d, weight); });  // [M, N]
     ctx->save_for_backward({input, weight});
     std::vector<int64_t> out_shape(input.sizes().begin(), input.sizes().end());
     out_shape.back() = weight.size(0);
@@ -43,14 +54,14 @@ struct LinearFunction : public torch::autograd::Function<LinearFunction> {
     const at::Tensor& weight = saved[1];  // [N, K]
     at::Tensor g2d = grads[0].reshape({-1, weight.size(0)});  // [M, N]
     at::Tensor grad_input, grad_weight;
-    if (ctx->needs_input_grad(0)) grad_input = g2d.mm(weight).view(input.sizes());
+    if (ctx->needs_input_grad(0)) grad_input = times_transposed(g2d, weight.t()).view(input.sizes());
     if (ctx->needs_input_grad(1)) {
       const at::Tensor x2d = input.reshape({-1, weight.size(1)});
       if (DeferredWeightGrads* later = g_deferred.load()) {
         std::lock_guard<std::mutex> lock(g_deferred_mutex);
         later->add(weight, g2d, x2d);  // W computes it (See Note [Deferred weight gradients])
       } else {
-        grad_weight = g2d.t().mm(x2d);
+        grad_weight = times_transposed(g2d.t(), x2d.t());
       }
     }
     return {grad_input, grad_weight};
@@ -58,6 +69,29 @@ struct LinearFunction : public torch::autograd::Function<LinearFunction> {
 };
 
 }  // namespace
+
+void set_cpu_float32_gemm(CpuFloat32Gemm gemm) {
+  TORCH_CHECK(gemm == CpuFloat32Gemm::kAten || onednn_linear_available(),
+              "training.cpu_float32_gemm = onednn: this LibTorch has no oneDNN linear (mkldnn::_linear_pointwise); "
+              "use aten");
+  g_cpu_float32_gemm.store(gemm);
+}
+
+CpuFloat32Gemm cpu_float32_gemm() { return g_cpu_float32_gemm.load(); }
+
+bool onednn_linear_available() { return onednn_linear_op().has_value(); }
+
+at::Tensor times_transposed(const at::Tensor& a, const at::Tensor& w) {
+  if (g_cpu_float32_gemm.load(std::memory_order_relaxed) == CpuFloat32Gemm::kOneDnn && a.is_cpu() &&
+      a.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat) {
+    // mkldnn::_linear_pointwise(Tensor X, Tensor W, Tensor? B, str attr, Scalar?[] scalars, str? algorithm)
+    torch::jit::Stack stack{a, w, c10::IValue(), c10::IValue(std::string("none")),
+                            c10::IValue(c10::List<std::optional<at::Scalar>>()), c10::IValue()};
+    onednn_linear_op()->callBoxed(&stack);
+    return stack[0].toTensor();
+  }
+  return at::mm(a, w.t());
+}
 
 void DeferredWeightGrads::add(at::Tensor weight, at::Tensor grad_output_2d, at::Tensor input_2d) {
   entries_.push_back({std::move(weight), std::move(grad_output_2d), std::move(input_2d)});
@@ -67,7 +101,7 @@ void DeferredWeightGrads::run() {
   std::vector<Entry> entries = std::move(entries_);
   entries_.clear();
   for (Entry& e : entries) {
-    const at::Tensor grad_weight = e.grad_output_2d.t().mm(e.input_2d);
+    const at::Tensor grad_weight = times_transposed(e.grad_output_2d.t(), e.input_2d.t());
     e.grad_output_2d = e.input_2d = at::Tensor();
     torch::autograd::backward({e.weight}, {grad_weight});
   }

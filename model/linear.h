@@ -81,6 +81,24 @@ void check_linear_shapes(const std::string& compute, const at::Tensor& input, co
 // The compute at the bottom of a decorator chain: the one that multiplies.
 LinearCompute* innermost(const std::shared_ptr<LinearCompute>& compute);
 
+// Note [float32 GEMMs on the CPU]: which library multiplies the high-precision linears' float32
+// CPU operands (training.cpu_float32_gemm). kAten: LibTorch's at::mm, whose x86 wheels call MKL;
+// MKL picks its kernels by CPU vendor and runs its AVX2 ones on AMD processors, so on an AMD
+// EPYC with AVX-512 (Zen 5, two cores) it multiplies at 190-215 GFLOP/s where oneDNN, which the
+// same wheel carries and which picks by instruction set, reaches 380-480. kOneDnn: the three
+// products (x W^T, G W, G^T x) through LibTorch's oneDNN linear op (mkldnn::_linear_pointwise,
+// the one inductor uses on the CPU), taking the transposed operands as strided views. The sums
+// run in another order, so the float32 results differ from kAten's in the last bits (about
+// 1e-6 relative): kAten stays the default, so a float32 run gives the same bits it always has.
+// Process-wide, as at::set_num_threads; bf16 and CUDA operands are unaffected.
+enum class CpuFloat32Gemm { kAten, kOneDnn };
+void set_cpu_float32_gemm(CpuFloat32Gemm gemm);
+CpuFloat32Gemm cpu_float32_gemm();
+bool onednn_linear_available();  // this LibTorch registers mkldnn::_linear_pointwise
+// a W^T for a [M, K] and W [N, K], either of any strides: the GEMM of the high-precision linear,
+// through the library cpu_float32_gemm() names for float32 CPU operands, else at::mm.
+at::Tensor times_transposed(const at::Tensor& a, const at::Tensor& w);
+
 // The high-precision product x W^T (an autograd Function whose GEMM goes through the op layer,
 // model/activation_checkpoint_ops.h): the default compute of every Linear.
 class HighPrecisionLinearCompute final : public LinearCompute {

@@ -16,6 +16,8 @@
 #                                            the GEMM share of its self CPU time (not for eager/compile)
 #   BENCH_OUT=dir                            keep each engine's JSON line (with the top self-time
 #                                            ops of the profiled step) and titan's logs there
+#   TITAN_FLAGS="--section.key value ..."    extra overrides for titan's runs only, e.g.
+#                                            "--training.cpu_float32_gemm onednn"
 #   REPEAT=n (default 1)                     run every case's engines n times back to back, every
 #                                            other round in reverse order (as bench_plan.sh's
 #                                            REPEAT); each ratio is taken within a round and the
@@ -78,7 +80,7 @@ for c in "${CASES[@]}"; do
       titan)
         titan_flags=(--model.flavor "$flavor" --training.local_batch_size "$batch" --training.seq_len "$seq"
                      --training.num_threads "$THREADS" --training.mixed_precision_param "$dtype"
-                     --metrics.log_freq 1 --metrics.peak_flops 1e12)
+                     --metrics.log_freq 1 --metrics.peak_flops 1e12 ${TITAN_FLAGS:-})
         start=$(date +%s.%N)
         "$TRAIN" "${titan_flags[@]}" --training.steps $((steps + warmup)) --job.dump_folder "$OUT/$name.$dtype.r$round" \
           >"$OUT/$name.$dtype.r$round.log" 2>&1 || { cat "$OUT/$name.$dtype.r$round.log" >&2; exit 1; }

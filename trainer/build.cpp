@@ -12,6 +12,7 @@
 
 #include "float8/recipe.h"
 #include "model/flavors.h"
+#include "model/linear.h"
 #include "model/scope.h"
 #include "parallel/comm/comm_trace.h"
 #include "parallel/comm/mesh.h"
@@ -57,6 +58,11 @@ void Trainer::init_device() {
 #endif
   }
   if (t.num_threads > 0) at::set_num_threads(static_cast<int>(t.num_threads));
+  if (t.cpu_float32_gemm == "onednn" && !model::onednn_linear_available())
+    throw config::ConfigError("training.cpu_float32_gemm = onednn, but this LibTorch has no oneDNN linear "
+                              "(mkldnn::_linear_pointwise); use aten");
+  model::set_cpu_float32_gemm(t.cpu_float32_gemm == "onednn" ? model::CpuFloat32Gemm::kOneDnn
+                                                            : model::CpuFloat32Gemm::kAten);
   // Before any cuBLAS handle exists: cuBLAS reads CUBLAS_WORKSPACE_CONFIG when it creates one.
   apply_determinism(t.deterministic);
   compute_dtype_ = config::dtype_from_name(t.mixed_precision_param, "training.mixed_precision_param");

@@ -107,6 +107,7 @@ struct TrainingSection {
   bool skip_nonfinite_steps = false;  // a non-finite loss/grad norm skips the update instead of stopping
   std::string device = "cpu";  // cpu|cuda; parsing makes it cuda when a GPU is visible
   int64_t num_threads = 0;     // intra-op threads, 0 = all cores
+  std::string cpu_float32_gemm = "aten";  // aten|onednn (Note [float32 GEMMs on the CPU] in model/linear.h)
   double cpu_memory_limit_gib = 0;  // CPU tensor memory limit (out-of-memory error above); 0 = none
 };
 

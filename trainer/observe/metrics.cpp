@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <ATen/Parallel.h>
-#include <ATen/ops/mm.h>
 #include <ATen/ops/randn.h>
 #include <c10/core/ScalarType.h>
 
@@ -20,6 +19,7 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#include "model/linear.h"
 #include "trainer/observe/memory.h"
 #include "util/atomic_file.h"
 #include "util/logging.h"
@@ -39,17 +39,18 @@ std::string with_thousands(int64_t value) {
 double probe_cpu_matmul_flops(at::ScalarType dtype) {
   // Several sizes, the best rate wins: a small GEMM underrates what the model's larger ones
   // reach (an mfu above 100% is the symptom), and a bf16 GEMM's rate depends on its kernel's
-  // blocking more than float32's.
+  // blocking more than float32's. The product is the linears' own (model::times_transposed: the
+  // library training.cpu_float32_gemm names), so the peak is the one the step's GEMMs can reach.
   double best = 0;
   for (const int64_t n : {512, 1024, 2048}) {
     at::Tensor a = at::randn({n, n}).to(dtype), b = at::randn({n, n}).to(dtype);
-    at::mm(a, b);  // warm-up: thread pool, caches, the kernel's packing buffers
+    model::times_transposed(a, b);  // warm-up: thread pool, caches, the kernel's packing buffers
     for (int trial = 0; trial < 3; ++trial) {
       const auto start = std::chrono::steady_clock::now();
       int reps = 0;
       double elapsed = 0;
       do {
-        at::mm(a, b);
+        model::times_transposed(a, b);
         ++reps;
         elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       } while (elapsed < 0.04);
