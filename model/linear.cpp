@@ -83,7 +83,9 @@ bool onednn_linear_available() { return onednn_linear_op().has_value(); }
 
 at::Tensor times_transposed(const at::Tensor& a, const at::Tensor& w) {
   if (g_cpu_float32_gemm.load(std::memory_order_relaxed) == CpuFloat32Gemm::kOneDnn && a.is_cpu() &&
-      a.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat) {
+      a.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat && a.size(1) > 0) {
+    // (K = 0, an expert's weight gradient when no token chose it: oneDNN has no primitive for an
+    // empty sum; at::mm gives the zeros.)
     // mkldnn::_linear_pointwise(Tensor X, Tensor W, Tensor? B, str attr, Scalar?[] scalars, str? algorithm)
     torch::jit::Stack stack{a, w, c10::IValue(), c10::IValue(std::string("none")),
                             c10::IValue(c10::List<std::optional<at::Scalar>>()), c10::IValue()};

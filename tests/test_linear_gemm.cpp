@@ -10,7 +10,7 @@
 #include <ATen/ops/equal.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/randn.h>
-#include <ATen/ops/ones_like.h>
+#include <ATen/ops/zeros.h>
 #include <torch/csrc/autograd/autograd.h>
 
 #include <catch2/catch.hpp>
@@ -71,6 +71,10 @@ TEST_CASE("float32 linears on the CPU: oneDNN's products are float32 products of
   }
   // The same products through a deferred weight gradient (the zero-bubble schedules' W action).
   const GemmChoice choice(tmod::CpuFloat32Gemm::kOneDnn);
+  // An empty sum (K = 0: an MoE expert's weight gradient when no token chose it) is zeros, and
+  // empty rows an empty product.
+  CHECK(at::equal(tmod::times_transposed(at::randn({5, 0}), at::randn({7, 0})), at::zeros({5, 7})));
+  CHECK(tmod::times_transposed(at::randn({0, 16}), at::randn({8, 16})).sizes() == at::IntArrayRef({0, 8}));
   const at::Tensor x = x0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
   tmod::HighPrecisionLinearCompute compute;
   const at::Tensor y = compute.forward(tmod::LinearOperand(x), tmod::LinearOperand(w));
