@@ -82,10 +82,10 @@ CpuFloat32Gemm cpu_float32_gemm() { return g_cpu_float32_gemm.load(); }
 bool onednn_linear_available() { return onednn_linear_op().has_value(); }
 
 at::Tensor times_transposed(const at::Tensor& a, const at::Tensor& w) {
+  // K = 0 (an expert's weight gradient when no token chose it) stays with at::mm, which gives the
+  // zeros: oneDNN has no primitive for an empty sum.
   if (g_cpu_float32_gemm.load(std::memory_order_relaxed) == CpuFloat32Gemm::kOneDnn && a.is_cpu() &&
       a.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat && a.size(1) > 0) {
-    // (K = 0, an expert's weight gradient when no token chose it: oneDNN has no primitive for an
-    // empty sum; at::mm gives the zeros.)
     // mkldnn::_linear_pointwise(Tensor X, Tensor W, Tensor? B, str attr, Scalar?[] scalars, str? algorithm)
     torch::jit::Stack stack{a, w, c10::IValue(), c10::IValue(std::string("none")),
                             c10::IValue(c10::List<std::optional<at::Scalar>>()), c10::IValue()};

@@ -70,7 +70,8 @@ void Trainer::init_device() {
   for (const auto& n : cfg_.notes) util::log_info("config: " + n);
   util::log_info("device: " + device_.str() + " (training.device = " + t.device + ")");
   util::log_info("dtypes: compute " + t.mixed_precision_param + ", master weights and optimizer state "
-                 "float32, gradient reduction " + t.mixed_precision_reduce);
+                 "float32, gradient reduction " + t.mixed_precision_reduce +
+                 (t.cpu_float32_gemm == "onednn" ? "; float32 CPU GEMMs through oneDNN (training.cpu_float32_gemm)" : ""));
   observe::set_cpu_memory_limit(static_cast<int64_t>(t.cpu_memory_limit_gib * double(1ll << 30)));
   // Before the model exists, so that a memory snapshot's record includes the parameters.
   profiler_ = std::make_unique<observe::StepProfiler>(cfg_.profiling, cfg_.job.dump_folder, env_rank(), device_);
