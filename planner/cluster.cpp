@@ -27,6 +27,7 @@
 
 #include "model/activation_checkpoint_ops.h"
 #include "model/flavors.h"
+#include "model/linear.h"
 #include "parallel/comm/process_group.h"
 #include "trainer/config/parallel_options.h"
 
@@ -105,13 +106,13 @@ double shared_gemm_rate(const at::Tensor& a, const at::Tensor& b, int64_t thread
   for (int64_t r = 0; r < threads; ++r)
     pool.emplace_back([&, r] {
       const at::Tensor x = a.clone(), y = b.clone();
-      at::mm(x, y);  // warm-up: the packed buffers, the pages
+      model::times_transposed(x, y);  // warm-up: the packed buffers, the pages
       ++ready;
       while (!go.load()) std::this_thread::yield();
       int64_t calls = 0;
       Clock::time_point last = start;
       while (true) {
-        at::mm(x, y);
+        model::times_transposed(x, y);  // the linears' product (training.cpu_float32_gemm's library)
         const Clock::time_point now = Clock::now();
         if (now - start >= window) break;
         ++calls;
@@ -312,7 +313,7 @@ double attention_over_gemm_rate(const trainer::config::JobConfig& cfg, at::Scala
     const at::Tensor out = model::attention_op(q, k, v);
     out.backward(at::ones_like(out));
   }, 5);
-  const double gemm_s = seconds_of([&] { at::mm(a, b); }, 5);
+  const double gemm_s = seconds_of([&] { model::times_transposed(a, b); }, 5);
   at::set_num_threads(pool_threads);
   const double attention_flops = 3.0 * 4.0 * static_cast<double>(heads * head_dim) * seq * seq;
   const double gemm_flops = 2.0 * static_cast<double>(a.size(0)) * a.size(1) * b.size(1);
@@ -328,6 +329,14 @@ DeviceSpec cpu_device(const trainer::config::JobConfig& cfg, int64_t processes) 
            std::to_string(processes) + " ranks)";
   const at::ScalarType dtype = trainer::config::dtype_from_name(cfg.training.mixed_precision_param,
                                                                 "training.mixed_precision_param");
+  // The GEMM probes multiply through the library the job's linears will use (Note [float32
+  // GEMMs on the CPU] in model/linear.h), restored when the probes end.
+  struct GemmLibrary {
+    model::CpuFloat32Gemm before = model::cpu_float32_gemm();
+    ~GemmLibrary() { model::set_cpu_float32_gemm(before); }
+  } restore;
+  model::set_cpu_float32_gemm(cfg.training.cpu_float32_gemm == "onednn" ? model::CpuFloat32Gemm::kOneDnn
+                                                                        : model::CpuFloat32Gemm::kAten);
   constexpr int64_t n = 768;
   const at::Tensor a = at::randn({n, n}).to(dtype), b = at::randn({n, n}).to(dtype);
   // A rank's GEMM rate with every rank computing at once: `processes` threads, one per rank,
