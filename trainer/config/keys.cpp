@@ -238,7 +238,8 @@ std::vector<SectionSpec> build_table() {
           key("num_threads", &TrainingSection::num_threads,
               "Intra-op CPU threads; 0 = all cores.").count_at_least(0),
           key("cpu_float32_gemm", &TrainingSection::cpu_float32_gemm,
-              "Library for the linears' float32 products on the CPU: aten = LibTorch's mm (MKL in "
+              "Library for the high-precision linears' float32 products on the CPU (float8 / int8 "
+              "emulation keeps LibTorch's mm): aten = LibTorch's mm (MKL in "
               "the x86 wheels; bit for bit what titan has always computed), onednn = oneDNN's linear "
               "(about 2x MKL's float32 rate on AMD processors, whose AVX-512 MKL does not use; "
               "results differ in the last bits). bf16 and CUDA products are unaffected.")
