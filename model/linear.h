@@ -84,8 +84,8 @@ LinearCompute* innermost(const std::shared_ptr<LinearCompute>& compute);
 // Note [float32 GEMMs on the CPU]: which library multiplies the high-precision linears' float32
 // CPU operands (training.cpu_float32_gemm). kAten: LibTorch's at::mm, whose x86 wheels call MKL;
 // MKL picks its kernels by CPU vendor and runs its AVX2 ones on AMD processors, so on an AMD
-// EPYC with AVX-512 (Zen 5, two cores) it multiplies at 190-215 GFLOP/s where oneDNN, which the
-// same wheel carries and which picks by instruction set, reaches 380-480. kOneDnn: the three
+// EPYC with AVX-512 (Zen 5, two cores) it multiplies at 190-220 GFLOP/s where oneDNN, which the
+// same wheel carries and which picks by instruction set, reaches 280-500. kOneDnn: the three
 // products (x W^T, G W, G^T x) through LibTorch's oneDNN linear op (mkldnn::_linear_pointwise,
 // the one inductor uses on the CPU), taking the transposed operands as strided views. The sums
 // run in another order, so the float32 results differ from kAten's in the last bits (about
