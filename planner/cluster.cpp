@@ -337,6 +337,7 @@ DeviceSpec cpu_device(const trainer::config::JobConfig& cfg, int64_t processes) 
   } restore;
   model::set_cpu_float32_gemm(cfg.training.cpu_float32_gemm == "onednn" ? model::CpuFloat32Gemm::kOneDnn
                                                                         : model::CpuFloat32Gemm::kAten);
+  d.peak_label = dtype == at::kFloat ? "float32 (" + cfg.training.cpu_float32_gemm + ")" : "bf16";
   constexpr int64_t n = 768;
   const at::Tensor a = at::randn({n, n}).to(dtype), b = at::randn({n, n}).to(dtype);
   // A rank's GEMM rate with every rank computing at once: `processes` threads, one per rank,
@@ -461,7 +462,7 @@ std::vector<std::string> Cluster::describe() const {
      << " GPUs";
   std::vector<std::string> lines = {os.str()};
   os.str("");
-  os << "per GPU: bf16 " << device.peak_bf16 / kT << " TFLOP/s";
+  os << "per GPU: " << device.peak_label << " " << device.peak_bf16 / kT << " TFLOP/s";
   if (device.peak_fp8 > 0) os << ", float8 " << device.peak_fp8 / kT << " TFLOP/s";
   os << " (GEMMs at " << device.gemm_efficiency << " of peak";
   if (device.attention_efficiency != 1.0) os << ", attention at " << device.attention_efficiency << " of the GEMMs' rate";

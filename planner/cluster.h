@@ -20,6 +20,9 @@ constexpr double kProbeMessageBytes = 4 << 20, kProbeLargeMessageBytes = 64 << 2
 struct DeviceSpec {
   std::string name;               // "H100 SXM", "cpu (this machine, measured)"
   double peak_bf16 = 0;           // FLOP/s, dense
+  // What peak_bf16 is the rate of: "bf16" on the GPUs of the table; device cpu measures the job's
+  // compute dtype, "float32 (aten)" or "float32 (onednn)" by training.cpu_float32_gemm.
+  std::string peak_label = "bf16";
   double peak_fp8 = 0;            // FLOP/s, dense; 0: no float8 tensor cores
   double memory_bytes = 0;
   double hbm_bytes_per_s = 0;
