@@ -95,6 +95,17 @@ enum class CpuFloat32Gemm { kAten, kOneDnn };
 void set_cpu_float32_gemm(CpuFloat32Gemm gemm);
 CpuFloat32Gemm cpu_float32_gemm();
 bool onednn_linear_available();  // this LibTorch registers mkldnn::_linear_pointwise
+// Sets the choice for a scope (a probe, a test) and restores the one before it when the scope ends.
+class CpuFloat32GemmScope {
+ public:
+  explicit CpuFloat32GemmScope(CpuFloat32Gemm gemm) : before_(cpu_float32_gemm()) { set_cpu_float32_gemm(gemm); }
+  ~CpuFloat32GemmScope() { set_cpu_float32_gemm(before_); }
+  CpuFloat32GemmScope(const CpuFloat32GemmScope&) = delete;
+  CpuFloat32GemmScope& operator=(const CpuFloat32GemmScope&) = delete;
+
+ private:
+  CpuFloat32Gemm before_;
+};
 // a W^T for a [M, K] and W [N, K], either of any strides: the GEMM of the high-precision linear,
 // through the library cpu_float32_gemm() names for float32 CPU operands, else at::mm.
 at::Tensor times_transposed(const at::Tensor& a, const at::Tensor& w);

@@ -331,12 +331,7 @@ DeviceSpec cpu_device(const trainer::config::JobConfig& cfg, int64_t processes) 
                                                                 "training.mixed_precision_param");
   // The GEMM probes multiply through the library the job's linears will use (Note [float32
   // GEMMs on the CPU] in model/linear.h), restored when the probes end.
-  struct GemmLibrary {
-    model::CpuFloat32Gemm before = model::cpu_float32_gemm();
-    ~GemmLibrary() { model::set_cpu_float32_gemm(before); }
-  } restore;
-  model::set_cpu_float32_gemm(cfg.training.cpu_float32_gemm == "onednn" ? model::CpuFloat32Gemm::kOneDnn
-                                                                        : model::CpuFloat32Gemm::kAten);
+  const model::CpuFloat32GemmScope gemm_library(trainer::config::cpu_float32_gemm_of(cfg));
   d.peak_label = dtype == at::kFloat ? "float32 (" + cfg.training.cpu_float32_gemm + ")" : "bf16";
   constexpr int64_t n = 768;
   const at::Tensor a = at::randn({n, n}).to(dtype), b = at::randn({n, n}).to(dtype);

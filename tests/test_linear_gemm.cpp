@@ -21,13 +21,6 @@ namespace tmod = titan::model;
 
 namespace {
 
-// Restores the process-wide choice when a case ends (pass or fail).
-struct GemmChoice {
-  explicit GemmChoice(tmod::CpuFloat32Gemm gemm) : before(tmod::cpu_float32_gemm()) { tmod::set_cpu_float32_gemm(gemm); }
-  ~GemmChoice() { tmod::set_cpu_float32_gemm(before); }
-  tmod::CpuFloat32Gemm before;
-};
-
 // |got - a b^T| <= gamma_K |a| |b|^T elementwise, a [M, K], b [N, K] (float64 reference).
 void check_product(const at::Tensor& got, const at::Tensor& a, const at::Tensor& b) {
   const double k = static_cast<double>(a.size(1)), u = std::ldexp(1.0, -24);
@@ -52,7 +45,7 @@ TEST_CASE("float32 linears on the CPU: oneDNN's products are float32 products of
   const at::Tensor g = at::randn({3, 37, 160});
   for (const tmod::CpuFloat32Gemm gemm : {tmod::CpuFloat32Gemm::kAten, tmod::CpuFloat32Gemm::kOneDnn}) {
     INFO((gemm == tmod::CpuFloat32Gemm::kAten ? "aten" : "onednn"));
-    const GemmChoice choice(gemm);
+    const tmod::CpuFloat32GemmScope choice(gemm);
     const at::Tensor x = x0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
     tmod::HighPrecisionLinearCompute compute;
     const at::Tensor y = compute.forward(tmod::LinearOperand(x), tmod::LinearOperand(w));
@@ -70,7 +63,7 @@ TEST_CASE("float32 linears on the CPU: oneDNN's products are float32 products of
     }
   }
   // The same products through a deferred weight gradient (the zero-bubble schedules' W action).
-  const GemmChoice choice(tmod::CpuFloat32Gemm::kOneDnn);
+  const tmod::CpuFloat32GemmScope choice(tmod::CpuFloat32Gemm::kOneDnn);
   // An empty sum (K = 0: an MoE expert's weight gradient when no token chose it) is zeros, and
   // empty rows an empty product.
   CHECK(at::equal(tmod::times_transposed(at::randn({5, 0}), at::randn({7, 0})), at::zeros({5, 7})));

@@ -58,11 +58,7 @@ void Trainer::init_device() {
 #endif
   }
   if (t.num_threads > 0) at::set_num_threads(static_cast<int>(t.num_threads));
-  if (t.cpu_float32_gemm == "onednn" && !model::onednn_linear_available())
-    throw config::ConfigError("training.cpu_float32_gemm = onednn, but this LibTorch has no oneDNN linear "
-                              "(mkldnn::_linear_pointwise); use aten");
-  model::set_cpu_float32_gemm(t.cpu_float32_gemm == "onednn" ? model::CpuFloat32Gemm::kOneDnn
-                                                            : model::CpuFloat32Gemm::kAten);
+  model::set_cpu_float32_gemm(config::cpu_float32_gemm_of(cfg_));
   // Before any cuBLAS handle exists: cuBLAS reads CUBLAS_WORKSPACE_CONFIG when it creates one.
   apply_determinism(t.deterministic);
   compute_dtype_ = config::dtype_from_name(t.mixed_precision_param, "training.mixed_precision_param");

@@ -23,6 +23,14 @@ at::ScalarType dtype_from_name(const std::string& name, const char* key) {
 }
 
 
+model::CpuFloat32Gemm cpu_float32_gemm_of(const JobConfig& cfg) {
+  if (cfg.training.cpu_float32_gemm != "onednn") return model::CpuFloat32Gemm::kAten;
+  if (!model::onednn_linear_available())
+    throw ConfigError("training.cpu_float32_gemm = onednn, but this LibTorch has no oneDNN linear "
+                      "(mkldnn::_linear_pointwise); use aten");
+  return model::CpuFloat32Gemm::kOneDnn;
+}
+
 parallel::comm::ParallelDims parallel_dims(const JobConfig& cfg, int world_size) {
   const auto& p = cfg.parallelism;
   try {

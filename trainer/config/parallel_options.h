@@ -13,6 +13,7 @@
 #include <string>
 
 #include "model/args.h"
+#include "model/linear.h"
 #include "parallel/comm/mesh.h"
 #include "parallel/context_parallel/context_parallel.h"
 #include "parallel/parallel_options.h"
@@ -24,6 +25,9 @@ namespace titan::trainer::config {
 // A dtype config value (training.mixed_precision_param, checkpoint.export_dtype); `key` names it
 // in the error. The key table already restricts each key to the names it accepts.
 at::ScalarType dtype_from_name(const std::string& name, const char* key);
+// training.cpu_float32_gemm as the model's choice; a config error when it asks for oneDNN and this
+// LibTorch has no oneDNN linear.
+model::CpuFloat32Gemm cpu_float32_gemm_of(const JobConfig& cfg);
 
 // Whether attention is block-causal: model.attn_mask_type = block_causal, or a block-causal flavor
 // (torchtitan's *_flex_attn / *_varlen_attn / *_flex / *_varlen).
