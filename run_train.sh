@@ -6,7 +6,7 @@
 # there), LOG_RANK (which ranks' output to show, default 0), CONFIG_FILE, MAX_RESTARTS (titan-run
 # --max-restarts: restart the job after a failure up to this many times, resuming from the last
 # checkpoint; default 0). Every argument is a config override (--section.key value). The first
-# run sets everything up (scripts/setup.sh).
+# run sets up what training needs (scripts/setup.sh --train; scripts/test.sh adds the test tools).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
@@ -20,13 +20,13 @@ NGPU="${NGPU:-$DEFAULT_NGPU}"
 LOG_RANK="${LOG_RANK:-0}"
 CONFIG_FILE="${CONFIG_FILE:-$ROOT/configs/llama3_debugmodel.toml}"
 
-# Set up and (incrementally) build; quiet unless something has to be done or fails.
-if ! out="$("$ROOT/scripts/setup.sh" 2>&1)"; then
-  echo "$out" >&2
+# Set up and (incrementally) build only what training needs: one line per set-up phase as it
+# starts, the build as one updating line, the whole log of a phase that fails; nothing when there
+# is nothing to do (scripts/setup.sh).
+if ! "$ROOT/scripts/setup.sh" --train; then
   echo "run_train.sh: set-up failed (see above)" >&2
   exit 1
 fi
-grep -v -e '^\[setup\] building' -e '^ninja: no work to do' -e '^\[[0-9]*/[0-9]*\]' <<<"$out" || true
 
 TRAIN=("$BUILD/apps/titan-train" --job.config_file "$CONFIG_FILE" "$@")
 MAX_RESTARTS="${MAX_RESTARTS:-0}"

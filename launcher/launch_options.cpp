@@ -12,7 +12,6 @@
 namespace titan::launcher {
 namespace {
 
-constexpr int kMultiNodeDefaultPort = 29500;  // torchrun's default
 // ---------------------------------------------------------------------------------------------
 // Command line
 

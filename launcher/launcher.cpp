@@ -27,7 +27,6 @@
 namespace titan::launcher {
 namespace {
 
-constexpr int kMultiNodeDefaultPort = 29500;  // torchrun's default
 
 }  // namespace
 
@@ -51,7 +50,6 @@ int pick_free_port() {
 
 namespace {
 
-void say(const std::string& message) { std::cerr << "titan-run: " << message << std::endl; }
 
 std::string describe_attempt(const AttemptResult& a) {
   std::ostringstream os;

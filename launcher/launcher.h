@@ -24,6 +24,11 @@ class UsageError : public std::runtime_error {
 };
 
 constexpr int kUsageExitCode = 2;
+constexpr int kMultiNodeDefaultPort = 29500;  // torchrun's default
+
+// "titan-run: <message>" on stderr in one write(2), so that it never interleaves with the lines
+// the relay threads write.
+void say(const std::string& message);
 
 struct LaunchOptions {
   int nproc_per_node = 1;

@@ -21,6 +21,7 @@
 // titan-run itself: if it dies, the others see their connection close, stop their ranks and end.
 // Lines are tab-separated text; the free text comes last with tabs and newlines made spaces.
 #include "launcher/node_agreement.h"
+#include "launcher/launcher.h"
 
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -45,7 +46,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-void say(const std::string& message) { std::cerr << "titan-run: " << message << std::endl; }
 
 std::string one_line(std::string text) {
   for (char& c : text)

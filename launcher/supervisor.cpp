@@ -20,6 +20,7 @@
 // child subreaper of its tree (PR_SET_CHILD_SUBREAPER), so a rank's orphaned grandchildren are
 // reparented to it (and reaped by it) rather than to init while it lives.
 #include "launcher/supervisor.h"
+#include "launcher/launcher.h"
 #include "launcher/process_status.h"
 #include "launcher/signal_pipe.h"
 
@@ -63,7 +64,6 @@ bool write_all(int fd, const std::string& data) {
   return true;
 }
 
-void say(const std::string& message) { write_all(STDERR_FILENO, "titan-run: " + message + "\n"); }
 
 // ---------------------------------------------------------------------------------------------
 // Ranks
@@ -517,6 +517,8 @@ AttemptResult Supervisor::run() {
 }
 
 }  // namespace
+
+void say(const std::string& message) { write_all(STDERR_FILENO, "titan-run: " + message + "\n"); }
 
 AttemptResult supervise(const LaunchOptions& options, int master_port, int restart_count,
                         const AttemptWatch& watch) {

@@ -35,7 +35,7 @@ namespace titan::planner {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr double kT = 1e12, kG = 1e9, kGiB = 1073741824.0;
+constexpr double kT = 1e12, kG = 1e9;
 
 // Data sheets (NVIDIA, dense figures: the sparse ones halved), SXM parts, one GPU: bf16 and float8
 // tensor-core peaks, HBM capacity and bandwidth, NVLink per direction (half the bidirectional

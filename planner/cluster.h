@@ -12,6 +12,8 @@
 
 namespace titan::planner {
 
+constexpr double kGiB = 1073741824.0;  // bytes
+
 enum class Collective { kAllGather, kReduceScatter, kAllReduce };
 
 // The message sizes device cpu's Gloo probe measures (DeviceSpec::GroupLink).

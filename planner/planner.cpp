@@ -22,7 +22,6 @@
 namespace titan::planner {
 namespace {
 
-constexpr double kGiB = 1073741824.0;
 // Pipeline passes of more than 16 x pp micro-batches are not searched: the bubble of one is
 // already below (p - 1) / (17 p - 1) < 6%, and more micro-batches only shrink each GEMM (the
 // 405B search on 16k GPUs would otherwise simulate passes of 2048).

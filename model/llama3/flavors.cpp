@@ -31,7 +31,7 @@ ModelArgs block_causal(ModelArgs a) {
 }
 
 // torchtitan's llama3 flavors (torchtitan/models/llama3/__init__.py), with their sizes.
-const std::vector<NamedFlavor>& flavors() {
+const std::vector<NamedFlavor>& llama3_flavor_table() {
   static const std::vector<NamedFlavor> table = {
       {"debugmodel", make_args(256, 6, 16, 0, 2048, 256, 0.0)},
       {"8B", make_args(4096, 32, 32, 8, 128256, 1024, 1.3)},
@@ -56,8 +56,8 @@ const std::vector<NamedFlavor>& flavors() {
 
 }  // namespace
 
-std::vector<std::string> llama3_flavor_names() { return flavor_names_of(flavors()); }
+std::vector<std::string> llama3_flavor_names() { return flavor_names_of(llama3_flavor_table()); }
 
-ModelArgs llama3_flavor(const std::string& name) { return find_flavor(flavors(), "llama3", name); }
+ModelArgs llama3_flavor(const std::string& name) { return find_flavor(llama3_flavor_table(), "llama3", name); }
 
 }  // namespace titan::model

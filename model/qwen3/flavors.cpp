@@ -70,7 +70,7 @@ ModelArgs with_theta(ModelArgs a, double theta) {
   return a;
 }
 
-const std::vector<NamedFlavor>& flavors() {
+const std::vector<NamedFlavor>& qwen3_flavor_table() {
   static const std::vector<NamedFlavor> table = {
       {"debugmodel", qwen3(256, 8, 16, 8, 2048, 3072, true)},
       {"0.6B", qwen3(1024, 28, 16, 8, 151936, 3072, true)},
@@ -95,8 +95,8 @@ const std::vector<NamedFlavor>& flavors() {
 
 }  // namespace
 
-std::vector<std::string> qwen3_flavor_names() { return flavor_names_of(flavors()); }
+std::vector<std::string> qwen3_flavor_names() { return flavor_names_of(qwen3_flavor_table()); }
 
-ModelArgs qwen3_flavor(const std::string& name) { return find_flavor(flavors(), "qwen3", name); }
+ModelArgs qwen3_flavor(const std::string& name) { return find_flavor(qwen3_flavor_table(), "qwen3", name); }
 
 }  // namespace titan::model

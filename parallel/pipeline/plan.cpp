@@ -13,8 +13,6 @@
 namespace titan::parallel::pipeline {
 namespace {
 
-std::string n(int64_t v) { return std::to_string(v); }
-
 std::string join(const std::vector<std::string>& items) {
   std::string out;
   for (const auto& i : items) out += (out.empty() ? "" : ", ") + i;
@@ -105,7 +103,7 @@ model::ModelPart model_part_of(const std::vector<std::string>& modules, int stag
     }
   }
   if (norm != output)
-    throw std::invalid_argument("pipeline stage " + n(stage) + " holds " + (norm ? "norm" : "output") + " but not " +
+    throw std::invalid_argument("pipeline stage " + std::to_string(stage) + " holds " + (norm ? "norm" : "output") + " but not " +
                                 (norm ? "output" : "norm") +
                                 ": titan runs the final norm and the output projection on one stage (put both in "
                                 "the same list of parallelism.module_fqns_per_model_part)");
@@ -129,17 +127,17 @@ std::vector<std::string> PipelinePlan::describe() const {
        << " row" << (microbatch_rows == 1 ? "" : "s") << " per pass";
   lines.push_back(head.str());
   for (int r = 0; r < pp; ++r) {
-    std::string line = "  pp rank " + n(r) + ":";
+    std::string line = "  pp rank " + std::to_string(r) + ":";
     for (int s : stages_of(r)) {
       const auto& mods = stage_modules[static_cast<size_t>(s)];
-      line += " stage " + n(s) + " [" + (mods.size() > 4 ? mods.front() + " .. " + mods.back() : join(mods)) + "]";
+      line += " stage " + std::to_string(s) + " [" + (mods.size() > 4 ? mods.front() + " .. " + mods.back() : join(mods)) + "]";
     }
     size_t slots = 0, busy = 0;
     for (const auto& a : (*order)[static_cast<size_t>(r)]) {
       ++slots;
       busy += a.has_value();
     }
-    line += "; " + n(static_cast<int64_t>(busy)) + " actions in " + n(static_cast<int64_t>(slots)) + " slots";
+    line += "; " + std::to_string(static_cast<int64_t>(busy)) + " actions in " + std::to_string(static_cast<int64_t>(slots)) + " slots";
     lines.push_back(line);
   }
   return lines;
@@ -156,16 +154,16 @@ PipelinePlan make_plan(const PipelineConfig& c, int pp, int64_t n_layers, int64_
   // Micro-batches: torchtitan's v0.1 - v0.2 key gives their size, main's their count.
   if (c.num_microbatches > 0) {
     if (local_batch_size % c.num_microbatches != 0)
-      throw std::invalid_argument("training.local_batch_size (" + n(local_batch_size) +
-                                  ") must be divisible by parallelism.num_pp_microbatches (" + n(c.num_microbatches) +
+      throw std::invalid_argument("training.local_batch_size (" + std::to_string(local_batch_size) +
+                                  ") must be divisible by parallelism.num_pp_microbatches (" + std::to_string(c.num_microbatches) +
                                   "): each pipeline micro-batch has the same rows");
     plan.microbatches = c.num_microbatches;
     plan.microbatch_rows = local_batch_size / c.num_microbatches;
   } else {
     if (c.microbatch_size < 1 || local_batch_size % c.microbatch_size != 0)
-      throw std::invalid_argument("training.local_batch_size (" + n(local_batch_size) +
+      throw std::invalid_argument("training.local_batch_size (" + std::to_string(local_batch_size) +
                                   ") must be divisible by parallelism.pipeline_parallel_microbatch_size (" +
-                                  n(c.microbatch_size) + "); choose a divisor of the local batch");
+                                  std::to_string(c.microbatch_size) + "); choose a divisor of the local batch");
     plan.microbatch_rows = c.microbatch_size;
     plan.microbatches = local_batch_size / c.microbatch_size;
   }
@@ -186,10 +184,10 @@ PipelinePlan make_plan(const PipelineConfig& c, int pp, int64_t n_layers, int64_
       : !c.split_points.empty() ? "parallelism.pipeline_parallel_split_points"
       : c.stage_balance == "flops"
           ? "the stage split (parallelism.pipeline_parallel_stage_balance flops, pipeline_parallel_layers_per_stage " +
-                n(c.layers_per_stage) + ", " + n(n_layers) + " layers)"
-          : "the stage split (parallelism.pipeline_parallel_layers_per_stage " + n(c.layers_per_stage) +
-                ", pipeline_parallel_first_stage_less_layers " + n(c.first_stage_less_layers) +
-                ", pipeline_parallel_last_stage_less_layers " + n(c.last_stage_less_layers) + ", " + n(n_layers) +
+                std::to_string(c.layers_per_stage) + ", " + std::to_string(n_layers) + " layers)"
+          : "the stage split (parallelism.pipeline_parallel_layers_per_stage " + std::to_string(c.layers_per_stage) +
+                ", pipeline_parallel_first_stage_less_layers " + std::to_string(c.first_stage_less_layers) +
+                ", pipeline_parallel_last_stage_less_layers " + std::to_string(c.last_stage_less_layers) + ", " + std::to_string(n_layers) +
                 " layers)";
   // A FLOP-balanced split needs the stage count only here: its blocks are placed once the
   // schedule has placed the stages (below).
@@ -214,14 +212,14 @@ PipelinePlan make_plan(const PipelineConfig& c, int pp, int64_t n_layers, int64_
     return plan.num_stages();
   });
   if (num_stages % pp != 0)
-    throw std::invalid_argument("the split gives " + n(num_stages) + " pipeline stages, not a multiple of "
-                                "parallelism.pipeline_parallel_degree (" + n(pp) + ")");
+    throw std::invalid_argument("the split gives " + std::to_string(num_stages) + " pipeline stages, not a multiple of "
+                                "parallelism.pipeline_parallel_degree (" + std::to_string(pp) + ")");
   const int per_rank = num_stages / pp;
   const std::string microbatch_keys =
-      n(plan.microbatches) + " micro-batches per pass (training.local_batch_size " + n(local_batch_size) +
+      std::to_string(plan.microbatches) + " micro-batches per pass (training.local_batch_size " + std::to_string(local_batch_size) +
       (c.num_microbatches > 0 ? " over parallelism.num_pp_microbatches"
-                              : " / parallelism.pipeline_parallel_microbatch_size " + n(c.microbatch_size)) +
-      ") and " + n(num_stages) + " stages over " + n(pp) + " ranks from " + split_keys;
+                              : " / parallelism.pipeline_parallel_microbatch_size " + std::to_string(c.microbatch_size)) +
+      ") and " + std::to_string(num_stages) + " stages over " + std::to_string(pp) + " ranks from " + split_keys;
   if (c.schedule_csv.empty()) {
     with_context("parallelism.pipeline_parallel_schedule " + std::string(pipeline_schedule_name(plan.kind)) +
                      " with " + microbatch_keys,
@@ -251,9 +249,9 @@ PipelinePlan make_plan(const PipelineConfig& c, int pp, int64_t n_layers, int64_
     });
   for (int r = 0; r < pp; ++r)
     if (static_cast<int>(plan.stages_of(r).size()) != per_rank)
-      throw std::invalid_argument("the pipeline schedule " + plan.schedule_name + " gives pp rank " + n(r) + " " +
-                                  n(static_cast<int64_t>(plan.stages_of(r).size())) + " stages; every rank must hold " +
-                                  n(per_rank) + " (" + n(num_stages) + " stages over " + n(pp) + " ranks)");
+      throw std::invalid_argument("the pipeline schedule " + plan.schedule_name + " gives pp rank " + std::to_string(r) + " " +
+                                  std::to_string(static_cast<int64_t>(plan.stages_of(r).size())) + " stages; every rank must hold " +
+                                  std::to_string(per_rank) + " (" + std::to_string(num_stages) + " stages over " + std::to_string(pp) + " ranks)");
   return plan;
 }
 
@@ -265,7 +263,7 @@ std::string plan_key(const PipelineConfig& c, int pp, int64_t n_layers, int64_t 
   std::snprintf(flops, sizeof flops, "%a %a %a", c.module_flops.block, c.module_flops.embedding, c.module_flops.output);
   for (int64_t v : {int64_t{pp}, n_layers, local_batch_size, c.microbatch_size, c.num_microbatches, c.layers_per_stage,
                     c.first_stage_less_layers, c.last_stage_less_layers})
-    add(n(v));
+    add(std::to_string(v));
   add(c.schedule), add(c.stage_balance), add(flops);
   for (const std::string& point : c.split_points) add(point);
   key += '\x1e';

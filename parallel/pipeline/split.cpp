@@ -7,12 +7,10 @@
 namespace titan::parallel::pipeline {
 namespace {
 
-std::string n(int64_t v) { return std::to_string(v); }
-
 // The module order of the Llama: what the stages read in order must be.
 std::vector<std::string> model_modules(int64_t n_layers) {
   std::vector<std::string> modules = {"tok_embeddings"};
-  for (int64_t i = 0; i < n_layers; ++i) modules.push_back("layers." + n(i));
+  for (int64_t i = 0; i < n_layers; ++i) modules.push_back("layers." + std::to_string(i));
   modules.push_back("norm");
   modules.push_back("output");
   return modules;
@@ -25,40 +23,40 @@ int pipeline_stage_count(PipelineScheduleKind kind, int pp, int64_t n_layers, in
   if (layers_per_stage <= 0) return pp * default_stages_per_rank(kind);
   const int64_t effective = n_layers + input_weight + output_weight;
   const int64_t stages = (effective + layers_per_stage - 1) / layers_per_stage;
-  const std::string context = " (the model's " + n(n_layers) + " layers + " + n(input_weight) + " + " +
-                              n(output_weight) + " for the embedding and the output, " + n(layers_per_stage) +
-                              " per stage (parallelism.pipeline_parallel_layers_per_stage): " + n(stages) +
-                              " stages over " + n(pp) + " pipeline ranks)";
+  const std::string context = " (the model's " + std::to_string(n_layers) + " layers + " + std::to_string(input_weight) + " + " +
+                              std::to_string(output_weight) + " for the embedding and the output, " + std::to_string(layers_per_stage) +
+                              " per stage (parallelism.pipeline_parallel_layers_per_stage): " + std::to_string(stages) +
+                              " stages over " + std::to_string(pp) + " pipeline ranks)";
   if (stages % pp != 0)
     throw std::invalid_argument("the number of pipeline stages must be a multiple of pipeline_parallel_degree" +
                                 context);
   const int64_t per_rank = stages / pp;
   if (is_single_stage(kind) && per_rank != 1)
     throw std::invalid_argument(std::string(pipeline_schedule_name(kind)) +
-                                " runs exactly 1 stage per rank, but the split gives " + n(per_rank) + context);
+                                " runs exactly 1 stage per rank, but the split gives " + std::to_string(per_rank) + context);
   if (!is_single_stage(kind) && per_rank < 2)
     throw std::invalid_argument(std::string(pipeline_schedule_name(kind)) +
-                                " runs at least 2 stages per rank, but the split gives " + n(per_rank) + context);
+                                " runs at least 2 stages per rank, but the split gives " + std::to_string(per_rank) + context);
   return static_cast<int>(stages);
 }
 
 StageModules module_fqns_per_stage(int num_stages, int64_t n_layers, int64_t input_weight, int64_t output_weight) {
   if (num_stages < 1)
-    throw std::invalid_argument("the number of pipeline stages must be at least 1, got " + n(num_stages));
+    throw std::invalid_argument("the number of pipeline stages must be at least 1, got " + std::to_string(num_stages));
   if (num_stages == 1) return {model_modules(n_layers)};
   const int64_t effective = n_layers + input_weight + output_weight;
   if (num_stages > effective)
-    throw std::invalid_argument("the number of pipeline stages (" + n(num_stages) +
-                                ") cannot be greater than the effective layers (" + n(effective) + " = " + n(n_layers) +
-                                " layers + " + n(input_weight) + " + " + n(output_weight) +
+    throw std::invalid_argument("the number of pipeline stages (" + std::to_string(num_stages) +
+                                ") cannot be greater than the effective layers (" + std::to_string(effective) + " = " + std::to_string(n_layers) +
+                                " layers + " + std::to_string(input_weight) + " + " + std::to_string(output_weight) +
                                 " for the embedding and the output)");
   const int64_t per_stage = effective / num_stages, extra = effective % num_stages;
   if (input_weight > per_stage)
-    throw std::invalid_argument("pipeline_parallel_first_stage_less_layers (" + n(input_weight) +
-                                ") exceeds the layers per stage (" + n(per_stage) + ")");
+    throw std::invalid_argument("pipeline_parallel_first_stage_less_layers (" + std::to_string(input_weight) +
+                                ") exceeds the layers per stage (" + std::to_string(per_stage) + ")");
   if (output_weight > per_stage)
-    throw std::invalid_argument("pipeline_parallel_last_stage_less_layers (" + n(output_weight) +
-                                ") exceeds the layers per stage (" + n(per_stage) + ")");
+    throw std::invalid_argument("pipeline_parallel_last_stage_less_layers (" + std::to_string(output_weight) +
+                                ") exceeds the layers per stage (" + std::to_string(per_stage) + ")");
   StageModules stages;
   int64_t next_layer = 0;
   for (int s = 0; s < num_stages; ++s) {
@@ -66,7 +64,7 @@ StageModules module_fqns_per_stage(int num_stages, int64_t n_layers, int64_t inp
     int64_t layers = per_stage + (s < extra ? 1 : 0) - (first ? input_weight : last ? output_weight : 0);
     std::vector<std::string> modules;
     if (first) modules.push_back("tok_embeddings");
-    for (; layers > 0 && next_layer < n_layers; --layers) modules.push_back("layers." + n(next_layer++));
+    for (; layers > 0 && next_layer < n_layers; --layers) modules.push_back("layers." + std::to_string(next_layer++));
     if (last) {
       modules.push_back("norm");
       modules.push_back("output");
@@ -80,7 +78,7 @@ void check_balanced_stage_count(int64_t num_stages, int64_t n_layers) {
   if (num_stages < 1) throw std::invalid_argument("the number of pipeline stages must be at least 1");
   if (num_stages - 2 > n_layers)
     throw std::invalid_argument("the FLOP-balanced split needs a block on every stage between the first and the last: " +
-                                n(num_stages) + " stages for " + n(n_layers) + " layers");
+                                std::to_string(num_stages) + " stages for " + std::to_string(n_layers) + " layers");
 }
 
 StageModules module_fqns_balanced(const std::vector<int>& stage_rank, int64_t n_layers, const ModuleFlops& costs) {
@@ -136,7 +134,7 @@ StageModules module_fqns_balanced(const std::vector<int>& stage_rank, int64_t n_
   for (int64_t s = 0; s < num_stages; ++s) {
     std::vector<std::string> modules;
     if (s == 0) modules.push_back("tok_embeddings");
-    for (int64_t b = 0; b < stage_blocks[static_cast<size_t>(s)]; ++b) modules.push_back("layers." + n(next_layer++));
+    for (int64_t b = 0; b < stage_blocks[static_cast<size_t>(s)]; ++b) modules.push_back("layers." + std::to_string(next_layer++));
     if (s == num_stages - 1) {
       modules.push_back("norm");
       modules.push_back("output");
@@ -156,15 +154,15 @@ StageModules module_fqns_from_split_points(const std::vector<std::string>& split
       layer = std::stoll(point.substr(7));
     if (layer < 0 || layer >= n_layers)
       throw std::invalid_argument("pipeline_parallel_split_points: '" + point +
-                                  "' is not a layer of the model (layers.0 .. layers." + n(n_layers - 1) + ")");
+                                  "' is not a layer of the model (layers.0 .. layers." + std::to_string(n_layers - 1) + ")");
     if (layer <= previous)
       throw std::invalid_argument("pipeline_parallel_split_points: '" + point +
                                   "' does not come after the previous split point: each starts a new stage, in order");
-    for (int64_t i = previous; i < layer; ++i) stages.back().push_back("layers." + n(i));
+    for (int64_t i = previous; i < layer; ++i) stages.back().push_back("layers." + std::to_string(i));
     stages.emplace_back();
     previous = layer;
   }
-  for (int64_t i = previous; i < n_layers; ++i) stages.back().push_back("layers." + n(i));
+  for (int64_t i = previous; i < n_layers; ++i) stages.back().push_back("layers." + std::to_string(i));
   stages.back().push_back("norm");
   stages.back().push_back("output");
   return stages;
@@ -175,14 +173,14 @@ void check_stage_modules(const StageModules& stages, int64_t n_layers) {
   size_t next = 0;
   for (size_t s = 0; s < stages.size(); ++s) {
     if (stages[s].empty())
-      throw std::invalid_argument("pipeline stage " + n(static_cast<int64_t>(s)) + " holds no module");
+      throw std::invalid_argument("pipeline stage " + std::to_string(static_cast<int64_t>(s)) + " holds no module");
     for (const std::string& module : stages[s]) {
       if (next >= expected.size() || module != expected[next])
-        throw std::invalid_argument("pipeline stage " + n(static_cast<int64_t>(s)) + ": '" + module + "' where '" +
+        throw std::invalid_argument("pipeline stage " + std::to_string(static_cast<int64_t>(s)) + ": '" + module + "' where '" +
                                     (next < expected.size() ? expected[next] : std::string("nothing more")) +
                                     "' comes next: the stages, read in order, must hold tok_embeddings, "
                                     "layers.0 .. layers." +
-                                    n(n_layers - 1) + ", norm, output, each once");
+                                    std::to_string(n_layers - 1) + ", norm, output, each once");
       ++next;
     }
   }
