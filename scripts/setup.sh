@@ -174,8 +174,12 @@ show_build_progress() {
     [[ $line =~ ^\[([0-9]+)/([0-9]+)\]\ (.*)$ ]] || continue
     done=${BASH_REMATCH[1]} total=${BASH_REMATCH[2]} what=${BASH_REMATCH[3]}
     if ((!started)); then started=1; log "building $BUILD_NAME ($total steps${TARGETS:+: $TARGETS})"; fi
-    # "Building CXX object trainer/CMakeFiles/titan_trainer.dir/checkpoint/manager.cpp.o" -> the source
-    if [[ $what =~ ^Building\ [A-Z]+\ object\ (.*)CMakeFiles/[^/]+\.dir/(.*)\.o$ ]]; then
+    # "Building CXX object trainer/CMakeFiles/titan_trainer.dir/checkpoint/manager.cpp.o" -> the
+    # source; a unity source (Note [Unity builds] in CMakeLists.txt) -> the files it compiles.
+    if [[ $what =~ ^Building\ [A-Z]+\ object\ ((.*)CMakeFiles/[^/]+\.dir/Unity/unity_[0-9]+_[a-z]+\.[a-z]+)\.o$ ]]; then
+      what="${BASH_REMATCH[2]}{$(sed -n 's|^#include "'"$ROOT"'/'"${BASH_REMATCH[2]}"'\(.*\)"$|\1|p' \
+                                  "$BUILD/${BASH_REMATCH[1]}" 2>/dev/null | paste -sd, | sed 's/,/, /g')}"
+    elif [[ $what =~ ^Building\ [A-Z]+\ object\ (.*)CMakeFiles/[^/]+\.dir/(.*)\.o$ ]]; then
       what="${BASH_REMATCH[1]}${BASH_REMATCH[2]}"
     fi
     if ((tty)); then
