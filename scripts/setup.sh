@@ -149,7 +149,7 @@ finish() {
 # gains them when the test set-up first runs (the other targets' commands are unchanged by it).
 TESTS=OFF
 [[ "$PROFILE" == test ]] && TESTS=ON
-BUILD_NAME="${BUILD#"$ROOT"/}"
+BUILD_NAME="${BUILD#"$ROOT"/}/"
 if [[ ! -f "$BUILD/build.ninja" ]]; then
   log "configuring $BUILD_NAME (CUDA $CUDA, tests $TESTS)"
   run_phase configure cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
@@ -194,7 +194,7 @@ show_build_progress() {
 }
 build_start=$SECONDS
 mkdir -p "$LOG_DIR"
-build_log="$LOG_DIR/build-${BUILD_NAME//\//_}.log"
+build_log="$LOG_DIR/${BUILD##*/}.log"
 set +e
 NINJA_STATUS="[%f/%t] " cmake --build "$BUILD" -j"$(nproc)" ${TARGETS:+--target $TARGETS} 2>&1 |
   show_build_progress "$build_log"
