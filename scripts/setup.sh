@@ -138,8 +138,9 @@ fi
 
 finish() {
   if ((${#phase_times[@]})); then
-    local total=$((SECONDS - setup_start)) IFS=,
-    log "set-up took $((total / 60)) min $((total % 60)) s (${phase_times[*]})"
+    local total=$((SECONDS - setup_start)) phases
+    phases=$(printf '%s, ' "${phase_times[@]}")
+    log "set-up took $((total / 60)) min $((total % 60)) s (${phases%, })"
   fi
 }
 [[ "${TITAN_SETUP_NO_BUILD:-0}" == 1 ]] && { finish; exit 0; }
