@@ -366,6 +366,12 @@ std::vector<double> ParallelModel::balance_experts() {
   return imbalance;
 }
 
+void ParallelModel::discard_expert_counts() {
+  at::NoGradGuard no_grad;
+  for (model::TransformerBlock* block : model_.blocks())
+    if (block->moe) block->moe->tokens_per_expert.zero_();
+}
+
 void ParallelModel::shard_over_ep(const std::string& fqn, int ep_size) {
   HeldParam& p = param(fqn);
   TORCH_CHECK(p.full_shape[0] % ep_size == 0, "expert parallel: ", fqn, " has ", p.full_shape[0],

@@ -144,6 +144,9 @@ class ParallelModel : public pipeline::MicrobatchHooks {
   // [Aux-loss-free load balancing] in model/moe/moe.h), the counts zeroed. Returns each MoE
   // layer's load imbalance, max / mean tokens per expert (1 = balanced); empty for a dense model.
   std::vector<double> balance_experts();
+  // A skipped step's end (Note [Non-finite steps] in trainer/nonfinite_step.cpp): every MoE
+  // layer's token counts zeroed without moving its bias; no collective.
+  void discard_expert_counts();
 
   // The start-up picture: the mesh, one line per applied stage, then the model's wrapper and
   // compute chains (model::Transformer::describe).

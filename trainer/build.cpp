@@ -188,6 +188,7 @@ void Trainer::build_model() {
   parallel_ = parallel::parallelize_llama(*model_, *mesh_, popt);
   parallel_->init_weights(static_cast<uint64_t>(cfg_.training.seed));
   for (const std::string& line : parallel_->describe()) util::log_info("parallel: " + line);
+  after_backward_hook_ = nonfinite_gradient_hook(cfg_.training.debug_nonfinite_at_step, *parallel_);  // tests only
 
   int64_t param_bytes = 0;
   for (const auto& p : master_params()) param_bytes += p.nbytes();

@@ -105,6 +105,9 @@ struct TrainingSection {
   int64_t seed = 0;
   bool deterministic = false;
   bool skip_nonfinite_steps = false;  // a non-finite loss/grad norm skips the update instead of stopping
+  // Fault injection for tests: every rank's first gradient is NaN after the backward of this
+  // step (0 = never), so the step's non-finite check fires (trainer/fault_injection.h).
+  int64_t debug_nonfinite_at_step = 0;
   std::string device = "cpu";  // cpu|cuda; parsing makes it cuda when a GPU is visible
   int64_t num_threads = 0;     // intra-op threads, 0 = all cores
   std::string cpu_float32_gemm = "aten";  // aten|onednn (Note [float32 GEMMs on the CPU] in model/linear.h)

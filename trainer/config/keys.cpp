@@ -232,6 +232,11 @@ std::vector<SectionSpec> build_table() {
               "A step whose loss or gradient norm is NaN/Inf skips its optimizer update (counted "
               "in the step line and metrics) instead of stopping the run; 10 such steps in a "
               "row still stop it."),
+          key("debug_nonfinite_at_step", &TrainingSection::debug_nonfinite_at_step,
+              "Fault injection (tests): after the backward of this step every rank's first "
+              "gradient is set to NaN, as an overflow would leave it, so the step's non-finite "
+              "check fires (and training.skip_nonfinite_steps skips it); 0 = never.")
+              .count_at_least(0),
           key("device", &TrainingSection::device,
               "Where to train; when not given: cuda if a GPU is visible, else cpu.")
               .one_of({"cpu", "cuda"}),
