@@ -359,8 +359,8 @@ std::vector<double> ParallelModel::balance_experts() {
     const at::Tensor c = all.select(0, static_cast<int64_t>(i));
     const double mean = c.mean().item<double>();
     imbalance.push_back(mean > 0 ? c.max().item<double>() / mean : 1.0);
-    if (layers[i]->expert_bias.defined())
-      model::moe::update_expert_bias(layers[i]->expert_bias, c, *layers[i]->args.load_balance_coeff);
+    const std::optional<double>& coeff = layers[i]->args.load_balance_coeff;
+    if (layers[i]->expert_bias.defined() && *coeff > 0) model::moe::update_expert_bias(layers[i]->expert_bias, c, *coeff);
     layers[i]->tokens_per_expert.zero_();
   }
   return imbalance;

@@ -133,3 +133,29 @@ TEST_CASE("a skipped non-finite step leaves the load balancing as it was: no bia
   for (size_t i = 0; i < after_three.size(); ++i) moved = moved || !at::equal(after_three[i], after_one[i]);
   CHECK(moved);
 }
+
+TEST_CASE("model.load_balance_coeff: 0 keeps every expert_bias at zero, the default moves it, 2e-3 twice as far",
+          "[trainer][moe]") {
+  // 0 is torchtitan 0.2.2's Qwen3, whose optimizer registers no balancing hook: the bias exists
+  // (the checkpoints hold it) and never moves; the load is still measured and logged.
+  const std::filesystem::path dump = titan::testing::fresh_temp_dir("test_moe_training_coeff");
+  Trainer off(moe_job(dump / "off", {"--model.load_balance_coeff", "0"}));
+  off.train();
+  for (const at::Tensor& b : expert_biases(off)) CHECK(b.abs().max().item<double>() == 0);
+  const auto lines = titan::testing::read_metrics_lines(dump / "off" / "metrics.jsonl");
+  REQUIRE(lines.size() == 4);
+  for (const auto& line : lines) CHECK(line.at("expert_load").size() == 4);
+  // One step: the update is coeff * (sign - mean(sign)) of the same counts, and doubling a
+  // float32 is exact, so 2e-3 moves every bias by exactly twice 1e-3's (the default's).
+  Trainer by_default(moe_job(dump / "default", {"--training.steps", "1"}));
+  by_default.train();
+  Trainer doubled(moe_job(dump / "doubled", {"--training.steps", "1", "--model.load_balance_coeff", "2e-3"}));
+  doubled.train();
+  const std::vector<at::Tensor> once = expert_biases(by_default), twice = expert_biases(doubled);
+  REQUIRE(once.size() == 4);
+  for (size_t i = 0; i < once.size(); ++i) {
+    INFO("layer " << i);
+    CHECK(once[i].abs().max().item<double>() > 0);
+    CHECK(at::equal(twice[i], 2 * once[i]));
+  }
+}

@@ -155,7 +155,10 @@ void Trainer::build_model() {
   model::ModelArgs args = model::trained_model_args(cfg_.model.name, cfg_.model.flavor, tokenizer_->vocab_size());
   args.eos_id = tokenizer_->eos_id();  // ends a document (block-causal attention)
   args.block_causal = config::block_causal_attention(cfg_);
-  if (args.moe) args.moe->force_load_balance = cfg_.model.moe_force_load_balance;
+  if (args.moe) {
+    args.moe->force_load_balance = cfg_.model.moe_force_load_balance;
+    args.moe->load_balance_coeff = cfg_.model.load_balance_coeff;  // 0: the bias exists and never moves
+  }
   args.max_seq_len = cfg_.training.seq_len;  // the RoPE table's length
   if (cfg_.validation.enable) args.max_seq_len = std::max(args.max_seq_len, cfg_.validation.seq_len);
   model_ = std::make_unique<model::Transformer>(args);  // meta device: nothing allocated yet

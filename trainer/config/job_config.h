@@ -72,6 +72,7 @@ struct ModelSection {
   std::vector<std::string> converters;  // model rewrites applied after build; choices: float8
   std::string attn_mask_type = "causal";  // causal | block_causal (attention within each document)
   bool moe_force_load_balance = false;    // MoE: round-robin expert choice (torchtitan's debug switch)
+  double load_balance_coeff = 1e-3;       // MoE: the expert_bias step per optimizer step; 0 = off
 };
 
 struct OptimizerSection {
