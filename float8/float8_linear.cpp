@@ -296,6 +296,21 @@ void sync_amax_history(const std::vector<Float8LinearCompute*>& computes,
     h.history.select(0, 0).copy_(stacked[i]);
     h.scale.copy_(scale_from_amax(at::amax(h.history), operands[i].dtype, operands[i].round_pow2));
     h.amax.zero_();
+    h.synced = true;
+  }
+}
+
+void discard_pending_amax(const std::vector<Float8LinearCompute*>& computes) {
+  for (Float8LinearCompute* c : computes) {
+    if (!c || !c->recipe().delayed) continue;
+    Float8LinearState& s = c->state();
+    for (AmaxHistory* h : {&s.input, &s.weight, &s.grad_output}) {
+      if (!h->initialized) continue;
+      if (h->synced)
+        h->amax.zero_();
+      else
+        *h = AmaxHistory{};  // seeded by the skipped step: as before its first use
+    }
   }
 }
 

@@ -366,10 +366,11 @@ std::vector<double> ParallelModel::balance_experts() {
   return imbalance;
 }
 
-void ParallelModel::discard_expert_counts() {
+void ParallelModel::discard_step_statistics() {
   at::NoGradGuard no_grad;
   for (model::TransformerBlock* block : model_.blocks())
     if (block->moe) block->moe->tokens_per_expert.zero_();
+  float8::discard_pending_amax(float8::float8_computes(model_.linears()));
 }
 
 void ParallelModel::shard_over_ep(const std::string& fqn, int ep_size) {

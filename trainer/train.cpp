@@ -66,9 +66,9 @@ std::pair<double, double> Trainer::train_step(int64_t step) {
   // Both are all-reduced, so every rank takes the same branch (Note [Non-finite steps]).
   if (!std::isfinite(loss_sum) || !std::isfinite(grad_norm)) {
     on_nonfinite_step(step, batch, loss_sum / global_tokens, grad_norm);  // throws unless skipping
-    // Skipped: no optimizer update, and the MoE load balancing as it was (its counts dropped,
-    // no bias moved, no load to report for this step).
-    parallel_->discard_expert_counts();
+    // Skipped: no optimizer update, and the MoE load balancing and float8 delayed scaling as they
+    // were (the step's token counts and amaxes dropped, no bias moved, no load to report).
+    parallel_->discard_step_statistics();
     last_expert_load_.clear();
     return {loss_sum / global_tokens, grad_norm};
   }
