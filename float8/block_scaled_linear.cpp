@@ -1,18 +1,13 @@
 #include "float8/block_scaled_linear.h"
 
-#include <torch/csrc/autograd/custom_function.h>
-
 #include <algorithm>
 #include <sstream>
 #include <stdexcept>
 
 #include "float8/kernels/block_cast.h"
-#include "model/activation_checkpoint_ops.h"
+#include "model/linear_autograd.h"
 
 namespace titan::float8 {
-
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
 
 bool is_block_scaled_recipe_name(const std::string& name) {
   const auto& mx = mx_recipe_names();
@@ -51,50 +46,45 @@ BlockScaledTensor quantize_operand(const at::Tensor& x, const BlockLayout& layou
 
 namespace {
 
-// Note [Block-scaled linear autograd]: forward(input [..., K], weight [N, K], state) -> [..., N].
-// Saves the high-precision input and weight; backward flattens input to x [T, K] and the
-// gradient to G [T, N] and runs the two backward GEMMs with the operands of the file comment of
-// block_scaled_linear.h. The output GEMM (casts included) runs through the op layer as "mm", so
-// per-op selective AC keeps its product as it keeps a high-precision one.
-struct BlockScaledLinearFunction : public torch::autograd::Function<BlockScaledLinearFunction> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weight,
-                            const c10::intrusive_ptr<BlockScaledLinearState>& state) {
-    const BlockScaledLinearState& s = *state;
+// Note [Block-scaled linear autograd]: the products through the linears' skeleton (Note [One
+// linear skeleton] in model/linear_autograd.h): the output GEMM, casts included, is its "mm"
+// (per-op selective AC keeps its product as it keeps a high-precision one); backward flattens
+// input to x [T, K] and the gradient to G [T, N] and runs the two backward GEMMs with the operands
+// of the file comment of block_scaled_linear.h.
+class BlockScaledArithmetic final : public titan::model::LinearArithmetic {
+ public:
+  explicit BlockScaledArithmetic(c10::intrusive_ptr<BlockScaledLinearState> state) : state_(std::move(state)) {}
+
+  at::Tensor output(const at::Tensor& input, const at::Tensor& weight) override {
+    const BlockScaledLinearState& s = *state_;
     const int64_t K = weight.size(1);
-    at::Tensor out = titan::model::checkpointable_op("mm", [&] {
-      const BlockScaledTensor x = quantize_operand(input.reshape({-1, K}), s.recipe.activation, false);
-      const BlockScaledTensor w = quantize_operand(weight, s.recipe.weight, false);
-      return block_scaled_mm(x, w, input.scalar_type(), s.backend);
-    });
-    ctx->save_for_backward({input, weight});
-    ctx->saved_data["state"] = at::IValue::make_capsule(c10::intrusive_ptr<torch::CustomClassHolder>(state));
-    std::vector<int64_t> out_shape = input.sizes().vec();
-    out_shape.back() = weight.size(0);
-    return out.reshape(out_shape);
+    const BlockScaledTensor x = quantize_operand(input.reshape({-1, K}), s.recipe.activation, false);
+    const BlockScaledTensor w = quantize_operand(weight, s.recipe.weight, false);
+    return block_scaled_mm(x, w, input.scalar_type(), s.backend);
   }
 
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    auto holder = ctx->saved_data.at("state").toCapsule();
-    const BlockScaledLinearState& s = *static_cast<BlockScaledLinearState*>(holder.get());
-    const variable_list saved = ctx->get_saved_variables();
-    const at::Tensor& input = saved[0];
-    const at::Tensor& weight = saved[1];
-    const int64_t K = weight.size(1), N = weight.size(0);
+  Grads backward(const at::Tensor& grad, const at::Tensor& input, const at::Tensor& weight, bool need_input,
+                 bool need_weight) override {
+    const BlockScaledLinearState& s = *state_;
+    const int64_t K = weight.size(1);
     const at::Tensor x = input.reshape({-1, K});
-    const at::Tensor G = grads[0].reshape({-1, N}).contiguous();
-    at::Tensor grad_input, grad_weight;
-    if (ctx->needs_input_grad(0)) {
-      const BlockScaledTensor g = quantize_operand(G, s.recipe.activation, false);
+    const at::Tensor G = grad.contiguous();
+    Grads g;
+    if (need_input) {
+      const BlockScaledTensor gq = quantize_operand(G, s.recipe.activation, false);
       const BlockScaledTensor wt = quantize_operand(weight, s.recipe.weight, /*transposed=*/true, s.fused_dim1_cast);
-      grad_input = block_scaled_mm(g, wt, input.scalar_type(), s.backend).reshape(input.sizes());
+      g.input = block_scaled_mm(gq, wt, input.scalar_type(), s.backend);
     }
-    if (ctx->needs_input_grad(1)) {
+    if (need_weight) {
       const BlockScaledTensor gt = quantize_operand(G, s.recipe.activation, /*transposed=*/true, s.fused_dim1_cast);
       const BlockScaledTensor xt = quantize_operand(x, s.recipe.activation, /*transposed=*/true, s.fused_dim1_cast);
-      grad_weight = block_scaled_mm(gt, xt, weight.scalar_type(), s.backend);
+      g.weight = block_scaled_mm(gt, xt, weight.scalar_type(), s.backend);
     }
-    return {grad_input, grad_weight, at::Tensor()};
+    return g;
   }
+
+ private:
+  c10::intrusive_ptr<BlockScaledLinearState> state_;
 };
 
 }  // namespace
@@ -138,7 +128,7 @@ at::Tensor BlockScaledLinearCompute::forward(const titan::model::LinearOperand& 
       throw std::invalid_argument(os.str());
     }
   }
-  return BlockScaledLinearFunction::apply(x, w, state_);
+  return titan::model::apply_linear(x, w, c10::make_intrusive<BlockScaledArithmetic>(state_));
 }
 
 std::string BlockScaledLinearCompute::describe() const {

@@ -6,18 +6,14 @@
 #include <ATen/ops/mm.h>
 #include <ATen/ops/stack.h>
 #include <ATen/ops/zeros.h>
-#include <torch/csrc/autograd/custom_function.h>
 
 #include <stdexcept>
 
 #include "float8/kernels/fused_cast.h"
 #include "float8/scaling.h"
-#include "model/activation_checkpoint_ops.h"
+#include "model/linear_autograd.h"
 
 namespace titan::float8 {
-
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
 
 namespace {
 
@@ -76,88 +72,59 @@ Float8Tensor handed_operand(const titan::model::LinearOperand& op) {
   return Float8Tensor{op.cast.data, op.cast.scale, op.hp.scalar_type()};
 }
 
-at::Tensor saved_tensor(AutogradContext* ctx, const char* key) {
-  auto it = ctx->saved_data.find(key);
-  return it == ctx->saved_data.end() ? at::Tensor() : it->second.toTensor();
-}
+// Note [Float8 linear autograd]: one call's products through the linears' skeleton (Note [One
+// linear skeleton] in model/linear_autograd.h): input [..., K], weight [N, K], either possibly
+// handed already cast, and whether this is a training forward (delayed amax histories record).
+// The backward flattens input to x [M, K] (scales are computed after flattening, so they are
+// (M, 1) / (1, K) by construction) and runs the two backward GEMMs with the operand layouts of
+// docs/float8.md. Dynamic recipes run the casts + GEMM of the output as the skeleton's "mm", so
+// per-op selective AC keeps the product (skipping casts and GEMM in the recompute) as it keeps a
+// high-precision one; the backward re-casts the saved high-precision x and W either way.
+// Delayed casts record the amax history and snapshot the scales backward re-casts with, so they
+// always run (their product is recomputed).
+class Float8Arithmetic final : public titan::model::LinearArithmetic {
+ public:
+  Float8Arithmetic(c10::intrusive_ptr<Float8LinearState> state, const titan::model::QuantizedOperand& input_cast,
+                   const titan::model::QuantizedOperand& weight_cast, const at::Tensor& input, const at::Tensor& weight,
+                   bool training)
+      : state_(std::move(state)),
+        // See Note [Float8 operands from the producer]: either may arrive already cast.
+        x_handed_(handed_operand({input, input_cast})),
+        w_handed_(handed_operand({weight, weight_cast})),
+        training_(training) {}
 
-// Note [Float8 linear autograd]:
-// forward(input [..., K], weight [N, K], input_cast, weight_cast, state, training) -> [..., N]. Saves the
-// high-precision input and weight and any operand handed already cast; backward flattens input
-// to x [M, K] and grad to G [M, N] (scales are computed after flattening, so they are (M, 1) /
-// (1, K) by construction) and runs the two backward GEMMs with the operand layouts of
-// docs/float8.md. The non-tensor arguments get undefined gradients, as custom functions require
-// one gradient slot per forward argument.
-struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunction> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weight,
-                            const titan::model::QuantizedOperand& input_cast,
-                            const titan::model::QuantizedOperand& weight_cast,
-                            const c10::intrusive_ptr<Float8LinearState>& state, bool training) {
-    Float8LinearState& s = *state;
+  bool records_state() const override { return state_->recipe.delayed; }
+
+  at::Tensor output(const at::Tensor& input, const at::Tensor& weight) override {
+    Float8LinearState& s = *state_;
     const Float8Recipe& r = s.recipe;
     const GemmBackend backend = resolve_gemm_backend(s.backend, s.emulate, input.device());
-    // See Note [Float8 operands from the producer]: either may arrive already cast.
-    const Float8Tensor x_handed = handed_operand({input, input_cast});
-    const Float8Tensor w_handed = handed_operand({weight, weight_cast});
-    if (x_handed.data.defined()) {
-      ctx->saved_data["input_f8_data"] = x_handed.data;
-      ctx->saved_data["input_f8_scale"] = x_handed.scale;
+    Float8Tensor x8, w8;  // x8: [..., K] scale () or [..., 1]; w8: [N, K] scale () or (N, 1)
+    if (x_handed_.data.defined()) {
+      x8 = x_handed_;
+      w8 = w_handed_.data.defined() ? w_handed_ : cast_dynamic(s, s.tp.weight_dim, weight, r.weight, /*axis_dim=*/-1);
+    } else if (r.delayed) {
+      x8 = delayed_cast(s.input, input, r.input.dtype, r, training_);
+      w8 = delayed_cast(s.weight, weight, r.weight.dtype, r, training_);
+      x_scale_ = x8.scale;
+      w_scale_ = w8.scale;
+    } else {
+      x8 = cast_dynamic(s, s.tp.input_dim, input, r.input, /*axis_dim=*/-1);
+      w8 = w_handed_.data.defined() ? w_handed_ : cast_dynamic(s, s.tp.weight_dim, weight, r.weight, /*axis_dim=*/-1);
     }
-    if (w_handed.data.defined()) {
-      ctx->saved_data["weight_f8_data"] = w_handed.data;
-      ctx->saved_data["weight_f8_scale"] = w_handed.scale;
-    }
-    auto cast_and_multiply = [&] {
-      Float8Tensor x8, w8;  // x8: [..., K] scale () or [..., 1]; w8: [N, K] scale () or (N, 1)
-      if (x_handed.data.defined()) {
-        x8 = x_handed;
-        w8 = w_handed.data.defined() ? w_handed
-                                     : cast_dynamic(s, s.tp.weight_dim, weight, r.weight, /*axis_dim=*/-1);
-      } else if (r.delayed) {
-        x8 = delayed_cast(s.input, input, r.input.dtype, r, training);
-        w8 = delayed_cast(s.weight, weight, r.weight.dtype, r, training);
-        ctx->saved_data["input_scale"] = x8.scale;
-        ctx->saved_data["weight_scale"] = w8.scale;
-      } else {
-        x8 = cast_dynamic(s, s.tp.input_dim, input, r.input, /*axis_dim=*/-1);
-        w8 = w_handed.data.defined() ? w_handed
-                                     : cast_dynamic(s, s.tp.weight_dim, weight, r.weight, /*axis_dim=*/-1);
-      }
-      // See Note [Scale follows data]: (B, S, K) with (B, S, 1) -> (B*S, K) with (B*S, 1).
-      return scaled_mm(reshape_to_2d(x8), transpose_2d(w8), input.scalar_type(),
-                       r.use_fast_accum_output, backend);  // [M, N]
-    };
-    // Dynamic recipes run the casts + GEMM through the op layer (model/activation_checkpoint_ops.h), so
-    // per-op selective AC can keep the product (skipping casts and GEMM in the recompute) as it
-    // keeps a high-precision "mm"; the backward re-casts the saved high-precision x and W
-    // either way. Delayed casts save their scales in ctx and update the amax history, so
-    // they always run (their product is recomputed).
-    at::Tensor out = r.delayed ? cast_and_multiply()
-                               : titan::model::checkpointable_op("mm", cast_and_multiply);
-    ctx->save_for_backward({input, weight});
-    ctx->saved_data["state"] =
-        at::IValue::make_capsule(c10::intrusive_ptr<torch::CustomClassHolder>(state));
-    std::vector<int64_t> out_shape = input.sizes().vec();
-    out_shape.back() = weight.size(0);
-    return out.reshape(out_shape);
+    // See Note [Scale follows data]: (B, S, K) with (B, S, 1) -> (B*S, K) with (B*S, 1).
+    return scaled_mm(reshape_to_2d(x8), transpose_2d(w8), input.scalar_type(), r.use_fast_accum_output,
+                     backend);  // [M, N]
   }
 
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    auto holder = ctx->saved_data.at("state").toCapsule();  // keeps the state alive here
-    Float8LinearState& s = *static_cast<Float8LinearState*>(holder.get());
+  Grads backward(const at::Tensor& G, const at::Tensor& input, const at::Tensor& weight, bool need_input,
+                 bool need_weight) override {
+    Float8LinearState& s = *state_;
     const Float8Recipe& r = s.recipe;
-    const variable_list saved = ctx->get_saved_variables();
-    const at::Tensor& input = saved[0];
-    const at::Tensor& weight = saved[1];  // [N, K]
-    const int64_t K = weight.size(1), N = weight.size(0);
+    const int64_t K = weight.size(1);
     const GemmBackend backend = resolve_gemm_backend(s.backend, s.emulate, input.device());
-    const at::Tensor x8_data = saved_tensor(ctx, "input_f8_data");   // handed input only
-    const at::Tensor w8_data = saved_tensor(ctx, "weight_f8_data");  // handed weight only
     // A handed input's high-precision stand-in has no values: only its float8 copy is read.
-    at::Tensor x = x8_data.defined() ? at::Tensor() : input.reshape({-1, K});  // [M, K]
-    at::Tensor G = grads[0].reshape({-1, N});      // [M, N]
-    const at::Tensor x_scale = saved_tensor(ctx, "input_scale");   // delayed only
-    const at::Tensor w_scale = saved_tensor(ctx, "weight_scale");  // delayed only
+    const at::Tensor x = x_handed_.data.defined() ? at::Tensor() : input.reshape({-1, K});  // [M, K]
 
     // G cast per row (axis 1) for grad_input; per column (axis 0) for grad_weight. Tensorwise
     // (and delayed) G has one scale, so one amax serves both; on CUDA the grad_weight copy is cast
@@ -166,44 +133,47 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
     Float8Tensor g8_rows, g8_cols;
     if (r.delayed) {
       g8_rows = g8_cols = delayed_cast(s.grad_output, G, r.grad_output.dtype, r);
-      if (G.is_cuda() && ctx->needs_input_grad(1))
-        g8_cols = cast_to_columns_with_scale(G, g8_rows.scale, r.grad_output.dtype);
+      if (G.is_cuda() && need_weight) g8_cols = cast_to_columns_with_scale(G, g8_rows.scale, r.grad_output.dtype);
     } else {
       g8_rows = cast_dynamic(s, s.tp.grad_output_dim, G, r.grad_output, /*axis_dim=*/-1);
       if (r.grad_output.granularity != ScalingGranularity::Tensorwise)
         g8_cols = cast_dynamic(s, s.tp.grad_output_dim, G, r.grad_output, /*axis_dim=*/0);
-      else if (G.is_cuda() && !r.grad_weight_high_precision && ctx->needs_input_grad(1))
+      else if (G.is_cuda() && !r.grad_weight_high_precision && need_weight)
         g8_cols = cast_to_columns_with_scale(G, g8_rows.scale, r.grad_output.dtype);
       else
         g8_cols = g8_rows;
     }
 
-    at::Tensor grad_input, grad_weight;
-    if (ctx->needs_input_grad(0)) {
+    Grads g;
+    if (need_input) {
       // grad_input [M, K] = G [M, N] @ W [N, K]; W scaled per column (1, K) or tensorwise.
       // A handed weight is tensorwise: the same cast serves both GEMMs.
-      Float8Tensor w8 = w8_data.defined()
-                            ? Float8Tensor{w8_data, saved_tensor(ctx, "weight_f8_scale"), weight.scalar_type()}
-                            : recast(s, s.tp.weight_dim, weight, r.weight_for_grad_input, /*axis_dim=*/0, w_scale);
-      grad_input = scaled_mm(g8_rows, w8, input.scalar_type(), /*use_fast_accum=*/false, backend)
-                       .reshape(input.sizes());
+      const Float8Tensor w8 = w_handed_.data.defined()
+                                  ? w_handed_
+                                  : recast(s, s.tp.weight_dim, weight, r.weight_for_grad_input, /*axis_dim=*/0, w_scale_);
+      g.input = scaled_mm(g8_rows, w8, input.scalar_type(), /*use_fast_accum=*/false, backend);
     }
-    if (ctx->needs_input_grad(1)) {
+    if (need_weight) {
       if (r.grad_weight_high_precision) {
         // rowwise_with_gw_hp: grad_weight [N, K] = G^T @ x in the activations' precision.
-        grad_weight = at::mm(G.t(), x).to(weight.scalar_type());
+        g.weight = at::mm(G.t(), x).to(weight.scalar_type());
       } else {
         // grad_weight [N, K] = G^T [N, M] (scale (N, 1)) @ x [M, K] (scale (1, K)).
-        Float8Tensor x8 = x8_data.defined()
-                              ? Float8Tensor{x8_data.reshape({-1, K}), saved_tensor(ctx, "input_f8_scale"),
-                                             input.scalar_type()}
-                              : recast(s, s.tp.input_dim, x, r.input, /*axis_dim=*/0, x_scale);
-        grad_weight = scaled_mm(transpose_2d(g8_cols), x8, weight.scalar_type(),
-                                /*use_fast_accum=*/false, backend);
+        const Float8Tensor x8 =
+            x_handed_.data.defined()
+                ? Float8Tensor{x_handed_.data.reshape({-1, K}), x_handed_.scale, input.scalar_type()}
+                : recast(s, s.tp.input_dim, x, r.input, /*axis_dim=*/0, x_scale_);
+        g.weight = scaled_mm(transpose_2d(g8_cols), x8, weight.scalar_type(), /*use_fast_accum=*/false, backend);
       }
     }
-    return {grad_input, grad_weight, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return g;
   }
+
+ private:
+  c10::intrusive_ptr<Float8LinearState> state_;
+  const Float8Tensor x_handed_, w_handed_;  // undefined unless the producer cast them
+  const bool training_;
+  at::Tensor x_scale_, w_scale_;  // delayed only: the forward's scales, snapshots
 };
 
 }  // namespace
@@ -263,7 +233,8 @@ at::Tensor Float8LinearCompute::forward(const titan::model::LinearOperand& input
                                 "outside its FSDP group's forward?)");
   // An autograd Function's forward always runs without grad mode: whether this is a training
   // forward (amax histories record) or a validation one is decided here, outside it.
-  return Float8LinearFunction::apply(x, w, input.cast, weight.cast, state_, at::GradMode::is_enabled());
+  return titan::model::apply_linear(
+      x, w, c10::make_intrusive<Float8Arithmetic>(state_, input.cast, weight.cast, x, w, at::GradMode::is_enabled()));
 }
 
 std::string Float8LinearCompute::describe() const {
@@ -325,6 +296,21 @@ void sync_amax_history(const std::vector<Float8LinearCompute*>& computes,
     h.history.select(0, 0).copy_(stacked[i]);
     h.scale.copy_(scale_from_amax(at::amax(h.history), operands[i].dtype, operands[i].round_pow2));
     h.amax.zero_();
+    h.synced = true;
+  }
+}
+
+void discard_pending_amax(const std::vector<Float8LinearCompute*>& computes) {
+  for (Float8LinearCompute* c : computes) {
+    if (!c || !c->recipe().delayed) continue;
+    Float8LinearState& s = c->state();
+    for (AmaxHistory* h : {&s.input, &s.weight, &s.grad_output}) {
+      if (!h->initialized) continue;
+      if (h->synced)
+        h->amax.zero_();
+      else
+        *h = AmaxHistory{};  // seeded by the skipped step: as before its first use
+    }
   }
 }
 

@@ -37,6 +37,7 @@ struct AmaxHistory {
   at::Tensor history;   // [amax_history_len] float32: newest first
   at::Tensor scale;     // [] float32: scale_from_amax(max(history)), used until the next sync
   bool initialized = false;
+  bool synced = false;  // a sync (or a loaded checkpoint) has pushed into the history
 };
 
 // Note [Scales under TP]: an operand sharded over the TP group (a column- or row-parallel
@@ -117,5 +118,11 @@ std::vector<Float8LinearCompute*> float8_computes(
 // amax still travels in the collective so every rank stacks the same layout).
 void sync_amax_history(const std::vector<Float8LinearCompute*>& computes,
                        const std::function<void(at::Tensor&)>& all_reduce_max = {});
+
+// A skipped step's end (Note [Non-finite steps] in trainer/nonfinite_step.cpp), instead of the
+// sync: every delayed operand's amax recorded since the last sync is dropped, and an operand
+// first used in the skipped step is unused again (its history was seeded from that step), so the
+// next step casts as if the skipped one had not run. No collective: every rank skips alike.
+void discard_pending_amax(const std::vector<Float8LinearCompute*>& computes);
 
 }  // namespace titan::float8

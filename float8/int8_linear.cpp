@@ -7,15 +7,13 @@
 #include <ATen/ops/clamp.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/round.h>
-#include <torch/csrc/autograd/custom_function.h>
 
 #include <sstream>
 #include <stdexcept>
 
-namespace titan::float8 {
+#include "model/linear_autograd.h"
 
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
+namespace titan::float8 {
 
 namespace {
 
@@ -76,61 +74,52 @@ at::Tensor int8_scaled_mm(const Int8Tensor& a, const Int8Tensor& b_cols, at::Sca
 
 namespace {
 
-// See Note [Float8 linear autograd] (float8_linear.cpp): same shape handling, int8 GEMMs.
-struct Int8LinearFunction : public torch::autograd::Function<Int8LinearFunction> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input,
-                            const at::Tensor& weight,
-                            const c10::intrusive_ptr<Int8LinearState>& state) {
-    const int64_t K = weight.size(1), N = weight.size(0);
-    at::Tensor x = input.reshape({-1, K});  // [M, K]
-    at::Tensor out;                         // [M, N]
-    if (state->gemms.output) {
-      // x per row, W^T per column = W per row.
-      out = int8_scaled_mm(quantize_int8_rowwise(x), quantize_int8_rowwise(weight),
-                           input.scalar_type(), state->backend);
-    } else {
-      out = at::mm(x, weight.t().to(x.scalar_type()));
-    }
-    ctx->save_for_backward({input, weight});
-    ctx->saved_data["state"] =
-        at::IValue::make_capsule(c10::intrusive_ptr<torch::CustomClassHolder>(state));
-    std::vector<int64_t> out_shape = input.sizes().vec();
-    out_shape.back() = N;
-    return out.reshape(out_shape);
+// The products through the linears' skeleton (Note [One linear skeleton] in
+// model/linear_autograd.h), each GEMM in int8 unless its switch is off: the output GEMM (the
+// quantization included) is the skeleton's "mm", kept by per-op selective AC as every linear's.
+class Int8Arithmetic final : public titan::model::LinearArithmetic {
+ public:
+  explicit Int8Arithmetic(c10::intrusive_ptr<Int8LinearState> state) : state_(std::move(state)) {}
+
+  at::Tensor output(const at::Tensor& input, const at::Tensor& weight) override {
+    const at::Tensor x = input.reshape({-1, weight.size(1)});  // [M, K]
+    // x per row, W^T per column = W per row.
+    if (state_->gemms.output)
+      return int8_scaled_mm(quantize_int8_rowwise(x), quantize_int8_rowwise(weight), input.scalar_type(),
+                            state_->backend);
+    return at::mm(x, weight.t().to(x.scalar_type()));  // [M, N]
   }
 
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    auto holder = ctx->saved_data.at("state").toCapsule();
-    const Int8LinearState& s = *static_cast<Int8LinearState*>(holder.get());
-    const variable_list saved = ctx->get_saved_variables();
-    const at::Tensor& input = saved[0];
-    const at::Tensor& weight = saved[1];  // [N, K]
-    const int64_t K = weight.size(1), N = weight.size(0);
-    at::Tensor x = input.reshape({-1, K});     // [M, K]
-    at::Tensor G = grads[0].reshape({-1, N});  // [M, N]
-    at::Tensor grad_input, grad_weight;
-    if (ctx->needs_input_grad(0)) {
+  Grads backward(const at::Tensor& G, const at::Tensor& input, const at::Tensor& weight, bool need_input,
+                 bool need_weight) override {
+    const Int8LinearState& s = *state_;
+    const at::Tensor x = input.reshape({-1, weight.size(1)});  // [M, K]
+    Grads g;
+    if (need_input) {
       if (s.gemms.grad_input) {
         // G per row [M, N]; W per column: its columns quantized as rows of W^T [K, N].
-        grad_input = int8_scaled_mm(quantize_int8_rowwise(G), quantize_int8_rowwise(weight.t()),
-                                    input.scalar_type(), s.backend);
+        g.input = int8_scaled_mm(quantize_int8_rowwise(G), quantize_int8_rowwise(weight.t()), input.scalar_type(),
+                                 s.backend);
       } else {
-        grad_input = at::mm(G, weight.to(G.scalar_type()));
+        g.input = at::mm(G, weight.to(G.scalar_type()));
       }
-      grad_input = grad_input.to(input.scalar_type()).reshape(input.sizes());
+      g.input = g.input.to(input.scalar_type());
     }
-    if (ctx->needs_input_grad(1)) {
+    if (need_weight) {
       if (s.gemms.grad_weight) {
         // (x^T @ G)^T: x^T [K, M] per row (= x per column), G per column (rows of G^T [N, M]).
-        grad_weight = int8_scaled_mm(quantize_int8_rowwise(x.t()), quantize_int8_rowwise(G.t()),
-                                     weight.scalar_type(), s.backend)
-                          .t();  // [N, K]
+        g.weight = int8_scaled_mm(quantize_int8_rowwise(x.t()), quantize_int8_rowwise(G.t()), weight.scalar_type(),
+                                  s.backend)
+                       .t();  // [N, K]
       } else {
-        grad_weight = at::mm(G.t(), x).to(weight.scalar_type());
+        g.weight = at::mm(G.t(), x).to(weight.scalar_type());
       }
     }
-    return {grad_input, grad_weight, at::Tensor()};
+    return g;
   }
+
+ private:
+  c10::intrusive_ptr<Int8LinearState> state_;
 };
 
 }  // namespace
@@ -150,7 +139,7 @@ at::Tensor Int8LinearCompute::forward(const titan::model::LinearOperand& input_o
   const at::Tensor& input = input_op.hp;
   const at::Tensor& weight = weight_op.hp;
   titan::model::check_linear_shapes(describe(), input, weight);
-  return Int8LinearFunction::apply(input, weight, state_);
+  return titan::model::apply_linear(input, weight, c10::make_intrusive<Int8Arithmetic>(state_));
 }
 
 std::string Int8LinearCompute::describe() const {

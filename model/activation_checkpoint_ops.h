@@ -15,8 +15,9 @@
 // A replayed output has no autograd history of its own, so callers put checkpointable_op where
 // that does not matter: inside the forward of a custom autograd Function (which owns the
 // backward and saves what it needs itself, e.g. the linear's x and W), or around a
-// non-differentiable op (amax). That is why the high-precision linear is an autograd Function
-// (model/linear.cpp) and attention goes through attention_op() below.
+// non-differentiable op (amax). That is why every linear, whatever its arithmetic, runs through
+// one autograd Function (Note [One linear skeleton] in model/linear_autograd.h) and attention
+// goes through attention_op() below.
 #pragma once
 
 #include <ATen/core/Tensor.h>

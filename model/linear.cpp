@@ -14,12 +14,40 @@
 #include <stdexcept>
 
 #include "model/activation_checkpoint_ops.h"
+#include "model/linear_autograd.h"
 
 namespace titan::model {
 namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
+
+// See Note [One linear skeleton] in model/linear_autograd.h.
+struct LinearFunction : public torch::autograd::Function<LinearFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weight,
+                            const c10::intrusive_ptr<LinearArithmetic>& arithmetic) {
+    LinearArithmetic& a = *arithmetic;
+    const at::Tensor out = a.records_state() ? a.output(input, weight)
+                                             : checkpointable_op("mm", [&] { return a.output(input, weight); });
+    ctx->save_for_backward({input, weight});
+    ctx->saved_data["arithmetic"] = at::IValue::make_capsule(c10::intrusive_ptr<torch::CustomClassHolder>(arithmetic));
+    std::vector<int64_t> out_shape = input.sizes().vec();
+    out_shape.back() = weight.size(0);
+    return out.reshape(out_shape);  // [..., N]
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto holder = ctx->saved_data.at("arithmetic").toCapsule();  // alive until the end of backward
+    LinearArithmetic& a = *static_cast<LinearArithmetic*>(holder.get());
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor& input = saved[0];   // [..., K]
+    const at::Tensor& weight = saved[1];  // [N, K]
+    const at::Tensor grad = grads[0].reshape({-1, weight.size(0)});  // [M, N]
+    LinearArithmetic::Grads g = a.backward(grad, input, weight, ctx->needs_input_grad(0), ctx->needs_input_grad(1));
+    if (g.input.defined()) g.input = g.input.reshape(input.sizes());
+    return {g.input, g.weight, at::Tensor()};
+  }
+};
 
 std::atomic<CpuFloat32Gemm> g_cpu_float32_gemm{CpuFloat32Gemm::kAten};  // Note [float32 GEMMs on the CPU]
 
@@ -33,42 +61,43 @@ const std::optional<c10::OperatorHandle>& onednn_linear_op() {
 std::atomic<DeferredWeightGrads*> g_deferred{nullptr};
 std::mutex g_deferred_mutex;  // backward nodes may run on the engine's device threads
 
-// y = x W^T as an autograd Function whose forward GEMM goes through the op layer, so per-op
-// selective AC can replay a kept product (See Note [Replay needs no autograd history]). The
-// backward is the one at::linear's autograd computes (mm backward for a column-major W^T):
-//   grad_x = G W,  grad_W = G^T x   with x, G flattened to 2-D.
-struct LinearFunction : public torch::autograd::Function<LinearFunction> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weight) {
-    const int64_t k = weight.size(1);
-    at::Tensor x2d = input.reshape({-1, k});  // [M, K]
-    at::Tensor y = checkpointable_op("mm", [&] { return times_transposed(x2d, weight); });  // [M, N]
-    ctx->save_for_backward({input, weight});
-    std::vector<int64_t> out_shape(input.sizes().begin(), input.sizes().end());
-    out_shape.back() = weight.size(0);
-    return y.view(out_shape);  // [..., N]
+// y = x W^T in the compute dtype through the linears' skeleton (Note [One linear skeleton] in
+// model/linear_autograd.h). The backward is the one at::linear's autograd computes (mm backward
+// for a column-major W^T):  grad_x = G W,  grad_W = G^T x  with x, G flattened to 2-D.
+class HighPrecisionArithmetic final : public LinearArithmetic {
+ public:
+  at::Tensor output(const at::Tensor& input, const at::Tensor& weight) override {
+    return times_transposed(input.reshape({-1, weight.size(1)}), weight);  // [M, N]
   }
-
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    auto saved = ctx->get_saved_variables();
-    const at::Tensor& input = saved[0];   // [..., K]
-    const at::Tensor& weight = saved[1];  // [N, K]
-    at::Tensor g2d = grads[0].reshape({-1, weight.size(0)});  // [M, N]
-    at::Tensor grad_input, grad_weight;
-    if (ctx->needs_input_grad(0)) grad_input = times_transposed(g2d, weight.t()).view(input.sizes());
-    if (ctx->needs_input_grad(1)) {
+  Grads backward(const at::Tensor& g2d, const at::Tensor& input, const at::Tensor& weight, bool need_input,
+                 bool need_weight) override {
+    Grads g;
+    if (need_input) g.input = times_transposed(g2d, weight.t());
+    if (need_weight) {
       const at::Tensor x2d = input.reshape({-1, weight.size(1)});
       if (DeferredWeightGrads* later = g_deferred.load()) {
         std::lock_guard<std::mutex> lock(g_deferred_mutex);
         later->add(weight, g2d, x2d);  // W computes it (See Note [Deferred weight gradients])
       } else {
-        grad_weight = times_transposed(g2d.t(), x2d.t());
+        g.weight = times_transposed(g2d.t(), x2d.t());
       }
     }
-    return {grad_input, grad_weight};
+    return g;
   }
 };
 
+// Stateless: one object serves every call.
+const c10::intrusive_ptr<LinearArithmetic>& high_precision_arithmetic() {
+  static const c10::intrusive_ptr<LinearArithmetic> arithmetic = c10::make_intrusive<HighPrecisionArithmetic>();
+  return arithmetic;
+}
+
 }  // namespace
+
+at::Tensor apply_linear(const at::Tensor& input, const at::Tensor& weight,
+                        const c10::intrusive_ptr<LinearArithmetic>& arithmetic) {
+  return LinearFunction::apply(input, weight, arithmetic);
+}
 
 void set_cpu_float32_gemm(CpuFloat32Gemm gemm) {
   TORCH_CHECK(gemm == CpuFloat32Gemm::kAten || onednn_linear_available(),
@@ -134,7 +163,7 @@ at::Tensor HighPrecisionLinearCompute::forward(const LinearOperand& input, const
                                 "float8 tensorwise compute can use one");
   if (input.chunks)
     throw std::invalid_argument("an input arriving in sequence chunks needs a column-parallel compute");
-  return LinearFunction::apply(input.hp, weight.hp);
+  return apply_linear(input.hp, weight.hp, high_precision_arithmetic());
 }
 
 Linear::Linear(std::string fqn, int64_t in_features, int64_t out_features)

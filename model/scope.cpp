@@ -8,14 +8,23 @@
 namespace titan::model {
 namespace {
 
+// Note [Scope paths on demand]: a scope costs a copy of its name into this thread's stack and
+// nothing else. Only a memory recorder asks for the path's id (current_scope_path_id, on each
+// recorded allocation), and only then is the path interned, under the interner's lock, once per
+// open frame; without a recorder nothing is interned and no lock is taken, whatever the number of
+// scopes (a collective opens two). The frames' strings keep their capacity between scopes, so a
+// steady step allocates nothing here.
+constexpr int32_t kNotInterned = -1;
 struct Frame {
-  int32_t path_id;
-  MemoryCategory category;
+  std::string name;
+  int32_t path_id = kNotInterned;
+  MemoryCategory category = MemoryCategory::kOther;
 };
-thread_local std::vector<Frame> t_stack;
+thread_local std::vector<Frame> t_frames;  // [0, t_depth) are open; the rest keep their capacity
+thread_local size_t t_depth = 0;
 
 // Interned scope paths: (parent id, name) -> id. Scopes are few (blocks x a handful), so a
-// mutex-guarded map is fine; allocation recording only reads the thread-local top.
+// mutex-guarded map is fine.
 struct Interner {
   std::mutex mu;
   std::unordered_map<std::string, int32_t> ids;   // "parent_id/name" -> id
@@ -53,9 +62,12 @@ const char* memory_category_name(MemoryCategory c) {
 }
 
 NamedScope::NamedScope(const std::string& name, MemoryCategory category) {
-  const Frame parent = t_stack.empty() ? Frame{0, MemoryCategory::kOther} : t_stack.back();
-  t_stack.push_back({intern(parent.path_id, name),
-                     category == MemoryCategory::kInherit ? parent.category : category});
+  const MemoryCategory parent = t_depth == 0 ? MemoryCategory::kOther : t_frames[t_depth - 1].category;
+  if (t_depth == t_frames.size()) t_frames.emplace_back();
+  Frame& frame = t_frames[t_depth++];
+  frame.name.assign(name);
+  frame.path_id = kNotInterned;
+  frame.category = category == MemoryCategory::kInherit ? parent : category;
   if (at::hasCallbacks()) {
     range_ = std::make_unique<at::RecordFunction>(at::RecordScope::USER_SCOPE);
     if (range_->isActive()) range_->before(name);
@@ -64,13 +76,20 @@ NamedScope::NamedScope(const std::string& name, MemoryCategory category) {
 
 NamedScope::~NamedScope() {
   range_.reset();  // closes the profiler range before the scope is popped
-  t_stack.pop_back();
+  --t_depth;
 }
 
-int32_t current_scope_path_id() { return t_stack.empty() ? 0 : t_stack.back().path_id; }
-MemoryCategory current_memory_category() {
-  return t_stack.empty() ? MemoryCategory::kOther : t_stack.back().category;
+int32_t current_scope_path_id() {
+  if (t_depth == 0) return 0;
+  // See Note [Scope paths on demand]: intern the open frames not interned yet, outermost first.
+  size_t first = t_depth;
+  while (first > 0 && t_frames[first - 1].path_id == kNotInterned) --first;
+  for (size_t i = first; i < t_depth; ++i)
+    t_frames[i].path_id = intern(i == 0 ? 0 : t_frames[i - 1].path_id, t_frames[i].name);
+  return t_frames[t_depth - 1].path_id;
 }
+
+MemoryCategory current_memory_category() { return t_depth == 0 ? MemoryCategory::kOther : t_frames[t_depth - 1].category; }
 
 std::vector<std::string> scope_path(int32_t id) {
   Interner& in = interner();

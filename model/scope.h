@@ -44,7 +44,9 @@ class NamedScope {
 };
 
 // The current scope of this thread: an interned id of the whole path ("forward/layers.3/
-// attention"), 0 = no scope, and its category. Cheap: called on every recorded allocation.
+// attention"), 0 = no scope, and its category. Called on every recorded allocation: the first
+// call within a scope interns its path (Note [Scope paths on demand] in scope.cpp), later ones
+// read it.
 int32_t current_scope_path_id();
 MemoryCategory current_memory_category();
 // The path of an id, outermost first; empty for 0.

@@ -244,7 +244,8 @@ void Fsdp::begin_unshard(int g) {
   }
   if (group.f8_shard_numel > 0) begin_unshard_float8(group, gather);
   group.gather = std::move(gather);
-  max_groups_gathered_ = std::max(max_groups_gathered_, groups_holding_gathered());
+  // The group starts holding gathered parameters here (it held none: the early return above).
+  max_groups_gathered_ = std::max(max_groups_gathered_, ++groups_gathered_);
 }
 
 void Fsdp::finish_unshard(int g) {
@@ -269,14 +270,7 @@ void Fsdp::finish_unshard(int g) {
             .copy_(by_rank.narrow(1, p.gather_offset, p.shard_numel));
   }
   if (group.f8_shard_numel > 0) finish_unshard_float8(group, gather);
-  group.unsharded = true;
-  max_groups_gathered_ = std::max(max_groups_gathered_, groups_holding_gathered());
-}
-
-int Fsdp::groups_holding_gathered() const {
-  int count = 0;
-  for (const auto& group : groups_) count += (group->unsharded || group->gather) ? 1 : 0;
-  return count;
+  group.unsharded = true;  // from in flight to gathered: still one group holding (counted at issue)
 }
 
 // See Note [FSDP float8 all-gather], steps 1-3.
@@ -371,6 +365,7 @@ void Fsdp::reshard(int g) {
     if (p.float8) *p.float8->slot = model::QuantizedOperand{};
   if (group.f8_shard_numel > 0) free_storage(group.f8_unsharded);
   group.unsharded = false;
+  --groups_gathered_;
 }
 
 at::Tensor Fsdp::run_group(int g, const at::Tensor& x,
@@ -458,7 +453,10 @@ void Fsdp::finish_backward() {
     Group& group = *groups_[static_cast<size_t>(g)];
     if (group.grads_ready > 0) reduce_scatter_grads(g);
     reshard(g);
-    group.gather.reset();  // a prefetch nobody used: its handle waits as it goes
+    if (group.gather) {
+      group.gather.reset();  // a prefetch nobody used: its handle waits as it goes
+      --groups_gathered_;
+    }
   }
   for (auto& group : groups_) finish_reduce_scatter(*group);
 }

@@ -160,7 +160,6 @@ class Fsdp {
   void begin_unshard_float8(Group& group, Gather& gather);
   void finish_unshard_float8(Group& group, Gather& gather);
   void finish_reduce_scatter(Group& group);
-  int groups_holding_gathered() const;
   std::vector<at::Tensor> global_float8_scales(const std::vector<ParamState*>& weights);
   void reshard(int g);
   void reduce_scatter_grads(int g);
@@ -172,6 +171,9 @@ class Fsdp {
   comm::Comm* float8_amax_tp_;
   bool overlap_;
   bool defer_reduce_scatter_ = false;
+  // Groups holding gathered parameters or a gather in flight now, kept as they change (the
+  // counter max_groups_gathered() reports, without a scan of the groups per gather).
+  int groups_gathered_ = 0;
   int max_groups_gathered_ = 0;
   std::vector<std::unique_ptr<Group>> groups_;
   std::vector<at::Tensor> masters_;

@@ -359,11 +359,18 @@ std::vector<double> ParallelModel::balance_experts() {
     const at::Tensor c = all.select(0, static_cast<int64_t>(i));
     const double mean = c.mean().item<double>();
     imbalance.push_back(mean > 0 ? c.max().item<double>() / mean : 1.0);
-    if (layers[i]->expert_bias.defined())
-      model::moe::update_expert_bias(layers[i]->expert_bias, c, *layers[i]->args.load_balance_coeff);
+    const std::optional<double>& coeff = layers[i]->args.load_balance_coeff;
+    if (layers[i]->expert_bias.defined() && *coeff > 0) model::moe::update_expert_bias(layers[i]->expert_bias, c, *coeff);
     layers[i]->tokens_per_expert.zero_();
   }
   return imbalance;
+}
+
+void ParallelModel::discard_step_statistics() {
+  at::NoGradGuard no_grad;
+  for (model::TransformerBlock* block : model_.blocks())
+    if (block->moe) block->moe->tokens_per_expert.zero_();
+  float8::discard_pending_amax(float8::float8_computes(model_.linears()));
 }
 
 void ParallelModel::shard_over_ep(const std::string& fqn, int ep_size) {

@@ -144,6 +144,11 @@ class ParallelModel : public pipeline::MicrobatchHooks {
   // [Aux-loss-free load balancing] in model/moe/moe.h), the counts zeroed. Returns each MoE
   // layer's load imbalance, max / mean tokens per expert (1 = balanced); empty for a dense model.
   std::vector<double> balance_experts();
+  // A skipped step's end (Note [Non-finite steps] in trainer/nonfinite_step.cpp), instead of
+  // balance_experts and after_optimizer_step: what the step's forward and backward recorded for
+  // them is dropped (every MoE layer's token counts, without moving its bias; the delayed float8
+  // amaxes, float8::discard_pending_amax). No collective: every rank skips the same step.
+  void discard_step_statistics();
 
   // The start-up picture: the mesh, one line per applied stage, then the model's wrapper and
   // compute chains (model::Transformer::describe).

@@ -222,6 +222,72 @@ TEST_CASE("per-op AC keeps every other mm and sdpa, never abs", "[ac]") {
   }
 }
 
+TEST_CASE("per-op AC treats every linear arithmetic alike: its product is an mm, kept every second time",
+          "[ac][float8]") {
+  // Note [One linear skeleton]: the four linear computes share one autograd Function, which
+  // offers the output product to the op layer as "mm". A block records the same 7 mm calls and
+  // keeps the same ops (wq, wv, attention, w1, w2) whatever its linears compute in.
+  const std::vector<std::pair<std::string, std::function<void(model::Transformer&)>>> arithmetics = {
+      {"high precision", [](model::Transformer&) {}},
+      {"float8 rowwise",
+       [](model::Transformer& m) {
+         float8::Float8Options o;
+         o.recipe_name = "rowwise";
+         o.emulate = true;
+         float8::convert_to_float8_training(m.linears(), o);
+       }},
+      {"mxfp8",  // attention's linears (64 columns); the 176-wide feed-forward stays high precision
+       [](model::Transformer& m) {
+         float8::MxOptions o;
+         o.recipe_name = "mxfp8_emulated";
+         float8::convert_to_mx_training(m.linears(), o);
+       }},
+      {"int8",
+       [](model::Transformer& m) {
+         float8::Int8Options o;
+         o.emulate = true;
+         float8::convert_to_int8_training(m.linears(), o);
+       }},
+  };
+  for (const auto& [name, convert] : arithmetics) {
+    INFO(name);
+    model::Transformer m(tiny_args());
+    m.materialize(c10::kCPU, at::kFloat);
+    m.init_weights(1);
+    convert(m);
+    auto rope = model::make_rotary_table(16, 16, 500000.0, c10::kCPU);
+    at::Tensor x = at::randn({2, 16, 64});
+    at::NoGradGuard no_grad;
+    model::OpCheckpointStore store(parallel::selective_ac_save_list());
+    {
+      model::OpCheckpointScope record(&store, model::OpCheckpointPhase::kRecord);
+      m.blocks()[0]->forward(x, rope);
+    }
+    int64_t mm_calls = 0;
+    std::vector<std::string> kept;  // the amax scalars of the float8 casts aside
+    for (const auto& e : store.entries()) {
+      mm_calls += e.op == "mm";
+      if (e.kept && e.op != "amax") kept.push_back(e.op);
+    }
+    CHECK(mm_calls == 7);
+    CHECK(kept == std::vector<std::string>{"mm", "mm", "sdpa", "mm", "mm"});
+  }
+}
+
+TEST_CASE("AC with int8 linears keeps gradients bit for bit", "[ac][float8]") {
+  const auto args = tiny_args();
+  auto to_int8 = [](model::Transformer& m) {
+    float8::Int8Options o;
+    o.emulate = true;
+    float8::convert_to_int8_training(m.linears(), o);
+  };
+  const Grads reference = run_once(args, AcOptions{}, to_int8);
+  for (const auto& [name, opts] : modes()) {
+    INFO("mode " << name);
+    require_bitwise_equal(reference, run_once(args, opts, to_int8));
+  }
+}
+
 TEST_CASE("AC re-runs the wrappers inside it in the recompute, not those outside", "[ac]") {
   model::Transformer m(tiny_args());
   m.materialize(c10::kCPU, at::kFloat);

@@ -3,13 +3,24 @@
 // torchtitan v0.2.2). Every resumed run continues bitwise: same process, same layout, same kernels.
 #include <catch2/catch.hpp>
 
+#include <ATen/ops/equal.h>
+
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
+#include "tests/job_runs.h"
+#include "model/flavors.h"
 #include "tests/temp_dir.h"
+#include "trainer/checkpoint/hf_weights.h"
 #include "trainer/checkpoint/manager.h"
+#include "trainer/checkpoint/safetensors.h"
 #include "trainer/train.h"
+
+#if !defined(TITAN_TRAIN_PATH)
+#error "TITAN_TRAIN_PATH must be defined by the build"
+#endif
 
 namespace fs = std::filesystem;
 using namespace titan::trainer;
@@ -108,4 +119,75 @@ TEST_CASE("torchtitan's checkpoint switches: first-step save, load_only, full in
                                                              (dir / "first" / "metrics.jsonl").string(),
                                                              "--checkpoint.no_initial_load_model_only"})),
                     Contains("initial_load_model_only = false") && Contains("is not one"));
+}
+
+TEST_CASE("an export carries every MoE expert_bias, an initial load restores them, a file without them says so",
+          "[checkpoint][moe]") {
+  const fs::path dir = titan::testing::fresh_temp_dir("checkpoint_export_bias");
+  const std::vector<std::string> moe = {"--model.name", "qwen3", "--model.flavor", "debugmodel_moe_small",
+                                        "--training.seq_len", "32", "--training.local_batch_size", "2",
+                                        "--training.seed", "5", "--training.num_threads", "1",
+                                        "--metrics.peak_flops", "1e12"};
+  auto job = [&](const fs::path& dump, std::vector<std::string> extra) {
+    std::vector<std::string> args = moe;
+    args.insert(args.end(), {"--job.dump_folder", dump.string()});
+    args.insert(args.end(), extra.begin(), extra.end());
+    return parse_job_config(args);
+  };
+  auto biases = [](Trainer& t) {
+    std::map<std::string, at::Tensor> out;
+    for (titan::model::TransformerBlock* block : t.model().blocks())
+      out[block->moe->prefix + ".expert_bias"] = block->moe->expert_bias.clone();
+    return out;
+  };
+  // bfloat16 weights: the biases still go out in float32, bit for bit.
+  const fs::path exported = dir / "final.safetensors";
+  Trainer saver(job(dir / "saver", {"--training.steps", "3", "--checkpoint.export_path", exported.string(),
+                                    "--checkpoint.export_dtype", "bfloat16"}));
+  saver.train();
+  const std::map<std::string, at::Tensor> trained = biases(saver);
+  REQUIRE(trained.size() == 4);
+  const auto file = load_safetensors(exported.string());
+  for (const auto& [name, bias] : trained) {
+    INFO(name);
+    CHECK(bias.abs().max().item<double>() > 0);  // 3 steps of balancing moved it
+    REQUIRE(file.count(name) == 1);
+    CHECK(file.at(name).scalar_type() == at::kFloat);
+    CHECK(at::equal(file.at(name), bias));
+  }
+  CHECK(file.at("layers.0.moe.router.gate.weight").scalar_type() == at::kBFloat16);
+
+  // A run started from the export continues the balancing from the trained biases.
+  {
+    Trainer loaded(job(dir / "loaded", {"--training.steps", "1", "--checkpoint.initial_load_path", exported.string()}));
+    for (const auto& [name, bias] : biases(loaded)) {
+      INFO(name);
+      CHECK(at::equal(bias, trained.at(name)));
+    }
+  }
+  // A file without them (an export written before titan exported them) still loads; the biases
+  // start at zero and the log says so, naming the key and a layer.
+  std::vector<std::pair<std::string, at::Tensor>> weights_only;
+  for (const auto& [name, tensor] : file)
+    if (trained.count(name) == 0) weights_only.emplace_back(name, tensor);
+  const fs::path old_export = dir / "no_bias.safetensors";
+  save_safetensors(old_export.string(), weights_only);
+  std::string command = TITAN_TRAIN_PATH;
+  for (const std::string& a : moe) command += " " + a;
+  command += " --training.steps 1 --job.dump_folder " + (dir / "from_old").string() +
+             " --checkpoint.initial_load_path " + old_export.string();
+  const titan::testing::JobRun run = titan::testing::run_job(command, dir / "from_old.log");
+  INFO(run.log);
+  CHECK(run.exit_code == 0);
+  CHECK_THAT(run.log, Contains("checkpoint.initial_load_path '" + old_export.string() + "' holds no load-balancing bias "
+                               "for 4 MoE layer(s) ('layers.0.moe.expert_bias'") &&
+                          Contains("starts at zero"));
+}
+
+TEST_CASE("Qwen3-MoE's Hugging Face format has no tensor for expert_bias: the HF mapping names none",
+          "[checkpoint][moe]") {
+  const titan::model::ModelArgs args = titan::model::model_flavor("qwen3", "debugmodel_moe_small");
+  CHECK_FALSE(hf_buffer_name("layers.0.moe.expert_bias", args).has_value());
+  CHECK_FALSE(hf_buffer_name("layers.0.moe.router.gate.weight", args).has_value());  // a parameter, not a buffer
+  CHECK_THROWS_WITH(hf_names("layers.0.moe.expert_bias", args), Contains("no Hugging Face name"));
 }

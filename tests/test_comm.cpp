@@ -252,7 +252,7 @@ TEST_CASE("Comm timeout names rank, group, collective and sequence number", "[co
   CHECK(rank0_message.find("[rank 0]") != std::string::npos);
   CHECK(rank0_message.find("group 'world'") != std::string::npos);
   CHECK(rank0_message.find("all_reduce(max) #2") != std::string::npos);
-  CHECK(rank0_message.find("64 bytes") != std::string::npos);
+  CHECK(rank0_message.find("64 bytes, Float [16] on cpu)") != std::string::npos);  // described when it failed
   CHECK(rank0_message.find("timeout 1500 ms") != std::string::npos);
 }
 

@@ -225,6 +225,9 @@ TEST_CASE("values out of range say what is allowed", "[config]") {
   CHECK_THAT(error_of({"--training.global_batch_size", "0"}), Contains("must be -1 or in [1, 2147483647]"));
   CHECK_THAT(error_of({"--lr_scheduler.decay_ratio", "1.5"}), Contains("-1 or in [0, 1]"));
   CHECK_THAT(error_of({"--optimizer.lr", "nan"}), Contains("not a finite number"));
+  CHECK_THAT(error_of({"--model.load_balance_coeff", "-0.001"}),
+             Contains("model.load_balance_coeff = -0.001 is out of range: must be >= 0"));
+  CHECK(parse_job_config(std::vector<std::string>{"--model.load_balance_coeff", "0"}).model.load_balance_coeff == 0);
   CHECK_THAT(file_error_of("[metrics]\nlog_freq = 0\n"),
              Contains("bad.toml:2") && Contains("metrics.log_freq = 0"));
   CHECK(parse_job_config(std::vector<std::string>{"--training.global_batch_size", "32",
@@ -312,7 +315,7 @@ TEST_CASE("--help sets help_requested and the help lists every key", "[config]")
   const std::string help = config_help();
   for (const char* key : {"--job.config_file", "--metrics.peak_flops", "--model.converters",
                           "--optimizer.weight_decay", "--lr_scheduler.min_lr_factor",
-                          "--training.num_threads", "--checkpoint.export_dtype"}) {
+                          "--training.num_threads", "--checkpoint.export_dtype", "--model.load_balance_coeff"}) {
     CHECK_THAT(help, Contains(key));
   }
   CHECK_THAT(help, Contains("--training.compile, --training.no_compile") &&

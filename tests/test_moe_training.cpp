@@ -5,6 +5,7 @@
 
 #include <catch2/catch.hpp>
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -83,4 +84,78 @@ TEST_CASE("validation adds no token counts: the biases equal a run without valid
   for (size_t i = 0; i < want.size(); ++i) CHECK(at::equal(got[i], want[i]));
   const auto lines = titan::testing::read_metrics_lines(dump / "validated" / "metrics.jsonl");
   CHECK(std::count_if(lines.begin(), lines.end(), [](const auto& j) { return j.contains("validation_metrics/loss"); }) == 4);
+}
+
+TEST_CASE("a skipped non-finite step leaves the load balancing as it was: no bias moves, its counts are dropped",
+          "[trainer][moe]") {
+  // Step 2's gradients are made NaN after its backward (training.debug_nonfinite_at_step), when
+  // its forward has counted its tokens, and the step is skipped. After it every expert_bias and
+  // every master equals the 1-step run's bit for bit, and no token count is left for the next
+  // step to balance from; step 3 then moves the biases from its own counts.
+  // One warmup step: the learning rate of step 1 is then the peak's whatever training.steps (the
+  // default warmup is clamped to each run's length, which would change it).
+  const std::filesystem::path dump = titan::testing::fresh_temp_dir("test_moe_training_skip");
+  Trainer one(moe_job(dump / "one", {"--training.steps", "1", "--lr_scheduler.warmup_steps", "1"}));
+  one.train();
+  const std::vector<std::string> skip_step_2 = {"--training.skip_nonfinite_steps", "true",
+                                                "--training.debug_nonfinite_at_step", "2",
+                                                "--lr_scheduler.warmup_steps", "1"};
+  std::vector<std::string> two_steps = skip_step_2;
+  two_steps.insert(two_steps.end(), {"--training.steps", "2"});
+  Trainer skipped(moe_job(dump / "skipped", two_steps));
+  const TrainResult r = skipped.train();
+  REQUIRE(r.grad_norms.size() == 2);
+  CHECK(std::isfinite(r.grad_norms[0]));
+  CHECK(std::isnan(r.grad_norms[1]));
+  const std::vector<at::Tensor> after_one = expert_biases(one), after_skip = expert_biases(skipped);
+  REQUIRE(after_one.size() == 4);
+  for (size_t i = 0; i < after_one.size(); ++i) {
+    INFO("layer " << i);
+    CHECK(after_one[i].abs().max().item<double>() > 0);  // step 1 did move it
+    CHECK(at::equal(after_skip[i], after_one[i]));
+    CHECK(skipped.model().blocks()[i]->moe->tokens_per_expert.abs().sum().item<double>() == 0);
+  }
+  for (size_t i = 0; i < one.master_params().size(); ++i) {
+    INFO(one.param_names()[i]);
+    CHECK(at::equal(skipped.master_params()[i], one.master_params()[i]));
+  }
+  const auto lines = titan::testing::read_metrics_lines(dump / "skipped" / "metrics.jsonl");
+  REQUIRE(lines.size() == 2);
+  CHECK(lines[1].at("skipped_steps") == 1);
+  CHECK_FALSE(lines[1].contains("expert_load"));  // a skipped step has no load to report
+
+  std::vector<std::string> three_steps = skip_step_2;
+  three_steps.insert(three_steps.end(), {"--training.steps", "3"});
+  Trainer resumed_balancing(moe_job(dump / "three", three_steps));
+  resumed_balancing.train();
+  const std::vector<at::Tensor> after_three = expert_biases(resumed_balancing);
+  bool moved = false;
+  for (size_t i = 0; i < after_three.size(); ++i) moved = moved || !at::equal(after_three[i], after_one[i]);
+  CHECK(moved);
+}
+
+TEST_CASE("model.load_balance_coeff: 0 keeps every expert_bias at zero, the default moves it, 2e-3 twice as far",
+          "[trainer][moe]") {
+  // 0 is torchtitan 0.2.2's Qwen3, whose optimizer registers no balancing hook: the bias exists
+  // (the checkpoints hold it) and never moves; the load is still measured and logged.
+  const std::filesystem::path dump = titan::testing::fresh_temp_dir("test_moe_training_coeff");
+  Trainer off(moe_job(dump / "off", {"--model.load_balance_coeff", "0"}));
+  off.train();
+  for (const at::Tensor& b : expert_biases(off)) CHECK(b.abs().max().item<double>() == 0);
+  const auto lines = titan::testing::read_metrics_lines(dump / "off" / "metrics.jsonl");
+  REQUIRE(lines.size() == 4);
+  for (const auto& line : lines) CHECK(line.at("expert_load").size() == 4);
+  // One step: the update is coeff * (sign - mean(sign)) of the same counts, and doubling a
+  // float32 is exact, so 2e-3 moves every bias by exactly twice 1e-3's (the default's).
+  Trainer by_default(moe_job(dump / "default", {"--training.steps", "1"}));
+  by_default.train();
+  Trainer doubled(moe_job(dump / "doubled", {"--training.steps", "1", "--model.load_balance_coeff", "2e-3"}));
+  doubled.train();
+  const std::vector<at::Tensor> once = expert_biases(by_default), twice = expert_biases(doubled);
+  REQUIRE(once.size() == 4);
+  for (size_t i = 0; i < once.size(); ++i) {
+    INFO("layer " << i);
+    CHECK(once[i].abs().max().item<double>() > 0);
+    CHECK(at::equal(twice[i], 2 * once[i]));
+  }
 }

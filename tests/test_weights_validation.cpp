@@ -2,6 +2,7 @@
 // the value checks of loaded weights (Note [Weights that cannot train], trainer/checkpoint/weights_check.h),
 // one error for every unexpected and missing name, and a diverged run stopping (or skipping)
 // at the step where its loss turns non-finite (Note [Non-finite steps], trainer/nonfinite_step.cpp).
+#include <ATen/ops/equal.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/randn.h>
 #include <ATen/ops/zeros.h>
@@ -15,6 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "float8/float8_linear.h"
 #include "tests/temp_dir.h"
 #include "trainer/checkpoint/safetensors.h"
 #include "trainer/checkpoint/safetensors_header.h"
@@ -191,4 +193,65 @@ TEST_CASE("training.skip_nonfinite_steps skips non-finite steps, counts them, an
   for (std::string line; std::getline(in, line);) last = nlohmann::json::parse(line);
   CHECK(last.at("step") == 11);
   CHECK(last.at("skipped_steps") == 9);
+}
+
+namespace {
+// The delayed-scaling state of every float8 linear of `run`: per operand its history, scale and
+// pending amax (empty tensors where the operand is unused so far).
+struct DelayedState {
+  std::vector<std::string> names;
+  std::vector<const titan::float8::AmaxHistory*> histories;
+};
+DelayedState delayed_state(Trainer& run) {
+  DelayedState out;
+  for (titan::model::Linear* l : run.model().linears()) {
+    auto* c = dynamic_cast<titan::float8::Float8LinearCompute*>(titan::model::innermost(l->compute()));
+    if (!c) continue;
+    titan::float8::Float8LinearState& s = c->state();
+    const std::pair<const char*, titan::float8::AmaxHistory*> operands[] = {
+        {"input", &s.input}, {"weight", &s.weight}, {"grad_output", &s.grad_output}};
+    for (const auto& [name, h] : operands) {
+      out.names.push_back(l->fqn() + "." + name);
+      out.histories.push_back(h);
+    }
+  }
+  return out;
+}
+}  // namespace
+
+TEST_CASE("a skipped step leaves delayed float8 scaling as it was: its amaxes never reach the histories",
+          "[trainer][float8]") {
+  // Step 2's gradients are made NaN after its backward (training.debug_nonfinite_at_step), when
+  // its forward and backward have recorded every operand's amax, and the step is skipped. The
+  // histories and scales then equal the 1-step run's and nothing is pending for step 3's sync.
+  const fs::path dump = temp_dir("skip_float8");
+  const std::vector<std::string> delayed = {"--float8.enable_float8_linear", "--float8.recipe_name",
+                                            "tensorwise_delayed"};
+  auto job = [&](const std::string& name, std::vector<std::string> extra) {
+    extra.insert(extra.end(), delayed.begin(), delayed.end());
+    return tiny_job(dump / name, extra);
+  };
+  Trainer one(job("one", {"--training.steps", "1"}));
+  one.train();
+  Trainer skipped(job("skipped", {"--training.steps", "2", "--training.skip_nonfinite_steps", "true",
+                                  "--training.debug_nonfinite_at_step", "2"}));
+  const TrainResult r = skipped.train();
+  REQUIRE(r.grad_norms.size() == 2);
+  CHECK(std::isnan(r.grad_norms[1]));
+  const DelayedState want = delayed_state(one), got = delayed_state(skipped);
+  // input, weight and grad_output of the 7 linears of each of the debug model's 6 blocks (the
+  // output projection stays high precision).
+  REQUIRE(want.histories.size() == 3 * 7 * 6);
+  for (size_t i = 0; i < want.histories.size(); ++i) {
+    INFO(want.names[i]);
+    REQUIRE(got.histories[i]->initialized);
+    CHECK(at::equal(got.histories[i]->history, want.histories[i]->history));
+    CHECK(at::equal(got.histories[i]->scale, want.histories[i]->scale));
+    CHECK(got.histories[i]->amax.item<float>() == 0);  // nothing pending from the skipped step
+  }
+  // Skipping the very first step leaves every operand as before its first use.
+  Trainer first(job("first", {"--training.steps", "1", "--training.skip_nonfinite_steps", "true",
+                              "--training.debug_nonfinite_at_step", "1"}));
+  first.train();
+  for (const titan::float8::AmaxHistory* h : delayed_state(first).histories) CHECK_FALSE(h->initialized);
 }

@@ -155,7 +155,10 @@ void Trainer::build_model() {
   model::ModelArgs args = model::trained_model_args(cfg_.model.name, cfg_.model.flavor, tokenizer_->vocab_size());
   args.eos_id = tokenizer_->eos_id();  // ends a document (block-causal attention)
   args.block_causal = config::block_causal_attention(cfg_);
-  if (args.moe) args.moe->force_load_balance = cfg_.model.moe_force_load_balance;
+  if (args.moe) {
+    args.moe->force_load_balance = cfg_.model.moe_force_load_balance;
+    args.moe->load_balance_coeff = cfg_.model.load_balance_coeff;  // 0: the bias exists and never moves
+  }
   args.max_seq_len = cfg_.training.seq_len;  // the RoPE table's length
   if (cfg_.validation.enable) args.max_seq_len = std::max(args.max_seq_len, cfg_.validation.seq_len);
   model_ = std::make_unique<model::Transformer>(args);  // meta device: nothing allocated yet
@@ -188,6 +191,7 @@ void Trainer::build_model() {
   parallel_ = parallel::parallelize_llama(*model_, *mesh_, popt);
   parallel_->init_weights(static_cast<uint64_t>(cfg_.training.seed));
   for (const std::string& line : parallel_->describe()) util::log_info("parallel: " + line);
+  after_backward_hook_ = nonfinite_gradient_hook(cfg_.training.debug_nonfinite_at_step, *parallel_);  // tests only
 
   int64_t param_bytes = 0;
   for (const auto& p : master_params()) param_bytes += p.nbytes();

@@ -1,11 +1,15 @@
 // trainer/fault_injection.cpp — see fault_injection.h.
 #include "trainer/fault_injection.h"
 
+#include <ATen/core/grad_mode.h>
+
 #include <chrono>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <thread>
 
+#include "parallel/parallel_model.h"
 #include "util/logging.h"
 
 namespace titan::trainer {
@@ -37,6 +41,24 @@ std::function<void(int64_t)> fault_injection_hook(const config::CommSection& com
       util::log_warn("rank " + std::to_string(rank) + " stalls on purpose at step " + std::to_string(step) +
                      " (comm.debug_stall_at_step)");
       std::this_thread::sleep_for(std::chrono::hours(1));
+    }
+  };
+}
+
+std::function<void(int64_t)> nonfinite_gradient_hook(int64_t at_step, parallel::ParallelModel& model) {
+  if (at_step <= 0) return {};
+  return [at_step, &model](int64_t step) {
+    if (step != at_step) return;
+    util::log_warn("step " + std::to_string(step) + ": this rank's first gradient is set to NaN on purpose "
+                   "(training.debug_nonfinite_at_step)");
+    at::NoGradGuard no_grad;
+    // Every rank poisons its own: under pp or with FSDP padding a rank may hold no element of a
+    // given parameter, and the norm's all-reduce carries any one NaN to every rank.
+    for (size_t i = 0; i < model.master_params().size(); ++i) {
+      at::Tensor grad = model.gradient(i);
+      if (!grad.defined() || grad.numel() == 0) continue;
+      grad.fill_(std::numeric_limits<double>::quiet_NaN());
+      return;
     }
   };
 }

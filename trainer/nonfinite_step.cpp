@@ -8,7 +8,12 @@
 // re-run is collective like the step itself, so the checks record and never throw mid-way (a
 // rank that stopped early would leave its peers waiting in a collective). A skipped step makes
 // no optimizer update (the gradients are dropped by the next step's zero_grad) and no
-// after_optimizer_step: the weights did not change.
+// after_optimizer_step: the weights did not change. Nor does what the step recorded for later
+// steps (ParallelModel::discard_step_statistics): its MoE token counts are dropped and every
+// expert_bias stays as it was, so the next step balances from its own counts alone (the bias
+// update runs after this check for that reason; before it, a skipped step moved the biases), and
+// a delayed float8 recipe's amaxes of the step are dropped, so a NaN/Inf amax never reaches the
+// histories and the next step scales as if the skipped one had not run.
 #include <ATen/ops/abs.h>
 #include <ATen/ops/isfinite.h>
 

@@ -54,6 +54,7 @@ std::pair<double, double> Trainer::train_step(int64_t step) {
 
   data::Batch batch = loader_->next_batch();  // this rank's rows of the global batch, [rows, S]
   const double loss_sum = forward_backward(batch);  // schedule + gradient finish (FSDP, TP, HSDP, dp x cp)
+  if (after_backward_hook_) after_backward_hook_(step);  // training.debug_nonfinite_at_step only
   // Block-causal steps compute part of attention's square: the mfu counts what was done.
   const model::ModelArgs& args = model_->args();
   metrics_->add_tokens(batch.inputs.numel(),
@@ -62,13 +63,17 @@ std::pair<double, double> Trainer::train_step(int64_t step) {
   const double global_tokens = static_cast<double>(global_batch_size_) * t.seq_len;
   const parallel::ParallelModel::ClippedNorm clipped = parallel_->clip_grad_norm(t.max_norm);  // one all-reduce
   const double grad_norm = clipped.norm;
-  last_expert_load_ = parallel_->balance_experts();  // MoE: the bias update, before the optimizer step
   // Both are all-reduced, so every rank takes the same branch (Note [Non-finite steps]).
   if (!std::isfinite(loss_sum) || !std::isfinite(grad_norm)) {
     on_nonfinite_step(step, batch, loss_sum / global_tokens, grad_norm);  // throws unless skipping
-    return {loss_sum / global_tokens, grad_norm};                         // no optimizer update
+    // Skipped: no optimizer update, and the MoE load balancing and float8 delayed scaling as they
+    // were (the step's token counts and amaxes dropped, no bias moved, no load to report).
+    parallel_->discard_step_statistics();
+    last_expert_load_.clear();
+    return {loss_sum / global_tokens, grad_norm};
   }
   consecutive_skipped_steps_ = 0;
+  last_expert_load_ = parallel_->balance_experts();  // MoE: the bias update, before the optimizer step
   optimizer_->step(lr, clipped.copy_grad_scale);  // also rewrites the bf16 compute copies
   parallel_->after_optimizer_step();  // float8: next FSDP scales, delayed amax histories
   return {loss_sum / global_tokens, grad_norm};

@@ -118,6 +118,9 @@ class Trainer {
   // fault tests' comm.debug_fail_* / comm.debug_stall_*, trainer/fault_injection.h); a
   // production run has none.
   std::vector<std::function<void(int64_t)>> before_step_hooks_;
+  // Run after each step's backward, only with training.debug_nonfinite_at_step (the NaN of the
+  // non-finite tests); empty in a production run.
+  std::function<void(int64_t)> after_backward_hook_;
   int64_t start_step_ = 0;                             // resumed from this step
   int64_t skipped_steps_ = 0;                          // non-finite steps skipped (whole run)
   int64_t consecutive_skipped_steps_ = 0;

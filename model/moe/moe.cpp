@@ -46,8 +46,9 @@ void check_moe_args(const MoEArgs& a) {
     bad("score_func '" + a.score_func + "' is not one of: softmax, sigmoid");
   if (a.num_shared_experts < 0) bad("num_shared_experts " + std::to_string(a.num_shared_experts) + " is negative");
   if (!std::isfinite(a.route_scale)) bad("route_scale must be a finite number");
-  if (a.load_balance_coeff && !(*a.load_balance_coeff > 0))
-    bad("load_balance_coeff " + std::to_string(*a.load_balance_coeff) + " must be > 0 (or unset: no load balancing)");
+  if (a.load_balance_coeff && !(*a.load_balance_coeff >= 0))
+    bad("load_balance_coeff " + std::to_string(*a.load_balance_coeff) +
+        " must be >= 0 (0: a bias that never moves; unset: no bias)");
   if (a.num_limited_groups && !a.num_expert_groups)
     bad("num_limited_groups is set without num_expert_groups (group-limited routing needs both)");
   if (a.num_expert_groups) {

@@ -24,7 +24,8 @@
 // MoE layer's tokens_per_expert (summed over the ranks that see different tokens) moves its
 // bias: delta = coeff * sign(mean(counts) - counts); delta -= mean(delta); expert_bias += delta;
 // counts zeroed. An under-loaded expert's bias rises, so the top-k choice drifts toward it.
-// expert_bias is saved in checkpoints; tokens_per_expert is not.
+// coeff is model.load_balance_coeff (default 1e-3); at 0 the bias stays zero and the counts are
+// still summed for the metrics. expert_bias is saved in checkpoints; tokens_per_expert is not.
 #pragma once
 
 #include <ATen/core/Tensor.h>

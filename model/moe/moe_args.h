@@ -20,7 +20,9 @@ struct MoEArgs {
   int64_t top_k = 1;
   std::optional<int64_t> num_expert_groups;   // a divisor of num_experts, >= 2 experts each
   std::optional<int64_t> num_limited_groups;  // required with num_expert_groups
-  std::optional<double> load_balance_coeff = 1e-3;  // none: no expert_bias
+  // none: no expert_bias; 0: an expert_bias that never moves (model.load_balance_coeff = 0, as
+  // torchtitan 0.2.2's Qwen3, whose optimizer registers no balancing hook).
+  std::optional<double> load_balance_coeff = 1e-3;
   bool force_load_balance = false;  // debug.moe_force_load_balance: round-robin choice
 };
 

@@ -215,13 +215,22 @@ std::string Comm::where() const {
   return os.str();
 }
 
-std::string Comm::describe_tensor(const at::Tensor& t) const {
-  if (!t.defined()) return "undefined tensor";
+TensorSummary::TensorSummary(const at::Tensor& t) : defined(t.defined()) {
+  if (!defined) return;
+  dtype = t.scalar_type();
+  sizes.assign(t.sizes().begin(), t.sizes().end());
+  device = t.device();
+  contiguous = t.is_contiguous();
+}
+
+std::string TensorSummary::describe() const {
+  if (!defined) return "undefined tensor";
   std::ostringstream os;
-  os << t.scalar_type() << " " << t.sizes() << " on " << t.device()
-     << (t.is_contiguous() ? "" : " (non-contiguous)");
+  os << dtype << " " << c10::IntArrayRef(sizes) << " on " << device << (contiguous ? "" : " (non-contiguous)");
   return os.str();
 }
+
+std::string Comm::describe_tensor(const at::Tensor& t) const { return TensorSummary(t).describe(); }
 
 void Comm::fail(const std::string& what, const std::string& reason) const {
   throw CommError(where() + ": " + what + " failed: " + reason);
@@ -243,7 +252,7 @@ CommWork Comm::issue(std::string op, const at::Tensor& tensor, Launch&& launch, 
   total_bytes_ += record.bytes;
   w.record_ = record;
   w.p2p_ = p2p;
-  w.tensor_desc_ = describe_tensor(tensor);
+  w.tensor_ = TensorSummary(tensor);
   const std::string kind = p2p ? "point-to-point " : "collective ";
   // A named range in profiler traces; memory allocated inside counts as communication buffers.
   model::NamedScope scope(kind + w.record_.op, model::MemoryCategory::kCommunication);
@@ -263,7 +272,7 @@ CommWork Comm::issue(std::string op, const at::Tensor& tensor, Launch&& launch, 
     w.work_.reset();
     comm_trace().on_state(w.trace_id_, CollectiveState::kFailed);
     throw CommError(where() + ": " + kind + w.record_.op + " #" + std::to_string(w.record_.seq) + " (" +
-                    std::to_string(w.record_.bytes) + " bytes, " + w.tensor_desc_ +
+                    std::to_string(w.record_.bytes) + " bytes, " + w.tensor_.describe() +
                     ") could not be issued: " + error_text(e));
   }
   return w;
@@ -284,7 +293,7 @@ CommWork& CommWork::operator=(CommWork&& other) noexcept {
     work_ = std::move(other.work_);
     other.work_.reset();
     record_ = std::move(other.record_);
-    tensor_desc_ = std::move(other.tensor_desc_);
+    tensor_ = std::move(other.tensor_);
     start_ = other.start_;
     trace_id_ = other.trace_id_;
     p2p_ = other.p2p_;
@@ -318,7 +327,7 @@ void CommWork::wait() {
     std::ostringstream os;
     os << (p2p_ ? "point-to-point " : "collective ") << record_.op << " #" << record_.seq << " (" << record_.bytes
        << " bytes, "
-       << tensor_desc_ << ") " << (timed_out ? "timed out" : "failed") << " after " << ms.count()
+       << tensor_.describe() << ") " << (timed_out ? "timed out" : "failed") << " after " << ms.count()
        << " ms (timeout " << comm_->options_.timeout.count() << " ms): " << error_text(e);
     const std::string message = comm_->where() + ": " + os.str();
     std::string dump_error;

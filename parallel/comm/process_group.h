@@ -21,6 +21,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/util/SmallVector.h>
 #include <c10/util/intrusive_ptr.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>  // callers hold the store (intrusive_ptr)
 #include <torch/csrc/distributed/c10d/Work.hpp>   // CommWork holds a Work
@@ -60,6 +61,20 @@ struct CollectiveRecord {
 
 class Comm;
 
+// What an error says of a collective's tensor: dtype, shape, device and layout, taken as values
+// when the collective is issued and put in words only when it fails (no formatting per collective).
+struct TensorSummary {
+  TensorSummary() = default;
+  explicit TensorSummary(const at::Tensor& t);
+  std::string describe() const;  // "Float [16] on cpu", "BFloat16 [4, 8] on cpu (non-contiguous)"
+
+  bool defined = false;
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+  c10::SmallVector<int64_t, 5> sizes;
+  c10::Device device{c10::kCPU};
+  bool contiguous = true;
+};
+
 // A collective in flight (See Note [Asynchronous collectives]). Move-only; an empty handle (or
 // one already waited for) waits for nothing. A handle dropped without wait() waits in its
 // destructor (errors then are logged to stderr, not thrown), so no collective outlives its
@@ -84,7 +99,7 @@ class CommWork {
   Comm* comm_ = nullptr;
   c10::intrusive_ptr<c10d::Work> work_;
   CollectiveRecord record_;
-  std::string tensor_desc_;
+  TensorSummary tensor_;  // described only in an error message
   std::chrono::steady_clock::time_point start_;
   uint64_t trace_id_ = 0;  // its entry in comm_trace() (0: not recorded)
   bool p2p_ = false;       // a send or receive (See Note [Point-to-point]), not a collective

@@ -5,8 +5,12 @@
 #include <ATen/ops/tensor.h>
 #include <ATen/ops/zeros.h>
 
+#include <ATen/core/grad_mode.h>
+#include <c10/util/StringUtil.h>
+
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <cstring>
 #include <cstdlib>
 #include <filesystem>
@@ -57,20 +61,66 @@ void Checkpointer::load_initial_weights(const std::string& path) {
     return;
   }
   const bool hf = is_hf_checkpoint(path);
+  // The persistent buffers (MoE layers' expert_bias): every rank holds every layer's.
+  std::map<std::string, at::Tensor*> buffers;
+  std::vector<std::string> buffer_names;
+  model_.visit_buffers([&](const std::string& fqn, at::Tensor& buffer) {
+    buffers[fqn] = &buffer;
+    buffer_names.push_back(fqn);
+  });
   auto load = [&](const std::string& name, const at::Tensor& full) {
+    if (const auto it = buffers.find(name); it != buffers.end()) {
+      if (full.sizes() != it->second->sizes())
+        throw std::runtime_error("tensor '" + name + "' has shape " + c10::str(full.sizes()) + ", the model's " +
+                                 c10::str(it->second->sizes()));
+      at::NoGradGuard no_grad;
+      it->second->copy_(full);
+      return;
+    }
     if (parallel_.holds_param(name)) parallel_.load_full(name, full);  // under pp: this rank's stages
   };
-  load_weights_file(path, model_.args(), parallel_.all_param_names(), load);
-  util::log_info(std::string("loaded initial weights from ") + (hf ? "Hugging Face checkpoint " : "") + path);
+  const std::vector<std::string> absent =
+      load_weights_file(path, model_.args(), parallel_.all_param_names(), load, buffer_names);
+  util::log_info(std::string("loaded initial weights from ") + (hf ? "Hugging Face checkpoint " : "") + path +
+                 (buffer_names.size() > absent.size()
+                      ? " with " + std::to_string(buffer_names.size() - absent.size()) + " MoE layers' expert_bias"
+                      : ""));
+  if (!absent.empty())
+    util::log_warn(
+        "checkpoint.initial_load_path '" + path + "' holds no load-balancing bias for " +
+        std::to_string(absent.size()) + " MoE layer(s) ('" + absent.front() + "'" +
+        (absent.size() > 1 ? ", ..." : "") + "): their expert_bias starts at zero, and load balancing from there" +
+        (hf && !hf_buffer_name(absent.front(), model_.args()) ? " (this family's Hugging Face format has no tensor for it)"
+                                                              : ""));
 }
 
 int64_t Checkpointer::write_hf_weights(const std::string& dir) {
   const at::ScalarType dtype = config::dtype_from_name(cfg_.checkpoint.export_dtype, "checkpoint.export_dtype");
-  const std::vector<std::string> names = parallel_.all_param_names();
+  std::vector<std::string> names = parallel_.all_param_names();
   std::vector<std::vector<int64_t>> shapes;
   for (const auto& name : names) shapes.push_back(parallel_.full_shape(name));
+  // Buffers (expert_bias) go where the family's Hub format has a tensor for them.
+  std::map<std::string, at::Tensor> buffers;
+  std::vector<std::string> left_out;
+  model_.visit_buffers([&](const std::string& fqn, at::Tensor& buffer) {
+    if (!hf_buffer_name(fqn, model_.args())) {
+      left_out.push_back(fqn);
+      return;
+    }
+    names.push_back(fqn);
+    shapes.push_back(buffer.sizes().vec());
+    buffers[fqn] = buffer.detach();
+  });
+  if (!left_out.empty() && rank_ == 0)
+    util::log_info("checkpoint: " + hf_architecture(model_.args()).first + "'s format has no tensor for the " +
+                   std::to_string(left_out.size()) + " MoE layers' load-balancing expert_bias ('" + left_out.front() +
+                   "', ...): the Hugging Face weights leave it out (a run started from them balances from zero)");
   return write_hf_folder(dir, names, shapes, model_.args(), dtype,
-                         [&](const std::string& fqn) { return parallel_.full_param(fqn); }, rank_ == 0);
+                         [&](const std::string& fqn) {
+                           const auto it = buffers.find(fqn);
+                           return it != buffers.end() ? it->second : parallel_.full_param(fqn);
+                         },
+                         rank_ == 0);
 }
 
 void Checkpointer::export_weights(const std::string& path) {
@@ -88,6 +138,11 @@ void Checkpointer::export_weights(const std::string& path) {
     if (rank_ == 0) tensors.emplace_back(name, full.to(at::kCPU).to(dtype));
   }
   if (rank_ != 0) return;
+  // The model's persistent buffers as the step-N checkpoints hold them (identical on every rank,
+  // float32 whatever export_dtype: the load balancing an initial load continues from).
+  model_.visit_buffers([&](const std::string& fqn, at::Tensor& buffer) {
+    tensors.emplace_back(fqn, buffer.detach().to(at::kCPU).to(at::kFloat).clone());
+  });
   const auto parent = std::filesystem::path(path).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent);
   save_safetensors(path, tensors, {{"format", "pt"}, {"flavor", cfg_.model.flavor}});

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <stdexcept>
 
 #include "trainer/checkpoint/safetensors.h"
@@ -49,6 +50,32 @@ const std::vector<std::pair<std::string, std::string>> kExpertNames = {
     {"moe.experts.w2", "down_proj.weight"},
     {"moe.experts.w3", "up_proj.weight"},
 };
+// A block's persistent buffers (titan after "layers.<i>." <-> HF after "model.layers.<i>."), per
+// HF model_type: only where the family's Hub checkpoints hold the tensor. DeepSeek-V3's would be
+// {"moe.expert_bias", "mlp.gate.e_score_correction_bias"} (its router's bias that only chooses,
+// as expert_bias does). Qwen3-MoE's format has none: Qwen3MoeForCausalLM routes by the softmax
+// scores alone, so its exports leave the bias out and a run from one starts balancing from zero.
+const std::map<std::string, std::vector<std::pair<std::string, std::string>>>& buffer_names_by_model_type() {
+  static const std::map<std::string, std::vector<std::pair<std::string, std::string>>> table = {
+      {"llama", {}},
+      {"qwen3", {}},
+      {"qwen3_moe", {}},
+  };
+  return table;
+}
+const std::vector<std::pair<std::string, std::string>>& block_buffer_names(const model::ModelArgs& args) {
+  static const std::vector<std::pair<std::string, std::string>> none;
+  std::string model_type;
+  try {
+    model_type = hf_architecture(args).second;
+  } catch (const std::invalid_argument&) {  // no HF counterpart: no buffer either
+    return none;
+  }
+  const auto& table = buffer_names_by_model_type();
+  const auto it = table.find(model_type);
+  return it == table.end() ? none : it->second;
+}
+
 const std::vector<std::pair<std::string, std::string>> kTopNames = {
     {"tok_embeddings.weight", "model.embed_tokens.weight"},
     {"norm.weight", "model.norm.weight"},
@@ -153,9 +180,18 @@ void check_hf_config(const std::string& file, const model::ModelArgs& args) {
 
 }  // namespace
 
+std::optional<std::string> hf_buffer_name(const std::string& fqn, const model::ModelArgs& args) {
+  std::string layer, rest;
+  if (!split_layer(fqn, "layers.", &layer, &rest)) return std::nullopt;
+  for (const auto& [t, h] : block_buffer_names(args))
+    if (rest == t) return "model.layers." + layer + "." + h;
+  return std::nullopt;
+}
+
 std::vector<std::string> hf_names(const std::string& fqn, const model::ModelArgs& args) {
   for (const auto& [t, h] : kTopNames)
     if (fqn == t) return {h};
+  if (std::optional<std::string> buffer = hf_buffer_name(fqn, args)) return {*buffer};
   std::string layer, rest;
   if (split_layer(fqn, "layers.", &layer, &rest)) {
     const std::string block = "model.layers." + layer + ".";
@@ -179,6 +215,8 @@ TitanSlot titan_slot_from_hf(const std::string& hf, const model::ModelArgs& args
   std::string layer, rest;
   if (split_layer(hf, "model.layers.", &layer, &rest)) {
     for (const auto& [t, h] : kBlockNames)
+      if (rest == h) return {"layers." + layer + "." + t};
+    for (const auto& [t, h] : block_buffer_names(args))
       if (rest == h) return {"layers." + layer + "." + t};
     if (rest == "self_attn.rotary_emb.inv_freq") return {};  // a buffer of older exports
     std::string expert, weight;
@@ -292,8 +330,11 @@ int64_t write_hf_folder(const std::string& dir, const std::vector<std::string>& 
   std::vector<int> shard_of(fqns.size());
   int shards = 1;
   int64_t in_shard = 0, total = 0;
+  // A buffer (the load-balancing bias) keeps float32 whatever the weights' dtype: its steps of
+  // coeff are below bfloat16's resolution at the bias's size.
+  auto dtype_of = [&](const std::string& fqn) { return hf_buffer_name(fqn, args) ? at::kFloat : dtype; };
   for (size_t i = 0; i < fqns.size(); ++i) {
-    int64_t bytes = static_cast<int64_t>(c10::elementSize(dtype));
+    int64_t bytes = static_cast<int64_t>(c10::elementSize(dtype_of(fqns[i])));
     for (int64_t d : shapes[i]) bytes *= d;
     if (in_shard > 0 && in_shard + bytes > max_shard_bytes) {
       ++shards;
@@ -315,7 +356,7 @@ int64_t write_hf_folder(const std::string& dir, const std::vector<std::string>& 
   for (size_t i = 0; i < fqns.size(); ++i) {
     at::Tensor full = fetch(fqns[i]);  // every rank: may be a collective
     if (!writer) continue;
-    const at::Tensor hf = to_hf_layout(fqns[i], full.to(at::kCPU).to(dtype), args);
+    const at::Tensor hf = to_hf_layout(fqns[i], full.to(at::kCPU).to(dtype_of(fqns[i])), args);
     const bool stacked = is_stacked_experts(fqns[i]);
     if (stacked && hf.size(0) != static_cast<int64_t>(names[i].size()))
       throw std::runtime_error("titan parameter '" + fqns[i] + "' stacks " + std::to_string(hf.size(0)) +

@@ -7,9 +7,11 @@
 // ffn_norm <-> input_layernorm / post_attention_layernorm; norm <-> model.norm; output <->
 // lm_head (absent when the embedding is tied). Qwen3-MoE: moe.router.gate <-> mlp.gate, and
 // titan's stacked experts moe.experts.w1 [E, H, D] / w3 [E, H, D] / w2 [E, D, H] are E tensors
-// each in HF, expert j's row being mlp.experts.<j>.gate_proj / up_proj / down_proj. The
-// load-balancing expert_bias is a buffer, not a weight: HF's Qwen3-MoE routes without one, so an
-// export routes as titan does with a zero bias.
+// each in HF, expert j's row being mlp.experts.<j>.gate_proj / up_proj / down_proj. A
+// persistent buffer (the load-balancing layers.<i>.moe.expert_bias) goes out and in where the
+// family's Hub format has a tensor for it (hf_buffer_name; DeepSeek-V3's would be
+// mlp.gate.e_score_correction_bias), in float32. Qwen3-MoE's has none (HF routes by the scores
+// alone): an export leaves the bias out, and routes as titan does with a zero bias.
 //
 // Note [HF rotary permutation]: titan's Llama (like Meta's code) rotates interleaved pairs
 // (x[2i], x[2i+1]) of each head; HF rotates halves (x[i], x[i + hd/2]). HF's
@@ -24,6 +26,7 @@
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -36,6 +39,10 @@ namespace titan::trainer::checkpoint {
 // expert (element j: expert j, row j of the [E, ...] tensor). Throws std::invalid_argument for a
 // parameter HF's model of this family does not have.
 std::vector<std::string> hf_names(const std::string& fqn, const model::ModelArgs& args);
+// The HF tensor of titan buffer `fqn` ("layers.<i>.moe.expert_bias") in the family's Hub format,
+// or none where the format has no place for it (Llama 3, Qwen3, Qwen3-MoE). hf_names answers it
+// too for such a buffer, and titan_slot_from_hf maps it back.
+std::optional<std::string> hf_buffer_name(const std::string& fqn, const model::ModelArgs& args);
 
 // Where an HF tensor goes in titan.
 struct TitanSlot {

@@ -197,6 +197,7 @@ void Float8State::load_state_dict(StateSource& source) {
     // What sync_amax_history computed after the saved step, recomputed bit for bit.
     h.scale = float8::scale_from_amax(at::amax(h.history), o.dtype, o.round_pow2);
     h.initialized = true;
+    h.synced = true;
   }
 }
 

@@ -6,6 +6,8 @@
 #include <ATen/ops/isnan.h>
 #include <ATen/ops/logical_and.h>
 
+#include <map>
+#include <optional>
 #include <set>
 #include <stdexcept>
 
@@ -55,8 +57,10 @@ void check_weight_values(const at::Tensor& t, const std::string& what, bool chec
                            "float32); use another checkpoint");
 }
 
-void load_weights_file(const std::string& path, const model::ModelArgs& args, const std::vector<std::string>& fqns,
-                       const std::function<void(const std::string&, const at::Tensor&)>& load) {
+std::vector<std::string> load_weights_file(const std::string& path, const model::ModelArgs& args,
+                                           const std::vector<std::string>& fqns,
+                                           const std::function<void(const std::string&, const at::Tensor&)>& load,
+                                           const std::vector<std::string>& buffers) {
   const bool hf = is_hf_checkpoint(path);
   const std::string where = "checkpoint.initial_load_path '" + path + "'";
   // Names first, in the file's spelling: what the model's parameters are called there (a
@@ -68,12 +72,25 @@ void load_weights_file(const std::string& path, const model::ModelArgs& args, co
     } else {
       missing.insert(fqn);
     }
+  // The buffers the file may hold, by their name there; a buffer the format has no tensor for is
+  // absent by construction.
+  std::map<std::string, std::string> optional;  // file's name -> buffer fqn
+  for (const std::string& fqn : buffers)
+    if (const std::optional<std::string> name = hf ? hf_buffer_name(fqn, args) : std::optional<std::string>(fqn))
+      optional[*name] = fqn;
+  std::set<std::string> absent_buffers(buffers.begin(), buffers.end());
+  auto is_buffer = [&](const std::string& name) {
+    const auto it = optional.find(name);
+    if (it == optional.end()) return false;
+    absent_buffers.erase(it->second);
+    return true;
+  };
   std::vector<std::string> unexpected;
   std::map<std::string, SafetensorsEntry> entries;  // the titan safetensors file's
   if (hf) {
     for (const auto& [file, names] : hf_checkpoint_files(path))
       for (const std::string& name : names) {
-        if (missing.erase(name) > 0) continue;
+        if (missing.erase(name) > 0 || is_buffer(name)) continue;
         bool ignored = false;  // a rotary buffer or a tied lm_head titan has no parameter for
         try {
           ignored = titan_slot_from_hf(name, args).fqn.empty();
@@ -84,7 +101,7 @@ void load_weights_file(const std::string& path, const model::ModelArgs& args, co
   } else {
     entries = read_safetensors_header(path);
     for (const auto& [name, entry] : entries)
-      if (missing.erase(name) == 0) unexpected.push_back(name);
+      if (missing.erase(name) == 0 && !is_buffer(name)) unexpected.push_back(name);
   }
   if (!unexpected.empty() || !missing.empty()) {
     const std::vector<std::string> absent(missing.begin(), missing.end());
@@ -115,6 +132,7 @@ void load_weights_file(const std::string& path, const model::ModelArgs& args, co
   } else {
     for (const auto& [name, tensor] : load_safetensors(path)) load_checked(name, tensor);
   }
+  return {absent_buffers.begin(), absent_buffers.end()};
 }
 
 }  // namespace titan::trainer::checkpoint

@@ -33,8 +33,14 @@ void check_weight_values(const at::Tensor& t, const std::string& what, bool chec
 // Loads a weights file for checkpoint.initial_load_path: a safetensors file of titan fqns or a
 // Hugging Face checkpoint (folder or index). Names are checked before any tensor is read: ONE
 // error lists every name the model lacks and every parameter the file lacks. Then each tensor
-// is read, checked (check_weight_values) and handed to `load(fqn, full tensor)`.
-void load_weights_file(const std::string& path, const model::ModelArgs& args, const std::vector<std::string>& fqns,
-                       const std::function<void(const std::string&, const at::Tensor&)>& load);
+// is read, checked (check_weight_values) and handed to `load(fqn, full tensor)`. The model's
+// persistent `buffers` (MoE layers' expert_bias) may be absent: a file of titan names holds
+// them by their fqn, an HF checkpoint where its family's format has a tensor for them
+// (hf_buffer_name); each one present is loaded like a parameter. Returns the buffers the file
+// does not hold, for the caller to say so.
+std::vector<std::string> load_weights_file(const std::string& path, const model::ModelArgs& args,
+                                           const std::vector<std::string>& fqns,
+                                           const std::function<void(const std::string&, const at::Tensor&)>& load,
+                                           const std::vector<std::string>& buffers = {});
 
 }  // namespace titan::trainer::checkpoint

@@ -72,6 +72,7 @@ struct ModelSection {
   std::vector<std::string> converters;  // model rewrites applied after build; choices: float8
   std::string attn_mask_type = "causal";  // causal | block_causal (attention within each document)
   bool moe_force_load_balance = false;    // MoE: round-robin expert choice (torchtitan's debug switch)
+  double load_balance_coeff = 1e-3;       // MoE: the expert_bias step per optimizer step; 0 = off
 };
 
 struct OptimizerSection {
@@ -105,6 +106,9 @@ struct TrainingSection {
   int64_t seed = 0;
   bool deterministic = false;
   bool skip_nonfinite_steps = false;  // a non-finite loss/grad norm skips the update instead of stopping
+  // Fault injection for tests: every rank's first gradient is NaN after the backward of this
+  // step (0 = never), so the step's non-finite check fires (trainer/fault_injection.h).
+  int64_t debug_nonfinite_at_step = 0;
   std::string device = "cpu";  // cpu|cuda; parsing makes it cuda when a GPU is visible
   int64_t num_threads = 0;     // intra-op threads, 0 = all cores
   std::string cpu_float32_gemm = "aten";  // aten|onednn (Note [float32 GEMMs on the CPU] in model/linear.h)

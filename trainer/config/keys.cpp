@@ -154,6 +154,13 @@ std::vector<SectionSpec> build_table() {
               "Mixture-of-experts models only (debug): every token's experts chosen round robin, "
               "(token x top_k + j) mod num_experts, instead of by the router, so every expert gets "
               "the same load (torchtitan's debug.moe_force_load_balance)."),
+          key("load_balance_coeff", &ModelSection::load_balance_coeff,
+              "Mixture-of-experts models only: auxiliary-loss-free load balancing, once per "
+              "optimizer step each layer's expert_bias moves by this much toward its under-loaded "
+              "experts (coeff x sign(mean load - load), made zero-mean); 0 = off, every "
+              "expert_bias stays zero (torchtitan 0.2.2's Qwen3, which never moves it). titan "
+              "balances every MoE flavor at the default.")
+              .at_least(0),
           key("tokenizer_path", &ModelSection::tokenizer_path,
               "\"\" = byte-level tokenizer; a tiktoken-format BPE file (Llama 3's "
               "original/tokenizer.model), a tokenizer.json or a folder holding one; when not "
@@ -232,6 +239,11 @@ std::vector<SectionSpec> build_table() {
               "A step whose loss or gradient norm is NaN/Inf skips its optimizer update (counted "
               "in the step line and metrics) instead of stopping the run; 10 such steps in a "
               "row still stop it."),
+          key("debug_nonfinite_at_step", &TrainingSection::debug_nonfinite_at_step,
+              "Fault injection (tests): after the backward of this step every rank's first "
+              "gradient is set to NaN, as an overflow would leave it, so the step's non-finite "
+              "check fires (and training.skip_nonfinite_steps skips it); 0 = never.")
+              .count_at_least(0),
           key("device", &TrainingSection::device,
               "Where to train; when not given: cuda if a GPU is visible, else cpu.")
               .one_of({"cpu", "cuda"}),
