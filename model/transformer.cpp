@@ -1,5 +1,6 @@
 // model/transformer.cpp — see transformer.h.
 #include "model/transformer.h"
+#include "model/param_path.h"
 
 #include <ATen/ops/arange.h>
 #include <ATen/ops/cat.h>
@@ -164,13 +165,13 @@ void FeedForward::visit_params(const ParamVisitor& visit) {
 
 TransformerBlock::TransformerBlock(int64_t id, const ModelArgs& args)
     : layer_id(id),
-      attention("layers." + std::to_string(id) + ".attention", args),
-      attention_norm("layers." + std::to_string(id) + ".attention_norm", args.dim, args.norm_eps),
-      ffn_norm("layers." + std::to_string(id) + ".ffn_norm", args.dim, args.norm_eps) {
+      attention(layer_path(id, "attention"), args),
+      attention_norm(layer_path(id, "attention_norm"), args.dim, args.norm_eps),
+      ffn_norm(layer_path(id, "ffn_norm"), args.dim, args.norm_eps) {
   if (args.moe)
-    moe = std::make_unique<moe::MoE>("layers." + std::to_string(id) + ".moe", *args.moe, args.dim, args.moe_hidden_dim);
+    moe = std::make_unique<moe::MoE>(layer_path(id, "moe"), *args.moe, args.dim, args.moe_hidden_dim);
   else
-    feed_forward.emplace("layers." + std::to_string(id) + ".feed_forward", args.dim, args.ffn_hidden_dim());
+    feed_forward.emplace(layer_path(id, "feed_forward"), args.dim, args.ffn_hidden_dim());
 }
 
 at::Tensor TransformerBlock::forward(const at::Tensor& x, const RotaryTable& rope, const at::Tensor& documents) const {
@@ -311,7 +312,7 @@ std::vector<std::string> Transformer::describe(const std::function<bool(const st
   if (!embedding_wrappers_.empty()) embedding += " > " + chain(embedding_wrappers_);
   if (held("tok_embeddings")) add(-1, embedding);
   for (const auto& layer : layers_) {
-    if (!held("layers." + std::to_string(layer->layer_id))) continue;
+    if (!held(layer_path(layer->layer_id))) continue;
     const size_t id = static_cast<size_t>(layer->layer_id);
     if (id < block_wrappers_.size() && !block_wrappers_[id].empty())
       add(layer->layer_id, "layers.#: " + chain(block_wrappers_[id]));
@@ -328,7 +329,7 @@ std::vector<std::string> Transformer::describe(const std::function<bool(const st
     }
     for (const Linear* l : linears) {
       const std::string& fqn = l->fqn();
-      add(layer->layer_id, "layers.#" + fqn.substr(fqn.find('.', 7)) + ": " + l->compute()->describe());
+      add(layer->layer_id, layer_pattern(fqn, "#") + ": " + l->compute()->describe());
     }
     if (!a.sdpa_name.empty()) add(layer->layer_id, "layers.#.attention.sdpa: " + a.sdpa_name);
   }
@@ -358,9 +359,9 @@ std::vector<std::string> Transformer::describe(const std::function<bool(const st
 bool ModelPart::holds(const std::string& module) const {
   if (module == "tok_embeddings") return embedding;
   if (module == "norm" || module == "output") return head;
-  if (module.compare(0, 7, "layers.") != 0) return false;
-  const int64_t layer = std::stoll(module.substr(7));
-  return layer >= first_layer && (end_layer < 0 || layer < end_layer);
+  const std::optional<LayerPath> block = parse_layer_path(module);
+  if (!block) return false;
+  return block->layer >= first_layer && (end_layer < 0 || block->layer < end_layer);
 }
 
 at::Tensor Transformer::forward(const at::Tensor& tokens, const RotaryTable& rope, const at::Tensor& documents) {
@@ -401,9 +402,9 @@ at::Tensor Transformer::forward_part(const at::Tensor& input, const RotaryTable&
     // The table by value: activation checkpointing calls `run` again in backward, after the
     // caller's table may be gone.
     ForwardFn run = [block, rope, documents](const at::Tensor& x) { return block->forward(x, rope, documents); };
-    NamedScope scope("layers." + std::to_string(block->layer_id));
+    NamedScope scope(layer_path(block->layer_id));
     h = compose(std::move(run), id < block_wrappers_.size() ? block_wrappers_[id] : kNoWrappers)(h);
-    if (output_observer_) output_observer_("layers." + std::to_string(block->layer_id), h);
+    if (output_observer_) output_observer_(layer_path(block->layer_id), h);
   }
   if (!part.head) return h;
   ForwardFn head = [this](const at::Tensor& x) {

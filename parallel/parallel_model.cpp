@@ -2,6 +2,7 @@
 // returns: this rank's masters and where they lie in the full parameters, the loss, full
 // parameters for export, float8's and MoE's post-step work (its gradients: gradients.cpp).
 #include "parallel/parallel_model.h"
+#include "model/param_path.h"
 
 #include <ATen/core/Reduction.h>
 #include <ATen/core/grad_mode.h>
@@ -19,15 +20,6 @@
 #include "parallel/tensor_parallel/tensor_parallel.h"
 
 namespace titan::parallel {
-
-namespace {
-// "layers.3.attention.wq.weight" -> "layers.3"; "norm.weight" -> "norm".
-std::string module_of(const std::string& fqn) {
-  const size_t dot = fqn.find('.');
-  if (fqn.compare(0, 7, "layers.") == 0) return fqn.substr(0, fqn.find('.', 7));
-  return fqn.substr(0, dot);
-}
-}  // namespace
 
 ParallelModel::ParallelModel(model::Transformer& model, comm::DeviceMesh& mesh, ParallelOptions options)
     : model_(model), mesh_(mesh), options_(std::move(options)) {
@@ -61,7 +53,7 @@ bool ParallelModel::holds(const std::string& module) const {
 }
 
 bool ParallelModel::holds_param(const std::string& fqn) const {
-  if (holds(module_of(fqn))) return true;
+  if (holds(model::top_module(fqn))) return true;
   return fqn == "tok_embeddings.weight" && model_.args().tie_embeddings && holds("output");
 }
 
@@ -160,7 +152,7 @@ at::Tensor ParallelModel::full_param(const std::string& fqn) {
     const pipeline::PipelinePlan& plan = *options_.pipeline;
     int owner = -1;
     for (int s = 0; s < plan.num_stages() && owner < 0; ++s)
-      if (plan.stage_parts[static_cast<size_t>(s)].holds(module_of(fqn)))
+      if (plan.stage_parts[static_cast<size_t>(s)].holds(model::top_module(fqn)))
         owner = plan.stage_rank[static_cast<size_t>(s)];
     TORCH_CHECK(owner >= 0, "no pipeline stage holds parameter '", fqn, "'");
     at::Tensor full = owner == pp->rank()

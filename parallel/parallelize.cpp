@@ -2,6 +2,7 @@
 // (apply_tp, apply_fsdp here; apply_ac in activation_checkpoint.cpp; the schedule); the
 // ParallelModel mechanics they rely on are in parallel_model.cpp.
 #include "parallel/parallelize.h"
+#include "model/param_path.h"
 
 #include <c10/util/Exception.h>
 
@@ -197,10 +198,9 @@ TensorParallelPlan apply_tp(model::Transformer& model, comm::Comm& tp, const Par
   };
   int moe_layers = 0;
   for (model::TransformerBlock* block : model.blocks()) {
-    const std::string prefix = "layers." + std::to_string(block->layer_id) + ".";
-    if (!holds("layers." + std::to_string(block->layer_id))) continue;
+    if (!holds(model::layer_path(block->layer_id))) continue;
     for (const auto& [name, style] : kBlockTpPlan)
-      if (!block->moe || name.compare(0, 12, "feed_forward") != 0) apply(prefix + name, style, block);
+      if (!block->moe || name.compare(0, 12, "feed_forward") != 0) apply(model::layer_path(block->layer_id, name), style, block);
     if (!block->moe) continue;
     // The MoE layer (torchtitan's apply_moe_ep_tp). Its router is replicated: the gate's gradient is
     // a partial sum on every tp rank (of the sequence shard, or of the hidden shard through the
@@ -300,7 +300,7 @@ FsdpPlan apply_fsdp(model::Transformer& model, comm::Comm& dp_shard_cp, comm::De
     model.wrap_stage(model::Stage::kEmbedding, add_group(fsdp, "tok_embeddings", {"tok_embeddings.weight"}, tied_here));
   const int64_t n_layers = model.args().n_layers;
   for (model::TransformerBlock* block : model.blocks()) {
-    const std::string name = "layers." + std::to_string(block->layer_id);
+    const std::string name = model::layer_path(block->layer_id);
     if (!holds(name)) continue;
     std::vector<std::string> fqns, experts;
     for (const auto& p : params)

@@ -63,6 +63,7 @@
 // Step = gradient-accumulation passes x (micro-batches' compute + exposed communication, or the
 // simulated pipeline pass) + FSDP under pp (once per step) + HSDP all-reduce + optimizer.
 #include "planner/predict.h"
+#include "model/param_path.h"
 
 #include <algorithm>
 #include <cmath>
@@ -298,7 +299,7 @@ Prediction predict(const trainer::config::JobConfig& cfg, const trainer::config:
       double n = 0;
       bool output = false, embedding = false;
       for (const std::string& m : plan.stage_modules[static_cast<size_t>(s)]) {
-        if (m.rfind("layers.", 0) == 0) n += 1;
+        if (model::parse_layer_path(m)) n += 1;
         output |= m == "output";
         embedding |= m == "tok_embeddings";
       }

@@ -1,5 +1,6 @@
 // parallel/context_parallel/context_parallel.cpp — see context_parallel.h.
 #include "parallel/context_parallel/context_parallel.h"
+#include "model/param_path.h"
 
 #include <ATen/ops/cat.h>
 
@@ -85,7 +86,7 @@ void apply_cp(model::Transformer& model, comm::Comm& cp, CpRotateMethod method,
   const std::string name = std::string(method == CpRotateMethod::kUlysses ? "head_all_to_all" : "ring") + "(cp " +
                            std::to_string(cp.size()) + ", " + cp_rotate_method_name(method) + ")";
   for (model::TransformerBlock* block : model.blocks()) {
-    if (holds && !holds("layers." + std::to_string(block->layer_id))) continue;
+    if (holds && !holds(model::layer_path(block->layer_id))) continue;
     model::Attention& a = block->attention;
     a.sdpa_name = name;
     comm::Comm* comm = &cp;

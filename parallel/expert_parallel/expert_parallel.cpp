@@ -1,5 +1,6 @@
 // parallel/expert_parallel/expert_parallel.cpp — see expert_parallel.h.
 #include "parallel/expert_parallel/expert_parallel.h"
+#include "model/param_path.h"
 
 #include <ATen/ops/argsort.h>
 #include <ATen/ops/empty.h>
@@ -191,7 +192,7 @@ ExpertParallelPlan apply_ep(model::Transformer& model, comm::Comm& ep, int efsdp
   ExpertParallelPlan plan;
   int64_t num_experts = 0, layers = 0;
   for (model::TransformerBlock* block : model.blocks()) {
-    if (!block->moe || !holds("layers." + std::to_string(block->layer_id))) continue;
+    if (!block->moe || !holds(model::layer_path(block->layer_id))) continue;
     model::moe::MoE& moe = *block->moe;
     num_experts = moe.args.num_experts;
     local_experts_begin(num_experts, ep.size(), ep.rank());  // the degree divides the experts

@@ -1,5 +1,6 @@
 // parallel/pipeline/split.cpp — see split.h.
 #include "parallel/pipeline/split.h"
+#include "model/param_path.h"
 
 #include <algorithm>
 #include <stdexcept>
@@ -10,7 +11,7 @@ namespace {
 // The module order of the Llama: what the stages read in order must be.
 std::vector<std::string> model_modules(int64_t n_layers) {
   std::vector<std::string> modules = {"tok_embeddings"};
-  for (int64_t i = 0; i < n_layers; ++i) modules.push_back("layers." + std::to_string(i));
+  for (int64_t i = 0; i < n_layers; ++i) modules.push_back(model::layer_path(i));
   modules.push_back("norm");
   modules.push_back("output");
   return modules;
@@ -64,7 +65,7 @@ StageModules module_fqns_per_stage(int num_stages, int64_t n_layers, int64_t inp
     int64_t layers = per_stage + (s < extra ? 1 : 0) - (first ? input_weight : last ? output_weight : 0);
     std::vector<std::string> modules;
     if (first) modules.push_back("tok_embeddings");
-    for (; layers > 0 && next_layer < n_layers; --layers) modules.push_back("layers." + std::to_string(next_layer++));
+    for (; layers > 0 && next_layer < n_layers; --layers) modules.push_back(model::layer_path(next_layer++));
     if (last) {
       modules.push_back("norm");
       modules.push_back("output");
@@ -134,7 +135,7 @@ StageModules module_fqns_balanced(const std::vector<int>& stage_rank, int64_t n_
   for (int64_t s = 0; s < num_stages; ++s) {
     std::vector<std::string> modules;
     if (s == 0) modules.push_back("tok_embeddings");
-    for (int64_t b = 0; b < stage_blocks[static_cast<size_t>(s)]; ++b) modules.push_back("layers." + std::to_string(next_layer++));
+    for (int64_t b = 0; b < stage_blocks[static_cast<size_t>(s)]; ++b) modules.push_back(model::layer_path(next_layer++));
     if (s == num_stages - 1) {
       modules.push_back("norm");
       modules.push_back("output");
@@ -148,21 +149,19 @@ StageModules module_fqns_from_split_points(const std::vector<std::string>& split
   StageModules stages(1, std::vector<std::string>{"tok_embeddings"});
   int64_t previous = 0;
   for (const std::string& point : split_points) {
-    int64_t layer = -1;
-    if (point.rfind("layers.", 0) == 0 && point.size() > 7 && point.size() < 17 &&
-        point.find_first_not_of("0123456789", 7) == std::string::npos)
-      layer = std::stoll(point.substr(7));
+    const std::optional<model::LayerPath> block = model::parse_layer_path(point);
+    const int64_t layer = block && block->rest.empty() ? block->layer : -1;
     if (layer < 0 || layer >= n_layers)
       throw std::invalid_argument("pipeline_parallel_split_points: '" + point +
                                   "' is not a layer of the model (layers.0 .. layers." + std::to_string(n_layers - 1) + ")");
     if (layer <= previous)
       throw std::invalid_argument("pipeline_parallel_split_points: '" + point +
                                   "' does not come after the previous split point: each starts a new stage, in order");
-    for (int64_t i = previous; i < layer; ++i) stages.back().push_back("layers." + std::to_string(i));
+    for (int64_t i = previous; i < layer; ++i) stages.back().push_back(model::layer_path(i));
     stages.emplace_back();
     previous = layer;
   }
-  for (int64_t i = previous; i < n_layers; ++i) stages.back().push_back("layers." + std::to_string(i));
+  for (int64_t i = previous; i < n_layers; ++i) stages.back().push_back(model::layer_path(i));
   stages.back().push_back("norm");
   stages.back().push_back("output");
   return stages;

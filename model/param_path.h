@@ -1,0 +1,35 @@
+// model/param_path.h — the one owner of a block's paths: "layers.<i>" for the block and
+// "layers.<i>.<rest>" for what it holds ("layers.3.attention.wq.weight"), the names torchtitan's
+// state_dict, titan's checkpoints, the pipeline split and the logs share. Nothing else builds or
+// takes apart such a name by hand.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace titan::model {
+
+// "layers.<layer>" (no rest) or "layers.<layer>.<rest>".
+std::string layer_path(int64_t layer, std::string_view rest = {});
+
+struct LayerPath {
+  int64_t layer = 0;
+  std::string rest;  // what follows "layers.<i>.": "" for the block itself
+};
+// "layers.12.attention.wq.weight" -> {12, "attention.wq.weight"}, "layers.3" -> {3, ""}; nullopt
+// for any other name ("norm.weight", "layers.x", "layers.3.", an index of more than 9 digits, which
+// no model has and std::stoll could overflow). `prefix` is where the layers are: "layers." in
+// titan's names, "model.layers." in Hugging Face's.
+std::optional<LayerPath> parse_layer_path(std::string_view path, std::string_view prefix = "layers.");
+
+// A block's path with its index replaced: "layers.3.attention.wq" -> "layers.*.attention.wq" (for
+// `index_mark` "*"), so that one line stands for every block; other paths as they are.
+std::string layer_pattern(std::string_view path, std::string_view index_mark = "*");
+
+// The top-level module a path belongs to: "layers.3.attention.wq.weight" -> "layers.3",
+// "norm.weight" -> "norm", "output" -> "output".
+std::string top_module(std::string_view path);
+
+}  // namespace titan::model
