@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "model/transformer.h"
+#include "model/param_path.h"
 
 namespace titan::model {
 
@@ -28,7 +29,9 @@ InitSpec Transformer::init_spec(const std::string& fqn) const {
   } else {
     // "layers.<id>.<module>.<name>.weight": trunc_normal_(std, a = -2, b = 2), torch's default
     // absolute bounds; std 0.02, depth-scaled for the projections that feed the residual.
-    const int64_t layer_id = std::stoll(fqn.substr(7, fqn.find('.', 7) - 7));
+    const std::optional<LayerPath> block = parse_layer_path(fqn);
+    TORCH_CHECK(block, "init: '", fqn, "' is neither a block's parameter (layers.<i>.<...>) nor one of the top level's");
+    const int64_t layer_id = block->layer;
     const double depth_std =
         0.02 / std::sqrt(2.0 * (args_.depth_init ? layer_id + 1 : args_.n_layers));
     // MoE (torchtitan's MoE.init_weights): the router gate and the experts' w2 / w3 (stacked

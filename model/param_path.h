@@ -20,8 +20,9 @@ struct LayerPath {
 };
 // "layers.12.attention.wq.weight" -> {12, "attention.wq.weight"}, "layers.3" -> {3, ""}; nullopt
 // for any other name ("norm.weight", "layers.x", "layers.3.", an index of more than 9 digits, which
-// no model has and std::stoll could overflow). `prefix` is where the layers are: "layers." in
-// titan's names, "model.layers." in Hugging Face's.
+// no model has and std::stoll could overflow). `prefix` is the folder of numbered entries:
+// "layers." in titan's names, "model.layers." in Hugging Face's, "mlp.experts." for HF's experts
+// of a block.
 std::optional<LayerPath> parse_layer_path(std::string_view path, std::string_view prefix = "layers.");
 
 // A block's path with its index replaced: "layers.3.attention.wq" -> "layers.*.attention.wq" (for

@@ -1,5 +1,6 @@
 // parallel/pipeline/plan.cpp — see plan.h.
 #include "parallel/pipeline/plan.h"
+#include "model/param_path.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -97,7 +98,7 @@ model::ModelPart model_part_of(const std::vector<std::string>& modules, int stag
     } else if (m == "output") {
       output = true;
     } else {  // "layers.<i>" (check_stage_modules has checked the names and the order)
-      const int64_t layer = std::stoll(m.substr(7));
+      const int64_t layer = model::parse_layer_path(m).value().layer;
       if (part.first_layer < 0) part.first_layer = layer;
       part.end_layer = layer + 1;
     }

@@ -9,6 +9,7 @@
 #include <optional>
 #include <stdexcept>
 
+#include "model/param_path.h"
 #include "trainer/checkpoint/safetensors.h"
 #include "util/atomic_file.h"
 
@@ -82,27 +83,15 @@ const std::vector<std::pair<std::string, std::string>> kTopNames = {
     {"output.weight", "lm_head.weight"},
 };
 
-// A layer or expert number: digits, few enough that std::stoll cannot overflow.
-bool is_index(const std::string& s) {
-  return !s.empty() && s.find_first_not_of("0123456789") == std::string::npos && s.size() < 10;
-}
-
-// "layers.12.rest" -> ("12", "rest") for prefix "layers."; false otherwise.
-bool split_layer(const std::string& name, const std::string& prefix, std::string* layer, std::string* rest) {
-  if (name.rfind(prefix, 0) != 0) return false;
-  const size_t dot = name.find('.', prefix.size());
-  if (dot == std::string::npos) return false;
-  *layer = name.substr(prefix.size(), dot - prefix.size());
-  *rest = name.substr(dot + 1);
-  return is_index(*layer);
-}
+// HF's name of titan's "layers.<i>.<rest>": "model.layers.<i>.<hf_rest>".
+std::string hf_block_name(int64_t layer, const std::string& hf_rest) { return "model." + model::layer_path(layer, hf_rest); }
 
 // layers.<i>.moe.experts.w1 / w2 / w3: E experts' weights in one [E, ...] tensor.
 bool is_stacked_experts(const std::string& fqn) {
-  std::string layer, rest;
-  if (!split_layer(fqn, "layers.", &layer, &rest)) return false;
+  const std::optional<model::LayerPath> block = model::parse_layer_path(fqn);
+  if (!block) return false;
   for (const auto& [t, h] : kExpertNames)
-    if (rest == t) return true;
+    if (block->rest == t) return true;
   return false;
 }
 
@@ -181,10 +170,10 @@ void check_hf_config(const std::string& file, const model::ModelArgs& args) {
 }  // namespace
 
 std::optional<std::string> hf_buffer_name(const std::string& fqn, const model::ModelArgs& args) {
-  std::string layer, rest;
-  if (!split_layer(fqn, "layers.", &layer, &rest)) return std::nullopt;
+  const std::optional<model::LayerPath> block = model::parse_layer_path(fqn);
+  if (!block) return std::nullopt;
   for (const auto& [t, h] : block_buffer_names(args))
-    if (rest == t) return "model.layers." + layer + "." + h;
+    if (block->rest == t) return hf_block_name(block->layer, h);
   return std::nullopt;
 }
 
@@ -192,16 +181,14 @@ std::vector<std::string> hf_names(const std::string& fqn, const model::ModelArgs
   for (const auto& [t, h] : kTopNames)
     if (fqn == t) return {h};
   if (std::optional<std::string> buffer = hf_buffer_name(fqn, args)) return {*buffer};
-  std::string layer, rest;
-  if (split_layer(fqn, "layers.", &layer, &rest)) {
-    const std::string block = "model.layers." + layer + ".";
+  if (const std::optional<model::LayerPath> block = model::parse_layer_path(fqn)) {
     for (const auto& [t, h] : kBlockNames)
-      if (rest == t) return {block + h};
+      if (block->rest == t) return {hf_block_name(block->layer, h)};
     for (const auto& [t, h] : kExpertNames)
-      if (rest == t && args.moe) {
+      if (block->rest == t && args.moe) {
         std::vector<std::string> names;
         for (int64_t j = 0; j < args.moe->num_experts; ++j)
-          names.push_back(block + "mlp.experts." + std::to_string(j) + "." + h);
+          names.push_back(hf_block_name(block->layer, "mlp.experts." + std::to_string(j) + "." + h));
         return names;
       }
   }
@@ -212,23 +199,23 @@ TitanSlot titan_slot_from_hf(const std::string& hf, const model::ModelArgs& args
   if (hf == "lm_head.weight" && args.tie_embeddings) return {};  // HF ties it to the embedding too
   for (const auto& [t, h] : kTopNames)
     if (hf == h) return {t};
-  std::string layer, rest;
-  if (split_layer(hf, "model.layers.", &layer, &rest)) {
+  if (const std::optional<model::LayerPath> block = model::parse_layer_path(hf, "model.layers.")) {
+    const std::string& rest = block->rest;
     for (const auto& [t, h] : kBlockNames)
-      if (rest == h) return {"layers." + layer + "." + t};
+      if (rest == h) return {model::layer_path(block->layer, t)};
     for (const auto& [t, h] : block_buffer_names(args))
-      if (rest == h) return {"layers." + layer + "." + t};
+      if (rest == h) return {model::layer_path(block->layer, t)};
     if (rest == "self_attn.rotary_emb.inv_freq") return {};  // a buffer of older exports
-    std::string expert, weight;
-    if (split_layer(rest, "mlp.experts.", &expert, &weight))
+    // "mlp.experts.<j>.<weight>": expert j's slice of the stacked experts tensor.
+    if (const std::optional<model::LayerPath> expert = model::parse_layer_path(rest, "mlp.experts."))
       for (const auto& [t, h] : kExpertNames) {
-        if (weight != h) continue;
-        const int64_t j = std::stoll(expert);
+        if (expert->rest != h) continue;
+        const int64_t j = expert->layer;
         const int64_t experts = args.moe ? args.moe->num_experts : 0;
         if (j >= experts)
-          throw std::invalid_argument("Hugging Face tensor '" + hf + "' is expert " + expert +
+          throw std::invalid_argument("Hugging Face tensor '" + hf + "' is expert " + std::to_string(j) +
                                       ", but titan's model has " + std::to_string(experts) + " experts per layer");
-        return {"layers." + layer + "." + t, j};
+        return {model::layer_path(block->layer, t), j};
       }
   }
   throw std::invalid_argument("Hugging Face tensor '" + hf + "' is not a Llama 3 or Qwen3 weight titan knows");
