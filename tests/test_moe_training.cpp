@@ -87,7 +87,7 @@ TEST_CASE("validation adds no token counts: the biases equal a run without valid
 }
 
 TEST_CASE("a skipped non-finite step leaves the load balancing as it was: no bias moves, its counts are dropped",
-          "[trainer][moe]") {
+          "[trainer][moe][slow]") {
   // Step 2's gradients are made NaN after its backward (training.debug_nonfinite_at_step), when
   // its forward has counted its tokens, and the step is skipped. After it every expert_bias and
   // every master equals the 1-step run's bit for bit, and no token count is left for the next
@@ -135,7 +135,7 @@ TEST_CASE("a skipped non-finite step leaves the load balancing as it was: no bia
 }
 
 TEST_CASE("model.load_balance_coeff: 0 keeps every expert_bias at zero, the default moves it, 2e-3 twice as far",
-          "[trainer][moe]") {
+          "[trainer][moe][slow]") {
   // 0 is torchtitan 0.2.2's Qwen3, whose optimizer registers no balancing hook: the bias exists
   // (the checkpoints hold it) and never moves; the load is still measured and logged.
   const std::filesystem::path dump = titan::testing::fresh_temp_dir("test_moe_training_coeff");

@@ -220,7 +220,7 @@ DelayedState delayed_state(Trainer& run) {
 }  // namespace
 
 TEST_CASE("a skipped step leaves delayed float8 scaling as it was: its amaxes never reach the histories",
-          "[trainer][float8]") {
+          "[trainer][float8][slow]") {
   // Step 2's gradients are made NaN after its backward (training.debug_nonfinite_at_step), when
   // its forward and backward have recorded every operand's amax, and the step is skipped. The
   // histories and scales then equal the 1-step run's and nothing is pending for step 3's sync.
