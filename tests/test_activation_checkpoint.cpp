@@ -121,6 +121,17 @@ TEST_CASE("AC with float8 rowwise linears keeps gradients bit for bit", "[ac][fl
   }
 }
 
+// The ops block 0's forward offers to per-op AC (on a random [2, 16, 64] input), recorded in `store`.
+namespace {
+void record_first_block(model::Transformer& m, model::OpCheckpointStore& store) {
+  auto rope = model::make_rotary_table(16, 16, 500000.0, c10::kCPU);
+  at::Tensor x = at::randn({2, 16, 64});
+  at::NoGradGuard no_grad;
+  model::OpCheckpointScope record(&store, model::OpCheckpointPhase::kRecord);
+  m.blocks()[0]->forward(x, rope);
+}
+}  // namespace
+
 TEST_CASE("per-op AC on float8 rowwise linears keeps products and amaxes, never abs", "[ac][float8]") {
   for (const char* recipe : {"rowwise", "tensorwise"}) {
     INFO(recipe);
@@ -131,14 +142,8 @@ TEST_CASE("per-op AC on float8 rowwise linears keeps products and amaxes, never 
     o.recipe_name = recipe;
     o.emulate = true;
     float8::convert_to_float8_training(m.linears(), o);
-    auto rope = model::make_rotary_table(16, 16, 500000.0, c10::kCPU);
-    at::Tensor x = at::randn({2, 16, 64});
-    at::NoGradGuard no_grad;
     model::OpCheckpointStore store(parallel::selective_ac_save_list());
-    {
-      model::OpCheckpointScope record(&store, model::OpCheckpointPhase::kRecord);
-      m.blocks()[0]->forward(x, rope);
-    }
+    record_first_block(m, store);
     std::vector<std::string> kept_big;  // kept ops other than the amax scalars/vectors
     int64_t amax_kept = 0;
     for (const auto& e : store.entries()) {
@@ -255,14 +260,8 @@ TEST_CASE("per-op AC treats every linear arithmetic alike: its product is an mm,
     m.materialize(c10::kCPU, at::kFloat);
     m.init_weights(1);
     convert(m);
-    auto rope = model::make_rotary_table(16, 16, 500000.0, c10::kCPU);
-    at::Tensor x = at::randn({2, 16, 64});
-    at::NoGradGuard no_grad;
     model::OpCheckpointStore store(parallel::selective_ac_save_list());
-    {
-      model::OpCheckpointScope record(&store, model::OpCheckpointPhase::kRecord);
-      m.blocks()[0]->forward(x, rope);
-    }
+    record_first_block(m, store);
     int64_t mm_calls = 0;
     std::vector<std::string> kept;  // the amax scalars of the float8 casts aside
     for (const auto& e : store.entries()) {
