@@ -16,10 +16,9 @@ namespace {
 // One summary line per outcome instead of one per linear: "converted (float8[rowwise]) 42:
 // layers.*.attention.wq, ..." keeps the start-up log readable for 126-layer models.
 void log_report(const char* kind, const float8::ConversionReport& report) {
-  auto pattern = [](const std::string& fqn) { return model::layer_pattern(fqn); };
   std::map<std::string, std::vector<std::string>> converted, skipped;
-  for (const auto& [fqn, how] : report.converted) converted[how].push_back(pattern(fqn));
-  for (const auto& [fqn, why] : report.skipped) skipped[why].push_back(pattern(fqn));
+  for (const auto& [fqn, how] : report.converted) converted[how].push_back(model::layer_pattern(fqn));
+  for (const auto& [fqn, why] : report.skipped) skipped[why].push_back(model::layer_pattern(fqn));
   auto join_unique = [](const std::vector<std::string>& names) {
     std::vector<std::string> seen;
     std::string out;
