@@ -99,7 +99,7 @@ void run_dry_run(const trainer::config::JobConfig& cfg, const DryRunRequest& req
 
   // The Trainer's options, without converters (they change computes, not masters).
   const parallel::ParallelOptions popt = trainer::config::parallel_options(cfg, args, dims, device, /*float8=*/false);
-  auto pm = parallel::parallelize_llama(model, mesh, popt);
+  auto pm = parallel::parallelize_model(model, mesh, popt);
   phase_done("shard plan + allocate this rank's masters");
   pm->init_weights(static_cast<uint64_t>(t.seed));
   phase_done("init this rank's share (counter-based)");

@@ -1,7 +1,11 @@
 #include "model/args.h"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
+
+#include "model/family.h"
+#include "model/layers.h"
 
 namespace titan::model {
 
@@ -26,29 +30,42 @@ int64_t ModelArgs::ffn_hidden_dim() const {
 }
 
 ParamCount count_params(const ModelArgs& a) {
-  const int64_t head_dim = a.head_dim();
-  const int64_t attention = a.dim * a.n_heads * head_dim        // wq
-                            + 2 * a.dim * a.kv_heads() * head_dim  // wk, wv
-                            + a.n_heads * head_dim * a.dim;      // wo
-  // w1, w2, w3; an MoE layer: the router, every expert and the shared experts.
-  const int64_t expert = 3 * a.dim * a.moe_hidden_dim;
-  const int64_t feed_forward =
-      a.moe ? a.dim * a.moe->num_experts + (a.moe->gate_bias ? a.moe->num_experts : 0) +
-                  (a.moe->num_experts + a.moe->num_shared_experts) * expert
-            : 3 * a.dim * a.ffn_hidden_dim();
-  const int64_t norms = 2 * a.dim + (a.qk_norm ? 2 * head_dim : 0);  // attention_norm, ffn_norm, q/k_norm
+  const Family& family = model::family(a.family);
+  // An MoE layer: the router (and its bias), every routed expert and the shared experts, each
+  // expert a SwiGLU of moe_hidden_dim.
+  const int64_t expert = a.moe ? FeedForward::param_count(a.dim, a.moe_hidden_dim) : 0;
   ParamCount count;
-  count.per_layer = attention + feed_forward + norms;
   count.embedding = a.vocab_size * a.dim;
-  count.total = count.embedding + a.n_layers * count.per_layer + a.dim /* norm */ +
-                (a.tie_embeddings ? 0 : a.vocab_size * a.dim) /* output */;
-  // torchtitan's get_moe_model_nparams_and_flops: the experts count top_k / num_experts.
-  count.active = a.moe ? count.total - a.n_layers * (a.moe->num_experts - a.moe->top_k) * expert : count.total;
+  count.total = count.embedding + a.dim /* norm */ + (a.tie_embeddings ? 0 : a.vocab_size * a.dim) /* output */;
+  count.active = count.total;
+  for (int64_t layer = 0; layer < a.n_layers; ++layer) {
+    int64_t block = family.attention_params(a, layer) + a.dim /* attention_norm */;
+    switch (family.feed_forward(a, layer)) {
+      case FeedForwardKind::kDense:
+        block += FeedForward::param_count(a.dim, a.ffn_hidden_dim()) + a.dim /* ffn_norm */;
+        break;
+      case FeedForwardKind::kMoE:
+        block += a.dim * a.moe->num_experts + (a.moe->gate_bias ? a.moe->num_experts : 0) +
+                 (a.moe->num_experts + a.moe->num_shared_experts) * expert + a.dim /* ffn_norm */;
+        // torchtitan's get_moe_model_nparams_and_flops: the experts count top_k / num_experts.
+        count.active -= (a.moe->num_experts - a.moe->top_k) * expert;
+        break;
+      case FeedForwardKind::kNone:
+        break;
+    }
+    count.per_block.push_back(block);
+    count.total += block;
+    count.active += block;
+    count.per_layer = std::max(count.per_layer, block);
+  }
   return count;
 }
 
 double attention_flops_per_token(const ModelArgs& a, int64_t seq_len) {
-  return 12.0 * static_cast<double>(a.n_layers) * a.n_heads * a.head_dim() * seq_len;
+  const Family& family = model::family(a.family);
+  double flops = 0;
+  for (int64_t layer = 0; layer < a.n_layers; ++layer) flops += family.attention_flops_per_token(a, layer, seq_len);
+  return flops;
 }
 
 double flops_per_token(const ModelArgs& a, int64_t seq_len) {

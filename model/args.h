@@ -73,15 +73,20 @@ struct ModelArgs {
 struct ParamCount {
   int64_t total = 0;
   int64_t embedding = 0;  // tok_embeddings only (an untied output projection is counted in total)
-  int64_t per_layer = 0;
+  std::vector<int64_t> per_block;  // each block's parameters, layer by layer
+  int64_t per_layer = 0;           // the largest block's (every block's, where the blocks are alike)
   // The parameters one token uses: all but the experts a token is not routed to (top_k of
   // num_experts per MoE layer); = total for a dense model. What FLOPs per token count.
   int64_t active = 0;
 };
 ParamCount count_params(const ModelArgs& args);
 
+// The counts come from the family's declaration (model/family.h): its attention's parameters and
+// each block's feed-forward kind.
+//
 // Training FLOPs per token (forward + backward), torchtitan's formula:
-//   6 * (active params - embedding params) + 12 * n_layers * n_heads * head_dim * seq_len
+//   6 * (active params - embedding params) + the attention's score and value products
+//   (for grouped-query attention 12 * n_layers * n_heads * head_dim * seq_len)
 // (active: an MoE layer's experts count top_k / num_experts, torchtitan's MoE formula)
 // The first term is the 2 (fwd) + 4 (bwd) FLOPs per weight per token of every matmul; the second
 // is the attention score and value products, which depend on the sequence length.

@@ -1,6 +1,6 @@
-// Weight initialization of Llama: torchtitan's llama3 scheme (truncated normal, depth-scaled
-// std), drawn by the counter-based generator (See Note [Counter-based init] in
-// model/init_philox.h), so any shard of any parameter can be filled on its own.
+// model/init.cpp — Transformer::init_weights: each parameter drawn from its family's
+// distribution (Family::init_spec) by the counter-based generator (See Note [Counter-based init]
+// in model/init_philox.h), so any shard of any parameter can be filled on its own.
 #include <ATen/core/grad_mode.h>
 
 #include <cmath>
@@ -10,41 +10,7 @@
 
 namespace titan::model {
 
-InitSpec Transformer::init_spec(const std::string& fqn) const {
-  const auto ends_with = [&](const char* suffix) {
-    const std::string s(suffix);
-    return fqn.size() >= s.size() && fqn.compare(fqn.size() - s.size(), s.size(), s) == 0;
-  };
-  InitSpec spec;
-  if (fqn == "tok_embeddings.weight" && !args_.tie_embeddings) {
-    spec.std = 1.0;  // normal_(0, 1), untruncated
-  } else if (fqn == "output.weight" || fqn == "tok_embeddings.weight") {
-    // A tied embedding is the output projection: torchtitan's Qwen3 draws it as the output last.
-    // trunc_normal_(std = dim^-1/2, a = -3 std, b = 3 std)
-    spec.std = 1.0 / std::sqrt(static_cast<double>(args_.dim));
-    spec.lo = -3 * spec.std;
-    spec.hi = 3 * spec.std;
-  } else if (ends_with("norm.weight")) {
-    spec.ones = true;
-  } else {
-    // "layers.<id>.<module>.<name>.weight": trunc_normal_(std, a = -2, b = 2), torch's default
-    // absolute bounds; std 0.02, depth-scaled for the projections that feed the residual.
-    const std::optional<LayerPath> block = parse_layer_path(fqn);
-    TORCH_CHECK(block, "init: '", fqn, "' is neither a block's parameter (layers.<i>.<...>) nor one of the top level's");
-    const int64_t layer_id = block->layer;
-    const double depth_std =
-        0.02 / std::sqrt(2.0 * (args_.depth_init ? layer_id + 1 : args_.n_layers));
-    // MoE (torchtitan's MoE.init_weights): the router gate and the experts' w2 / w3 (stacked
-    // weights, no ".weight") at the depth std, w1 at 0.02; shared experts as a FeedForward.
-    const bool depth_scaled = ends_with("wo.weight") || ends_with("w2.weight") ||
-                              ends_with("w3.weight") || ends_with("experts.w2") || ends_with("experts.w3") ||
-                              ends_with("router.gate.weight");
-    spec.std = depth_scaled ? depth_std : 0.02;
-    spec.lo = -2.0;
-    spec.hi = 2.0;
-  }
-  return spec;
-}
+InitSpec Transformer::init_spec(const std::string& fqn) const { return family_->init_spec(args_, fqn); }
 
 void Transformer::init_weights(uint64_t seed) {
   at::NoGradGuard no_grad;

@@ -166,6 +166,9 @@ class Linear {
 
   at::Tensor weight;              // [out_features, in_features], parameter "<fqn>.weight"
   QuantizedOperand weight_cast;   // set by an FSDP float8 all-gather while unsharded, else empty
+  // The model's choice that this linear computes in the parameters' dtype whatever the
+  // converters (an MoE router's gate: torchtitan's MoE configs filter "router.gate" too).
+  bool keeps_precision = false;
 
  private:
   std::string fqn_;

@@ -1,5 +1,6 @@
-// model/transformer.h — the decoder-only transformer the model families share (Llama 3 today):
-// embedding -> N x (attention, SwiGLU FFN) -> norm -> output. A family is its flavors (ModelArgs).
+// model/transformer.h — the decoder-only transformer the model families share: embedding -> N x
+// (attention, feed-forward) -> norm -> output, each block's attention module and feed-forward
+// kind as its family declares them (model/family.h).
 //
 // Modules are plain structs that own their parameters as tensor members. The model is first
 // built on the meta device (shapes only), then `materialize` gives every parameter real storage
@@ -21,85 +22,33 @@
 #include <vector>
 
 #include "model/args.h"
+#include "model/attention_module.h"
+#include "model/family.h"
 #include "model/init_fill.h"
+#include "model/layers.h"
 #include "model/linear.h"
 #include "model/moe/moe.h"
 
 namespace titan::model {
 
-using ParamVisitor = std::function<void(const std::string& fqn, at::Tensor& param)>;
-
-struct RMSNorm {
-  RMSNorm(std::string fqn, int64_t dim, double eps);
-  at::Tensor forward(const at::Tensor& x) const;  // [..., dim] -> [..., dim]
-  void visit_params(const ParamVisitor& visit);
-
-  std::string fqn;
-  double eps;
-  at::Tensor weight;  // [dim]
-};
-
-// Rotary position embedding tables, computed once for max_seq_len positions.
-struct RotaryTable {
-  at::Tensor cos;  // [max_seq_len, head_dim / 2] float32
-  at::Tensor sin;  // [max_seq_len, head_dim / 2] float32
-};
-// `scaling` (Llama 3.1's, see model/args.h) rescales the frequencies; the default is none.
-RotaryTable make_rotary_table(int64_t head_dim, int64_t max_seq_len, double theta,
-                              c10::Device device, const RopeScaling& scaling = {});
-// x: [B, S, H, head_dim]; rotates the pairs (x[2i], x[2i+1]) by position, as Meta's complex form.
-at::Tensor apply_rotary(const at::Tensor& x, const RotaryTable& table);
-// The same rotations over the pairs (x[i], x[i + head_dim/2]) (HF's rotate_half; Qwen3).
-at::Tensor apply_rotary_half(const at::Tensor& x, const RotaryTable& table);
-
-// Transforms a module's input before its first linear (torchtitan's PrepareModuleInput):
-// sequence parallel all-gathers the sequence shards here once for wq/wk/wv (or w1/w3), possibly
-// already cast to float8 (See Note [Linear operands as data] in model/linear.h).
-using ModuleInputHook = std::function<LinearOperand(const at::Tensor& x)>;
-
-// Causal attention of the positions this rank holds: q [B, H, S, hd], k/v [B, KV, S, hd] ->
-// [B, H, S, hd]; `documents` (defined under block-causal attention) holds the document of every
-// position of the whole rows [B, S_row], also where this rank holds a share of them. Context
-// parallelism installs one that exchanges keys and values with the other ranks of its group
-// (parallel/context_parallel/context_parallel.h); empty: attention_op over the local sequence.
-using AttentionCompute = std::function<at::Tensor(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                                  const at::Tensor& documents)>;
-
-struct Attention {
-  Attention(const std::string& prefix, const ModelArgs& args);
-  // `documents` [B, S_row] int64 (defined under block-causal attention): the document of each
-  // position of the whole rows (model/document_attention.h); attention stays within a document.
-  // Without context parallelism S_row is the local S.
-  at::Tensor forward(const at::Tensor& x, const RotaryTable& rope, const at::Tensor& documents = {}) const;  // [B, S, D]
-  void visit_params(const ParamVisitor& visit);
-
-  int64_t n_heads, n_kv_heads, head_dim;
-  Linear wq, wk, wv, wo;  // wq [H*hd, D], wk/wv [KV*hd, D], wo [D, H*hd]
-  std::optional<RMSNorm> q_norm, k_norm;  // [head_dim] each, "<prefix>.q_norm.weight" (qk_norm)
-  bool rope_rotate_half = false;           // ModelArgs::rope_rotate_half
-  ModuleInputHook prepare_input;  // empty: identity
-  AttentionCompute sdpa;          // empty: attention_op
-  std::string sdpa_name;          // what describe() prints for it ("ring(cp 2, alltoall)")
-};
-
-struct FeedForward {
-  FeedForward(const std::string& prefix, int64_t dim, int64_t hidden_dim);
-  at::Tensor forward(const at::Tensor& x) const;  // w2(silu(w1 x) * w3 x)
-  void visit_params(const ParamVisitor& visit);
-
-  Linear w1, w2, w3;  // w1/w3 [hidden, D], w2 [D, hidden]
-  ModuleInputHook prepare_input;  // empty: identity
-};
-
 struct TransformerBlock {
-  TransformerBlock(int64_t layer_id, const ModelArgs& args);
+  TransformerBlock(int64_t layer_id, const ModelArgs& args, const Family& family);
   at::Tensor forward(const at::Tensor& x, const RotaryTable& rope, const at::Tensor& documents = {}) const;
   void visit_params(const ParamVisitor& visit);
+  // Every linear of the block, in parameter order (an MoE layer's router gate and shared experts
+  // included; its experts are stacked tensors, not linears).
+  std::vector<Linear*> linears();
+  // The block's tensor-parallel rules (model/sharding_plan.h): its norms', its attention's, its
+  // feed-forward's, in that order.
+  std::vector<TpRule> tp_plan() const;
+  // The input hook of the module at `module` (a kGatherInput rule's), or nullptr.
+  ModuleInputHook* input_hook(const std::string& module);
 
   int64_t layer_id;
-  Attention attention;
-  std::optional<FeedForward> feed_forward;  // a dense block's (every block without ModelArgs::moe)
-  std::unique_ptr<moe::MoE> moe;            // an MoE block's ("layers.<i>.moe": model/moe/moe.h)
+  FeedForwardKind feed_forward_kind;
+  std::unique_ptr<AttentionModule> attention;  // "layers.<i>.attention", the family's kind
+  std::optional<FeedForward> feed_forward;  // kDense ("layers.<i>.feed_forward")
+  std::unique_ptr<moe::MoE> moe;            // kMoE ("layers.<i>.moe": model/moe/moe.h)
   RMSNorm attention_norm, ffn_norm;
 };
 
@@ -168,7 +117,7 @@ class Transformer {
   // The persistent buffers a checkpoint holds beside the parameters: each MoE layer's
   // "layers.<i>.moe.expert_bias" (load balancing's state; not a parameter: no gradient, no optimizer).
   void visit_buffers(const ParamVisitor& visit);
-  std::vector<Linear*> linears();  // every linear, in parameter order
+  std::vector<Linear*> linears();  // every linear, in parameter order (each block's linears(), output)
   // Adds `wrapper` around block `layer_id`'s forward (outermost so far).
   void wrap_block(int64_t layer_id, ForwardWrapper wrapper);
   void wrap_stage(Stage stage, ForwardWrapper wrapper);
@@ -191,9 +140,13 @@ class Transformer {
   Linear& output() { return output_; }
 
   const ModelArgs& args() const { return args_; }
+  const Family& family() const { return *family_; }
+  // The whole model's tensor-parallel rules: the embedding's, every block's, norm's and output's.
+  std::vector<TpRule> tp_plan() const;
 
  private:
   ModelArgs args_;
+  const Family* family_;
   at::Tensor tok_embeddings_weight_;  // [vocab, D] "tok_embeddings.weight"
   std::vector<std::unique_ptr<TransformerBlock>> layers_;
   RMSNorm norm_;

@@ -16,7 +16,7 @@
 // engine sums contributions cannot differ).
 //
 // Note [FSDP wraps AC]:
-// parallelize_llama applies AC before FSDP, so FSDP's wrapper is the outer one (torchtitan's
+// parallelize_model applies AC before FSDP, so FSDP's wrapper is the outer one (torchtitan's
 // order: fully_shard wraps the checkpointed block). FSDP's gather brackets the block's first
 // forward, its backward hook re-gathers the parameters before this backward recomputes the
 // block, and the recompute runs on the gathered parameters without FSDP seeing it.

@@ -1,4 +1,4 @@
-// parallel/parallel_model.cpp — see parallel_model.h: ParallelModel, the handle parallelize_llama
+// parallel/parallel_model.cpp — see parallel_model.h: ParallelModel, the handle parallelize_model
 // returns: this rank's masters and where they lie in the full parameters, the loss, full
 // parameters for export, float8's and MoE's post-step work (its gradients: gradients.cpp).
 #include "parallel/parallel_model.h"
@@ -30,7 +30,7 @@ ParallelModel::ParallelModel(model::Transformer& model, comm::DeviceMesh& mesh, 
     held_parts_.push_back(model::ModelPart{});
   }
   model_.visit_params([&](const std::string& fqn, at::Tensor& slot) {
-    TORCH_CHECK(slot.is_meta(), "parallelize_llama: parameter ", fqn,
+    TORCH_CHECK(slot.is_meta(), "parallelize_model: parameter ", fqn,
                 " is already materialized; build the model on the meta device");
     all_names_.push_back(fqn);
     all_shapes_.push_back(slot.sizes().vec());

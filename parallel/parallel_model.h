@@ -5,7 +5,7 @@
 // reduce-scatters, TP/HSDP reductions, the loss over dp x cp); a global grad norm; the float8
 // work after the optimizer step; full parameters for checkpoints and export.
 //
-// parallelize_llama (parallel/parallelize.h) builds it: each stage of the plan decides, then
+// parallelize_model (parallel/parallelize.h) builds it: each stage of the plan decides, then
 // hands its decisions to it through the setters below (shard_over_tp, attach_fsdp, add_plan_line).
 #pragma once
 
@@ -157,7 +157,7 @@ class ParallelModel : public pipeline::MicrobatchHooks {
   model::Transformer& model() { return model_; }
   const ParallelOptions& options() const { return options_; }
 
-  // The plan's stages hand their decisions over through these (parallelize_llama).
+  // The plan's stages hand their decisions over through these (parallelize_model).
   // This rank's parameters, in model order, as the plan has shaped them so far.
   const std::vector<HeldParam>& held_params() const { return params_; }
   // Tensor parallel: `fqn`'s weight is sharded along `dim` over `tp_size` ranks (zero-padded).

@@ -1,6 +1,6 @@
 // parallel/parallel_options.h — what the config asks of the parallelization plan, as plain
 // values (trainer/config/parallel_options.h fills them from the job config; the plan,
-// parallelize_llama, and the schedule read them).
+// parallelize_model, and the schedule read them).
 #pragma once
 
 #include <c10/core/ScalarType.h>

@@ -1,4 +1,4 @@
-// parallel/parallelize.cpp — see parallelize.h. parallelize_llama is the plan and its stages
+// parallel/parallelize.cpp — see parallelize.h. parallelize_model is the plan and its stages
 // (apply_tp, apply_fsdp here; apply_ac in activation_checkpoint.cpp; the schedule); the
 // ParallelModel mechanics they rely on are in parallel_model.cpp.
 #include "parallel/parallelize.h"
@@ -8,6 +8,7 @@
 
 #include <map>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 
@@ -21,54 +22,26 @@
 namespace titan::parallel {
 namespace {
 
-enum class TpStyle {
-  kColwise,                 // weight rows sharded; input replicated (gathered by the module)
-  kRowwise,                 // weight cols sharded; output reduce-scattered to sequence shards
-  kSequenceParallel,        // runs on sequence shards; weight replicated, grads summed over TP
-  kGatherInput,             // PrepareModuleInput: sequence shards -> replicated, once
-  kVocabParallelEmbedding,  // vocab rows sharded; output sequence-sharded
-  kVocabParallelOutput,     // vocab rows sharded; loss on vocab shards unless disabled
-};
-
-// torchtitan's Llama TP plan. Per transformer block (names relative to "layers.<i>."):
-const std::vector<std::pair<std::string, TpStyle>> kBlockTpPlan = {
-    {"attention_norm", TpStyle::kSequenceParallel},
-    {"attention", TpStyle::kGatherInput},
-    {"attention.wq", TpStyle::kColwise},
-    {"attention.wk", TpStyle::kColwise},
-    {"attention.wv", TpStyle::kColwise},
-    {"attention.wo", TpStyle::kRowwise},
-    {"ffn_norm", TpStyle::kSequenceParallel},
-    {"feed_forward", TpStyle::kGatherInput},
-    {"feed_forward.w1", TpStyle::kColwise},
-    {"feed_forward.w2", TpStyle::kRowwise},
-    {"feed_forward.w3", TpStyle::kColwise},
-};
-// Outside the blocks:
-const std::vector<std::pair<std::string, TpStyle>> kModelTpPlan = {
-    {"tok_embeddings", TpStyle::kVocabParallelEmbedding},
-    {"norm", TpStyle::kSequenceParallel},
-    {"output", TpStyle::kVocabParallelOutput},
-};
+using model::TpRule;
+using model::TpStyle;
 
 }  // namespace
 
-void check_block_scaled_tp(const std::vector<model::Linear*>& linears, int tp) {
+void check_block_scaled_tp(model::Transformer& model, int tp) {
   if (tp <= 1) return;
-  auto style_of = [](const std::string& fqn) -> std::optional<TpStyle> {
-    for (const auto& [name, style] : kModelTpPlan)
-      if (fqn == name) return style;
-    for (const auto& [name, style] : kBlockTpPlan)
-      if (fqn.size() > name.size() && fqn.compare(fqn.size() - name.size(), name.size(), name) == 0 &&
-          fqn[fqn.size() - name.size() - 1] == '.')
-        return style;
-    return std::nullopt;
-  };
-  for (const model::Linear* l : linears) {
+  // An MoE layer's shared experts are sharded only in some layouts (MoeTp): not checked here.
+  std::map<std::string, TpStyle> style_of;
+  for (const TpRule& rule : model.tp_plan())
+    if (!rule.experts_sharded) style_of[rule.module] = rule.style;
+  for (const model::Linear* l : model.linears()) {
     const auto* c = dynamic_cast<const float8::BlockScaledLinearCompute*>(model::innermost(l->compute()));
-    const std::optional<TpStyle> style = style_of(l->fqn());
-    if (!c || !style) continue;
-    const bool rows = *style == TpStyle::kRowwise;
+    const auto found = style_of.find(l->fqn());
+    if (!c || found == style_of.end()) continue;
+    const TpStyle style = found->second;
+    if (style != TpStyle::kColwise && style != TpStyle::kRowwise && style != TpStyle::kRowwisePartial &&
+        style != TpStyle::kVocabParallelOutput)
+      continue;
+    const bool rows = style == TpStyle::kRowwise || style == TpStyle::kRowwisePartial;
     const int64_t full = rows ? l->in_features() : l->out_features();
     const int64_t block = c->block_alignment();
     if (full % (static_cast<int64_t>(tp) * block) != 0) {
@@ -89,15 +62,14 @@ float8::Float8LinearCompute* float8_compute(const model::Linear& linear) {
   return dynamic_cast<float8::Float8LinearCompute*>(model::innermost(linear.compute()));
 }
 
-// The float8 input cast that module `name`'s readers (wq/wk/wv or w1/w3) share when every one
-// of them accepts a float8 tensorwise input of the same cast (See Note [Float8 operands from the
-// producer]); nullopt: the input is gathered in high precision.
+// The float8 input cast that a gathered input's readers (a kGatherInput rule's) share when every
+// one of them accepts a float8 tensorwise input of the same cast (See Note [Float8 operands from
+// the producer]); nullopt: the input is gathered in high precision.
 std::optional<std::pair<float8::CastConfig, bool>> shared_float8_input_cast(
-    const std::map<std::string, model::Linear*>& linears, const std::string& name,
-    const std::vector<std::string>& readers) {
+    const std::map<std::string, model::Linear*>& linears, const std::vector<std::string>& readers) {
   std::optional<std::pair<float8::CastConfig, bool>> shared;
   for (const auto& r : readers) {
-    const float8::Float8LinearCompute* c = float8_compute(*linears.at(name + "." + r));
+    const float8::Float8LinearCompute* c = float8_compute(*linears.at(r));
     if (!c || !c->accepts_float8_input(c->recipe().input.dtype)) return std::nullopt;
     const float8::CastConfig& cast = c->recipe().input;
     const bool pow2 = c->recipe().round_scales_to_power_of_2;
@@ -116,21 +88,23 @@ void check_tp_degree(const model::ModelArgs& args, int tp, int64_t seq_len) {
        << "); choose parallelism.tensor_parallel_degree among its divisors";
     throw std::invalid_argument(os.str());
   };
-  if (args.n_heads % tp) fail("the number of attention heads n_heads", args.n_heads);
-  if (args.kv_heads() % tp) fail("the number of kv heads n_kv_heads", args.kv_heads());
-  if (args.ffn_hidden_dim() % tp) fail("the feed-forward hidden dim", args.ffn_hidden_dim());
+  for (const model::ShardedSize& size : model::family(args.family).tp_sharded_sizes(args))
+    if (size.value % tp) fail(size.what, size.value);
   if (seq_len > 0 && seq_len % tp) fail("training.seq_len (sequence parallel)", seq_len);
 }
 
-// 1. Tensor + sequence parallel: torchtitan's Llama plan as a table (and its Qwen3 plan: the
-// qk-norms are replicated weights on local heads; MoE layers per MoeTp). Each float8 linear is
-// rebuilt with its TP sharding (See Note [Scales under TP]); a module whose readers all take a
-// float8 tensorwise input gathers it in float8.
+// 1. Tensor + sequence parallel: the model's rules (model::Transformer::tp_plan, what each
+// module of its family declares: See Note [A plan as data] in model/sharding_plan.h) applied to
+// the modules this rank holds; an MoE layer's rules only when its experts are sharded (MoeTp).
+// Each float8 linear is rebuilt with its TP sharding (See Note [Scales under TP]); a module
+// whose readers all take a float8 tensorwise input gathers it in float8.
 TensorParallelPlan apply_tp(model::Transformer& model, comm::Comm& tp, const ParallelOptions& options, MoeTp moe_tp,
                             const std::function<bool(const std::string&)>& holds) {
   TensorParallelPlan plan;
   std::map<std::string, model::Linear*> linears;
   for (model::Linear* l : model.linears()) linears[l->fqn()] = l;
+  std::map<std::string, model::TransformerBlock*> blocks;
+  for (model::TransformerBlock* b : model.blocks()) blocks[model::layer_path(b->layer_id)] = b;
   // Float8 (tensorwise or the axiswise dims that reduce along the shard) amaxes over the group:
   // along which dim (0 rows, 1 columns, -1 none) this rank holds a shard of each operand.
   auto sharded = [&](model::Linear& linear, int input, int weight, int grad_output) {
@@ -143,97 +117,100 @@ TensorParallelPlan apply_tp(model::Transformer& model, comm::Comm& tp, const Par
     return compute;
   };
   auto shard_weight = [&](const std::string& module, int dim) { plan.sharded_weights.emplace_back(module + ".weight", dim); };
+  auto linear_at = [&](const TpRule& rule) -> model::Linear& {
+    const auto found = linears.find(rule.module);
+    TORCH_CHECK(found != linears.end(), "tensor parallel plan: '", rule.module, "' is not one of the model's linears");
+    return *found->second;
+  };
   int float8_gathers = 0;  // modules whose input is gathered in float8
   // See Note [Async TP]: chunked gathers / reduce-scatters around the block's linears.
   const int async_chunks = options.async_tp ? static_cast<int>(options.async_tp_chunks) : 0;
-  auto apply = [&](const std::string& name, TpStyle style, model::TransformerBlock* block) {
-    switch (style) {
+  std::set<std::string> moe_layers;
+  auto apply = [&](const TpRule& rule, model::TransformerBlock* block) {
+    switch (rule.style) {
       case TpStyle::kColwise: {
-        model::Linear& l = *linears.at(name);
+        model::Linear& l = linear_at(rule);
         l.set_compute(std::make_shared<tensor_parallel::ColwiseLinear>(sharded(l, -1, /*rows*/ 0, /*columns*/ 1)));
-        shard_weight(name, 0);
+        shard_weight(rule.module, 0);
         break;
       }
       case TpStyle::kRowwise: {
-        model::Linear& l = *linears.at(name);
+        model::Linear& l = linear_at(rule);
         l.set_compute(std::make_shared<tensor_parallel::RowwiseLinear>(sharded(l, /*columns*/ 1, /*columns*/ 1, -1), tp, async_chunks));
-        shard_weight(name, 1);
+        shard_weight(rule.module, 1);
         break;
       }
-      case TpStyle::kSequenceParallel:
-        break;  // replicated weight on sequence shards: reduce_grads sums its grads over TP
+      case TpStyle::kRowwisePartial: {  // the module reduces the partial sums itself
+        model::Linear& l = linear_at(rule);
+        l.set_compute(sharded(l, /*columns*/ 1, /*columns*/ 1, -1));
+        shard_weight(rule.module, 1);
+        break;
+      }
+      case TpStyle::kReplicated:
+        break;  // a replicated weight: reduce_grads sums its grads over TP
       case TpStyle::kGatherInput: {
-        const bool attention = name.size() >= 9 && name.compare(name.size() - 9, 9, "attention") == 0;
-        model::ModuleInputHook& hook =
-            attention ? block->attention.prepare_input : block->feed_forward->prepare_input;
-        const auto cast = options.float8_tp_input_all_gather
-                              ? shared_float8_input_cast(linears, name,
-                                                         attention ? std::vector<std::string>{"wq", "wk", "wv"}
-                                                                   : std::vector<std::string>{"w1", "w3"})
-                              : std::nullopt;
+        model::ModuleInputHook* hook = block ? block->input_hook(rule.module) : nullptr;
+        TORCH_CHECK(hook, "tensor parallel plan: '", rule.module, "' has no input hook to gather its input in");
+        const auto cast = options.float8_tp_input_all_gather ? shared_float8_input_cast(linears, rule.readers)
+                                                             : std::nullopt;
         if (async_chunks > 0)
-          hook = tensor_parallel::make_async_sequence_gather(tp, async_chunks,
+          *hook = tensor_parallel::make_async_sequence_gather(tp, async_chunks,
                                             cast ? std::optional<tensor_parallel::Float8ChunkCast>({cast->first, cast->second})
                                                  : std::nullopt);
         else
-          hook = cast ? tensor_parallel::make_float8_sequence_gather(tp, cast->first, cast->second) : tensor_parallel::make_sequence_gather(tp);
+          *hook = cast ? tensor_parallel::make_float8_sequence_gather(tp, cast->first, cast->second) : tensor_parallel::make_sequence_gather(tp);
         float8_gathers += cast ? 1 : 0;
         break;
       }
+      case TpStyle::kGatherInputReduceOutput: {
+        TORCH_CHECK(block && block->moe && block->moe->prefix == rule.module, "tensor parallel plan: '", rule.module,
+                    "' is not an MoE layer (the one module that gathers its input and reduces its output)");
+        block->moe->gather_input = [&tp](const at::Tensor& x) { return tensor_parallel::all_gather_seq(x, tp); };
+        block->moe->reduce_output = [&tp](const at::Tensor& y) { return tensor_parallel::reduce_scatter_seq(y, tp); };
+        break;
+      }
+      case TpStyle::kShardTensor:
+        plan.sharded_weights.emplace_back(rule.module, static_cast<int>(rule.dim));
+        break;
       case TpStyle::kVocabParallelEmbedding:
         model.set_embedding_compute("vocab_parallel", tensor_parallel::make_vocab_parallel_embedding(tp, model.args().vocab_size));
-        shard_weight(name, 0);
+        shard_weight(rule.module, 0);
         break;
       case TpStyle::kVocabParallelOutput: {
-        model::Linear& l = *linears.at(name);
+        model::Linear& l = linear_at(rule);
         l.set_compute(std::make_shared<tensor_parallel::VocabParallelOutput>(sharded(l, -1, /*rows*/ 0, /*columns*/ 1), tp,
                                                             model.args().vocab_size, options.loss_parallel));
         // A tied output reads the embedding's weight, its vocabulary rows sharded alike: by the
         // embedding's entry when this rank holds it too, else here (the last pipeline stage's copy).
-        if (!model.args().tie_embeddings) shard_weight(name, 0);
+        if (!model.args().tie_embeddings) shard_weight(rule.module, 0);
         else if (!holds("tok_embeddings")) shard_weight("tok_embeddings", 0);
         break;
       }
     }
   };
-  int moe_layers = 0;
-  for (model::TransformerBlock* block : model.blocks()) {
-    if (!holds(model::layer_path(block->layer_id))) continue;
-    for (const auto& [name, style] : kBlockTpPlan)
-      if (!block->moe || name.compare(0, 12, "feed_forward") != 0) apply(model::layer_path(block->layer_id, name), style, block);
-    if (!block->moe) continue;
-    // The MoE layer (torchtitan's apply_moe_ep_tp). Its router is replicated: the gate's gradient is
-    // a partial sum on every tp rank (of the sequence shard, or of the hidden shard through the
-    // partial expert outputs), summed over TP with the other replicated weights' (reduce_grads).
-    ++moe_layers;
-    model::moe::MoE& moe = *block->moe;
-    if (moe_tp == MoeTp::kSequence) continue;  // shared experts replicated; EP moves the rows
-    moe.gather_input = [&tp](const at::Tensor& x) { return tensor_parallel::all_gather_seq(x, tp); };
-    moe.reduce_output = [&tp](const at::Tensor& y) { return tensor_parallel::reduce_scatter_seq(y, tp); };
-    plan.sharded_weights.emplace_back(moe.prefix + ".experts.w1", 1);  // [E, H, D]: hidden rows
-    plan.sharded_weights.emplace_back(moe.prefix + ".experts.w3", 1);
-    plan.sharded_weights.emplace_back(moe.prefix + ".experts.w2", 2);  // [E, D, H]: hidden columns; partial output
-    if (moe.shared_w1) {
-      for (model::Linear* l : {&*moe.shared_w1, &*moe.shared_w3}) {
-        l->set_compute(std::make_shared<tensor_parallel::ColwiseLinear>(sharded(*l, -1, /*rows*/ 0, /*columns*/ 1)));
-        shard_weight(l->fqn(), 0);
-      }
-      moe.shared_w2->set_compute(sharded(*moe.shared_w2, /*columns*/ 1, /*columns*/ 1, -1));  // partial, no reduce
-      shard_weight(moe.shared_w2->fqn(), 1);
+  // A block's rules first, then the top level's (so the embedding's shard is recorded before a
+  // tied output's would be); MoE layers' rules per MoeTp.
+  for (const TpRule& rule : model.tp_plan()) {
+    const std::string top = model::top_module(rule.module);
+    if (!holds(top)) continue;
+    const auto block = blocks.find(top);
+    if (rule.experts_sharded) {
+      moe_layers.insert(top);
+      if (moe_tp == MoeTp::kSequence) continue;  // shared experts replicated; EP moves the rows
     }
+    apply(rule, block == blocks.end() ? nullptr : block->second);
   }
-  for (const auto& [name, style] : kModelTpPlan)
-    if (holds(name)) apply(name, style, nullptr);
+  const size_t moe_count = moe_layers.size();
   plan.description = "tensor parallel " + std::to_string(tp.size()) + ": sequence parallel, loss " +
                      (options.loss_parallel ? "on vocab shards" : "on all-gathered logits") +
                      (float8_gathers ? ", " + std::to_string(float8_gathers) + " module inputs all-gathered in float8"
                                      : std::string()) +
                      (async_chunks ? ", async (" + std::to_string(async_chunks) + " chunks per sequence shard)"
                                    : std::string()) +
-                     (moe_layers == 0 ? std::string()
+                     (moe_count == 0 ? std::string()
                       : moe_tp == MoeTp::kSequence
-                          ? "; " + std::to_string(moe_layers) + " MoE layers on sequence shards (EP over the tp ranks)"
-                          : "; " + std::to_string(moe_layers) +
+                          ? "; " + std::to_string(moe_count) + " MoE layers on sequence shards (EP over the tp ranks)"
+                          : "; " + std::to_string(moe_count) +
                                 " MoE layers on the gathered sequence, experts sharded on their hidden dim, output "
                                 "reduce-scattered");
   return plan;
@@ -338,7 +315,7 @@ FsdpPlan apply_fsdp(model::Transformer& model, comm::Comm& dp_shard_cp, comm::De
 }
 
 // The plan. Stages in torchtitan's order, each a no-op at degree 1.
-std::unique_ptr<ParallelModel> parallelize_llama(model::Transformer& model, comm::DeviceMesh& mesh,
+std::unique_ptr<ParallelModel> parallelize_model(model::Transformer& model, comm::DeviceMesh& mesh,
                                                  const ParallelOptions& options) {
   auto pm = std::make_unique<ParallelModel>(model, mesh, options);
   auto holds = [&pm](const std::string& module) { return pm->holds(module); };

@@ -1,11 +1,11 @@
-// parallel/parallelize.h — parallelize_llama: the one place that shapes a model for training
+// parallel/parallelize.h — parallelize_model: the one place that shapes a model for training
 // (torchtitan's parallelize.py), and build_schedule, which gives the trainer the micro-batch
 // schedule it owns beside the model parts (torchtitan's pipeline_llama / pp_schedule).
 //
 // Every run goes through it, a single process too: with a degree of 1 a stage is a no-op
 // (DeviceMesh has no Comm for a dimension of size 1), so the trainer has one path. Each stage
 // is a function that decides and returns what it decided (apply_tp: which weights are sharded
-// along which dim; apply_fsdp: the FSDP groups); parallelize_llama hands the decisions to the
+// along which dim; apply_fsdp: the FSDP groups); parallelize_model hands the decisions to the
 // ParallelModel (parallel/parallel_model.h).
 #pragma once
 
@@ -23,7 +23,8 @@
 
 namespace titan::parallel {
 
-// Whether the TP degree divides the heads, kv heads, feed-forward hidden dim and seq_len: throws
+// Whether the TP degree divides the sizes the model's family shards (heads, kv heads, hidden
+// dims: model::Family::tp_sharded_sizes) and seq_len: throws
 // std::invalid_argument with the numbers and what to choose (a config error).
 void check_tp_degree(const model::ModelArgs& args, int tp, int64_t seq_len);
 
@@ -31,7 +32,7 @@ void check_tp_degree(const model::ModelArgs& args, int tp, int64_t seq_len);
 // block straddle two tensor-parallel shards: the sharded dimension of each column-parallel
 // (out_features) or row-parallel (in_features) linear must split into whole blocks per rank,
 // so every rank's block scales are the ones one process computes.
-void check_block_scaled_tp(const std::vector<model::Linear*>& linears, int tp);
+void check_block_scaled_tp(model::Transformer& model, int tp);
 
 // What apply_tp decided: each sharded weight's fqn and the dim split over TP, and its line of
 // the start-up picture.
@@ -47,7 +48,8 @@ enum class MoeTp {
                   // shard to whole experts; router and shared experts replicated
 };
 // 1. Tensor + sequence parallel over `tp` on the modules `holds` names (this rank's pipeline
-// stages): installs the TP computes and input hooks on `model` (torchtitan's Llama TP plan).
+// stages): installs the TP computes and input hooks on `model` as its rules say (the family's
+// plan: model::Transformer::tp_plan).
 TensorParallelPlan apply_tp(model::Transformer& model, comm::Comm& tp, const ParallelOptions& options, MoeTp moe_tp,
                             const std::function<bool(const std::string&)>& holds);
 
@@ -70,7 +72,7 @@ FsdpPlan apply_fsdp(model::Transformer& model, comm::Comm& dp_shard_cp, comm::De
 // Applies, in this order: tensor/sequence parallel, context parallel, activation checkpointing,
 // FSDP/HSDP; then allocates this rank's master parameters. The model must still be on the meta
 // device; call init_weights on the result next.
-std::unique_ptr<ParallelModel> parallelize_llama(model::Transformer& model, comm::DeviceMesh& mesh,
+std::unique_ptr<ParallelModel> parallelize_model(model::Transformer& model, comm::DeviceMesh& mesh,
                                                  const ParallelOptions& options);
 
 // How one step's micro-batches run through this rank's model parts (See Note [Schedules as

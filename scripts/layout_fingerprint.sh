@@ -7,7 +7,8 @@
 # Layouts: 1 process; FSDP 2; HSDP 2x2; TP 2 (sync, async); PP 2 under each of torchtitan's six
 # schedules; CP 2 under each rotate method; PP 2 x CP 2; float8 tensorwise / rowwise /
 # rowwise_with_gw_hp / blockwise, MXFP8 and MXFP4 (emulated), int8 on 1 process; float8 under
-# FSDP 2 (with the float8 all-gather) and TP 2; AC op and full. All on the CPU (Gloo), 4 steps.
+# FSDP 2 (with the float8 all-gather) and TP 2; AC op and full; Qwen3 dense and MoE under TP, EP,
+# EP x TP, PP, FSDP and float8. All on the CPU (Gloo), 4 steps.
 set -euo pipefail
 OUT="${1:?usage: scripts/layout_fingerprint.sh OUT.txt [BUILD_DIR]}"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -61,5 +62,19 @@ run fsdp2_float8_all_gather 2 "$P.data_parallel_shard_degree" 2 --float8.enable_
 run tp2_float8_rowwise 2 "$P.tensor_parallel_degree" 2 --float8.enable_float8_linear --float8.recipe_name rowwise
 run ac_full_fsdp2 2 "$P.data_parallel_shard_degree" 2 --activation_checkpoint.mode full
 run ac_op 1 --activation_checkpoint.mode selective --activation_checkpoint.selective_ac_option op
+# The other families' declarations: Qwen3 dense (qk-norms, a tied embedding) and Qwen3-MoE (every
+# block an MoE layer) under the layouts that read a family's plan: TP (its rules), EP (its
+# experts), EP x TP (the MoE rules skipped), PP (its blocks), FSDP.
+QWEN=(--model.name qwen3 --model.flavor debugmodel)
+MOE=(--model.name qwen3 --model.flavor debugmodel_moe_small)
+run qwen3_single 1 "${QWEN[@]}"
+run qwen3_tp2 2 "${QWEN[@]}" "$P.tensor_parallel_degree" 2
+run qwen3_moe_single 1 "${MOE[@]}"
+run qwen3_moe_fsdp2 2 "${MOE[@]}" "$P.data_parallel_shard_degree" 2
+run qwen3_moe_tp2 2 "${MOE[@]}" "$P.tensor_parallel_degree" 2
+run qwen3_moe_ep2 2 "${MOE[@]}" "$P.data_parallel_shard_degree" 2 "$P.expert_parallel_degree" 2
+run qwen3_moe_ep2_tp2 2 "${MOE[@]}" "$P.tensor_parallel_degree" 2 "$P.expert_parallel_degree" 2
+run qwen3_moe_pp2 2 "${MOE[@]}" "${PP[@]}" "$P.pipeline_parallel_schedule" 1F1B
+run qwen3_moe_float8 1 "${MOE[@]}" --float8.enable_float8_linear --float8.recipe_name rowwise
 mv "$WORK/out.txt" "$OUT"
 echo "layout_fingerprint: $(wc -l <"$OUT") lines -> $OUT"

@@ -351,7 +351,7 @@ TEST_CASE("MoE token counts: each training token counted once under every AC mod
   // Qwen3-MoE's routing on titan's small MoE flavor: 2 x 16 tokens, top 2, 4 layers. The counts
   // of one forward + backward are 2 x 16 x 2 per layer with or without AC (its recompute in
   // backward is uncounted), and the same per expert; a forward under UncountedForward adds none.
-  model::ModelArgs args = model::qwen3_flavor("debugmodel_moe_small");
+  model::ModelArgs args = model::model_flavor("qwen3", "debugmodel_moe_small");
   args.vocab_size = 64;
   args.max_seq_len = 16;
   std::vector<at::Tensor> reference;

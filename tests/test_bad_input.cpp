@@ -211,7 +211,7 @@ TEST_CASE("library guards: nodelist expansion, memory estimate, nesting scan", "
   CHECK(titan::launcher::expand_slurm_nodelist("n[0-3]").size() == 4);
 
   titan::trainer::observe::EstimateInputs in;
-  in.args = titan::model::llama3_flavor("debugmodel");
+  in.args = titan::model::model_flavor("llama3", "debugmodel");
   in.seq_len = int64_t{1} << 62;
   CHECK_THROWS_WITH(titan::trainer::observe::estimate_memory(in), Contains("more than 8 EiB per rank"));
 

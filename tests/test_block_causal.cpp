@@ -126,7 +126,7 @@ TEST_CASE("model.attn_mask_type: a misspelt value is a config error naming the k
                     Contains("model.attn_mask_type") && Contains("block_causal") && Contains("causal"));
   // torchtitan's 8B flavors: 8B's shapes, block-causal (the debugmodel ones train in the test above).
   for (const char* flavor : {"8B_flex", "8B_varlen"}) {
-    const titan::model::ModelArgs a = titan::model::llama3_flavor(flavor), base = titan::model::llama3_flavor("8B");
+    const titan::model::ModelArgs a = titan::model::model_flavor("llama3", flavor), base = titan::model::model_flavor("llama3", "8B");
     INFO(flavor);
     CHECK(a.block_causal);
     CHECK(!base.block_causal);

@@ -14,31 +14,31 @@
 using namespace titan::model;
 
 TEST_CASE("flavor shapes follow torchtitan", "[model]") {
-  CHECK(llama3_flavor("debugmodel").ffn_hidden_dim() == 768);
-  CHECK(llama3_flavor("8B").ffn_hidden_dim() == 14336);
-  CHECK(llama3_flavor("70B").ffn_hidden_dim() == 28672);
-  CHECK(llama3_flavor("405B").ffn_hidden_dim() == 53248);
-  CHECK(llama3_flavor("8B").head_dim() == 128);
-  CHECK(llama3_flavor("405B").kv_heads() == 8);
-  CHECK_THROWS_WITH(llama3_flavor("7B"), Catch::Contains("debugmodel, 8B, 70B, 405B, 100M"));
+  CHECK(model_flavor("llama3", "debugmodel").ffn_hidden_dim() == 768);
+  CHECK(model_flavor("llama3", "8B").ffn_hidden_dim() == 14336);
+  CHECK(model_flavor("llama3", "70B").ffn_hidden_dim() == 28672);
+  CHECK(model_flavor("llama3", "405B").ffn_hidden_dim() == 53248);
+  CHECK(model_flavor("llama3", "8B").head_dim() == 128);
+  CHECK(model_flavor("llama3", "405B").kv_heads() == 8);
+  CHECK_THROWS_WITH(model_flavor("llama3", "7B"), Catch::Contains("debugmodel, 8B, 70B, 405B, 100M"));
 }
 
 TEST_CASE("parameter counts without allocating", "[model]") {
   // Exact counts from the shapes; 8B is the published 8.03e9.
-  CHECK(count_params(llama3_flavor("8B")).total == 8030261248LL);
-  CHECK(count_params(llama3_flavor("70B")).total == 70553706496LL);
-  CHECK(count_params(llama3_flavor("405B")).total == 405853388800LL);
+  CHECK(count_params(model_flavor("llama3", "8B")).total == 8030261248LL);
+  CHECK(count_params(model_flavor("llama3", "70B")).total == 70553706496LL);
+  CHECK(count_params(model_flavor("llama3", "405B")).total == 405853388800LL);
   // 8B_4layers (the single-GPU benchmark model) is 8B with 28 of its 32 layers removed.
-  const auto full = count_params(llama3_flavor("8B")), four = count_params(llama3_flavor("8B_4layers"));
+  const auto full = count_params(model_flavor("llama3", "8B")), four = count_params(model_flavor("llama3", "8B_4layers"));
   CHECK(four.per_layer == full.per_layer);
   CHECK(four.total == full.total - 28 * full.per_layer);
-  const auto debug = count_params(llama3_flavor("debugmodel"));
+  const auto debug = count_params(model_flavor("llama3", "debugmodel"));
   CHECK(debug.embedding == 2048 * 256);
   CHECK(debug.total == 2 * 2048 * 256 + 256 + 6 * (4 * 256 * 256 + 3 * 256 * 768 + 2 * 256));
 }
 
 TEST_CASE("flops per token is torchtitan's formula", "[model]") {
-  const ModelArgs a = llama3_flavor("8B");
+  const ModelArgs a = model_flavor("llama3", "8B");
   const auto c = count_params(a);
   const double expected = 6.0 * (c.total - c.embedding) + 12.0 * 32 * 32 * 128 * 8192;
   CHECK(flops_per_token(a, 8192) == Approx(expected).epsilon(1e-12));
@@ -61,7 +61,7 @@ ModelArgs tiny_args() {
 }  // namespace
 
 TEST_CASE("model is built on meta and named like torchtitan", "[model]") {
-  Transformer model(llama3_flavor("8B"));  // 8B on meta: no memory
+  Transformer model(model_flavor("llama3", "8B"));  // 8B on meta: no memory
   std::vector<std::string> names;
   int64_t numel = 0;
   model.visit_params([&](const std::string& n, at::Tensor& p) {
@@ -69,7 +69,7 @@ TEST_CASE("model is built on meta and named like torchtitan", "[model]") {
     names.push_back(n);
     numel += p.numel();
   });
-  CHECK(numel == count_params(llama3_flavor("8B")).total);
+  CHECK(numel == count_params(model_flavor("llama3", "8B")).total);
   REQUIRE(names.size() == 1 + 32 * 9 + 2);
   CHECK(names[0] == "tok_embeddings.weight");
   CHECK(names[1] == "layers.0.attention.wq.weight");

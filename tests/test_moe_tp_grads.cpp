@@ -42,7 +42,7 @@ std::map<std::string, at::Tensor> step_gradients(const titan::model::ModelArgs& 
   titan::model::Transformer model(args);
   tp::ParallelOptions popt;
   popt.seq_len = kSeq;
-  auto pm = tp::parallelize_llama(model, mesh, popt);
+  auto pm = tp::parallelize_model(model, mesh, popt);
   pm->init_weights(11);
   auto schedule = tp::build_schedule(model, *pm, mesh, popt);
   const at::Tensor tokens = batch_tokens(args.vocab_size);

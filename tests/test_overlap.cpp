@@ -103,7 +103,7 @@ TEST_CASE("overlapped FSDP keeps at most two groups gathered (threads, memory tr
   trainer::observe::install_cpu_memory_tracker();
   trainer::observe::restart_memory_trace(c10::kCPU);
   trainer::observe::set_cpu_memory_recording(true);
-  model::ModelArgs args = model::llama3_flavor("debugmodel");
+  model::ModelArgs args = model::model_flavor("llama3", "debugmodel");
   args.vocab_size = 256;
   args.max_seq_len = 16;
   std::vector<int> max_gathered(2);
@@ -121,7 +121,7 @@ TEST_CASE("overlapped FSDP keeps at most two groups gathered (threads, memory tr
         tp::ParallelOptions o;
         o.reshard_after_forward = "always";
         o.seq_len = 16;
-        auto pm = tp::parallelize_llama(model, mesh, o);
+        auto pm = tp::parallelize_model(model, mesh, o);
         pm->init_weights(1);
         at::manual_seed(rank);
         at::Tensor tokens = at::randint(args.vocab_size, {2, 16}), labels = at::randint(args.vocab_size, {2, 16});

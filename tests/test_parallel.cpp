@@ -132,7 +132,7 @@ TEST_CASE("sharded init equals the single-process weights bit for bit (FSDP 2, F
   // Ranks as threads of this process (as tests/test_comm.cpp), each with its own store client.
   // Each rank generates only its own elements (Note [Counter-based init] in
   // model/init_philox.h); gathered, they must be the single process's weights exactly.
-  titan::model::ModelArgs args = titan::model::llama3_flavor("debugmodel");
+  titan::model::ModelArgs args = titan::model::model_flavor("llama3", "debugmodel");
   args.vocab_size = 258;  // divisible by neither 3 nor 4: padded in TP and FSDP
   args.max_seq_len = 32;
   titan::model::Transformer single(args);
@@ -153,7 +153,7 @@ TEST_CASE("sharded init equals the single-process weights bit for bit (FSDP 2, F
       titan::model::Transformer model(args);
       tp::ParallelOptions popt;
       popt.seq_len = 32;
-      auto pm = tp::parallelize_llama(model, mesh, popt);
+      auto pm = tp::parallelize_model(model, mesh, popt);
       pm->init_weights(7);
       for (const auto& m : pm->master_params()) local_numel[rank] += m.numel();
       for (const auto& name : pm->param_names()) {
@@ -241,13 +241,13 @@ TEST_CASE("per-op AC under TP keeps the reduce-scatter outputs (threads)", "[par
   // Row-parallel wo and w2 end in a sequence reduce-scatter that goes through the op layer
   // (model/activation_checkpoint_ops.h): under per-op AC its output is kept, so the recompute in backward
   // replays it instead of communicating. Here: one TP-2 block's recorded forward.
-  titan::model::ModelArgs args = titan::model::llama3_flavor("debugmodel");
+  titan::model::ModelArgs args = titan::model::model_flavor("llama3", "debugmodel");
   args.max_seq_len = 16;
   const auto errors = run_ranks_as_threads(2, [&](int, tp::comm::DeviceMesh& mesh) {
     titan::model::Transformer model(args);
     tp::ParallelOptions popt;
     popt.seq_len = 16;
-    auto pm = tp::parallelize_llama(model, mesh, popt);
+    auto pm = tp::parallelize_model(model, mesh, popt);
     pm->init_weights(5);
     auto rope = titan::model::make_rotary_table(args.dim / args.n_heads, 16, args.rope_theta, c10::kCPU);
     at::NoGradGuard no_grad;

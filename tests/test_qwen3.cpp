@@ -48,7 +48,7 @@ TEST_CASE("Qwen3 (explicit head_dim, qk-norm, rotate-half RoPE, tied or not, MoE
   for (const nlohmann::json& c : fixture.at("cases")) {
     const bool tied = c.at("tied"), with_moe = c.at("moe");
     INFO((tied ? "tied" : "untied") << " embeddings" << (with_moe ? ", MoE blocks" : ""));
-    ModelArgs a = qwen3_flavor("debugmodel");  // the family's switches; the fixture's small shapes
+    ModelArgs a = model_flavor("qwen3", "debugmodel");  // the family's switches; the fixture's small shapes
     a.vocab_size = shapes.at("vocab_size");
     a.dim = shapes.at("dim");
     a.n_layers = shapes.at("n_layers");
@@ -58,8 +58,8 @@ TEST_CASE("Qwen3 (explicit head_dim, qk-norm, rotate-half RoPE, tied or not, MoE
     a.explicit_hidden_dim = shapes.at("hidden_dim");
     a.max_seq_len = shapes.at("max_seq_len");
     a.tie_embeddings = tied;
-    if (with_moe) {  // qwen3_flavor("debugmodel_moe")'s routing with 4 experts, top 2
-      const ModelArgs moe = qwen3_flavor("debugmodel_moe");
+    if (with_moe) {  // model_flavor("qwen3", "debugmodel_moe")'s routing with 4 experts, top 2
+      const ModelArgs moe = model_flavor("qwen3", "debugmodel_moe");
       a.moe = moe.moe;
       a.moe->num_experts = 4;
       a.moe->top_k = 2;
@@ -118,7 +118,7 @@ TEST_CASE("Qwen3 (explicit head_dim, qk-norm, rotate-half RoPE, tied or not, MoE
 }
 
 TEST_CASE("Qwen3 flavors: torchtitan's shapes, parameter counts with tied embeddings", "[model][qwen3]") {
-  const ModelArgs small = qwen3_flavor("0.6B"), large = qwen3_flavor("8B");
+  const ModelArgs small = model_flavor("qwen3", "0.6B"), large = model_flavor("qwen3", "8B");
   CHECK((small.dim == 1024 && small.n_layers == 28 && small.n_heads == 16 && small.n_kv_heads == 8 &&
          small.head_dim() == 128 && small.ffn_hidden_dim() == 3072 && small.tie_embeddings && small.qk_norm));
   CHECK((large.dim == 4096 && large.n_layers == 36 && large.head_dim() == 128 && large.ffn_hidden_dim() == 12288 &&

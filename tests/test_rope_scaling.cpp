@@ -27,19 +27,19 @@ double published_scaled_freq(double freq) {
 TEST_CASE("torchtitan's flavors scale RoPE as Llama 3.1", "[model][rope]") {
   for (const std::string name : {"debugmodel", "8B", "70B", "405B", "8B_4layers"}) {
     INFO(name);
-    const RopeScaling s = llama3_flavor(name).rope_scaling;
+    const RopeScaling s = model_flavor("llama3", name).rope_scaling;
     CHECK(s.enabled);
     CHECK(s.factor == 8.0);
     CHECK(s.low_freq_factor == 1.0);
     CHECK(s.high_freq_factor == 4.0);
     CHECK(s.original_max_position_embeddings == 8192);
   }
-  CHECK_FALSE(llama3_flavor("100M").rope_scaling.enabled);  // titan's benchmark model
+  CHECK_FALSE(model_flavor("llama3", "100M").rope_scaling.enabled);  // titan's benchmark model
   CHECK_FALSE(ModelArgs{}.rope_scaling.enabled);
 }
 
 TEST_CASE("the RoPE table follows the published scaling formula", "[model][rope]") {
-  const ModelArgs args = llama3_flavor("8B");
+  const ModelArgs args = model_flavor("llama3", "8B");
   const int64_t hd = args.head_dim(), seq = 64;
   REQUIRE(hd == 128);
   const RotaryTable table =

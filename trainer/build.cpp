@@ -181,14 +181,14 @@ void Trainer::build_model() {
                    "(parallelism.data_parallel_shard_degree 1): each linear casts its own weight");
 
   try {
-    parallel::check_block_scaled_tp(model_->linears(), mesh_->dims().tp);
+    parallel::check_block_scaled_tp(*model_, mesh_->dims().tp);
   } catch (const std::invalid_argument& e) {
     throw config::ConfigError(e.what());
   }
   const parallel::ParallelOptions popt = config::parallel_options(cfg_, args, mesh_->dims(), device_, converted.float8);
   // Sharded or not, only this rank's shards are ever allocated: the plan runs on meta.
   model::NamedScope scope("model init", model::MemoryCategory::kParameters);
-  parallel_ = parallel::parallelize_llama(*model_, *mesh_, popt);
+  parallel_ = parallel::parallelize_model(*model_, *mesh_, popt);
   parallel_->init_weights(static_cast<uint64_t>(cfg_.training.seed));
   for (const std::string& line : parallel_->describe()) util::log_info("parallel: " + line);
   after_backward_hook_ = nonfinite_gradient_hook(cfg_.training.debug_nonfinite_at_step, *parallel_);  // tests only

@@ -37,6 +37,15 @@ void log_report(const char* kind, const float8::ConversionReport& report) {
                    " linear(s) in high precision (" + why + "): " + join_unique(names));
 }
 
+// The linears a converter may change: all but those the model keeps in its precision (an MoE
+// router's gate), which no filter needs to name.
+std::vector<model::Linear*> convertible_linears(model::Transformer& model) {
+  std::vector<model::Linear*> out;
+  for (model::Linear* l : model.linears())
+    if (!l->keeps_precision) out.push_back(l);
+  return out;
+}
+
 }  // namespace
 
 ConvertedModel apply_model_converters(model::Transformer& model, const config::JobConfig& cfg, c10::Device device) {
@@ -61,7 +70,7 @@ ConvertedModel apply_model_converters(model::Transformer& model, const config::J
     options.auto_filter_small_kn = cfg.mx.auto_filter_small_kn;
     float8::ConversionReport report;
     try {
-      report = float8::convert_to_mx_training(model.linears(), options);
+      report = float8::convert_to_mx_training(convertible_linears(model), options);
     } catch (const std::invalid_argument& e) {
       throw config::ConfigError(e.what());
     }
@@ -83,7 +92,7 @@ ConvertedModel apply_model_converters(model::Transformer& model, const config::J
     float8::ConversionReport report;
     try {
       float8::validate_float8_options(options);
-      report = float8::convert_to_float8_training(model.linears(), options);
+      report = float8::convert_to_float8_training(convertible_linears(model), options);
     } catch (const std::invalid_argument& e) {
       throw config::ConfigError(e.what());
     }
@@ -99,7 +108,7 @@ ConvertedModel apply_model_converters(model::Transformer& model, const config::J
     options.gemms.grad_weight = cfg.int8.grad_weight_gemm;
     float8::ConversionReport report;
     try {
-      report = float8::convert_to_int8_training(model.linears(), options);
+      report = float8::convert_to_int8_training(convertible_linears(model), options);
     } catch (const std::invalid_argument& e) {
       throw config::ConfigError(e.what());
     }

@@ -23,7 +23,7 @@ Trainer::Trainer(config::JobConfig cfg) : cfg_(std::move(cfg)) {
   init_mesh();       // the world process group (WORLD_SIZE > 1) and the device mesh
   check_memory_fits();  // the memory estimate against the machine, before allocating
   init_data();       // tokenizer, this rank's loader, the validator
-  build_model();     // meta model, converters, parallelize_llama, init, the schedule
+  build_model();     // meta model, converters, parallelize_model, init, the schedule
   init_optimizer();  // AdamW over the masters, the LR schedule
   // Resume, else the initial weights, else the random init; the seed checkpoint when asked.
   checkpointer_ = std::make_unique<checkpoint::Checkpointer>(cfg_, *model_, *parallel_, *optimizer_, *loader_, *mesh_,

@@ -6,7 +6,7 @@
 // parts), the optimizer and LR schedule, the data, the metrics and the checkpoints.
 // Construction (trainer/build.cpp) does, in order: device and threads, the device mesh (every
 // run has one; a single process's has no communicator), data, the model on the meta device,
-// converters (float8/int8/MX), parallelize_llama (TP, CP, AC, FSDP: each a no-op at degree 1),
+// converters (float8/int8/MX), parallelize_model (TP, CP, AC, FSDP: each a no-op at degree 1),
 // init of this rank's masters, the schedule, optimizer, LR schedule, checkpoints (resume or
 // initial weights), metrics. `train()` (trainer/train.cpp) then runs `train_step` for every step.
 #pragma once
@@ -77,7 +77,7 @@ class Trainer {
   // shortfall]), before any large allocation.
   void check_memory_fits();
   static constexpr double kRefuseAboveEstimate = 1.25;  // the estimate is within ~15% of peaks
-  void build_model();     // meta model, converters, parallelize_llama, init, the schedule
+  void build_model();     // meta model, converters, parallelize_model, init, the schedule
   void init_optimizer();  // AdamW over the masters, the LR schedule
   void init_metrics();    // the mfu peak, the metrics logger and TensorBoard
 

@@ -29,10 +29,6 @@
 namespace titan::model::moe {
 namespace {
 
-at::Tensor meta(at::IntArrayRef shape) { return at::empty(shape, at::TensorOptions().device(at::kMeta)); }
-
-void make_meta(Linear& linear) { linear.weight = meta({linear.out_features(), linear.in_features()}); }
-
 [[noreturn]] void bad(const std::string& what) { throw std::invalid_argument("moe: " + what); }
 
 }  // namespace
@@ -169,20 +165,21 @@ MoE::MoE(const std::string& prefix_, const MoEArgs& args_, int64_t dim_, int64_t
     : prefix(prefix_), args(args_), dim(dim_), hidden_dim(hidden_dim_), gate(prefix_ + ".router.gate", dim_, args_.num_experts) {
   check_moe_args(args);
   const int64_t E = args.num_experts;
-  make_meta(gate);
-  if (args.gate_bias) gate_bias = meta({E});
-  w1 = meta({E, hidden_dim, dim});
-  w2 = meta({E, dim, hidden_dim});
-  w3 = meta({E, hidden_dim, dim});
+  make_linear_meta(gate);
+  gate.keeps_precision = true;  // routing decisions in the parameters' dtype, whatever the converters
+  if (args.gate_bias) gate_bias = meta_tensor({E});
+  w1 = meta_tensor({E, hidden_dim, dim});
+  w2 = meta_tensor({E, dim, hidden_dim});
+  w3 = meta_tensor({E, hidden_dim, dim});
   if (args.num_shared_experts > 0) {
     const int64_t shared_hidden = hidden_dim * args.num_shared_experts;
     shared_w1.emplace(prefix + ".shared_experts.w1", dim, shared_hidden);
     shared_w2.emplace(prefix + ".shared_experts.w2", shared_hidden, dim);
     shared_w3.emplace(prefix + ".shared_experts.w3", dim, shared_hidden);
-    for (Linear* l : {&*shared_w1, &*shared_w2, &*shared_w3}) make_meta(*l);
+    for (Linear* l : {&*shared_w1, &*shared_w2, &*shared_w3}) make_linear_meta(*l);
   }
-  if (args.load_balance_coeff) expert_bias = meta({E});
-  tokens_per_expert = meta({E});
+  if (args.load_balance_coeff) expert_bias = meta_tensor({E});
+  tokens_per_expert = meta_tensor({E});
 }
 
 at::Tensor MoE::forward(const at::Tensor& x_in) {
@@ -239,6 +236,36 @@ void MoE::visit_params(const std::function<void(const std::string& fqn, at::Tens
   visit(prefix + ".experts.w3", w3);
   if (shared_w1)
     for (Linear* l : {&*shared_w1, &*shared_w2, &*shared_w3}) visit(l->fqn() + ".weight", l->weight);
+}
+
+std::vector<Linear*> MoE::linears() {
+  std::vector<Linear*> all = {&gate};
+  if (shared_w1)
+    for (Linear* l : {&*shared_w1, &*shared_w2, &*shared_w3}) all.push_back(l);
+  return all;
+}
+
+std::vector<std::string> MoE::expert_params() const {
+  return {prefix + ".experts.w1", prefix + ".experts.w2", prefix + ".experts.w3"};
+}
+
+std::vector<TpRule> MoE::tp_plan() const {
+  // torchtitan's apply_moe_ep_tp with the experts sharded on their hidden dimension: the router
+  // replicated (its gradient a partial sum on every rank, summed over TP), the routed experts'
+  // hidden rows (w1, w3 [E, H, D]) and columns (w2 [E, D, H]: a partial output) sharded, the
+  // shared experts column- then row-sharded with the partial output left to the layer's reduce.
+  std::vector<TpRule> rules = {{prefix, TpStyle::kGatherInputReduceOutput},
+                               {gate.fqn(), TpStyle::kReplicated},
+                               {prefix + ".experts.w1", TpStyle::kShardTensor, {}, 1},
+                               {prefix + ".experts.w3", TpStyle::kShardTensor, {}, 1},
+                               {prefix + ".experts.w2", TpStyle::kShardTensor, {}, 2}};
+  if (shared_w1) {
+    rules.push_back({shared_w1->fqn(), TpStyle::kColwise});
+    rules.push_back({shared_w3->fqn(), TpStyle::kColwise});
+    rules.push_back({shared_w2->fqn(), TpStyle::kRowwisePartial});
+  }
+  for (TpRule& r : rules) r.experts_sharded = true;
+  return rules;
 }
 
 }  // namespace titan::model::moe

@@ -36,6 +36,7 @@
 #include <string>
 #include <vector>
 
+#include "model/layers.h"
 #include "model/linear.h"
 #include "model/moe/moe_args.h"
 
@@ -99,6 +100,14 @@ struct MoE {
   at::Tensor forward(const at::Tensor& x_in);
   // Every parameter with its fully-qualified name (the experts' stacked weights as parameters).
   void visit_params(const std::function<void(const std::string& fqn, at::Tensor& param)>& visit);
+  // The router's gate and the shared experts' linears (the routed experts are stacked tensors).
+  std::vector<Linear*> linears();
+  // Its tensor-parallel rules with the experts sharded on their hidden dimension (every rule's
+  // experts_sharded set: a layout running EP over the TP ranks skips them).
+  std::vector<TpRule> tp_plan() const;
+  // The routed experts' stacked parameters ("<prefix>.experts.w1", ...): what expert
+  // parallelism shards along their first (expert) dimension.
+  std::vector<std::string> expert_params() const;
 
   std::string prefix;
   MoEArgs args;

@@ -87,7 +87,7 @@ void apply_cp(model::Transformer& model, comm::Comm& cp, CpRotateMethod method,
                            std::to_string(cp.size()) + ", " + cp_rotate_method_name(method) + ")";
   for (model::TransformerBlock* block : model.blocks()) {
     if (holds && !holds(model::layer_path(block->layer_id))) continue;
-    model::Attention& a = block->attention;
+    model::AttentionModule& a = *block->attention;
     a.sdpa_name = name;
     comm::Comm* comm = &cp;
     if (method == CpRotateMethod::kUlysses) {

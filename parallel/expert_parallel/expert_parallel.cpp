@@ -200,7 +200,7 @@ ExpertParallelPlan apply_ep(model::Transformer& model, comm::Comm& ep, int efsdp
                                 const at::Tensor& w2, const at::Tensor& w3, const std::function<void()>& meanwhile) {
       return expert_parallel_experts(rows, counts, w1, w2, w3, ep, meanwhile);
     };
-    for (const char* w : {"w1", "w2", "w3"}) plan.sharded_experts.push_back(moe.prefix + ".experts." + w);
+    for (const std::string& w : moe.expert_params()) plan.sharded_experts.push_back(w);
     ++layers;
   }
   std::ostringstream os;

@@ -121,7 +121,7 @@ parallel::ParallelOptions parallel_options(const JobConfig& cfg, const model::Mo
   popt.float8_precompute_fsdp_scales = float8 && cfg.float8.precompute_float8_dynamic_scale_for_fsdp;
   popt.float8_tp_input_all_gather = cfg.float8.tp_input_all_gather;
   popt.pipeline = pipeline_plan(cfg, dims);
-  // The user's choices are checked here, as config errors (exit 2); anything parallelize_llama
+  // The user's choices are checked here, as config errors (exit 2); anything parallelize_model
   // throws after that is a bug, reported as such.
   try {
     popt.ac = parallel::parse_ac_options(cfg.activation_checkpoint.mode,

@@ -1,6 +1,6 @@
 // trainer/config/parallel_options.h — the job config's parallelism, as the plan reads it: the
 // mesh's degrees, the global batch, the pipeline plan, the context-parallel method and the
-// ParallelOptions of parallelize_llama, each of the user's choices checked here as a config
+// ParallelOptions of parallelize_model, each of the user's choices checked here as a config
 // error (exit 2) naming the keys. The Trainer and the start-up dry run (apps/dry_run.h) both
 // build their plans from these, so the two can never disagree.
 #pragma once

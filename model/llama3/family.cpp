@@ -1,12 +1,12 @@
-// model/llama3/flavors.cpp — Llama 3's flavors as torchtitan 0.2.2 defines them (plus titan's
+// model/llama3/family.cpp — Llama 3's flavors as torchtitan 0.2.2 defines them (plus titan's
 // CPU-sized and 4-layer benchmark shapes).
 #include <stdexcept>
 #include <string>
 #include <vector>
 
-#include "model/flavors.h"
+#include "model/grouped_query_family.h"
 
-namespace titan::model {
+namespace titan::model::llama3 {
 
 namespace {
 
@@ -56,8 +56,9 @@ const std::vector<NamedFlavor>& llama3_flavor_table() {
 
 }  // namespace
 
-std::vector<std::string> llama3_flavor_names() { return flavor_names_of(llama3_flavor_table()); }
+const Family& family() {
+  static const GroupedQueryFamily declaration("llama3", llama3_flavor_table());
+  return declaration;
+}
 
-ModelArgs llama3_flavor(const std::string& name) { return find_flavor(llama3_flavor_table(), "llama3", name); }
-
-}  // namespace titan::model
+}  // namespace titan::model::llama3

@@ -1,4 +1,4 @@
-// model/qwen3/flavors.cpp — Qwen3's dense flavors as torchtitan 0.2.2 defines them
+// model/qwen3/family.cpp — Qwen3's dense flavors as torchtitan 0.2.2 defines them
 // (torchtitan/models/qwen3/__init__.py): grouped-query attention with head_dim 128 whatever the
 // width, an RMSNorm on each head of q and k before RoPE, RoPE over (i, i + hd/2) pairs with theta
 // 1e6, an explicit SwiGLU width, RMSNorm eps 1e-6, and the token embedding reused as the output
@@ -8,15 +8,14 @@
 #include <string>
 #include <vector>
 
-#include "model/flavors.h"
+#include "model/grouped_query_family.h"
 
-namespace titan::model {
+namespace titan::model::qwen3 {
 namespace {
 
 ModelArgs qwen3(int64_t dim, int64_t n_layers, int64_t n_heads, int64_t n_kv_heads, int64_t vocab_size,
                 int64_t hidden_dim, bool tie_embeddings) {
   ModelArgs a;
-  a.family = "qwen3";
   a.dim = dim;
   a.n_layers = n_layers;
   a.n_heads = n_heads;
@@ -95,8 +94,9 @@ const std::vector<NamedFlavor>& qwen3_flavor_table() {
 
 }  // namespace
 
-std::vector<std::string> qwen3_flavor_names() { return flavor_names_of(qwen3_flavor_table()); }
+const Family& family() {
+  static const GroupedQueryFamily declaration("qwen3", qwen3_flavor_table());
+  return declaration;
+}
 
-ModelArgs qwen3_flavor(const std::string& name) { return find_flavor(qwen3_flavor_table(), "qwen3", name); }
-
-}  // namespace titan::model
+}  // namespace titan::model::qwen3

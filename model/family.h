@@ -1,0 +1,70 @@
+// model/family.h — what a model family declares: everything in which one family's model differs
+// from another's. The shared decoder (model/transformer.h), parallelism, checkpoints, the memory
+// estimate, mfu and the planner read a family only through this declaration, never by its name.
+//
+// Note [A family is a declaration]: a family lives in its own folder (model/llama3/, model/qwen3/)
+// as one Family object and its flavor table; model/families.cpp lists the families (one line
+// each). A family says, per block, which attention module it builds and which feed-forward kind
+// it has (dense, MoE, none: so DeepSeek-V3's dense first blocks or Llama 4's interleaving are a
+// function of the layer index), how its parameters are initialized, how many parameters and
+// FLOPs its attention has (from the arguments alone, so a 671B model's numbers need no tensor),
+// and what a tensor-parallel degree must divide; its modules declare their tensor-parallel rules
+// (model/sharding_plan.h). The family's own switches ride in ModelArgs.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/args.h"
+#include "model/init_fill.h"
+#include "model/sharding_plan.h"
+
+namespace titan::model {
+
+class AttentionModule;
+
+// What a block's feed-forward is.
+enum class FeedForwardKind {
+  kDense,  // the SwiGLU FeedForward of ModelArgs::ffn_hidden_dim() ("layers.<i>.feed_forward")
+  kMoE,    // a mixture of experts of ModelArgs::moe ("layers.<i>.moe": model/moe/moe.h)
+  kNone,   // attention only
+};
+
+// One flavor of a family: its name (model.flavor) and its arguments.
+struct NamedFlavor {
+  const char* name;
+  ModelArgs args;
+};
+
+class Family {
+ public:
+  virtual ~Family() = default;
+
+  // model.name: "llama3".
+  virtual std::string name() const = 0;
+  // The flavors, in the order the config's error messages list them.
+  virtual const std::vector<NamedFlavor>& flavors() const = 0;
+
+  // Block `layer`'s feed-forward. Default: every block an MoE layer when args.moe is set, else dense.
+  virtual FeedForwardKind feed_forward(const ModelArgs& args, int64_t layer) const;
+  // Block `layer`'s attention, its parameters on the meta device under `prefix` ("layers.<i>.attention").
+  virtual std::unique_ptr<AttentionModule> make_attention(const std::string& prefix, const ModelArgs& args,
+                                                          int64_t layer) const = 0;
+  // One block's attention parameters, and its score and value products' training FLOPs per
+  // token when every query meets seq_len keys (the square: torchtitan's convention).
+  virtual int64_t attention_params(const ModelArgs& args, int64_t layer) const = 0;
+  virtual double attention_flops_per_token(const ModelArgs& args, int64_t layer, int64_t seq_len) const = 0;
+  // The sizes a tensor-parallel degree must divide (heads, hidden sizes), each named for the error.
+  virtual std::vector<ShardedSize> tp_sharded_sizes(const ModelArgs& args) const = 0;
+  // Parameter `fqn`'s initial distribution (what Transformer::init_weights draws it from).
+  virtual InitSpec init_spec(const ModelArgs& args, const std::string& fqn) const = 0;
+};
+
+// The families titan trains, in registry order (model/families.cpp).
+const std::vector<const Family*>& families();
+// Family `name`; throws std::invalid_argument naming model.name and listing the families.
+const Family& family(const std::string& name);
+
+}  // namespace titan::model
