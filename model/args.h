@@ -4,7 +4,9 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -28,6 +30,13 @@ struct RopeScaling {
 
   // The scaled frequency of one unscaled frequency `freq` (identity when not enabled).
   double scale(double freq) const;
+};
+
+// What one family adds to the shared arguments (DeepSeek-V3's latent-attention ranks and head
+// sizes, its YaRN terms): a struct of the family's own folder deriving from this, carried by
+// ModelArgs::family_args and read back by that family's code alone (ModelArgs::family_args_as).
+struct FamilyArgs {
+  virtual ~FamilyArgs() = default;
 };
 
 struct ModelArgs {
@@ -62,6 +71,16 @@ struct ModelArgs {
   // arguments whose experts are SwiGLUs of moe_hidden_dim (torchtitan's moe_inter_dim).
   std::optional<moe::MoEArgs> moe;
   int64_t moe_hidden_dim = 0;
+
+  // The family's own arguments (none for Llama 3 and Qwen3, which the fields above describe).
+  std::shared_ptr<const FamilyArgs> family_args;
+  // family_args as the family's type; throws std::logic_error when they are not of that type.
+  template <class T>
+  const T& family_args_as() const {
+    const T* args = dynamic_cast<const T*>(family_args.get());
+    if (!args) throw std::logic_error("model family '" + family + "': its arguments are missing or of another family");
+    return *args;
+  }
 
   int64_t kv_heads() const { return n_kv_heads > 0 ? n_kv_heads : n_heads; }
   int64_t head_dim() const { return explicit_head_dim > 0 ? explicit_head_dim : dim / n_heads; }

@@ -2,15 +2,18 @@
 // is its folder (model/<family>/) and its line here (See Note [A family is a declaration]).
 #include "model/family.h"
 
+#include <cmath>
 #include <stdexcept>
+#include <string>
 
 namespace titan::model {
 
 namespace llama3 { const Family& family(); }  // model/llama3/family.cpp
 namespace qwen3 { const Family& family(); }   // model/qwen3/family.cpp
+namespace deepseek_v3 { const Family& family(); }  // model/deepseek_v3/family.cpp
 
 const std::vector<const Family*>& families() {
-  static const std::vector<const Family*> all = {&llama3::family(), &qwen3::family()};
+  static const std::vector<const Family*> all = {&llama3::family(), &qwen3::family(), &deepseek_v3::family()};
   return all;
 }
 
@@ -25,6 +28,16 @@ const Family& family(const std::string& name) {
 
 FeedForwardKind Family::feed_forward(const ModelArgs& args, int64_t) const {
   return args.moe ? FeedForwardKind::kMoE : FeedForwardKind::kDense;
+}
+
+std::vector<double> Family::rope_frequencies(const ModelArgs& args) const {
+  const int64_t head_dim = args.head_dim();
+  if (head_dim % 2 != 0) throw std::invalid_argument("RoPE needs an even head_dim, got " + std::to_string(head_dim));
+  std::vector<double> freqs(static_cast<size_t>(head_dim / 2));
+  for (int64_t i = 0; i < head_dim / 2; ++i)
+    freqs[static_cast<size_t>(i)] =
+        args.rope_scaling.scale(1.0 / std::pow(args.rope_theta, 2.0 * i / static_cast<double>(head_dim)));
+  return freqs;
 }
 
 }  // namespace titan::model

@@ -60,7 +60,20 @@ class Family {
   virtual std::vector<ShardedSize> tp_sharded_sizes(const ModelArgs& args) const = 0;
   // Parameter `fqn`'s initial distribution (what Transformer::init_weights draws it from).
   virtual InitSpec init_spec(const ModelArgs& args, const std::string& fqn) const = 0;
+  // The rotary frequencies of the rotated part of a head (its size / 2 of them), position 0's
+  // angle step each. Default: theta^(-2i / head_dim) through Llama 3.1's scaling when on.
+  virtual std::vector<double> rope_frequencies(const ModelArgs& args) const;
+  // The final norm's epsilon; a negative value: the epsilon of the input's dtype
+  // (torch.finfo(dtype).eps: an nn.RMSNorm built without eps, as DeepSeek-V3's). Default norm_eps.
+  virtual double final_norm_eps(const ModelArgs& args) const { return args.norm_eps; }
 };
+
+// torchtitan's decoder init (its llama3 scheme, which Qwen3's and DeepSeek-V3's repeat): the
+// embedding normal(0, 1) (untied), the output projection (and a tied embedding)
+// trunc_normal(dim^-1/2, +-3 std), norms ones, a block's weights trunc_normal(0.02, +-2) and
+// the projections that feed the residual (wo, w2, w3, the MoE router and experts' w2/w3) at the
+// depth std 0.02 / sqrt(2 (layer + 1)) (ModelArgs::depth_init; else 2 n_layers).
+InitSpec decoder_init_spec(const ModelArgs& args, const std::string& fqn);
 
 // The families titan trains, in registry order (model/families.cpp).
 const std::vector<const Family*>& families();

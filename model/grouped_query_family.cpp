@@ -29,10 +29,11 @@ std::vector<ShardedSize> GroupedQueryFamily::tp_sharded_sizes(const ModelArgs& a
   return sizes;
 }
 
-// Weight initialization: torchtitan's llama3 scheme (truncated normal, depth-scaled std), drawn
-// by the counter-based generator (See Note [Counter-based init] in model/init_philox.h), so any
-// shard of any parameter can be filled on its own.
 InitSpec GroupedQueryFamily::init_spec(const ModelArgs& args, const std::string& fqn) const {
+  return decoder_init_spec(args, fqn);
+}
+
+InitSpec decoder_init_spec(const ModelArgs& args, const std::string& fqn) {
   const auto ends_with = [&](const char* suffix) {
     const std::string s(suffix);
     return fqn.size() >= s.size() && fqn.compare(fqn.size() - s.size(), s.size(), s) == 0;

@@ -9,6 +9,7 @@
 #include <c10/util/Exception.h>
 
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "model/kernels/fused_ops.h"
@@ -28,12 +29,26 @@ void make_linear_meta(Linear& linear) {
 RMSNorm::RMSNorm(std::string fqn_, int64_t dim, double eps_)
     : fqn(std::move(fqn_)), eps(eps_), weight(meta_tensor({dim})) {}
 
+namespace {
+
+// torch.finfo(dtype).eps: what an nn.RMSNorm built without eps uses.
+double dtype_epsilon(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kDouble: return std::numeric_limits<double>::epsilon();
+    case at::kBFloat16: return 0.0078125;          // 2^-7
+    case at::kHalf: return 0.0009765625;           // 2^-10
+    default: return std::numeric_limits<float>::epsilon();  // 2^-23
+  }
+}
+
+}  // namespace
+
 at::Tensor RMSNorm::forward(const at::Tensor& x) const {
   // torchtitan's nn.RMSNorm (F.rms_norm): normalized and scaled in float32 whatever the compute
   // dtype, one rounding to it at the end; bf16 activations with bf16 weights (the compute copies)
   // run the fused kernel's bf16 form, which is exactly that (model/kernels/fused_ops.h); float64
   // and mixed dtypes run ATen's composite, which promotes the same way.
-  return fused_rms_norm(x, weight, eps);
+  return fused_rms_norm(x, weight, eps < 0 ? dtype_epsilon(x.scalar_type()) : eps);
 }
 
 void RMSNorm::visit_params(const ParamVisitor& visit) { visit(fqn + ".weight", weight); }
@@ -43,14 +58,18 @@ void RMSNorm::visit_params(const ParamVisitor& visit) { visit(fqn + ".weight", w
 RotaryTable make_rotary_table(int64_t head_dim, int64_t max_seq_len, double theta,
                               c10::Device device, const RopeScaling& scaling) {
   TORCH_CHECK(head_dim % 2 == 0, "RoPE needs an even head_dim, got ", head_dim);
-  auto f64 = at::TensorOptions().dtype(at::kDouble);
   // freqs[i] = theta^(-2i / head_dim), then Llama 3.1's scaling (head_dim / 2 scalars, so a
   // plain loop); angles computed in float64 then stored as float32.
   std::vector<double> scaled(head_dim / 2);
   for (int64_t i = 0; i < head_dim / 2; ++i) {
     scaled[i] = scaling.scale(1.0 / std::pow(theta, 2.0 * i / static_cast<double>(head_dim)));
   }
-  at::Tensor freqs = at::tensor(scaled, f64);
+  return make_rotary_table(scaled, max_seq_len, device);
+}
+
+RotaryTable make_rotary_table(const std::vector<double>& frequencies, int64_t max_seq_len, c10::Device device) {
+  auto f64 = at::TensorOptions().dtype(at::kDouble);
+  at::Tensor freqs = at::tensor(frequencies, f64);
   at::Tensor angles = at::outer(at::arange(max_seq_len, f64), freqs);
   return {angles.cos().to(at::kFloat).to(device), angles.sin().to(at::kFloat).to(device)};
 }

@@ -31,7 +31,7 @@ struct RMSNorm {
   void visit_params(const ParamVisitor& visit);
 
   std::string fqn;
-  double eps;
+  double eps;         // < 0: the input dtype's epsilon (torch.finfo(dtype).eps)
   at::Tensor weight;  // [dim]
 };
 
@@ -43,6 +43,8 @@ struct RotaryTable {
 // `scaling` (Llama 3.1's, see model/args.h) rescales the frequencies; the default is none.
 RotaryTable make_rotary_table(int64_t head_dim, int64_t max_seq_len, double theta,
                               c10::Device device, const RopeScaling& scaling = {});
+// The table of the given frequencies (one per rotated pair), angles in float64 stored as float32.
+RotaryTable make_rotary_table(const std::vector<double>& frequencies, int64_t max_seq_len, c10::Device device);
 // x: [B, S, H, head_dim]; rotates the pairs (x[2i], x[2i+1]) by position, as Meta's complex form.
 at::Tensor apply_rotary(const at::Tensor& x, const RotaryTable& table);
 // The same rotations over the pairs (x[i], x[i + head_dim/2]) (HF's rotate_half; Qwen3).

@@ -92,7 +92,7 @@ Transformer::Transformer(const ModelArgs& args)
     : args_(args),
       family_(&model::family(args.family)),
       tok_embeddings_weight_(meta_tensor({args.vocab_size, args.dim})),
-      norm_("norm", args.dim, args.norm_eps),
+      norm_("norm", args.dim, family_->final_norm_eps(args)),
       output_("output", args.dim, args.vocab_size) {
   TORCH_CHECK(args.vocab_size > 0, "model vocab_size must be set (got ", args.vocab_size, ")");
   for (int64_t i = 0; i < args.n_layers; ++i)
@@ -139,8 +139,7 @@ void Transformer::materialize(c10::Device device, c10::ScalarType dtype) {
 }
 
 void Transformer::materialize_buffers(c10::Device device) {
-  rope_ = make_rotary_table(args_.head_dim(), args_.max_seq_len, args_.rope_theta, device,
-                            args_.rope_scaling);
+  rope_ = make_rotary_table(family_->rope_frequencies(args_), args_.max_seq_len, device);
   // MoE layers: the load-balancing bias starts at zero (a checkpoint may then restore it) and the
   // token counts are zero until the first forward.
   for (auto& layer : layers_) {

@@ -1,0 +1,184 @@
+// The DeepSeek-V3 family (model.name = deepseek_v3): titan's Transformer with multi-head latent
+// attention, dense-then-MoE blocks and YaRN against torchtitan 0.2.2's own DeepSeekV3Model on the
+// same weights and tokens (tests/fixtures/torchtitan/v0.2.2/deepseek_v3_model.json, written by
+// scripts/reference/torchtitan_deepseek_v3.py, which runs the release's model.py and moe.py).
+//
+// Tolerance: as tests/test_qwen3.cpp's: both run float32 over the same operations with different
+// kernels (fused RMSNorm and CPU flash attention vs torch's composites and SDPA), so sums are
+// reordered through three blocks; the rotary frequencies are computed in float64 here, in float32
+// by torchtitan (a rounding of each frequency, < 1e-7 relative, times a position below 16).
+// 1e-5 of the largest logit (and of each gradient's norm times the projection vector's norm) is
+// ~10x what such reorderings give, while a wrong split of the heads, a missing mscale, a rope
+// over the wrong part or a wrong dense/MoE boundary is off by O(1).
+#include <ATen/ops/tensor.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "model/deepseek_v3/args.h"
+#include "model/flavors.h"
+#include "model/transformer.h"
+#include "tests/sin_values.h"
+
+using namespace titan::model;
+using titan::model::deepseek_v3::DeepSeekV3Args;
+
+namespace {
+
+at::Tensor values(const std::vector<int64_t>& shape, int seed, double scale, bool ones = false) {
+  return titan::testing::sin_values(shape, seed, scale, ones ? 1.0 : 0.0);
+}
+
+// The fixture's small model: debugmodel's family switches with the fixture's shapes.
+ModelArgs fixture_args(const nlohmann::json& shapes, const nlohmann::json& c) {
+  ModelArgs a = model_flavor("deepseek_v3", "debugmodel");
+  a.vocab_size = shapes.at("vocab_size");
+  a.dim = shapes.at("dim");
+  a.explicit_hidden_dim = shapes.at("inter_dim");
+  a.moe_hidden_dim = shapes.at("moe_inter_dim");
+  a.n_layers = shapes.at("n_layers");
+  a.n_heads = shapes.at("n_heads");
+  a.max_seq_len = shapes.at("max_seq_len");
+  a.norm_eps = shapes.at("norm_eps");
+  a.rope_theta = shapes.at("rope_theta");
+  auto mla = std::make_shared<DeepSeekV3Args>(a.family_args_as<DeepSeekV3Args>());
+  mla->n_dense_layers = shapes.at("n_dense_layers");
+  mla->q_lora_rank = c.at("q_lora_rank");
+  mla->kv_lora_rank = shapes.at("kv_lora_rank");
+  mla->qk_nope_head_dim = shapes.at("qk_nope_head_dim");
+  mla->qk_rope_head_dim = shapes.at("qk_rope_head_dim");
+  mla->v_head_dim = shapes.at("v_head_dim");
+  mla->original_seq_len = c.at("original_seq_len");
+  mla->rope_factor = shapes.at("rope_factor");
+  mla->beta_fast = shapes.at("beta_fast");
+  mla->beta_slow = shapes.at("beta_slow");
+  mla->mscale = shapes.at("mscale");
+  a.family_args = mla;
+  moe::MoEArgs m;
+  m.num_experts = 4;
+  m.score_before_experts = false;
+  if (c.at("routing") == "sigmoid") {  // 671B's kind: sigmoid, group-limited, normalized, scaled
+    m.num_shared_experts = 1;
+    m.top_k = 2;
+    m.score_func = "sigmoid";
+    m.route_norm = true;
+    m.route_scale = 2.5;
+    m.num_expert_groups = 2;
+    m.num_limited_groups = 1;
+  } else {  // the debug flavors': softmax, two shared experts
+    m.num_shared_experts = 2;
+    m.top_k = 3;
+    m.score_func = "softmax";
+    m.route_norm = false;
+  }
+  a.moe = m;
+  return a;
+}
+
+}  // namespace
+
+TEST_CASE("DeepSeek-V3 (latent attention, q direct or low-rank, YaRN, dense then MoE blocks) equals torchtitan 0.2.2's "
+          "DeepSeekV3Model",
+          "[model][deepseek_v3]") {
+  const char* src = std::getenv("TITAN_SOURCE_DIR");
+  REQUIRE(src != nullptr);  // ctest sets it
+  std::ifstream in(std::filesystem::path(src) / "tests/fixtures/torchtitan/v0.2.2/deepseek_v3_model.json");
+  REQUIRE(in.good());
+  const nlohmann::json fixture = nlohmann::json::parse(in);
+  const nlohmann::json& shapes = fixture.at("shapes");
+  for (const nlohmann::json& c : fixture.at("cases")) {
+    INFO("case " << c.at("case").get<std::string>());
+    const ModelArgs a = fixture_args(shapes, c);
+    CHECK(std::abs(a.family_args_as<DeepSeekV3Args>().softmax_scale(a.max_seq_len) - c.at("softmax_scale").get<double>()) <=
+          1e-15);
+    Transformer model(a);
+    model.materialize(c10::kCPU, at::kFloat);
+    std::map<std::string, at::Tensor*> params;
+    model.visit_params([&](const std::string& fqn, at::Tensor& p) { params[fqn] = &p; });
+    const std::vector<std::string> names = c.at("parameters");
+    REQUIRE(std::set<std::string>(names.begin(), names.end()).size() == params.size());
+    for (size_t k = 0; k < names.size(); ++k) {
+      INFO(names[k]);
+      REQUIRE(params.count(names[k]) == 1);
+      at::Tensor& p = *params.at(names[k]);
+      const bool norm = names[k].size() >= 11 && names[k].compare(names[k].size() - 11, 11, "norm.weight") == 0;
+      const int seed = static_cast<int>(k) + 1;
+      p = (norm ? values(p.sizes().vec(), seed, 0.1, true)
+                : values(p.sizes().vec(), seed, names[k] == "tok_embeddings.weight" ? 1.0 : 0.2))
+              .requires_grad_(true);
+    }
+    CHECK(count_params(a).total == static_cast<int64_t>([&] {
+            int64_t n = 0;
+            for (const auto& [fqn, p] : params) n += p->numel();
+            return n;
+          }()));
+    model.materialize_buffers(c10::kCPU);
+    for (TransformerBlock* block : model.blocks())
+      if (block->moe) block->moe->expert_bias = values({4}, 500 + static_cast<int>(block->layer_id), 0.2);
+    const int64_t B = fixture.at("batch"), S = fixture.at("seq");
+    std::vector<int64_t> ids;
+    for (int64_t i = 0; i < B * S; ++i) ids.push_back((7 * i + 3) % a.vocab_size);
+    const at::Tensor tokens = at::tensor(ids).view({B, S});
+    const at::Tensor logits = model.forward(tokens, model.rope_table());
+    torch::autograd::backward({logits}, {values(logits.sizes().vec(), 99, 1.0)});
+    const at::Tensor want = at::tensor(c.at("logits").get<std::vector<float>>());
+    const double scale = want.abs().max().item<double>();
+    const double logit_error = (logits.flatten() - want).abs().max().item<double>();
+    INFO("max logit difference " << logit_error << " of max " << scale);
+    CHECK(logit_error <= 1e-5 * scale);
+    // The same routing decisions in every MoE block (the first block is dense).
+    const std::vector<std::vector<float>> counts = c.at("tokens_per_expert");
+    size_t moe_block = 0;
+    for (TransformerBlock* block : model.blocks()) {
+      CHECK((block->moe != nullptr) == (block->layer_id >= shapes.at("n_dense_layers").get<int64_t>()));
+      if (block->moe) CHECK(at::equal(block->moe->tokens_per_expert, at::tensor(counts.at(moe_block++))));
+    }
+    CHECK(moe_block == counts.size());
+    const nlohmann::json& grads = c.at("grads");
+    for (size_t k = 0; k < names.size(); ++k) {
+      INFO(names[k]);
+      const at::Tensor g = params.at(names[k])->grad();
+      REQUIRE(g.defined());
+      const std::vector<double> w = grads.at(names[k]);
+      const at::Tensor v = values(g.sizes().vec(), 1000 + static_cast<int>(k) + 1, 1.0).to(at::kDouble);
+      const double norm = g.to(at::kDouble).norm().item<double>();
+      const double projection = (g.to(at::kDouble) * v).sum().item<double>();
+      CHECK(std::abs(norm - w[0]) <= 1e-5 * w[0]);
+      CHECK(std::abs(projection - w[1]) <= 1e-5 * w[0] * v.norm().item<double>());
+    }
+  }
+}
+
+TEST_CASE("DeepSeek-V3 flavors: torchtitan's shapes, dense-then-MoE blocks, parameter counts", "[model][deepseek_v3]") {
+  const ModelArgs big = model_flavor("deepseek_v3", "671B");
+  const DeepSeekV3Args& mla = big.family_args_as<DeepSeekV3Args>();
+  CHECK((big.dim == 7168 && big.n_layers == 61 && big.n_heads == 128 && big.vocab_size == 129280 &&
+         big.ffn_hidden_dim() == 18432 && big.moe_hidden_dim == 2048));
+  CHECK((mla.n_dense_layers == 3 && mla.q_lora_rank == 1536 && mla.kv_lora_rank == 512 && mla.qk_head_dim() == 192 &&
+         mla.v_head_dim == 128));
+  CHECK((big.moe->num_experts == 256 && big.moe->top_k == 8 && big.moe->score_func == "sigmoid" &&
+         *big.moe->num_expert_groups == 8 && *big.moe->num_limited_groups == 4 && big.moe->route_scale == 2.5));
+  const ParamCount count = count_params(big);
+  // DeepSeek-V3's published size: 671B parameters (its 14B multi-token-prediction module
+  // aside), 37B activated per token.
+  CHECK(std::abs(static_cast<double>(count.total) / 1e9 - 671.0) < 1.0);
+  CHECK(std::abs(static_cast<double>(count.active) / 1e9 - 37.5) < 1.0);
+  CHECK(count.per_block.size() == 61);
+  CHECK(count.per_block[2] < count.per_block[3]);  // dense block 2, MoE block 3
+  for (const char* f : {"debugmodel", "debugmodel_flex_attn", "16B", "236B", "671B", "debugmodel_small"})
+    CHECK_NOTHROW(model_flavor("deepseek_v3", f));
+  CHECK(model_flavor("deepseek_v3", "debugmodel_flex_attn").block_causal);
+  CHECK_THROWS_WITH(model_flavor("deepseek_v3", "7B"), Catch::Contains("not a deepseek_v3 flavor") &&
+                                                           Catch::Contains("debugmodel_small"));
+}
