@@ -419,6 +419,20 @@ TEST_CASE("Qwen3-MoE at EP 2 resumes bitwise (expert_bias included) and reshards
               1e-5);
 }
 
+TEST_CASE("DeepSeek-V3 at PP 2 x EP 2 resumes bitwise and reshards into 1 process", "[checkpoint][dist][slow][moe]") {
+  // The dense first block and the MoE blocks on two pipeline stages, each stage's experts split
+  // over 2 EP ranks: the same checkpoint format (each rank its region of every tensor, rank 0 the
+  // load-balancing biases), so the resume in the same layout is bitwise and one process
+  // continues from the same state in another reduction order (the layout tolerance).
+  const std::vector<std::string> ds3 = {"--model.name", "deepseek_v3", "--model.flavor", "debugmodel_small"};
+  std::vector<std::string> layout = ds3;
+  for (const char* a : {"--parallelism.pipeline_parallel_degree", "2", "--parallelism.expert_parallel_degree", "2"})
+    layout.push_back(a);
+  const Source& src = source("ds3_pp2_ep2", 4, layout);
+  resume_from(src, "ds3_pp2_ep2_resumed", 4, layout, 0);
+  resume_from(src, "ds3_pp2_ep2_to_1", 1, ds3, 1e-5);
+}
+
 TEST_CASE("Qwen3 with a tied embedding at PP 2 resumes bitwise and reshards into 1 process and PP 2 x FSDP 2",
           "[checkpoint][dist][slow][pipeline]") {
   // The first stage's rank writes the tied embedding; the last stage's copy loads it from there.

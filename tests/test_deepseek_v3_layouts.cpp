@@ -1,0 +1,60 @@
+// DeepSeek-V3 (titan's small flavor: a dense block, then 3 MoE blocks of 8 experts, top 2 of a
+// group-limited sigmoid router; latent attention with q through its rank) in every layout, as
+// real titan-train ranks under titan-run: every rank's losses and grad norms against one
+// process over 10 steps (tests/layout_check.h's tolerances: the same float32 math in another
+// reduction order), and each MoE layer's expert load every step equal.
+//
+// Why the load is compared exactly: per-expert token counts are integers summed exactly; a
+// layout that routed one token differently would show a different count.
+#include <catch2/catch.hpp>
+
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "tests/layout_check.h"
+
+namespace layout = titan::testing::layout;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kDeepSeek = "--model.name deepseek_v3 --model.flavor debugmodel_small";
+
+std::vector<std::vector<double>> expert_loads(const fs::path& metrics) {
+  std::vector<std::vector<double>> loads;
+  for (const auto& j : titan::testing::read_metrics_lines(metrics))
+    if (j.contains("expert_load")) loads.push_back(j.at("expert_load").get<std::vector<double>>());
+  return loads;
+}
+
+}  // namespace
+
+TEST_CASE("DeepSeek-V3 under FSDP 2, TP 2, EP 2, EP 2 x TP 2, PP 2 (1F1B, ZBV), CP 2 and FSDP 2 + per-op AC equals "
+          "one process",
+          "[moe][dist][deepseek_v3]") {
+  const std::vector<std::tuple<std::string, int, std::string>> layouts = {
+      {"ds3_fsdp2", 2, ""},
+      {"ds3_tp2", 2, "--parallelism.tensor_parallel_degree 2"},  // MLA's plan: wq_b, wkv_b by head
+      {"ds3_ep2", 2, "--parallelism.expert_parallel_degree 2"},
+      {"ds3_ep2_tp2", 4, "--parallelism.expert_parallel_degree 2 --parallelism.tensor_parallel_degree 2"},
+      {"ds3_pp2", 2, "--parallelism.pipeline_parallel_degree 2 --parallelism.pipeline_parallel_schedule 1F1B"},
+      {"ds3_pp2_zbv", 2,
+       "--parallelism.pipeline_parallel_degree 2 --parallelism.pipeline_parallel_schedule ZBVZeroBubble"},
+      {"ds3_cp2", 2, "--parallelism.context_parallel_degree 2"},
+      {"ds3_fsdp2_op_ac", 2, "--activation_checkpoint.mode selective --activation_checkpoint.selective_ac_option op"},
+  };
+  const layout::Reference& ref = layout::reference_run(8, kDeepSeek);
+  const auto want = expert_loads(ref.dump / "metrics.jsonl");
+  REQUIRE(want.size() == 10);
+  for (const auto& [name, nproc, overrides] : layouts) {
+    layout::check_layout(name, nproc, overrides, 8, kDeepSeek);
+    const auto got = expert_loads(layout::root() / name / "metrics_rank0.jsonl");
+    REQUIRE(got.size() == want.size());
+    for (size_t s = 0; s < got.size(); ++s) {
+      INFO(name << " step " << s + 1);
+      REQUIRE(got[s].size() <= want[s].size());
+      for (size_t l = 0; l < got[s].size(); ++l) CHECK(got[s][l] == want[s][l]);
+    }
+  }
+}
