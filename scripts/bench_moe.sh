@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # Mixture-of-experts training on the CPU: titan in one process and under expert parallelism 2 (two
-# ranks on this machine, Gloo on 127.0.0.1) against torchtitan 0.2.2's own Qwen3-MoE model in
-# PyTorch eager (scripts/bench/torchtitan_qwen3_moe.py), same shapes, same batch, same threads.
+# ranks on this machine, Gloo on 127.0.0.1) against torchtitan 0.2.2's own Qwen3-MoE and
+# DeepSeek-V3 models in PyTorch eager (scripts/bench/torchtitan_qwen3_moe.py,
+# scripts/bench/torchtitan_deepseek_v3.py), same shapes, same batch, same threads.
 #   scripts/bench_moe.sh [threads]
 # Cases: torchtitan's debugmodel_moe (8 layers, 64 experts, top 8; 315M parameters, ~52M active)
-# and titan's moe_100M_active (14 layers, 8 experts, top 2; 364M parameters, ~103M active).
+# and titan's moe_100M_active (14 layers, 8 experts, top 2; 364M parameters, ~103M active);
+# DeepSeek-V3's titan debugmodel_small (latent attention, a dense block then 3 MoE blocks of 8
+# experts, top 2 of a group-limited sigmoid router; 1.1M parameters) and torchtitan's debugmodel.
+#   CASES_FILTER=regex   run only the cases whose name matches
 # Columns: whole-job tokens/s over the timed steps (after WARMUP steps), seconds per step, peak
 # resident set per process (EP 2: the larger rank's), the share of the step blocked in collectives
 # (comm_exposed_s) and the share in the expert-parallel all-to-alls (titan's metrics.jsonl
@@ -39,18 +43,21 @@ else
 fi
 if [[ " $ENGINES " == *" torchtitan"* ]]; then source "$ROOT/scripts/bench/install_torchtitan.sh"; fi
 
-# name flavor batch seq_len
-CASES=("debugmodel_moe debugmodel_moe 4 128" "100M-active moe_100M_active 2 256")
+# name family flavor batch seq_len
+ALL_CASES=("debugmodel_moe qwen3 debugmodel_moe 4 128" "100M-active qwen3 moe_100M_active 2 256"
+           "ds3_debugmodel_small deepseek_v3 debugmodel_small 8 128" "ds3_debugmodel deepseek_v3 debugmodel 4 128")
+CASES=()
+for c in "${ALL_CASES[@]}"; do [[ "${c%% *}" =~ ${CASES_FILTER:-.} ]] && CASES+=("$c"); done
 
 for c in "${CASES[@]}"; do
-  read -r name flavor batch seq <<<"$c"
+  read -r name family flavor batch seq <<<"$c"
   for engine in $ENGINES; do
     res="$OUT/$name.$engine.json"
     echo "[bench] $name $engine" >&2
     case "$engine" in
       titan | titan_ep2)
         dump="$OUT/$name.$engine"
-        flags=(--model.name qwen3 --model.flavor "$flavor" --training.seq_len "$seq" --training.global_batch_size "$batch"
+        flags=(--model.name "$family" --model.flavor "$flavor" --training.seq_len "$seq" --training.global_batch_size "$batch"
                --training.steps $((STEPS + WARMUP)) --metrics.log_freq 1 --metrics.peak_flops 1e12
                --job.dump_folder "$dump")
         if [[ "$engine" == titan ]]; then
@@ -81,7 +88,9 @@ PY
         ;;
       torchtitan | torchtitan_grouped)
         experts=loop; [[ "$engine" == torchtitan_grouped ]] && experts=grouped
-        OMP_NUM_THREADS=$THREADS "$PY" "$ROOT/scripts/bench/torchtitan_qwen3_moe.py" --flavor "$flavor" \
+        peer="$ROOT/scripts/bench/torchtitan_qwen3_moe.py"
+        [[ "$family" == deepseek_v3 ]] && peer="$ROOT/scripts/bench/torchtitan_deepseek_v3.py"
+        OMP_NUM_THREADS=$THREADS "$PY" "$peer" --flavor "$flavor" \
           --batch "$batch" --seq-len "$seq" --steps "$STEPS" --warmup "$WARMUP" --threads "$THREADS" \
           --experts "$experts" 2>"$OUT/$name.$engine.err" >"$res" || { tail -5 "$OUT/$name.$engine.err" >&2; exit 1; }
         ;;

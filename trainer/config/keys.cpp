@@ -136,10 +136,11 @@ std::vector<SectionSpec> build_table() {
       }),
       section("model", &J::model, "Which model to build and how to tokenize.", {
           key("name", &ModelSection::name,
-              "Model family: llama3 (Llama 3), qwen3 (Qwen3's dense flavors; one process for now).")
+              "Model family, one of those titan trains (each declared in its own folder, model/<name>/; "
+              "the registry: model/families.cpp).")
               .one_of(model::model_names()),
           key("flavor", &ModelSection::flavor,
-              "Model size, a flavor of model.name (debugmodel is CPU-sized in both); llama3's "
+              "Model size, a flavor of model.name (debugmodel is CPU-sized in every family); llama3's "
               "debugmodel_flex_attn, debugmodel_varlen_attn, 8B_flex and 8B_varlen are their base "
               "flavor with block-causal attention (model.attn_mask_type).")
               .one_of(all_flavor_names()),
