@@ -62,11 +62,14 @@ Times time_flash(const Shape& s, at::ScalarType dtype, int iters) {
 Times time_titan(const Shape& s, int iters, titan::model::kernels::AttentionProducts products) {
   const at::Tensor q = operand(s, s.heads, at::kBFloat16), g = operand(s, s.heads, at::kBFloat16);
   const at::Tensor k = operand(s, s.kv_heads, at::kBFloat16), v = operand(s, s.kv_heads, at::kBFloat16);
-  auto [out, lse] = titan::model::cpu_attention_forward(q, k, v, true, products);
-  return {titan::bench::time_ms([&] { titan::model::cpu_attention_forward(q, k, v, true, products); }, iters, false),
+  auto [out, lse] = titan::model::cpu_attention_forward(q, k, v, true, std::nullopt, products);
+  return {titan::bench::time_ms([&] { titan::model::cpu_attention_forward(q, k, v, true, std::nullopt, products); },
+                                iters, false),
           titan::bench::time_ms(
-              [&] { titan::model::cpu_attention_backward(g, q, k, v, out, lse, true, at::kBFloat16, products); }, iters,
-              false)};
+              [&] {
+                titan::model::cpu_attention_backward(g, q, k, v, out, lse, true, at::kBFloat16, std::nullopt, products);
+              },
+              iters, false)};
 }
 
 }  // namespace
@@ -79,7 +82,7 @@ int main(int argc, char** argv) {
   app.add_option("--iters", iters, "timed calls per figure")->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
   if (threads > 0) at::set_num_threads(threads);
-  if (!titan::model::cpu_attention_kernel_applies(at::randn({1}).to(at::kBFloat16), 1)) {
+  if (!titan::model::cpu_attention_kernel_applies(at::kBFloat16, 1, 1, 1)) {
     std::fprintf(stderr,
                  "titan-bench-attention: titan's CPU attention kernel is off here (no AVX2/FMA, or "
                  "TITAN_FUSED_OPS=0)\n");
@@ -102,7 +105,7 @@ int main(int argc, char** argv) {
     const Times dot = dots ? time_titan(s, iters, AttentionProducts::kBf16Dot) : Times{0, 0};
     const Times bf16 = time_flash(s, at::kBFloat16, iters), fp32 = time_flash(s, at::kFloat, iters);
     const bool dot_default =
-        titan::model::kernels::default_attention_products(s.head_dim) == AttentionProducts::kBf16Dot;
+        titan::model::kernels::default_attention_products(s.head_dim, s.head_dim) == AttentionProducts::kBf16Dot;
     const Times& mine = dot_default ? dot : fma;  // what the model runs at this head_dim
     char dot_cell[64] = "-";
     if (dots) std::snprintf(dot_cell, sizeof dot_cell, "%.3f / %.3f", dot.forward_ms, dot.backward_ms);

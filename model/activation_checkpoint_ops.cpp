@@ -10,6 +10,7 @@
 
 #include <exception>
 
+#include "model/attention_blocks.h"
 #include "model/kernels/attention.h"
 
 namespace titan::model {
@@ -121,47 +122,65 @@ using torch::autograd::variable_list;
 // (See Note [Replay needs no autograd history]): the backward needs q, k, v, out and the
 // logsumexp, all of which are saved here, and never the forward's history. `titan_kernel`
 // (attention_op decides it once): titan's bf16 kernel (model/kernels/attention.h; grouped-query
-// k/v as they are), else the two ATen flash kernels at::scaled_dot_product_attention's autograd
-// uses on the CPU (k/v repeated to every query head by attention_op).
+// k/v and unequal head sizes as they are), else the two ATen flash kernels
+// at::scaled_dot_product_attention's autograd uses on the CPU (k/v repeated to every query head by
+// attention_op; a v of another head size padded, Note [Equal head sizes for LibTorch's flash
+// kernels] in model/attention_blocks.h). What is kept and saved is the unpadded out
+// [B, H, S, v_hd].
 struct CpuFlashAttention : public torch::autograd::Function<CpuFlashAttention> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                               bool titan_kernel) {
-    // out [B, H, S, hd], logsumexp [B, H, S] float32: kept or recomputed together.
+                               bool titan_kernel, std::optional<double> scale) {
+    // out [B, H, S, v_hd], logsumexp [B, H, S] float32: kept or recomputed together.
     auto r = checkpointable_op_multi("sdpa", [&] {
-      auto [out, lse] = titan_kernel
-                            ? cpu_attention_forward(q, k, v, /*causal=*/true)
-                            : at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, /*is_causal=*/true);
-      return std::vector<at::Tensor>{out, lse};
+      if (titan_kernel) {
+        auto [out, lse] = cpu_attention_forward(q, k, v, /*causal=*/true, scale);
+        return std::vector<at::Tensor>{out, lse};
+      }
+      const EqualHeadOperands e = equal_head_operands(q, k, v, scale);
+      auto [out, lse] =
+          at::_scaled_dot_product_flash_attention_for_cpu(e.q, e.k, e.v, 0.0, /*is_causal=*/true, {}, e.scale);
+      return std::vector<at::Tensor>{out.narrow(-1, 0, e.v_head_dim), lse};
     });
     ctx->save_for_backward({q, k, v, r[0], r[1]});
     ctx->saved_data["titan_kernel"] = titan_kernel;
+    ctx->saved_data["scale"] = scale;
     return {r[0]};
   }
 
   // The gradient goes to LibTorch's backward as it comes (See Note [Attention gradient as it comes]).
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto s = ctx->get_saved_variables();
-    auto g = ctx->saved_data["titan_kernel"].toBool()
-                 ? cpu_attention_backward(grads[0], s[0], s[1], s[2], s[3], s[4], /*causal=*/true, s[0].scalar_type())
-                 : at::_scaled_dot_product_flash_attention_for_cpu_backward(grads[0], s[0], s[1], s[2], s[3], s[4],
-                                                                            0.0, /*is_causal=*/true);
-    return {std::get<0>(g), std::get<1>(g), std::get<2>(g), at::Tensor()};
+    const std::optional<double> scale = ctx->saved_data["scale"].toOptional<double>();
+    if (ctx->saved_data["titan_kernel"].toBool()) {
+      auto g = cpu_attention_backward(grads[0], s[0], s[1], s[2], s[3], s[4], /*causal=*/true, s[0].scalar_type(),
+                                      scale);
+      return {std::get<0>(g), std::get<1>(g), std::get<2>(g), at::Tensor(), at::Tensor()};
+    }
+    const EqualHeadOperands e = equal_head_operands(s[0], s[1], s[2], scale);
+    auto g = at::_scaled_dot_product_flash_attention_for_cpu_backward(
+        pad_head_dim(grads[0], e.head_dim), e.q, e.k, e.v, pad_head_dim(s[3], e.head_dim), s[4], 0.0,
+        /*is_causal=*/true, {}, e.scale);
+    if (e.qk_head_dim == e.v_head_dim)
+      return {std::get<0>(g), std::get<1>(g), std::get<2>(g), at::Tensor(), at::Tensor()};
+    return {std::get<0>(g).narrow(-1, 0, e.qk_head_dim), std::get<1>(g).narrow(-1, 0, e.qk_head_dim),
+            std::get<2>(g).narrow(-1, 0, e.v_head_dim), at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
 
-at::Tensor attention_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+at::Tensor attention_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, std::optional<double> scale) {
   const auto dt = q.scalar_type();
   const bool cpu_flash = q.device().is_cpu() &&
                          (dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf);
   if (!cpu_flash) {
     // TODO(ac): CUDA/float64 take the generic kernel, which selective AC recomputes (its
-    // autograd node cannot be rebuilt from a kept output without a per-backend Function).
+    // autograd node cannot be rebuilt from a kept output without a per-backend Function). It
+    // takes a v of another head size and the scale itself.
     return at::scaled_dot_product_attention(q, k, v, std::nullopt, 0.0, /*is_causal=*/true,
-                                            std::nullopt, /*enable_gqa=*/q.size(1) != k.size(1));
+                                            scale, /*enable_gqa=*/q.size(1) != k.size(1));
   }
-  const bool titan_kernel = cpu_attention_kernel_applies(q, k.size(2));
+  const bool titan_kernel = cpu_attention_kernel_applies(q, v);
   at::Tensor kk = k, vv = v;
   // GQA for LibTorch's kernel: repeat each kv head, as SDPA's math path does (titan's takes them as they are)
   if (q.size(1) != k.size(1) && !titan_kernel) {
@@ -169,7 +188,7 @@ at::Tensor attention_op(const at::Tensor& q, const at::Tensor& k, const at::Tens
     kk = k.repeat_interleave(rep, 1);
     vv = v.repeat_interleave(rep, 1);
   }
-  return CpuFlashAttention::apply(q, kk, vv, titan_kernel)[0];
+  return CpuFlashAttention::apply(q, kk, vv, titan_kernel, scale)[0];
 }
 
 }  // namespace titan::model

@@ -24,6 +24,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -108,7 +109,10 @@ std::vector<at::Tensor> checkpointable_op_multi(const char* name,
 bool op_checkpoint_active();
 
 // Scaled dot-product attention through the op layer (kept as "sdpa").
-// q [B, H, S, hd], k/v [B, KV, S, hd] -> [B, H, S, hd]; causal, no dropout.
-at::Tensor attention_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
+// q [B, H, S, qk_hd], k [B, KV, S, qk_hd], v [B, KV, S, v_hd] -> [B, H, S, v_hd]; causal, no
+// dropout; `scale` of q . k, unset 1 / sqrt(qk_hd) (See Note [Attention head sizes and scale] in
+// model/kernels/attention.h).
+at::Tensor attention_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                        std::optional<double> scale = std::nullopt);
 
 }  // namespace titan::model

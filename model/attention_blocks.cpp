@@ -5,6 +5,7 @@
 #include <ATen/ops/_flash_attention_forward.h>
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu.h>
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_backward.h>
+#include <ATen/ops/constant_pad_nd.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/exp.h>
 #include <ATen/ops/logaddexp.h>
@@ -16,6 +17,7 @@
 #include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -30,15 +32,18 @@ bool cpu_flash(const at::Tensor& q) {
   return q.device().is_cpu() && (dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf);
 }
 
-// Note [Attention blocks on CUDA]: in bfloat16 / float16 with head_dim a multiple of 8 up to
+// Note [Attention blocks on CUDA]: in bfloat16 / float16 with head sizes a multiple of 8 up to
 // 256, LibTorch's flash-attention kernels (`_flash_attention_forward/_backward`, dense: no
 // cumulative lengths), which return the float32 log-sum-exp [B, H, Sq] and whose backward takes
 // any (out, lse), so the merged ones of the ring: O(block) memory instead of the explicit
 // softmax's O(Sq x Sk). Operands in [B, S, heads, hd]; grouped-query heads natively; dropout 0,
-// so the backward's RNG state is zeros (as the document-masked varlen path calls them).
-bool cuda_flash(const at::Tensor& q) {
+// so the backward's RNG state is zeros (as the document-masked varlen path calls them); a v of
+// another head size padded to q's (Note [Equal head sizes for LibTorch's flash kernels]).
+bool cuda_flash(const at::Tensor& q, const at::Tensor& v) {
   const auto dt = q.scalar_type();
-  return q.is_cuda() && (dt == at::kBFloat16 || dt == at::kHalf) && q.size(3) % 8 == 0 && q.size(3) <= 256;
+  const int64_t hd = std::max(q.size(3), v.size(3));
+  return q.is_cuda() && (dt == at::kBFloat16 || dt == at::kHalf) && q.size(3) % 8 == 0 && v.size(3) % 8 == 0 &&
+         hd <= 256;
 }
 
 at::Tensor heads_second_to_third(const at::Tensor& t) { return t.transpose(1, 2).contiguous(); }  // [B, S, H, hd]
@@ -56,7 +61,9 @@ at::Tensor sum_kv_groups(const at::Tensor& grad, int64_t kv_heads) {
 }
 
 void check_shapes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal) {
-  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.sizes() == k.sizes(), "attention block: q [B, H, Sq, hd], k/v [B, KV, Sk, hd] expected, got ",
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && v.sizes().slice(0, 3) == k.sizes().slice(0, 3) &&
+                  q.size(3) == k.size(3),
+              "attention block: q [B, H, Sq, qk_hd], k [B, KV, Sk, qk_hd], v [B, KV, Sk, v_hd] expected, got ",
               q.sizes(), ", ", k.sizes(), ", ", v.sizes());
   TORCH_CHECK(q.size(1) % k.size(1) == 0, "attention block: ", q.size(1), " query heads are not a multiple of ",
               k.size(1), " kv heads");
@@ -67,8 +74,7 @@ void check_shapes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
 at::ScalarType opmath(const at::Tensor& q) { return q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat; }
 
 // Scores [B, H, Sq, Sk] in opmath, masked above the diagonal when causal.
-at::Tensor scores(const at::Tensor& q, const at::Tensor& k_rep, bool causal) {
-  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
+at::Tensor scores(const at::Tensor& q, const at::Tensor& k_rep, bool causal, double scale) {
   at::Tensor s = at::matmul(q.to(opmath(q)), k_rep.to(opmath(q)).transpose(-1, -2)).mul_(scale);
   if (causal) {
     const at::Tensor above = at::triu(at::ones({s.size(2), s.size(3)}, s.options().dtype(at::kBool)), 1);
@@ -77,12 +83,35 @@ at::Tensor scores(const at::Tensor& q, const at::Tensor& k_rep, bool causal) {
   return s;
 }
 
+// The gradients from LibTorch's padded kernels back to the unpadded head sizes (See Note [Equal
+// head sizes for LibTorch's flash kernels]).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> unpad_grads(const EqualHeadOperands& e, const at::Tensor& dq,
+                                                           const at::Tensor& dk, const at::Tensor& dv) {
+  if (e.qk_head_dim == e.v_head_dim) return {dq, dk, dv};
+  return {dq.narrow(-1, 0, e.qk_head_dim), dk.narrow(-1, 0, e.qk_head_dim), dv.narrow(-1, 0, e.v_head_dim)};
+}
+
 }  // namespace
 
+at::Tensor pad_head_dim(const at::Tensor& t, int64_t head_dim) {
+  const int64_t missing = head_dim - t.size(-1);
+  TORCH_CHECK(missing >= 0, "pad_head_dim: ", t.sizes(), " is wider than ", head_dim);
+  return missing == 0 ? t : at::constant_pad_nd(t, {0, missing}, 0.0);
+}
+
+EqualHeadOperands equal_head_operands(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                      std::optional<double> scale) {
+  const int64_t qk_hd = q.size(-1), v_hd = v.size(-1), hd = std::max(qk_hd, v_hd);
+  if (qk_hd == v_hd) return {q, k, v, scale, qk_hd, v_hd, hd};
+  // Wider q/k padded: the kernel's own default would be 1/sqrt of the padded size.
+  const std::optional<double> resolved = hd > qk_hd ? std::optional<double>(attention_softmax_scale(qk_hd, scale)) : scale;
+  return {pad_head_dim(q, hd), pad_head_dim(k, hd), pad_head_dim(v, hd), resolved, qk_hd, v_hd, hd};
+}
+
 AttentionBlockResult attention_block_forward_math(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                                  bool causal) {
+                                                  bool causal, std::optional<double> scale) {
   check_shapes(q, k, v, causal);
-  const at::Tensor s = scores(q, repeat_kv(k, q.size(1)), causal);
+  const at::Tensor s = scores(q, repeat_kv(k, q.size(1)), causal, attention_softmax_scale(q.size(3), scale));
   const at::Tensor lse = at::logsumexp(s, {-1});
   const at::Tensor p = at::exp(s - lse.unsqueeze(-1));
   const at::Tensor out = at::matmul(p, repeat_kv(v, q.size(1)).to(opmath(q)));
@@ -91,12 +120,12 @@ AttentionBlockResult attention_block_forward_math(const at::Tensor& q, const at:
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_block_backward_math(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-    const at::Tensor& out, const at::Tensor& lse, bool causal) {
+    const at::Tensor& out, const at::Tensor& lse, bool causal, std::optional<double> scale_in) {
   check_shapes(q, k, v, causal);
   const auto om = opmath(q);
-  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
+  const double scale = attention_softmax_scale(q.size(3), scale_in);
   const at::Tensor k_rep = repeat_kv(k, q.size(1)).to(om), v_rep = repeat_kv(v, q.size(1)).to(om);
-  const at::Tensor p = at::exp(scores(q, k_rep, causal) - lse.to(om).unsqueeze(-1));  // [B, H, Sq, Sk]
+  const at::Tensor p = at::exp(scores(q, k_rep, causal, scale) - lse.to(om).unsqueeze(-1));  // [B, H, Sq, Sk]
   const at::Tensor dout = grad_out.to(om);
   const at::Tensor dp = at::matmul(dout, v_rep.transpose(-1, -2));
   const at::Tensor d = (dout * out.to(om)).sum(-1, /*keepdim=*/true);  // rowsum(dout * out)
@@ -109,53 +138,60 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_block_backward_math(
 }
 
 AttentionBlockResult attention_block_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                             bool causal) {
-  if (cuda_flash(q)) {  // See Note [Attention blocks on CUDA]
+                                             bool causal, std::optional<double> scale) {
+  if (cuda_flash(q, v)) {  // See Note [Attention blocks on CUDA]
     check_shapes(q, k, v, causal);
-    auto r = at::_flash_attention_forward(heads_second_to_third(q), heads_second_to_third(k), heads_second_to_third(v),
-                                          std::nullopt, std::nullopt, q.size(2), k.size(2), 0.0, causal,
-                                          /*return_debug_mask=*/false);
-    return {std::get<0>(r).transpose(1, 2), std::get<1>(r).to(at::kFloat).contiguous()};
+    const EqualHeadOperands e = equal_head_operands(q, k, v, scale);
+    auto r = at::_flash_attention_forward(heads_second_to_third(e.q), heads_second_to_third(e.k),
+                                          heads_second_to_third(e.v), std::nullopt, std::nullopt, q.size(2), k.size(2),
+                                          0.0, causal, /*return_debug_mask=*/false, e.scale);
+    return {std::get<0>(r).transpose(1, 2).narrow(-1, 0, e.v_head_dim), std::get<1>(r).to(at::kFloat).contiguous()};
   }
-  if (!cpu_flash(q)) return attention_block_forward_math(q, k, v, causal);
+  if (!cpu_flash(q)) return attention_block_forward_math(q, k, v, causal, scale);
   check_shapes(q, k, v, causal);
-  if (cpu_attention_kernel_applies(q, k.size(2))) {  // bf16: titan's kernel, grouped-query heads as they are
-    auto [out, lse] = cpu_attention_forward(q, k, v, causal);
+  if (cpu_attention_kernel_applies(q, v)) {  // bf16: titan's kernel, grouped-query heads and head sizes as they are
+    auto [out, lse] = cpu_attention_forward(q, k, v, causal, scale);
     return {out, lse};
   }
-  auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(q, repeat_kv(k, q.size(1)),
-                                                                    repeat_kv(v, q.size(1)), 0.0, causal);
-  return {out, lse.contiguous()};
+  const EqualHeadOperands e = equal_head_operands(q, repeat_kv(k, q.size(1)), repeat_kv(v, q.size(1)), scale);
+  auto [out, lse] =
+      at::_scaled_dot_product_flash_attention_for_cpu(e.q, e.k, e.v, 0.0, causal, /*attn_mask=*/{}, e.scale);
+  return {out.narrow(-1, 0, e.v_head_dim), lse.contiguous()};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_block_backward(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-    const at::Tensor& out, const at::Tensor& lse, bool causal) {
-  if (cuda_flash(q)) {  // See Note [Attention blocks on CUDA]
+    const at::Tensor& out, const at::Tensor& lse, bool causal, std::optional<double> scale) {
+  if (cuda_flash(q, v)) {  // See Note [Attention blocks on CUDA]
     check_shapes(q, k, v, causal);
+    const EqualHeadOperands e = equal_head_operands(q, k, v, scale);
     const at::Tensor rng_state = at::zeros({2}, q.options().dtype(at::kUInt64));
     const at::Tensor unused = at::empty({0}, q.options());
     auto g = at::_flash_attention_backward(
-        heads_second_to_third(grad_out.to(q.scalar_type())), heads_second_to_third(q), heads_second_to_third(k),
-        heads_second_to_third(v), heads_second_to_third(out.to(q.scalar_type())), lse.contiguous(), at::Tensor(),
-        at::Tensor(), q.size(2), k.size(2), 0.0, causal, rng_state, unused);
+        heads_second_to_third(pad_head_dim(grad_out.to(q.scalar_type()), e.head_dim)), heads_second_to_third(e.q),
+        heads_second_to_third(e.k), heads_second_to_third(e.v),
+        heads_second_to_third(pad_head_dim(out.to(q.scalar_type()), e.head_dim)), lse.contiguous(), at::Tensor(),
+        at::Tensor(), q.size(2), k.size(2), 0.0, causal, rng_state, unused, e.scale);
     auto back = [](const at::Tensor& t) { return t.transpose(1, 2).to(at::kFloat); };
-    return {back(std::get<0>(g)), back(std::get<1>(g)), back(std::get<2>(g))};
+    return unpad_grads(e, back(std::get<0>(g)), back(std::get<1>(g)), back(std::get<2>(g)));
   }
-  if (!cpu_flash(q)) return attention_block_backward_math(grad_out, q, k, v, out, lse, causal);
+  if (!cpu_flash(q)) return attention_block_backward_math(grad_out, q, k, v, out, lse, causal, scale);
   check_shapes(q, k, v, causal);
-  if (cpu_attention_kernel_applies(q, k.size(2)))
-    return cpu_attention_backward(grad_out, q, k, v, out, lse, causal, at::kFloat);
+  if (cpu_attention_kernel_applies(q, v))
+    return cpu_attention_backward(grad_out, q, k, v, out, lse, causal, at::kFloat, scale);
   // Note [Attention gradient as it comes]: LibTorch's CPU flash backward reads grad_out as
   // [B, S, H, hd] (it transposes it and calls .contiguous() on that, as it must for its GEMMs). The
   // gradient that reaches attention is already that layout seen as [B, H, S, hd] (the transpose
   // before the output projection), so it is passed as it comes: a .contiguous() here made it
   // [B, H, S, hd]-dense only for the kernel to copy it back (two copies of the gradient per layer).
   // The kernel then reads the same values at the same strides either way: the same bits.
+  const EqualHeadOperands e = equal_head_operands(q, repeat_kv(k, q.size(1)), repeat_kv(v, q.size(1)), scale);
   auto [dq, dk, dv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
-      grad_out, q, repeat_kv(k, q.size(1)), repeat_kv(v, q.size(1)), out, lse, 0.0, causal);
+      pad_head_dim(grad_out, e.head_dim), e.q, e.k, e.v, pad_head_dim(out, e.head_dim), lse, 0.0, causal,
+      /*attn_mask=*/{}, e.scale);
   const int64_t kv_heads = k.size(1);
-  return {dq.to(at::kFloat), sum_kv_groups(dk.to(at::kFloat), kv_heads), sum_kv_groups(dv.to(at::kFloat), kv_heads)};
+  auto [dq_u, dk_u, dv_u] = unpad_grads(e, dq, dk, dv);
+  return {dq_u.to(at::kFloat), sum_kv_groups(dk_u.to(at::kFloat), kv_heads), sum_kv_groups(dv_u.to(at::kFloat), kv_heads)};
 }
 
 void merge_attention_block(at::Tensor& acc_out, at::Tensor& acc_lse, const AttentionBlockResult& block) {

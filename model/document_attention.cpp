@@ -15,6 +15,7 @@
 #include <algorithm>
 
 #include "model/activation_checkpoint_ops.h"
+#include "model/attention_blocks.h"
 
 namespace titan::model {
 namespace {
@@ -28,40 +29,49 @@ using torch::autograd::variable_list;
 // within each document; LibTorch's flash-attention kernels with cumulative sequence lengths, as
 // torch.nn.attention.varlen.varlen_attn calls them (grouped-query heads natively, dropout 0, so
 // the backward's RNG state is zeros). Forward kept or recomputed as per-op AC's "sdpa" with its
-// log-sum-exp, like the CPU kernel.
+// log-sum-exp, like the CPU kernel. A v of another head size than q's and k's goes in padded to
+// theirs and its output comes back sliced (Note [Equal head sizes for LibTorch's flash kernels]
+// in model/attention_blocks.h): what is kept and saved is the unpadded out [T, H, v_hd].
 struct VarlenFlashAttention : public torch::autograd::Function<VarlenFlashAttention> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                               const at::Tensor& cu_seqlens, int64_t max_len) {
+                               const at::Tensor& cu_seqlens, int64_t max_len, std::optional<double> scale) {
     auto r = checkpointable_op_multi("sdpa", [&] {
-      auto result = at::_flash_attention_forward(q, k, v, cu_seqlens, cu_seqlens, max_len, max_len, 0.0,
-                                                 /*is_causal=*/true, /*return_debug_mask=*/false);
-      return std::vector<at::Tensor>{std::get<0>(result), std::get<1>(result)};  // out [T, H, hd], lse
+      const EqualHeadOperands e = equal_head_operands(q, k, v, scale);
+      auto result = at::_flash_attention_forward(e.q, e.k, e.v, cu_seqlens, cu_seqlens, max_len, max_len, 0.0,
+                                                 /*is_causal=*/true, /*return_debug_mask=*/false, e.scale);
+      // out [T, H, v_hd], lse
+      return std::vector<at::Tensor>{std::get<0>(result).narrow(-1, 0, e.v_head_dim), std::get<1>(result)};
     });
     ctx->save_for_backward({q, k, v, cu_seqlens, r[0], r[1]});
     ctx->saved_data["max_len"] = max_len;
+    ctx->saved_data["scale"] = scale;
     return {r[0]};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto s = ctx->get_saved_variables();
     const int64_t max_len = ctx->saved_data.at("max_len").toInt();
+    const EqualHeadOperands e = equal_head_operands(s[0], s[1], s[2], ctx->saved_data.at("scale").toOptional<double>());
     const at::Tensor rng_state = at::zeros({2}, s[0].options().dtype(at::kUInt64));
     const at::Tensor unused = at::empty({0}, s[0].options());
-    auto g = at::_flash_attention_backward(grads[0].contiguous(), s[0], s[1], s[2], s[4], s[5], s[3], s[3], max_len,
-                                           max_len, 0.0, /*is_causal=*/true, rng_state, unused);
-    return {std::get<0>(g), std::get<1>(g), std::get<2>(g), at::Tensor(), at::Tensor()};
+    auto g = at::_flash_attention_backward(pad_head_dim(grads[0].contiguous(), e.head_dim), e.q, e.k, e.v,
+                                           pad_head_dim(s[4], e.head_dim), s[5], s[3], s[3], max_len, max_len, 0.0,
+                                           /*is_causal=*/true, rng_state, unused, e.scale);
+    return {std::get<0>(g).narrow(-1, 0, e.qk_head_dim), std::get<1>(g).narrow(-1, 0, e.qk_head_dim),
+            std::get<2>(g).narrow(-1, 0, e.v_head_dim), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 // Whether the varlen kernel takes these operands (See Note [Variable-length flash attention]).
-bool varlen_flash_applies(const at::Tensor& q) {
+bool varlen_flash_applies(const at::Tensor& q, const at::Tensor& v) {
   const auto dt = q.scalar_type();
-  return q.is_cuda() && (dt == at::kBFloat16 || dt == at::kHalf) && q.size(3) % 8 == 0 && q.size(3) <= 256;
+  return q.is_cuda() && (dt == at::kBFloat16 || dt == at::kHalf) && q.size(3) % 8 == 0 && v.size(3) % 8 == 0 &&
+         std::max(q.size(3), v.size(3)) <= 256;
 }
 
 at::Tensor varlen_flash_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                  const std::vector<std::vector<DocumentSpan>>& rows) {
-  const int64_t B = q.size(0), H = q.size(1), S = q.size(2), hd = q.size(3);
+                                  const std::vector<std::vector<DocumentSpan>>& rows, std::optional<double> scale) {
+  const int64_t B = q.size(0), H = q.size(1), S = q.size(2), v_hd = v.size(3);
   std::vector<int32_t> offsets{0};
   int64_t max_len = 0;
   for (size_t b = 0; b < rows.size(); ++b)
@@ -70,9 +80,11 @@ at::Tensor varlen_flash_attention(const at::Tensor& q, const at::Tensor& k, cons
       max_len = std::max(max_len, d.length);
     }
   const at::Tensor cu_seqlens = at::tensor(offsets, at::kInt).to(q.device());
-  auto pack = [&](const at::Tensor& t) { return t.transpose(1, 2).contiguous().view({B * S, t.size(1), hd}); };
-  const at::Tensor out = VarlenFlashAttention::apply(pack(q), pack(k), pack(v), cu_seqlens, max_len)[0];
-  return out.view({B, S, H, hd}).transpose(1, 2);  // [B, H, S, hd]
+  auto pack = [&](const at::Tensor& t) {
+    return t.transpose(1, 2).contiguous().view({B * S, t.size(1), t.size(3)});
+  };
+  const at::Tensor out = VarlenFlashAttention::apply(pack(q), pack(k), pack(v), cu_seqlens, max_len, scale)[0];
+  return out.reshape({B, S, H, v_hd}).transpose(1, 2);  // [B, H, S, v_hd]
 }
 
 }  // namespace
@@ -118,23 +130,23 @@ double attention_work_fraction(const at::Tensor& doc_ids) {
 }
 
 at::Tensor document_causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                     const at::Tensor& doc_ids) {
+                                     const at::Tensor& doc_ids, std::optional<double> scale) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && doc_ids.dim() == 2 && doc_ids.size(0) == q.size(0) &&
-                  doc_ids.size(1) == q.size(2) && k.size(2) == q.size(2),
-              "document_causal_attention: q ", q.sizes(), ", k ", k.sizes(), ", doc_ids ", doc_ids.sizes(),
-              " (need q [B, H, S, hd], k/v [B, KV, S, hd], doc_ids [B, S])");
+                  doc_ids.size(1) == q.size(2) && k.size(2) == q.size(2) && v.size(2) == q.size(2),
+              "document_causal_attention: q ", q.sizes(), ", k ", k.sizes(), ", v ", v.sizes(), ", doc_ids ",
+              doc_ids.sizes(), " (need q [B, H, S, qk_hd], k [B, KV, S, qk_hd], v [B, KV, S, v_hd], doc_ids [B, S])");
   const std::vector<std::vector<DocumentSpan>> rows = document_spans(doc_ids);
   bool one_document_per_row = true;
   for (const auto& spans : rows) one_document_per_row = one_document_per_row && spans.size() == 1;
-  if (one_document_per_row) return attention_op(q, k, v);  // the causal attention itself
-  if (varlen_flash_applies(q)) return varlen_flash_attention(q, k, v, rows);
+  if (one_document_per_row) return attention_op(q, k, v, scale);  // the causal attention itself
+  if (varlen_flash_applies(q, v)) return varlen_flash_attention(q, k, v, rows, scale);
   std::vector<at::Tensor> outputs;
   for (size_t b = 0; b < rows.size(); ++b) {
     const int64_t row = static_cast<int64_t>(b);
     std::vector<at::Tensor> documents;
     for (const DocumentSpan& d : rows[b]) {
       auto slice = [&](const at::Tensor& t) { return t.narrow(0, row, 1).narrow(2, d.start, d.length).contiguous(); };
-      documents.push_back(attention_op(slice(q), slice(k), slice(v)));  // [1, H, len, hd]
+      documents.push_back(attention_op(slice(q), slice(k), slice(v), scale));  // [1, H, len, v_hd]
     }
     outputs.push_back(documents.size() == 1 ? documents[0] : at::cat(documents, 2));
   }

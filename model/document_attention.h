@@ -25,6 +25,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 namespace titan::model {
@@ -46,9 +47,11 @@ std::vector<std::vector<DocumentSpan>> document_spans(const at::Tensor& doc_ids)
 // attention]).
 double attention_work_fraction(const at::Tensor& doc_ids);
 
-// q [B, H, S, hd], k / v [B, KV, S, hd], doc_ids [B, S] -> [B, H, S, hd]: causal attention within
-// each document of each row (See Note [Document-masked attention]); differentiable.
+// q [B, H, S, qk_hd], k [B, KV, S, qk_hd], v [B, KV, S, v_hd], doc_ids [B, S] -> [B, H, S, v_hd]:
+// causal attention within each document of each row (See Note [Document-masked attention]);
+// differentiable. `scale` of q . k, unset 1 / sqrt(qk_hd) (See Note [Attention head sizes and
+// scale] in model/kernels/attention.h).
 at::Tensor document_causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                     const at::Tensor& doc_ids);
+                                     const at::Tensor& doc_ids, std::optional<double> scale = std::nullopt);
 
 }  // namespace titan::model

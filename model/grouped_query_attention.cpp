@@ -46,10 +46,12 @@ at::Tensor GroupedQueryAttention::forward(const at::Tensor& x_in, const RotaryTa
   v = v.transpose(1, 2);
   // Causal SDPA through the op layer, so per-op selective AC can keep its output; under context
   // parallelism, attention over the whole sequence with keys and values from the other ranks;
-  // block-causal: per document (See Note [Document-masked attention]).
-  at::Tensor out = sdpa                  ? sdpa(q, k, v, documents)
-                   : documents.defined() ? document_causal_attention(q, k, v, documents)
-                                         : attention_op(q, k, v);  // [B, H, S, hd]
+  // block-causal: per document (See Note [Document-masked attention]). The scale is SDPA's
+  // default 1/sqrt(head_dim), as torchtitan's Llama 3 and Qwen3 (whose head_dim**-0.5 is the same).
+  const std::optional<double> scale;
+  at::Tensor out = sdpa                  ? sdpa(q, k, v, documents, scale)
+                   : documents.defined() ? document_causal_attention(q, k, v, documents, scale)
+                                         : attention_op(q, k, v, scale);  // [B, H, S, hd]
   return wo.forward(out.transpose(1, 2).reshape({batch, seq, -1}));  // [B, S, D]
 }
 

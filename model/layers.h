@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -55,13 +56,15 @@ at::Tensor apply_rotary_half(const at::Tensor& x, const RotaryTable& table);
 // already cast to float8 (See Note [Linear operands as data] in model/linear.h).
 using ModuleInputHook = std::function<LinearOperand(const at::Tensor& x)>;
 
-// Causal attention of the positions this rank holds: q [B, H, S, hd], k/v [B, KV, S, hd] ->
-// [B, H, S, hd]; `documents` (defined under block-causal attention) holds the document of every
-// position of the whole rows [B, S_row], also where this rank holds a share of them. Context
-// parallelism installs one that exchanges keys and values with the other ranks of its group
-// (parallel/context_parallel/context_parallel.h); empty: attention_op over the local sequence.
+// Causal attention of the positions this rank holds: q [B, H, S, qk_hd], k [B, KV, S, qk_hd],
+// v [B, KV, S, v_hd] -> [B, H, S, v_hd]; `documents` (defined under block-causal attention) holds
+// the document of every position of the whole rows [B, S_row], also where this rank holds a share
+// of them; `scale` of q . k, unset 1 / sqrt(qk_hd) (See Note [Attention head sizes and scale] in
+// model/kernels/attention.h). Context parallelism installs one that exchanges keys and values with
+// the other ranks of its group (parallel/context_parallel/context_parallel.h); empty: attention_op
+// over the local sequence.
 using AttentionCompute = std::function<at::Tensor(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                                  const at::Tensor& documents)>;
+                                                  const at::Tensor& documents, std::optional<double> scale)>;
 
 // The dense SwiGLU feed-forward (torchtitan's FeedForward), "<prefix>.w1/w2/w3".
 struct FeedForward {

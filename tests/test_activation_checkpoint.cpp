@@ -13,6 +13,7 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include <catch2/catch.hpp>
+#include <cmath>
 
 #include "float8/convert.h"
 #include "float8/scaling.h"
@@ -379,5 +380,48 @@ TEST_CASE("MoE token counts: each training token counted once under every AC mod
       m.forward(tokens, m.rope_table());
     }
     for (size_t i = 0; i < counts.size(); ++i) CHECK(at::equal(m.blocks()[i]->moe->tokens_per_expert, counts[i]));
+  }
+}
+
+TEST_CASE("per-op AC keeps attention's output for a v head size other than q/k's and an explicit scale", "[ac]") {
+  // q/k head 48, v head 32, scale 0.7 / sqrt(48) (Note [Attention head sizes and scale] in
+  // model/kernels/attention.h): float32 through LibTorch's flash kernel (v padded, the kept output
+  // unpadded), bfloat16 through titan's kernel. The replay hands back what the record kept, and
+  // the backward from it gives the gradients of no AC bit for bit.
+  const double scale = 0.7 / std::sqrt(48.0);
+  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    INFO((dtype == at::kFloat ? "float32" : "bfloat16"));
+    at::manual_seed(5);
+    const at::Tensor q0 = at::randn({2, 4, 16, 48}).to(dtype), k0 = at::randn({2, 2, 16, 48}).to(dtype);
+    const at::Tensor v0 = at::randn({2, 2, 16, 32}).to(dtype), g = at::randn({2, 4, 16, 32}).to(dtype);
+    auto leaves = [&] {
+      return std::vector<at::Tensor>{q0.clone().requires_grad_(true), k0.clone().requires_grad_(true),
+                                     v0.clone().requires_grad_(true)};
+    };
+    const auto plain = leaves();
+    const at::Tensor want = model::attention_op(plain[0], plain[1], plain[2], scale);
+    const auto want_grads = torch::autograd::grad({want}, plain, {g});
+
+    model::OpCheckpointStore store(parallel::selective_ac_save_list());
+    {
+      at::NoGradGuard no_grad;
+      model::OpCheckpointScope record(&store, model::OpCheckpointPhase::kRecord);
+      model::attention_op(q0, k0, v0, scale);
+    }
+    REQUIRE(store.kept_ops() == std::vector<std::string>{"sdpa"});
+    const auto& kept = store.entries()[0].outputs;  // out and log-sum-exp
+    REQUIRE(kept.size() == 2);
+    CHECK(kept[0].sizes() == at::IntArrayRef({2, 4, 16, 32}));
+    CHECK(kept[1].sizes() == at::IntArrayRef({2, 4, 16}));
+    CHECK(at::equal(kept[0], want.detach()));
+    const auto replayed = leaves();
+    at::Tensor out;
+    {
+      model::OpCheckpointScope replay(&store, model::OpCheckpointPhase::kReplay);
+      out = model::attention_op(replayed[0], replayed[1], replayed[2], scale);
+    }
+    CHECK(at::equal(out, want));
+    const auto grads = torch::autograd::grad({out}, replayed, {g});
+    for (size_t i = 0; i < grads.size(); ++i) CHECK(at::equal(grads[i], want_grads[i]));
   }
 }

@@ -1,10 +1,11 @@
 // The bfloat16 CPU attention kernel (model/kernels/attention.h) against the explicit softmax in
 // float64 on the same bf16 inputs, forward and backward, causal and not, grouped-query heads,
-// strided operands; its wiring into attention_op's autograd; thread-count independence.
+// strided operands, a v head size other than q's and k's with an explicit scale (Note [Attention
+// head sizes and scale]); its wiring into attention_op's autograd; thread-count independence.
 //
 // Tolerances come from float32 rounding (u = 2^-24) and the bf16 output rounding (2^-8
 // relative), bounded by the terms themselves (absolute values of every operand, in float64):
-// - a score s = q.k / sqrt(hd) is a float32 dot of hd products: |err| <= (hd + 2) u |q|.|k| / sqrt(hd);
+// - a score s = scale q.k is a float32 dot of qk_hd products: |err| <= (qk_hd + 2) u scale |q|.|k|;
 // - p = exp(s - lse) then carries that error (exp's derivative is p itself), plus lse's own
 //   (its float32 rounding, u |lse|, and the sum of up to Sk terms in it, Sk u) and the exp
 //   polynomial's (~20 ulp, as LibTorch's flash kernel): a relative error per row
@@ -35,6 +36,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <vector>
 
 #include "model/activation_checkpoint_ops.h"
@@ -66,15 +68,16 @@ at::Tensor sum_groups(const at::Tensor& g, int64_t kv_heads) {
 // Everything of the float64 reference one case needs: the result, and the magnitudes the bounds
 // are built from.
 struct Reference {
-  at::Tensor out, lse, p;  // [B, H, Sq, hd], [B, H, Sq], [B, H, Sq, Sk]
+  at::Tensor out, lse, p;  // [B, H, Sq, v_hd], [B, H, Sq], [B, H, Sq, Sk]
   at::Tensor row_error;    // E per row [B, H, Sq, 1]
   at::Tensor k, v, q;      // float64, k/v repeated to H heads
 };
 
-Reference reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal) {
+Reference reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
+                    std::optional<double> scale_in = std::nullopt) {
   Reference r;
-  const int64_t heads = q.size(1), hd = q.size(3), sk = k.size(2);
-  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  const int64_t heads = q.size(1), qk_hd = q.size(3), sk = k.size(2);
+  const double scale = scale_in.value_or(1.0 / std::sqrt(static_cast<double>(qk_hd)));
   r.q = q.to(at::kDouble);
   r.k = repeat_heads(k, heads).to(at::kDouble);
   r.v = repeat_heads(v, heads).to(at::kDouble);
@@ -88,7 +91,7 @@ Reference reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
   r.lse = at::logsumexp(s, {-1});
   r.p = at::exp(s - r.lse.unsqueeze(-1));
   r.out = at::matmul(r.p, r.v);
-  r.row_error = (2.0 * (hd + 2) * kU) * std::get<0>(s_abs.max(-1, true)) +
+  r.row_error = (2.0 * (qk_hd + 2) * kU) * std::get<0>(s_abs.max(-1, true)) +
                 (r.lse.abs().unsqueeze(-1) + static_cast<double>(sk + 24)) * kU;
   return r;
 }
@@ -97,11 +100,14 @@ struct Case {
   int64_t batch, heads, kv_heads, q_len, kv_len, head_dim;
   bool causal;
   bool strided;  // q/k/v as transposes of [B, S, heads, hd] (what the model hands over)
+  int64_t v_head_dim = 0;        // 0: head_dim
+  std::optional<double> scale;   // unset: 1 / sqrt(head_dim)
+  int64_t v_dim() const { return v_head_dim > 0 ? v_head_dim : head_dim; }
 };
 
-at::Tensor operand(const Case& c, int64_t heads, int64_t len) {
-  if (c.strided) return at::randn({c.batch, len, heads, c.head_dim}).to(at::kBFloat16).transpose(1, 2);
-  return at::randn({c.batch, heads, len, c.head_dim}).to(at::kBFloat16);
+at::Tensor operand(const Case& c, int64_t heads, int64_t len, int64_t head_dim) {
+  if (c.strided) return at::randn({c.batch, len, heads, head_dim}).to(at::kBFloat16).transpose(1, 2);
+  return at::randn({c.batch, heads, len, head_dim}).to(at::kBFloat16);
 }
 
 using titan::model::kernels::AttentionProducts;
@@ -126,13 +132,15 @@ void check_case(const Case& c, AttentionProducts products) {
   const double p_rounding = products == AttentionProducts::kBf16Dot ? kBf16 : 0.0;  // P and dS as bf16
   INFO((products == AttentionProducts::kBf16Dot ? "bf16 dot products" : "float32 products"));
   INFO("B " << c.batch << " H " << c.heads << " KV " << c.kv_heads << " Sq " << c.q_len << " Sk " << c.kv_len << " hd "
-            << c.head_dim << (c.causal ? " causal" : "") << (c.strided ? " strided" : ""));
-  const at::Tensor q = operand(c, c.heads, c.q_len), k = operand(c, c.kv_heads, c.kv_len),
-                   v = operand(c, c.kv_heads, c.kv_len), grad_out = operand(c, c.heads, c.q_len);
-  const Reference r = reference(q, k, v, c.causal);
+            << c.head_dim << " v_hd " << c.v_dim() << (c.causal ? " causal" : "") << (c.strided ? " strided" : "")
+            << (c.scale ? " explicit scale" : ""));
+  const at::Tensor q = operand(c, c.heads, c.q_len, c.head_dim), k = operand(c, c.kv_heads, c.kv_len, c.head_dim),
+                   v = operand(c, c.kv_heads, c.kv_len, c.v_dim()), grad_out = operand(c, c.heads, c.q_len, c.v_dim());
+  const Reference r = reference(q, k, v, c.causal, c.scale);
   const int64_t group = c.heads / c.kv_heads;
 
-  auto [out, lse] = cpu_attention_forward(q, k, v, c.causal, products);
+  auto [out, lse] = cpu_attention_forward(q, k, v, c.causal, c.scale, products);
+  REQUIRE(out.sizes() == at::IntArrayRef({c.batch, c.heads, c.q_len, c.v_dim()}));
   REQUIRE(out.scalar_type() == at::kBFloat16);
   const at::Tensor p_abs_v = at::matmul(r.p, r.v.abs());
   const at::Tensor out_err = r.row_error + static_cast<double>(c.kv_len + 2) * kU;
@@ -141,7 +149,7 @@ void check_case(const Case& c, AttentionProducts products) {
 
   // The backward from the reference's lse (float32) and the kernel's own bf16 out.
   const at::Tensor o = out.to(at::kDouble), dout = grad_out.to(at::kDouble);
-  const double scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
+  const double scale = c.scale.value_or(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
   const at::Tensor dp = at::matmul(dout, r.v.transpose(-1, -2));
   const at::Tensor delta = (dout * o).sum(-1, true);
   const at::Tensor ds = r.p * (dp - delta) * scale;
@@ -151,14 +159,18 @@ void check_case(const Case& c, AttentionProducts products) {
   // |dS| bound: P (|dO| |V|^T + rowsum |dO| |O|) scale, each factor's error as above.
   const at::Tensor ds_abs =
       r.p * (at::matmul(dout.abs(), r.v.abs().transpose(-1, -2)) + (dout.abs() * o.abs()).sum(-1, true)) * scale;
-  const at::Tensor ds_err = r.row_error + static_cast<double>(c.head_dim + 4) * kU;  // relative, per row
+  // dP and rowsum(dO * O) are sums over v's head_dim
+  const at::Tensor ds_err = r.row_error + static_cast<double>(c.v_dim() + 4) * kU;  // relative, per row
   const double sum_terms = static_cast<double>(c.q_len * group + 2) * kU;
 
   for (const auto grad_dtype : {at::kFloat, at::kBFloat16}) {
     INFO((grad_dtype == at::kFloat ? "float32" : "bfloat16") << " gradients");
     auto [dq, dk, dv] =
-        cpu_attention_backward(grad_out, q, k, v, out, lse.copy_(r.lse), c.causal, grad_dtype, products);
+        cpu_attention_backward(grad_out, q, k, v, out, lse.copy_(r.lse), c.causal, grad_dtype, c.scale, products);
     REQUIRE(dq.scalar_type() == grad_dtype);
+    REQUIRE(dq.sizes() == q.sizes());
+    REQUIRE(dk.sizes() == k.sizes());
+    REQUIRE(dv.sizes() == v.sizes());
     const double rounding = grad_dtype == at::kFloat ? 0.0 : kBf16;
     check_within(dq, dq_ref,
                  rounding * dq_ref.abs() + (2.0 * (ds_err + static_cast<double>(c.kv_len + 2) * kU) + p_rounding) *
@@ -193,6 +205,11 @@ TEST_CASE("bf16 CPU attention equals the float64 softmax up to its float32 and b
     check_case({2, 3, 3, 70, 70, 64, true, true}, products);
     check_case({1, 4, 1, 33, 33, 8, true, true}, products);
     check_case({1, 2, 1, 65, 31, 40, false, true}, products);
+    // q/k head 48, v head 32 (tails of a register block on both sides), DeepSeek-V3's 192 / 128
+    // at a small size; scale 0.7 / sqrt(qk_hd), as YaRN's mscale^2 changes it
+    check_case({2, 4, 2, 37, 37, 48, true, true, 32, 0.7 / std::sqrt(48.0)}, products);
+    check_case({1, 2, 2, 20, 45, 48, false, false, 32, 0.7 / std::sqrt(48.0)}, products);
+    check_case({1, 2, 1, 24, 24, 192, true, true, 128, 0.7 / std::sqrt(192.0)}, products);
   }
 }
 
@@ -204,8 +221,8 @@ TEST_CASE("bf16 CPU attention is the same bits on 1 and 2 threads", "[attention]
   const int threads = at::get_num_threads();
   auto run = [&](int n, AttentionProducts products) {
     at::set_num_threads(n);
-    auto [out, lse] = cpu_attention_forward(q, k, v, true, products);
-    auto grads = cpu_attention_backward(g, q, k, v, out, lse, true, at::kFloat, products);
+    auto [out, lse] = cpu_attention_forward(q, k, v, true, std::nullopt, products);
+    auto grads = cpu_attention_backward(g, q, k, v, out, lse, true, at::kFloat, std::nullopt, products);
     return std::make_tuple(out, lse, std::get<0>(grads), std::get<1>(grads), std::get<2>(grads));
   };
   for (const AttentionProducts products : products_here()) {
@@ -226,10 +243,10 @@ TEST_CASE("attention_op in bf16 runs the CPU kernel through autograd, grouped-qu
   const at::Tensor k = at::randn({2, 2, 40, 16}).to(at::kBFloat16).requires_grad_(true);
   const at::Tensor v = at::randn({2, 2, 40, 16}).to(at::kBFloat16).requires_grad_(true);
   const at::Tensor g = at::randn({2, 4, 40, 16}).to(at::kBFloat16);
-  REQUIRE(cpu_attention_kernel_applies(q, 40));
+  REQUIRE(cpu_attention_kernel_applies(q, v));
   // head_dim 16: float32 FMAs, which hand longer key ranges to LibTorch's flash kernel
-  CHECK_FALSE(cpu_attention_kernel_applies(q, kCpuAttentionMaxKeys + 1));
-  CHECK_FALSE(cpu_attention_kernel_applies(q.to(at::kFloat), 40));  // float32: LibTorch's, bit for bit as before
+  CHECK_FALSE(cpu_attention_kernel_applies(at::kBFloat16, 16, 16, kCpuAttentionMaxKeys + 1));
+  CHECK_FALSE(cpu_attention_kernel_applies(q.to(at::kFloat), v));  // float32: LibTorch's, bit for bit as before
   const at::Tensor out = attention_op(q, k, v);
   auto grads = torch::autograd::grad({out}, {q, k, v}, {g});
   // The kernel called directly gives the same bits: attention_op adds nothing but autograd.
@@ -275,4 +292,138 @@ TEST_CASE("ring attention's bf16 blocks through the CPU kernel merge to the whol
   const at::Tensor ds_abs =
       r.p * (at::matmul(dout.abs(), r.v.abs().transpose(-1, -2)) + (dout.abs() * o.abs()).sum(-1, true)) / 4.0;
   check_within(dq1 + dq2, dq.to(at::kDouble), 2 * 50 * kU * at::matmul(ds_abs, r.k.abs()), "dq over blocks");
+}
+
+// ---------------------------------------------------------------- unequal head sizes, explicit scale
+
+namespace {
+
+// The float64 gradients of the reference `r` for the output gradient `dout` (float64).
+struct ReferenceGrads {
+  at::Tensor dq, dk, dv;
+};
+ReferenceGrads reference_grads(const Reference& r, const at::Tensor& dout, double scale, int64_t kv_heads) {
+  const at::Tensor dp = at::matmul(dout, r.v.transpose(-1, -2));
+  const at::Tensor ds = r.p * (dp - (dout * r.out).sum(-1, true)) * scale;
+  return {at::matmul(ds, r.k), sum_groups(at::matmul(ds.transpose(-1, -2), r.q), kv_heads),
+          sum_groups(at::matmul(r.p.transpose(-1, -2), dout), kv_heads)};
+}
+
+// Tolerances relative to the largest magnitude of the float64 result. float32 (LibTorch's flash
+// kernel, v padded to q's head size; the math form): every result is a float32 sum of at most
+// Sk x hd (here <= 520 x 192) rounded products, its error a few hundred u = 2^-24 of the largest
+// term at worst, the softmax weights summing to 1: 1e-5 holds with a wide margin and an index,
+// mask or scale gone wrong is off by O(0.1). bfloat16 over short key ranges (the blocks below, at
+// most 24 keys each): the outputs and gradients are rounded to bf16 (2^-9 relative), and P / dS
+// are rounded to bf16 before their products in LibTorch's kernel and in bf16 dot products (2^-9
+// of each of at most 24 terms): within 1e-2 of the largest magnitude (measured: up to 2e-3).
+double relative_tolerance(at::ScalarType dtype) { return dtype == at::kFloat ? 1e-5 : 1e-2; }
+
+void check_close(const at::Tensor& got, const at::Tensor& want, double relative, const char* what) {
+  const double diff = (got.to(at::kDouble) - want).abs().max().item<double>();
+  const double largest = want.abs().max().item<double>();
+  INFO(what << ": max |diff| " << diff << ", largest |value| " << largest << ", relative tolerance " << relative);
+  CHECK(diff <= relative * largest);
+}
+
+at::Tensor normal_of(at::IntArrayRef shape, at::ScalarType dtype) { return at::randn(shape).to(dtype); }
+
+}  // namespace
+
+TEST_CASE("attention_op takes a v head size other than q/k's and an explicit scale, float32 and bf16",
+          "[attention]") {
+  at::manual_seed(21);
+  struct Dims {
+    int64_t batch, heads, kv_heads, seq, qk_hd, v_hd;
+  };
+  // 48 / 32 with grouped-query heads; DeepSeek-V3's 192 / 128 small; 520 keys in bf16 with heads
+  // that take float32 FMAs hand the sequence to LibTorch's bf16 flash kernel, v padded.
+  const std::vector<Dims> shapes = {{2, 4, 2, 40, 48, 32}, {1, 2, 1, 24, 192, 128}, {1, 2, 1, 520, 48, 32}};
+  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    for (const Dims& d : shapes) {
+      if (d.seq > kCpuAttentionMaxKeys && dtype == at::kFloat) continue;  // float32 has its path at every length
+      const double scale = 0.7 / std::sqrt(static_cast<double>(d.qk_hd));
+      INFO((dtype == at::kFloat ? "float32" : "bfloat16") << ", S " << d.seq << ", qk_hd " << d.qk_hd << ", v_hd "
+                                                          << d.v_hd);
+      const at::Tensor q = normal_of({d.batch, d.heads, d.seq, d.qk_hd}, dtype).requires_grad_(true);
+      const at::Tensor k = normal_of({d.batch, d.kv_heads, d.seq, d.qk_hd}, dtype).requires_grad_(true);
+      const at::Tensor v = normal_of({d.batch, d.kv_heads, d.seq, d.v_hd}, dtype).requires_grad_(true);
+      const at::Tensor g = normal_of({d.batch, d.heads, d.seq, d.v_hd}, dtype);
+      INFO("titan's kernel: " << (cpu_attention_kernel_applies(q, v) ? "yes" : "no (LibTorch's flash, v padded)"));
+      const at::Tensor out = attention_op(q, k, v, scale);
+      REQUIRE(out.sizes() == at::IntArrayRef({d.batch, d.heads, d.seq, d.v_hd}));
+      const auto grads = torch::autograd::grad({out}, {q, k, v}, {g});
+      const Reference r = reference(q.detach(), k.detach(), v.detach(), /*causal=*/true, scale);
+      const ReferenceGrads want = reference_grads(r, g.to(at::kDouble), scale, d.kv_heads);
+      if (dtype == at::kFloat) {
+        const double tol = relative_tolerance(dtype);
+        check_close(out, r.out, tol, "out");
+        check_close(grads[0], want.dq, tol, "dq");
+        check_close(grads[1], want.dk, tol, "dk");
+        check_close(grads[2], want.dv, tol, "dv");
+        continue;
+      }
+      // bf16: over 520 keys a bound relative to the largest value has no margin left (LibTorch's
+      // kernel rounds P and dS to bf16, each of up to 520 terms off by 2^-9 of itself), so the
+      // bound is built from the terms, as check_case's: each result is rounded to bf16 (2^-9 of
+      // it), and each term of its sum is off by at most 2^-8 of its magnitude (P or dS rounded to
+      // bf16, 2^-9; dS also through rowsum(dO * O) from the bf16 output, 2^-9 of rowsum |dO| |O|);
+      // float32's roundings are 2^-16 of those. Bound: 2^-8 (|result| + 2 sum |terms|).
+      const at::Tensor dout = g.to(at::kDouble);
+      const at::Tensor ds_abs =
+          r.p * (at::matmul(dout.abs(), r.v.abs().transpose(-1, -2)) + (dout.abs() * r.out.abs()).sum(-1, true)) *
+          scale;
+      auto bound = [](const at::Tensor& result, const at::Tensor& terms) { return kBf16 * (result.abs() + 2.0 * terms); };
+      check_within(out, r.out, bound(r.out, at::matmul(r.p, r.v.abs())), "out");
+      check_within(grads[0], want.dq, bound(want.dq, at::matmul(ds_abs, r.k.abs())), "dq");
+      check_within(grads[1], want.dk,
+                   bound(want.dk, sum_groups(at::matmul(ds_abs.transpose(-1, -2), r.q.abs()), d.kv_heads)), "dk");
+      check_within(grads[2], want.dv,
+                   bound(want.dv, sum_groups(at::matmul(r.p.transpose(-1, -2), dout.abs()), d.kv_heads)), "dv");
+    }
+  }
+}
+
+TEST_CASE("attention blocks with a v head size other than q/k's and an explicit scale merge to the whole",
+          "[attention]") {
+  at::manual_seed(23);
+  // Queries 24..47 of a causal sequence of 48: the past block (keys 0..23, no mask) and the
+  // diagonal block (keys 24..47, causal), merged by their log-sum-exp; each block's backward from
+  // the merged (out, lse). The float64 reference takes the output gradient of rows 24..47 only,
+  // so its dk / dv are what the two blocks' must sum to.
+  for (const auto& [qk_hd, v_hd] : std::vector<std::pair<int64_t, int64_t>>{{48, 32}, {192, 128}}) {
+    const double scale = 0.7 / std::sqrt(static_cast<double>(qk_hd));
+    const at::Tensor q = at::randn({1, 4, 48, qk_hd}), k = at::randn({1, 2, 48, qk_hd}), v = at::randn({1, 2, 48, v_hd});
+    at::Tensor dout = at::randn({1, 4, 48, v_hd});
+    dout.narrow(2, 0, 24).zero_();
+    for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+      for (bool math : {false, true}) {
+        if (math && dtype == at::kBFloat16) continue;  // the math form is the float32 / float64 reference path
+        INFO((dtype == at::kFloat ? "float32" : "bfloat16") << (math ? " math" : " kernels") << ", qk_hd " << qk_hd
+                                                            << ", v_hd " << v_hd);
+        auto fwd = math ? attention_block_forward_math : attention_block_forward;
+        auto bwd = math ? attention_block_backward_math : attention_block_backward;
+        const at::Tensor qd = q.to(dtype), kd = k.to(dtype), vd = v.to(dtype), gd = dout.to(dtype);
+        const Reference r = reference(qd, kd, vd, /*causal=*/true, scale);
+        const ReferenceGrads want = reference_grads(r, gd.to(at::kDouble), scale, 2);
+        const at::Tensor q2 = qd.narrow(2, 24, 24), g2 = gd.narrow(2, 24, 24);
+        const at::Tensor k_past = kd.narrow(2, 0, 24), v_past = vd.narrow(2, 0, 24);
+        const at::Tensor k_diag = kd.narrow(2, 24, 24), v_diag = vd.narrow(2, 24, 24);
+        at::Tensor out = at::zeros({1, 4, 24, v_hd}), lse = at::full({1, 4, 24}, -INFINITY);
+        merge_attention_block(out, lse, fwd(q2, k_past, v_past, false, scale));
+        merge_attention_block(out, lse, fwd(q2, k_diag, v_diag, true, scale));
+        const double tol = relative_tolerance(dtype);
+        check_close(out, r.out.narrow(2, 24, 24), tol, "merged out");
+        check_close(lse, r.lse.narrow(2, 24, 24), 1e-5, "merged lse");  // float32 in both dtypes
+        const at::Tensor o2 = out.to(dtype);
+        auto [dq_past, dk_past, dv_past] = bwd(g2, q2, k_past, v_past, o2, lse, false, scale);
+        auto [dq_diag, dk_diag, dv_diag] = bwd(g2, q2, k_diag, v_diag, o2, lse, true, scale);
+        REQUIRE(dk_past.sizes() == k_past.sizes());
+        REQUIRE(dv_past.sizes() == v_past.sizes());
+        check_close(dq_past + dq_diag, want.dq.narrow(2, 24, 24), tol, "dq");
+        check_close(at::cat({dk_past, dk_diag}, 2), want.dk, tol, "dk");
+        check_close(at::cat({dv_past, dv_diag}, 2), want.dv, tol, "dv");
+      }
+    }
+  }
 }

@@ -59,7 +59,7 @@ struct Unsplit {
 // [B, S], block-causal through a dense boolean mask (same document, key not after the query): an
 // independent form of what the ring evaluates by tiles.
 Unsplit unsplit_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& dout,
-                          const at::Tensor& documents = {}) {
+                          const at::Tensor& documents = {}, std::optional<double> scale = std::nullopt) {
   at::Tensor q1 = q.clone().requires_grad_(true), k1 = k.clone().requires_grad_(true), v1 = v.clone().requires_grad_(true);
   std::optional<at::Tensor> mask;
   if (documents.defined()) {
@@ -67,7 +67,7 @@ Unsplit unsplit_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
     const at::Tensor causal = at::ones({S, S}, at::kBool).tril();
     mask = (documents.unsqueeze(2) == documents.unsqueeze(1)).logical_and(causal).unsqueeze(1);  // [B, 1, S, S]
   }
-  at::Tensor out = at::scaled_dot_product_attention(q1, k1, v1, mask, 0.0, !documents.defined(), std::nullopt,
+  at::Tensor out = at::scaled_dot_product_attention(q1, k1, v1, mask, 0.0, !documents.defined(), scale,
                                                     /*enable_gqa=*/q.size(1) != k.size(1));
   torch::autograd::backward({out}, {dout});
   return {out.detach(), q1.grad(), k1.grad(), v1.grad()};
@@ -83,8 +83,15 @@ TEST_CASE("attention blocks merged by their log-sum-exp equal one attention, for
   const Unsplit want = unsplit_attention(q, k, v, dout);
   for (bool math : {false, true}) {
     INFO((math ? "math" : "cpu flash") << " kernels");
-    auto fwd = math ? tmod::attention_block_forward_math : tmod::attention_block_forward;
-    auto bwd = math ? tmod::attention_block_backward_math : tmod::attention_block_backward;
+    // The default scale, 1 / sqrt(hd) (its explicit form and a v of another head size: below)
+    auto fwd = [math](const at::Tensor& a, const at::Tensor& b, const at::Tensor& c, bool causal) {
+      return math ? tmod::attention_block_forward_math(a, b, c, causal) : tmod::attention_block_forward(a, b, c, causal);
+    };
+    auto bwd = [math](const at::Tensor& g, const at::Tensor& a, const at::Tensor& b, const at::Tensor& c,
+                      const at::Tensor& o, const at::Tensor& l, bool causal) {
+      return math ? tmod::attention_block_backward_math(g, a, b, c, o, l, causal)
+                  : tmod::attention_block_backward(g, a, b, c, o, l, causal);
+    };
     const auto whole = fwd(q, k, v, true);
     CHECK(max_abs_diff(whole.out, want.out) < kAbsTol);
     // Rows 8-15: the past block (keys 0-7, no mask) merged with the diagonal block (keys 8-15).
@@ -140,6 +147,73 @@ at::Tensor documents_of(const std::vector<std::vector<int64_t>>& lengths) {
   return at::stack(rows);
 }
 
+namespace {
+
+// One attention layer split over `n` ranks (threads with Gloo on 127.0.0.1) under `method`,
+// checked on every rank against its share of `want` (the unsplit attention of q, k, v, dout),
+// through per-op AC's record and replay. `label` names the group.
+void check_split_attention(int n, tp::context_parallel::CpRotateMethod method, const at::Tensor& q,
+                           const at::Tensor& k, const at::Tensor& v, const at::Tensor& dout, const at::Tensor& docs,
+                           std::optional<double> scale, const Unsplit& want, const std::string& label) {
+  const auto errors = titan::testing::run_ranks_on_threads(
+      n, std::chrono::seconds(60), [&](int rank, const c10::intrusive_ptr<c10d::Store>& store) {
+        tp::comm::CommOptions options;
+        options.timeout = std::chrono::seconds(60);
+        tp::comm::Comm comm(store, rank, n, label, options);
+        tp::context_parallel::RingTags tags;
+        auto attend = [&](const at::Tensor& a, const at::Tensor& b, const at::Tensor& c) {
+          if (method == tp::context_parallel::CpRotateMethod::kUlysses)
+            return tp::context_parallel::head_parallel_attention(a, b, c, docs, comm, scale);
+          const auto exchange = method == tp::context_parallel::CpRotateMethod::kAllGather
+                                    ? tp::context_parallel::KvExchange::kAllGather
+                                    : tp::context_parallel::KvExchange::kRing;
+          return tp::context_parallel::ring_attention(a, b, c, docs, comm, exchange, tags, scale);
+        };
+        auto share = [&](const at::Tensor& x) { return tp::context_parallel::cp_shard(x, 2, n, rank); };
+        auto expect_close = [&](const at::Tensor& got, const at::Tensor& full, const char* what) {
+          const double d = max_abs_diff(got, share(full));
+          if (!(d < kAbsTol)) {
+            std::ostringstream os;
+            os << what << " differs from the unsplit attention's by " << d;
+            throw std::runtime_error(os.str());
+          }
+        };
+        // Per-op AC's record (no grad) then replay: the replay must exchange nothing and
+        // return the recorded output; its backward then runs the exchange of the backward.
+        tmod::OpCheckpointStore store_ops(tp::selective_ac_save_list());
+        at::Tensor recorded;
+        {
+          at::NoGradGuard no_grad;
+          tmod::OpCheckpointScope record(&store_ops, tmod::OpCheckpointPhase::kRecord);
+          recorded = attend(share(q), share(k), share(v));
+        }
+        const uint64_t collectives = comm.sequence_number(), transfers = comm.p2p_sequence_number();
+        at::Tensor ql = share(q).requires_grad_(true), kl = share(k).requires_grad_(true),
+                   vl = share(v).requires_grad_(true);
+        at::Tensor out;
+        {
+          tmod::OpCheckpointScope replay(&store_ops, tmod::OpCheckpointPhase::kReplay);
+          out = attend(ql, kl, vl);
+        }
+        if (comm.sequence_number() != collectives || comm.p2p_sequence_number() != transfers)
+          throw std::runtime_error("the per-op AC replay communicated");
+        if (!out.equal(recorded)) throw std::runtime_error("the replay's output is not the recorded one");
+        torch::autograd::backward({out}, {share(dout)});
+        expect_close(out, want.out, "output");
+        expect_close(ql.grad(), want.dq, "dq");
+        expect_close(kl.grad(), want.dk, "dk");
+        expect_close(vl.grad(), want.dv, "dv");
+      });
+  for (size_t r = 0; r < errors.size(); ++r)
+    if (!errors[r].empty()) FAIL_CHECK("rank " << r << ": " << errors[r]);
+}
+
+constexpr tp::context_parallel::CpRotateMethod kRotateMethods[] = {tp::context_parallel::CpRotateMethod::kAllGather,
+                                                                   tp::context_parallel::CpRotateMethod::kAllToAll,
+                                                                   tp::context_parallel::CpRotateMethod::kUlysses};
+
+}  // namespace
+
 TEST_CASE("ring and head-parallel attention over 2 and 4 ranks equal the unsplit attention", "[parallel][cp]") {
   // Batch 2, 8 query heads, 4 kv heads (GQA), 32 positions, head dim 8.
   const at::Tensor q = normal({2, 8, 32, 8}, 11), k = normal({2, 4, 32, 8}, 12), v = normal({2, 4, 32, 8}, 13);
@@ -149,66 +223,39 @@ TEST_CASE("ring and head-parallel attention over 2 and 4 ranks equal the unsplit
   // chunks and ring blocks that share no document; row 1's boundary is a chunk boundary.
   const at::Tensor documents = documents_of({{3, 9, 1, 14, 5}, {16, 16}});
   for (bool block_causal : {false, true}) {
-  const at::Tensor docs = block_causal ? documents : at::Tensor();
-  const Unsplit want = unsplit_attention(q, k, v, dout, docs);
-  for (int n : {2, 4}) {
-    for (tp::context_parallel::CpRotateMethod method : {tp::context_parallel::CpRotateMethod::kAllGather, tp::context_parallel::CpRotateMethod::kAllToAll,
-                                      tp::context_parallel::CpRotateMethod::kUlysses}) {
-      INFO("cp " << n << ", " << tp::context_parallel::cp_rotate_method_name(method)
-                 << (block_causal ? ", block-causal" : ", causal"));
-      const auto errors = titan::testing::run_ranks_on_threads(
-          n, std::chrono::seconds(60), [&](int rank, const c10::intrusive_ptr<c10d::Store>& store) {
-            tp::comm::CommOptions options;
-            options.timeout = std::chrono::seconds(60);
-            tp::comm::Comm comm(store, rank, n, "cp_" + std::to_string(n) + "_" + tp::context_parallel::cp_rotate_method_name(method) +
-                                            (block_causal ? "_docs" : ""), options);
-            tp::context_parallel::RingTags tags;
-            auto attend = [&](const at::Tensor& a, const at::Tensor& b, const at::Tensor& c) {
-              if (method == tp::context_parallel::CpRotateMethod::kUlysses)
-                return tp::context_parallel::head_parallel_attention(a, b, c, docs, comm);
-              const auto exchange = method == tp::context_parallel::CpRotateMethod::kAllGather ? tp::context_parallel::KvExchange::kAllGather
-                                                                              : tp::context_parallel::KvExchange::kRing;
-              return tp::context_parallel::ring_attention(a, b, c, docs, comm, exchange, tags);
-            };
-            auto share = [&](const at::Tensor& x) { return tp::context_parallel::cp_shard(x, 2, n, rank); };
-            auto expect_close = [&](const at::Tensor& got, const at::Tensor& full, const char* what) {
-              const double d = max_abs_diff(got, share(full));
-              if (!(d < kAbsTol)) {
-                std::ostringstream os;
-                os << what << " differs from the unsplit attention's by " << d;
-                throw std::runtime_error(os.str());
-              }
-            };
-            // Per-op AC's record (no grad) then replay: the replay must exchange nothing and
-            // return the recorded output; its backward then runs the exchange of the backward.
-            tmod::OpCheckpointStore store_ops(tp::selective_ac_save_list());
-            at::Tensor recorded;
-            {
-              at::NoGradGuard no_grad;
-              tmod::OpCheckpointScope record(&store_ops, tmod::OpCheckpointPhase::kRecord);
-              recorded = attend(share(q), share(k), share(v));
-            }
-            const uint64_t collectives = comm.sequence_number(), transfers = comm.p2p_sequence_number();
-            at::Tensor ql = share(q).requires_grad_(true), kl = share(k).requires_grad_(true),
-                       vl = share(v).requires_grad_(true);
-            at::Tensor out;
-            {
-              tmod::OpCheckpointScope replay(&store_ops, tmod::OpCheckpointPhase::kReplay);
-              out = attend(ql, kl, vl);
-            }
-            if (comm.sequence_number() != collectives || comm.p2p_sequence_number() != transfers)
-              throw std::runtime_error("the per-op AC replay communicated");
-            if (!out.equal(recorded)) throw std::runtime_error("the replay's output is not the recorded one");
-            torch::autograd::backward({out}, {share(dout)});
-            expect_close(out, want.out, "output");
-            expect_close(ql.grad(), want.dq, "dq");
-            expect_close(kl.grad(), want.dk, "dk");
-            expect_close(vl.grad(), want.dv, "dv");
-          });
-      for (size_t r = 0; r < errors.size(); ++r)
-        if (!errors[r].empty()) FAIL_CHECK("rank " << r << ": " << errors[r]);
+    const at::Tensor docs = block_causal ? documents : at::Tensor();
+    const Unsplit want = unsplit_attention(q, k, v, dout, docs);
+    for (int n : {2, 4}) {
+      for (const tp::context_parallel::CpRotateMethod method : kRotateMethods) {
+        const std::string name = tp::context_parallel::cp_rotate_method_name(method);
+        INFO("cp " << n << ", " << name << (block_causal ? ", block-causal" : ", causal"));
+        check_split_attention(n, method, q, k, v, dout, docs, std::nullopt, want,
+                              "cp_" + std::to_string(n) + "_" + name + (block_causal ? "_docs" : ""));
+      }
     }
   }
+}
+
+TEST_CASE("ring and head-parallel attention take a v head size other than q/k's and an explicit scale",
+          "[parallel][cp]") {
+  // q/k head 48, v head 32, scale 0.7 / sqrt(48) (DeepSeek-V3's attention: Note [Attention head
+  // sizes and scale] in model/kernels/attention.h), cp 2, causal and block-causal; the unsplit
+  // reference is LibTorch's SDPA with the same scale. The tolerance of the file comment holds as it
+  // is: the values stay O(1), the blocks as many and as long, the sums over 48 products each.
+  const at::Tensor q = normal({2, 4, 32, 48}, 21), k = normal({2, 2, 32, 48}, 22), v = normal({2, 2, 32, 32}, 23);
+  const at::Tensor dout = normal({2, 4, 32, 32}, 24);
+  const double scale = 0.7 / std::sqrt(48.0);
+  const at::Tensor documents = documents_of({{3, 9, 1, 14, 5}, {16, 16}});
+  for (bool block_causal : {false, true}) {
+    const at::Tensor docs = block_causal ? documents : at::Tensor();
+    const Unsplit want = unsplit_attention(q, k, v, dout, docs, scale);
+    REQUIRE(want.out.size(3) == 32);
+    for (const tp::context_parallel::CpRotateMethod method : kRotateMethods) {
+      const std::string name = tp::context_parallel::cp_rotate_method_name(method);
+      INFO("cp 2, " << name << (block_causal ? ", block-causal" : ", causal"));
+      check_split_attention(2, method, q, k, v, dout, docs, scale, want,
+                            "cp_2_vhd_" + name + (block_causal ? "_docs" : ""));
+    }
   }
 }
 

@@ -20,6 +20,7 @@
 
 #include <catch2/catch.hpp>
 #include <limits>
+#include <optional>
 #include <vector>
 
 #include "model/activation_checkpoint_ops.h"
@@ -43,11 +44,13 @@ std::vector<int64_t> as_vector(const at::Tensor& t) {
   return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
 }
 
-// float64 reference: softmax over keys j <= i with doc[j] == doc[i].
-at::Tensor dense_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& doc) {
+// float64 reference: softmax over keys j <= i with doc[j] == doc[i]; `scale` unset: 1 / sqrt(hd).
+at::Tensor dense_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& doc,
+                           std::optional<double> scale = std::nullopt) {
   const at::Tensor qd = q.to(at::kDouble), kd = k.to(at::kDouble), vd = v.to(at::kDouble);
   const int64_t S = q.size(2);
-  at::Tensor scores = qd.matmul(kd.transpose(-2, -1)) / std::sqrt(static_cast<double>(q.size(3)));  // [B, H, S, S]
+  at::Tensor scores =
+      qd.matmul(kd.transpose(-2, -1)) * scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(3))));  // [B, H, S, S]
   const at::Tensor pos = at::arange(S, at::kLong);
   const at::Tensor causal = pos.unsqueeze(1).ge(pos.unsqueeze(0));                  // [S, S]
   const at::Tensor same = doc.unsqueeze(2).eq(doc.unsqueeze(1));                    // [B, S, S]
@@ -180,10 +183,11 @@ TEST_CASE("CUDA: attention blocks through the flash kernels equal the explicit-s
   const at::Tensor q2 = q.narrow(2, 128, 128);
   auto run = [&](auto to, auto fwd, auto bwd) {
     at::Tensor out = at::zeros({2, 4, 128, 64}).to(to(q2).device()), lse = at::full({2, 4, 128}, -INFINITY).to(out.device());
-    merge_attention_block(out, lse, fwd(to(q2), to(k.narrow(2, 0, 128)), to(v.narrow(2, 0, 128)), false));
-    merge_attention_block(out, lse, fwd(to(q2), to(k.narrow(2, 128, 128)), to(v.narrow(2, 128, 128)), true));
-    auto past = bwd(to(dout), to(q2), to(k.narrow(2, 0, 128)), to(v.narrow(2, 0, 128)), out, lse, false);
-    auto diag = bwd(to(dout), to(q2), to(k.narrow(2, 128, 128)), to(v.narrow(2, 128, 128)), out, lse, true);
+    const std::optional<double> scale;  // the default, 1 / sqrt(hd)
+    merge_attention_block(out, lse, fwd(to(q2), to(k.narrow(2, 0, 128)), to(v.narrow(2, 0, 128)), false, scale));
+    merge_attention_block(out, lse, fwd(to(q2), to(k.narrow(2, 128, 128)), to(v.narrow(2, 128, 128)), true, scale));
+    auto past = bwd(to(dout), to(q2), to(k.narrow(2, 0, 128)), to(v.narrow(2, 0, 128)), out, lse, false, scale);
+    auto diag = bwd(to(dout), to(q2), to(k.narrow(2, 128, 128)), to(v.narrow(2, 128, 128)), out, lse, true, scale);
     return std::vector<at::Tensor>{out, lse, std::get<0>(past) + std::get<0>(diag), std::get<1>(past),
                                    std::get<2>(past), std::get<1>(diag), std::get<2>(diag)};
   };
@@ -193,5 +197,127 @@ TEST_CASE("CUDA: attention blocks through the flash kernels equal the explicit-s
   for (size_t i = 0; i < got.size(); ++i) {
     INFO(names[i]);
     CHECK(within(got[i], want[i]));
+  }
+}
+
+TEST_CASE("document-masked attention takes a v head size other than q/k's and an explicit scale",
+          "[model][documents]") {
+  // q/k head 48, v head 32, scale 0.7 / sqrt(48) (Note [Attention head sizes and scale] in
+  // model/kernels/attention.h). Exact: each packed document is the document alone, bit for bit.
+  // Against the dense masked softmax in float64 (its gradients by autograd): float32 sums of at
+  // most 24 keys x 48 products, a few dozen u = 2^-24 of the largest magnitude at worst, within
+  // 1e-5 of it; bf16 rounds the output and gradients (2^-9 relative) and, in LibTorch's kernel or
+  // bf16 dot products, P and dS before their products (2^-8 of each term): within 1e-2 of it.
+  at::manual_seed(8);
+  const int64_t B = 2, H = 4, KV = 2, S = 24, qk_hd = 48, v_hd = 32;
+  const double scale = 0.7 / std::sqrt(48.0);
+  std::vector<int64_t> row0(S, 1), row1(S, 1);
+  row0[6] = row0[7] = row0[17] = kEos;  // documents of 7, 1, 10 and 6 tokens
+  row1[11] = kEos;                      // 12 and 12
+  const at::Tensor doc = document_ids(tokens_of({row0, row1}), kEos);
+  const auto spans = document_spans(doc);
+  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    INFO((dtype == at::kFloat ? "float32" : "bfloat16"));
+    at::Tensor q = at::randn({B, H, S, qk_hd}).to(dtype).requires_grad_(true);
+    at::Tensor k = at::randn({B, KV, S, qk_hd}).to(dtype).requires_grad_(true);
+    at::Tensor v = at::randn({B, KV, S, v_hd}).to(dtype).requires_grad_(true);
+    const at::Tensor g = at::randn({B, H, S, v_hd}).to(dtype);
+    const at::Tensor out = document_causal_attention(q, k, v, doc, scale);
+    REQUIRE(out.sizes() == at::IntArrayRef({B, H, S, v_hd}));
+    torch::autograd::backward({out}, {g});
+    for (int64_t b = 0; b < B; ++b)
+      for (const DocumentSpan& d : spans[static_cast<size_t>(b)]) {
+        INFO("row " << b << ", document at " << d.start << " of length " << d.length);
+        auto part = [&](const at::Tensor& t) { return t.narrow(0, b, 1).narrow(2, d.start, d.length); };
+        at::Tensor qa = part(q).detach().contiguous().requires_grad_(true);
+        at::Tensor ka = part(k).detach().contiguous().requires_grad_(true);
+        at::Tensor va = part(v).detach().contiguous().requires_grad_(true);
+        const at::Tensor alone = attention_op(qa, ka, va, scale);
+        torch::autograd::backward({alone}, {part(g).contiguous()});
+        CHECK(at::equal(part(out), alone));
+        CHECK(at::equal(part(q.grad()), qa.grad()));
+        CHECK(at::equal(part(k.grad()), ka.grad()));
+        CHECK(at::equal(part(v.grad()), va.grad()));
+      }
+    at::Tensor q64 = q.detach().to(at::kDouble).requires_grad_(true);
+    at::Tensor k64 = k.detach().to(at::kDouble).requires_grad_(true);
+    at::Tensor v64 = v.detach().to(at::kDouble).requires_grad_(true);
+    const at::Tensor want = dense_reference(q64, k64.repeat_interleave(H / KV, 1), v64.repeat_interleave(H / KV, 1), doc, scale);
+    torch::autograd::backward({want}, {g.to(at::kDouble)});
+    const double relative = dtype == at::kFloat ? 1e-5 : 1e-2;
+    auto check_close = [&](const at::Tensor& got, const at::Tensor& expected, const char* what) {
+      const double error = at::abs(got.detach().to(at::kDouble) - expected.detach()).max().item<double>();
+      const double largest = at::abs(expected.detach()).max().item<double>();
+      INFO(what << ": max |error| vs float64 " << error << ", largest " << largest);
+      CHECK(error <= relative * largest);
+    };
+    check_close(out, want, "out");
+    check_close(q.grad(), q64.grad(), "dq");
+    check_close(k.grad(), k64.grad(), "dk");
+    check_close(v.grad(), v64.grad(), "dv");
+  }
+}
+
+TEST_CASE("CUDA: the flash kernels take a v head size other than q/k's (padded) and an explicit scale",
+          "[model][documents][cp][cuda]") {
+  // q/k head 48, v head 32, scale 0.7 / sqrt(48): LibTorch's flash kernels take one head size, so
+  // v goes in zero-padded to 48 and the output comes back sliced (Note [Equal head sizes for
+  // LibTorch's flash kernels] in model/attention_blocks.h). The bounds and their reasons are
+  // those of the two CUDA cases above: the varlen documents against the CPU per-document form in
+  // float32 on the same bf16 values (2u max|v| for the output, 4u of the largest gradient), the
+  // blocks against their explicit-softmax form (2^-5 of the largest value).
+  at::manual_seed(12);
+  const int64_t B = 2, H = 4, KV = 2, S = 128, qk_hd = 48, v_hd = 32;
+  const double scale = 0.7 / std::sqrt(48.0), u = 1.0 / 256;
+  std::vector<int64_t> row0(S, 1), row1(S, 1);
+  for (int64_t at_eos : {40, 41, 100}) row0[static_cast<size_t>(at_eos)] = kEos;
+  row1[63] = kEos;
+  const at::Tensor doc = document_ids(tokens_of({row0, row1}), kEos);
+  const auto cuda = at::TensorOptions().device(c10::kCUDA).dtype(at::kBFloat16);
+  const at::Tensor q0 = at::randn({B, H, S, qk_hd}).to(at::kBFloat16), k0 = at::randn({B, KV, S, qk_hd}).to(at::kBFloat16);
+  const at::Tensor v0 = at::randn({B, KV, S, v_hd}).to(at::kBFloat16), g0 = at::randn({B, H, S, v_hd}).to(at::kBFloat16);
+  auto largest = [](const at::Tensor& t) { return at::abs(t.cpu().to(at::kFloat)).max().item<double>(); };
+  auto error = [](const at::Tensor& got, const at::Tensor& want) {
+    return at::abs(got.cpu().to(at::kFloat) - want.cpu().to(at::kFloat)).max().item<double>();
+  };
+  {
+    INFO("variable-length documents");
+    at::Tensor qg = q0.to(cuda).requires_grad_(true), kg = k0.to(cuda).requires_grad_(true),
+               vg = v0.to(cuda).requires_grad_(true);
+    const at::Tensor out_gpu = document_causal_attention(qg, kg, vg, doc.to(c10::kCUDA), scale);
+    REQUIRE(out_gpu.size(3) == v_hd);
+    torch::autograd::backward({out_gpu}, {g0.to(cuda)});
+    at::Tensor qc = q0.to(at::kFloat).requires_grad_(true), kc = k0.to(at::kFloat).requires_grad_(true),
+               vc = v0.to(at::kFloat).requires_grad_(true);
+    const at::Tensor out_cpu = document_causal_attention(qc, kc, vc, doc, scale);
+    torch::autograd::backward({out_cpu}, {g0.to(at::kFloat)});
+    CHECK(error(out_gpu, out_cpu) <= 2 * u * largest(vc));
+    CHECK(error(qg.grad(), qc.grad()) <= 4 * u * largest(qc.grad()));
+    CHECK(error(kg.grad(), kc.grad()) <= 4 * u * largest(kc.grad()));
+    CHECK(error(vg.grad(), vc.grad()) <= 4 * u * largest(vc.grad()));
+  }
+  {
+    INFO("attention blocks");
+    const at::Tensor q2 = q0.narrow(2, 64, 64), dout = g0.narrow(2, 64, 64);
+    auto run = [&](const at::TensorOptions& to, bool flash) {
+      auto fwd = flash ? attention_block_forward : attention_block_forward_math;
+      auto bwd = flash ? attention_block_backward : attention_block_backward_math;
+      auto on = [&](const at::Tensor& t) { return t.to(to); };
+      at::Tensor out = at::zeros({B, H, 64, v_hd}, to.dtype(at::kFloat)), lse = at::full({B, H, 64}, -INFINITY, out.options());
+      merge_attention_block(out, lse, fwd(on(q2), on(k0.narrow(2, 0, 64)), on(v0.narrow(2, 0, 64)), false, scale));
+      merge_attention_block(out, lse, fwd(on(q2), on(k0.narrow(2, 64, 64)), on(v0.narrow(2, 64, 64)), true, scale));
+      auto past = bwd(on(dout), on(q2), on(k0.narrow(2, 0, 64)), on(v0.narrow(2, 0, 64)), out, lse, false, scale);
+      auto diag = bwd(on(dout), on(q2), on(k0.narrow(2, 64, 64)), on(v0.narrow(2, 64, 64)), out, lse, true, scale);
+      return std::vector<at::Tensor>{out, lse, std::get<0>(past) + std::get<0>(diag), std::get<1>(past),
+                                     std::get<2>(past), std::get<1>(diag), std::get<2>(diag)};
+    };
+    const auto got = run(cuda, true);
+    const auto want = run(at::TensorOptions().dtype(at::kFloat), false);
+    const char* names[] = {"out", "lse", "dq", "dk past", "dv past", "dk diagonal", "dv diagonal"};
+    for (size_t i = 0; i < got.size(); ++i) {
+      INFO(names[i]);
+      CHECK(got[i].sizes() == want[i].sizes());
+      CHECK(error(got[i], want[i]) <= largest(want[i]) / 32);
+    }
   }
 }

@@ -17,6 +17,16 @@
 // (tests/test_attention_kernel.cpp). Float32 attention keeps LibTorch's kernel (a float32 run's
 // losses stay bit for bit what they were); TITAN_FUSED_OPS=0 turns this kernel off with the
 // other fused CPU ops.
+//
+// Note [Attention head sizes and scale]: every attention path of titan takes q and k of one head
+// size (qk_head_dim) and v of another (v_head_dim; DeepSeek-V3's multi-head latent attention:
+// 192 and 128), as torch's scaled_dot_product_attention does: out [B, H, Sq, v_head_dim], lse
+// unchanged, dq / dk of q's and k's size, dv of v's. The softmax scale of q . k is the caller's
+// `std::optional<double> scale`, unset meaning 1 / sqrt(qk_head_dim) (torch's `scale=None`; the
+// attention module decides it: DeepSeek-V3 passes qk_head_dim^-0.5 times YaRN's mscale^2, as
+// torchtitan's `inner_attention(q, k, v, scale=self.softmax_scale)`). An unset scale reaches
+// LibTorch's kernels unset (they compute the same 1 / sqrt(q.size(-1)) in double); titan's own
+// kernels resolve it with attention_softmax_scale.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -32,9 +42,11 @@ namespace titan::model {
 namespace kernels {
 
 struct AttentionDims {
-  int64_t batch, heads, kv_heads, q_len, kv_len, head_dim;
+  int64_t batch, heads, kv_heads, q_len, kv_len;
+  int64_t qk_head_dim;  // of q and k
+  int64_t v_head_dim;   // of v, out and dout (See Note [Attention head sizes and scale])
   bool causal;
-  float scale;  // of q . k: 1 / sqrt(head_dim)
+  float scale;  // of q . k (attention_softmax_scale)
 };
 // Element strides of a [B, heads, S, hd] operand whose last dim is contiguous.
 struct RowStrides {
@@ -49,20 +61,27 @@ bool cpu_has_bf16_dot_products();
 // The heads from which bf16 dot products are the faster (below, packing P and dS costs more
 // than the products save; measured in the Note).
 constexpr int64_t kMinHeadDimForDots = 32;
-// What the model runs: bf16 dot products where the CPU has them and head_dim >= kMinHeadDimForDots.
-AttentionProducts default_attention_products(int64_t head_dim);
+// What the model runs: bf16 dot products where the CPU has them and both head sizes are at least
+// kMinHeadDimForDots (P is packed for the v-wide products, dS for the qk-wide ones: each packing
+// pays off only over a wide enough head).
+AttentionProducts default_attention_products(int64_t qk_head_dim, int64_t v_head_dim);
 
-// out [B, H, Sq, hd] and lse [B, H, Sq] contiguous.
+// out [B, H, Sq, v_hd] and lse [B, H, Sq] contiguous.
 using BF16 = at::BFloat16;
 void attention_forward_cpu(const AttentionDims& d, const BF16* q, RowStrides qs, const BF16* k, RowStrides ks,
                            const BF16* v, RowStrides vs, BF16* out, float* lse, AttentionProducts products);
-// lse [B, H, Sq], dq [B, H, Sq, hd], dk / dv [B, KV, Sk, hd] contiguous; G: bf16 or float.
+// lse [B, H, Sq], dq [B, H, Sq, qk_hd], dk [B, KV, Sk, qk_hd], dv [B, KV, Sk, v_hd] contiguous;
+// G: bf16 or float.
 template <typename G>
 void attention_backward_cpu(const AttentionDims& d, const BF16* dout, RowStrides dos, const BF16* q, RowStrides qs,
                             const BF16* k, RowStrides ks, const BF16* v, RowStrides vs, const BF16* out,
                             RowStrides os, const float* lse, G* dq, G* dk, G* dv, AttentionProducts products);
 
 }  // namespace kernels
+
+// The softmax scale of q . k: `scale`, or 1 / sqrt(qk_head_dim) where unset (See Note [Attention
+// head sizes and scale]).
+double attention_softmax_scale(int64_t qk_head_dim, std::optional<double> scale);
 
 // Note [Where the CPU attention kernel runs]: LibTorch's bf16 flash kernel pays a fixed cost
 // per block of keys, then multiplies with bf16 dot products (MKL's). Short key ranges are all
@@ -80,27 +99,30 @@ void attention_backward_cpu(const AttentionDims& d, const BF16* dout, RowStrides
 constexpr int64_t kCpuAttentionMaxKeys = 512;
 
 // Whether cpu_attention_forward / _backward should run for these operands (See Note [Where the
-// CPU attention kernel runs]): CPU bfloat16, bf16 dot products for this head_dim or at most
-// kCpuAttentionMaxKeys keys, the AVX2 kernels present, the fused ops on. The kernel itself takes
-// any length. The second form is the same rule without a tensor (the memory estimate's).
-bool cpu_attention_kernel_applies(const at::Tensor& q, int64_t kv_len);
-bool cpu_attention_kernel_applies(at::ScalarType dtype, int64_t head_dim, int64_t kv_len);
+// CPU attention kernel runs]): CPU bfloat16, bf16 dot products for these head sizes or at most
+// kCpuAttentionMaxKeys keys (v.size(2)), the AVX2 kernels present, the fused ops on. The kernel
+// itself takes any length. The second form is the same rule without a tensor (the memory
+// estimate's).
+bool cpu_attention_kernel_applies(const at::Tensor& q, const at::Tensor& v);
+bool cpu_attention_kernel_applies(at::ScalarType dtype, int64_t qk_head_dim, int64_t v_head_dim, int64_t kv_len);
 
-// q [B, H, Sq, hd]; k, v [B, KV, Sk, hd], H a multiple of KV, any strides with the last dim
-// contiguous. `causal`: query i sees keys 0..i (Sq == Sk). Returns out [B, H, Sq, hd] (q's
-// dtype, contiguous) and lse [B, H, Sq] float32: log sum_j exp(q_i . k_j / sqrt(hd)).
-// `products`: how the kernel multiplies (unset: kernels::default_attention_products; tests and
-// titan-bench-attention pass each).
+// q [B, H, Sq, qk_hd]; k [B, KV, Sk, qk_hd], v [B, KV, Sk, v_hd], H a multiple of KV, any strides
+// with the last dim contiguous. `causal`: query i sees keys 0..i (Sq == Sk). `scale`: of q . k
+// (See Note [Attention head sizes and scale]). Returns out [B, H, Sq, v_hd] (q's dtype,
+// contiguous) and lse [B, H, Sq] float32: log sum_j exp(scale q_i . k_j). `products`: how the
+// kernel multiplies (unset: kernels::default_attention_products; tests and titan-bench-attention
+// pass each).
 std::tuple<at::Tensor, at::Tensor> cpu_attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                                         bool causal,
+                                                         bool causal, std::optional<double> scale = std::nullopt,
                                                          std::optional<kernels::AttentionProducts> products = {});
 
 // The gradients given the rows' final `out` and `lse` (those of the whole attention, which may
-// span more keys than k/v: ring attention's merged results). dq [B, H, Sq, hd], dk, dv
-// [B, KV, Sk, hd] (each group's query heads summed) in `grad_dtype`: q's dtype or float32.
+// span more keys than k/v: ring attention's merged results). dq [B, H, Sq, qk_hd], dk
+// [B, KV, Sk, qk_hd], dv [B, KV, Sk, v_hd] (each group's query heads summed) in `grad_dtype`:
+// q's dtype or float32.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> cpu_attention_backward(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
-    const at::Tensor& lse, bool causal, at::ScalarType grad_dtype,
+    const at::Tensor& lse, bool causal, at::ScalarType grad_dtype, std::optional<double> scale = std::nullopt,
     std::optional<kernels::AttentionProducts> products = {});
 
 }  // namespace titan::model

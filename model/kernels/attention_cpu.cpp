@@ -199,74 +199,76 @@ int64_t visible_keys(const AttentionDims& d, int64_t i) { return d.causal ? i + 
 
 class Float32Products final : public HeadProducts {
  public:
-  Float32Products(int64_t kv_len, int64_t head_dim, int64_t tile_rows)
-      : hd_(head_dim),
-        krows_(static_cast<size_t>(kv_len * head_dim)),
-        vrows_(krows_.size()),
-        kt_(static_cast<size_t>(panels_size(kv_len, head_dim))),
-        vt_(kt_.size()),
-        qtile_(static_cast<size_t>(tile_rows * head_dim)),
-        dotile_(qtile_.size()),
+  Float32Products(int64_t kv_len, int64_t qk_head_dim, int64_t v_head_dim, int64_t tile_rows)
+      : dqk_(qk_head_dim),
+        dv_(v_head_dim),
+        krows_(static_cast<size_t>(kv_len * qk_head_dim)),
+        vrows_(static_cast<size_t>(kv_len * v_head_dim)),
+        kt_(static_cast<size_t>(panels_size(kv_len, qk_head_dim))),
+        vt_(static_cast<size_t>(panels_size(kv_len, v_head_dim))),
+        qtile_(static_cast<size_t>(tile_rows * qk_head_dim)),
+        dotile_(static_cast<size_t>(tile_rows * v_head_dim)),
         kv_len_(kv_len) {}
 
   void load_kv(const at::BFloat16* k, int64_t k_stride, const at::BFloat16* v, int64_t v_stride) override {
-    load_rows(k, k_stride, kv_len_, hd_, krows_.data(), kt_.data());
-    load_rows(v, v_stride, kv_len_, hd_, vrows_.data(), vt_.data());
+    load_rows(k, k_stride, kv_len_, dqk_, krows_.data(), kt_.data());
+    load_rows(v, v_stride, kv_len_, dv_, vrows_.data(), vt_.data());
   }
   void load_q(const at::BFloat16* q, int64_t stride, int64_t rows) override {
-    load_rows(q, stride, rows, hd_, qtile_.data(), nullptr);
+    load_rows(q, stride, rows, dqk_, qtile_.data(), nullptr);
   }
   void load_dout(const at::BFloat16* dout, int64_t stride, int64_t rows) override {
-    load_rows(dout, stride, rows, hd_, dotile_.data(), nullptr);
+    load_rows(dout, stride, rows, dv_, dotile_.data(), nullptr);
   }
   void scores(int64_t rows, int64_t keys, float* s) override {
-    gemm(rows, keys, hd_, qtile_.data(), hd_, 1, kt_.data(), panels_layout(hd_), s, keys, false);
+    gemm(rows, keys, dqk_, qtile_.data(), dqk_, 1, kt_.data(), panels_layout(dqk_), s, keys, false);
   }
   void out(int64_t rows, int64_t keys, const float* p, float* o) override {
-    gemm(rows, hd_, keys, p, keys, 1, vrows_.data(), row_major(hd_), o, hd_, false);
+    gemm(rows, dv_, keys, p, keys, 1, vrows_.data(), row_major(dv_), o, dv_, false);
   }
   void grad_probs(int64_t rows, int64_t keys, float* dp) override {
-    gemm(rows, keys, hd_, dotile_.data(), hd_, 1, vt_.data(), panels_layout(hd_), dp, keys, false);
+    gemm(rows, keys, dv_, dotile_.data(), dv_, 1, vt_.data(), panels_layout(dv_), dp, keys, false);
   }
   void grad_q(int64_t rows, int64_t keys, const float* ds, float* dq) override {
-    gemm(rows, hd_, keys, ds, keys, 1, krows_.data(), row_major(hd_), dq, hd_, false);
+    gemm(rows, dqk_, keys, ds, keys, 1, krows_.data(), row_major(dqk_), dq, dqk_, false);
   }
   void grad_kv(int64_t rows, int64_t keys, const float* ds, const float* p, float* dk, float* dv) override {
-    gemm(keys, hd_, rows, ds, 1, keys, qtile_.data(), row_major(hd_), dk, hd_, true);
-    gemm(keys, hd_, rows, p, 1, keys, dotile_.data(), row_major(hd_), dv, hd_, true);
+    gemm(keys, dqk_, rows, ds, 1, keys, qtile_.data(), row_major(dqk_), dk, dqk_, true);
+    gemm(keys, dv_, rows, p, 1, keys, dotile_.data(), row_major(dv_), dv, dv_, true);
   }
 
  private:
-  int64_t hd_;
+  int64_t dqk_, dv_;  // q / k's head size, v's
   std::vector<float> krows_, vrows_, kt_, vt_, qtile_, dotile_;
   int64_t kv_len_;
 };
 
 std::unique_ptr<HeadProducts> products_for(AttentionProducts which, const AttentionDims& d, int64_t tile) {
   if (which == AttentionProducts::kBf16Dot) {
-    if (auto made = bf16_dot_products(d.kv_len, d.head_dim, tile)) return made;
+    if (auto made = bf16_dot_products(d.kv_len, d.qk_head_dim, d.v_head_dim, tile)) return made;
   }
-  return float32_products(d.kv_len, d.head_dim, tile);
+  return float32_products(d.kv_len, d.qk_head_dim, d.v_head_dim, tile);
 }
 
 }  // namespace
 
-std::unique_ptr<HeadProducts> float32_products(int64_t kv_len, int64_t head_dim, int64_t tile_rows) {
-  return std::make_unique<Float32Products>(kv_len, head_dim, tile_rows);
+std::unique_ptr<HeadProducts> float32_products(int64_t kv_len, int64_t qk_head_dim, int64_t v_head_dim,
+                                               int64_t tile_rows) {
+  return std::make_unique<Float32Products>(kv_len, qk_head_dim, v_head_dim, tile_rows);
 }
 
 void attention_forward_cpu(const AttentionDims& d, const BF16* q, RowStrides qs, const BF16* k, RowStrides ks,
                            const BF16* v, RowStrides vs, BF16* out, float* lse, AttentionProducts which) {
-  const int64_t hd = d.head_dim, Sq = d.q_len, Sk = d.kv_len, group = d.heads / d.kv_heads;
+  const int64_t dv = d.v_head_dim, Sq = d.q_len, Sk = d.kv_len, group = d.heads / d.kv_heads;
   const int64_t tile = tile_rows(Sk);
   at::parallel_for(0, d.batch * d.heads, 1, [&](int64_t begin, int64_t end) {
     const std::unique_ptr<HeadProducts> products = products_for(which, d, tile);
-    std::vector<float> otile(static_cast<size_t>(tile * hd)), scores(static_cast<size_t>(tile * Sk));
+    std::vector<float> otile(static_cast<size_t>(tile * dv)), scores(static_cast<size_t>(tile * Sk));
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / d.heads, h = task % d.heads, kvh = h / group;
       products->load_kv(k + b * ks.batch + kvh * ks.head, ks.row, v + b * vs.batch + kvh * vs.head, vs.row);
       const BF16* qh = q + b * qs.batch + h * qs.head;
-      BF16* oh = out + task * Sq * hd;
+      BF16* oh = out + task * Sq * dv;
       float* lh = lse + task * Sq;
       for (int64_t i0 = 0; i0 < Sq; i0 += tile) {
         const int64_t rows = std::min(tile, Sq - i0), keys = d.causal ? i0 + rows : Sk;
@@ -284,7 +286,7 @@ void attention_forward_cpu(const AttentionDims& d, const BF16* q, RowStrides qs,
           for (; j < valid; ++j) s[j] *= 1.f / sum;
         }
         products->out(rows, keys, scores.data(), otile.data());
-        for (int64_t r = 0; r < rows; ++r) store_row(otile.data() + r * hd, oh + (i0 + r) * hd, hd);
+        for (int64_t r = 0; r < rows; ++r) store_row(otile.data() + r * dv, oh + (i0 + r) * dv, dv);
       }
     }
   });
@@ -293,15 +295,15 @@ void attention_forward_cpu(const AttentionDims& d, const BF16* q, RowStrides qs,
 template <typename G>
 void attention_backward_cpu(const AttentionDims& d, const BF16* dout, RowStrides dos, const BF16* q, RowStrides qs,
                             const BF16* k, RowStrides ks, const BF16* v, RowStrides vs, const BF16* out,
-                            RowStrides os, const float* lse, G* dq, G* dk, G* dv, AttentionProducts which) {
-  const int64_t hd = d.head_dim, Sq = d.q_len, Sk = d.kv_len, group = d.heads / d.kv_heads;
+                            RowStrides os, const float* lse, G* dq, G* dk, G* dv_out, AttentionProducts which) {
+  const int64_t dqk = d.qk_head_dim, dv = d.v_head_dim, Sq = d.q_len, Sk = d.kv_len, group = d.heads / d.kv_heads;
   const int64_t tile = tile_rows(Sk);
   // One task per (batch, kv head): its group of query heads adds into one dk / dv, in order.
   at::parallel_for(0, d.batch * d.kv_heads, 1, [&](int64_t begin, int64_t end) {
     const std::unique_ptr<HeadProducts> products = products_for(which, d, tile);
-    const size_t kv_elems = static_cast<size_t>(Sk * hd), tile_elems = static_cast<size_t>(tile * hd);
-    std::vector<float> dk_acc(kv_elems), dv_acc(kv_elems);
-    std::vector<float> dotile(tile_elems), otile(tile_elems), dqtile(tile_elems);
+    std::vector<float> dk_acc(static_cast<size_t>(Sk * dqk)), dv_acc(static_cast<size_t>(Sk * dv));
+    std::vector<float> dotile(static_cast<size_t>(tile * dv)), otile(dotile.size());
+    std::vector<float> dqtile(static_cast<size_t>(tile * dqk));
     std::vector<float> p(static_cast<size_t>(tile * Sk)), ds(p.size());
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / d.kv_heads, kvh = task % d.kv_heads;
@@ -314,13 +316,13 @@ void attention_backward_cpu(const AttentionDims& d, const BF16* dout, RowStrides
         const BF16* doh = dout + b * dos.batch + h * dos.head;
         const BF16* oh = out + b * os.batch + h * os.head;
         const float* lh = lse + qhead * Sq;
-        G* dqh = dq + qhead * Sq * hd;
+        G* dqh = dq + qhead * Sq * dqk;
         for (int64_t i0 = 0; i0 < Sq; i0 += tile) {
           const int64_t rows = std::min(tile, Sq - i0), keys = d.causal ? i0 + rows : Sk;
           products->load_q(qh + i0 * qs.row, qs.row, rows);
           products->load_dout(doh + i0 * dos.row, dos.row, rows);
-          load_rows(doh + i0 * dos.row, dos.row, rows, hd, dotile.data(), nullptr);  // for rowsum(dO * O)
-          load_rows(oh + i0 * os.row, os.row, rows, hd, otile.data(), nullptr);
+          load_rows(doh + i0 * dos.row, dos.row, rows, dv, dotile.data(), nullptr);  // for rowsum(dO * O)
+          load_rows(oh + i0 * os.row, os.row, rows, dv, otile.data(), nullptr);
           products->scores(rows, keys, p.data());
           products->grad_probs(rows, keys, ds.data());  // dP = dO V^T
           for (int64_t r = 0; r < rows; ++r) {
@@ -329,7 +331,7 @@ void attention_backward_cpu(const AttentionDims& d, const BF16* dout, RowStrides
             const int64_t valid = visible_keys(d, i0 + r);
             exp_row(pr, valid, keys, d.scale, lh[i0 + r]);  // P = exp(s * scale - lse)
             // dS = P * (dP - rowsum(dO * O)) * scale; the scale of s = scale * q k^T folded in here
-            const float delta = dot(dotile.data() + r * hd, otile.data() + r * hd, hd);
+            const float delta = dot(dotile.data() + r * dv, otile.data() + r * dv, dv);
             const Vec vdelta(delta), vscale(d.scale);
             int64_t j = 0;
             for (; j + kV <= valid; j += kV)
@@ -339,14 +341,14 @@ void attention_backward_cpu(const AttentionDims& d, const BF16* dout, RowStrides
           }
           products->grad_q(rows, keys, ds.data(), dqtile.data());
           products->grad_kv(rows, keys, ds.data(), p.data(), dk_acc.data(), dv_acc.data());
-          for (int64_t r = 0; r < rows; ++r) store_row(dqtile.data() + r * hd, dqh + (i0 + r) * hd, hd);
+          for (int64_t r = 0; r < rows; ++r) store_row(dqtile.data() + r * dqk, dqh + (i0 + r) * dqk, dqk);
         }
       }
-      G* dkh = dk + task * Sk * hd;
-      G* dvh = dv + task * Sk * hd;
+      G* dkh = dk + task * Sk * dqk;
+      G* dvh = dv_out + task * Sk * dv;
       for (int64_t j = 0; j < Sk; ++j) {
-        store_row(dk_acc.data() + j * hd, dkh + j * hd, hd);
-        store_row(dv_acc.data() + j * hd, dvh + j * hd, hd);
+        store_row(dk_acc.data() + j * dqk, dkh + j * dqk, dqk);
+        store_row(dv_acc.data() + j * dv, dvh + j * dv, dv);
       }
     }
   });

@@ -98,68 +98,70 @@ void dot_gemm(int64_t M, int64_t N, int64_t K, const uint32_t* a, const uint32_t
 
 class Bf16DotProducts final : public HeadProducts {
  public:
-  Bf16DotProducts(int64_t kv_len, int64_t head_dim, int64_t tile_rows)
+  Bf16DotProducts(int64_t kv_len, int64_t qk_head_dim, int64_t v_head_dim, int64_t tile_rows)
       : sk_(kv_len),
-        hd_(head_dim),
-        k_scores_(static_cast<size_t>(panels_size(head_dim, kv_len))),
-        v_probs_(k_scores_.size()),
-        v_out_(static_cast<size_t>(panels_size(kv_len, head_dim))),
-        k_grad_(v_out_.size()),
-        q_a_(static_cast<size_t>(tile_rows * pairs_of(head_dim))),
-        do_a_(q_a_.size()),
-        q_b_(static_cast<size_t>(panels_size(tile_rows, head_dim))),
-        do_b_(q_b_.size()),
+        dqk_(qk_head_dim),
+        dv_(v_head_dim),
+        k_scores_(static_cast<size_t>(panels_size(qk_head_dim, kv_len))),
+        v_probs_(static_cast<size_t>(panels_size(v_head_dim, kv_len))),
+        v_out_(static_cast<size_t>(panels_size(kv_len, v_head_dim))),
+        k_grad_(static_cast<size_t>(panels_size(kv_len, qk_head_dim))),
+        q_a_(static_cast<size_t>(tile_rows * pairs_of(qk_head_dim))),
+        do_a_(static_cast<size_t>(tile_rows * pairs_of(v_head_dim))),
+        q_b_(static_cast<size_t>(panels_size(tile_rows, qk_head_dim))),
+        do_b_(static_cast<size_t>(panels_size(tile_rows, v_head_dim))),
         lhs_(static_cast<size_t>(std::max(tile_rows * pairs_of(kv_len), kv_len * pairs_of(tile_rows)))) {}
 
   void load_kv(const at::BFloat16* k, int64_t k_stride, const at::BFloat16* v, int64_t v_stride) override {
     auto key = [&](int64_t j, int64_t d) { return k[j * k_stride + d]; };
     auto value = [&](int64_t j, int64_t d) { return v[j * v_stride + d]; };
     pack_b(
-        hd_, sk_, [&](int64_t d, int64_t j) { return key(j, d); }, k_scores_.data());  // q k^T
+        dqk_, sk_, [&](int64_t d, int64_t j) { return key(j, d); }, k_scores_.data());  // q k^T
     pack_b(
-        hd_, sk_, [&](int64_t d, int64_t j) { return value(j, d); }, v_probs_.data());  // dO v^T
-    pack_b(sk_, hd_, value, v_out_.data());                                             // p v
-    pack_b(sk_, hd_, key, k_grad_.data());                                              // ds k
+        dv_, sk_, [&](int64_t d, int64_t j) { return value(j, d); }, v_probs_.data());  // dO v^T
+    pack_b(sk_, dv_, value, v_out_.data());                                             // p v
+    pack_b(sk_, dqk_, key, k_grad_.data());                                             // ds k
   }
   void load_q(const at::BFloat16* q, int64_t stride, int64_t rows) override {
-    pack_tile(q, stride, rows, q_a_.data(), q_b_.data());
+    pack_tile(q, stride, rows, dqk_, q_a_.data(), q_b_.data());
   }
   void load_dout(const at::BFloat16* dout, int64_t stride, int64_t rows) override {
-    pack_tile(dout, stride, rows, do_a_.data(), do_b_.data());
+    pack_tile(dout, stride, rows, dv_, do_a_.data(), do_b_.data());
   }
   void scores(int64_t rows, int64_t keys, float* s) override {
-    dot_gemm(rows, keys, hd_, q_a_.data(), k_scores_.data(), hd_, s, keys, false);
+    dot_gemm(rows, keys, dqk_, q_a_.data(), k_scores_.data(), dqk_, s, keys, false);
   }
   void out(int64_t rows, int64_t keys, const float* p, float* o) override {
     pack_a(rows, keys, [&](int64_t r, int64_t j) { return p[r * keys + j]; }, lhs_.data());
-    dot_gemm(rows, hd_, keys, lhs_.data(), v_out_.data(), sk_, o, hd_, false);
+    dot_gemm(rows, dv_, keys, lhs_.data(), v_out_.data(), sk_, o, dv_, false);
   }
   void grad_probs(int64_t rows, int64_t keys, float* dp) override {
-    dot_gemm(rows, keys, hd_, do_a_.data(), v_probs_.data(), hd_, dp, keys, false);
+    dot_gemm(rows, keys, dv_, do_a_.data(), v_probs_.data(), dv_, dp, keys, false);
   }
   void grad_q(int64_t rows, int64_t keys, const float* ds, float* dq) override {
     pack_a(rows, keys, [&](int64_t r, int64_t j) { return ds[r * keys + j]; }, lhs_.data());
-    dot_gemm(rows, hd_, keys, lhs_.data(), k_grad_.data(), sk_, dq, hd_, false);
+    dot_gemm(rows, dqk_, keys, lhs_.data(), k_grad_.data(), sk_, dq, dqk_, false);
   }
   void grad_kv(int64_t rows, int64_t keys, const float* ds, const float* p, float* dk, float* dv) override {
     pack_a(
         keys, rows, [&](int64_t j, int64_t r) { return ds[r * keys + j]; }, lhs_.data());
-    dot_gemm(keys, hd_, rows, lhs_.data(), q_b_.data(), rows, dk, hd_, true);
+    dot_gemm(keys, dqk_, rows, lhs_.data(), q_b_.data(), rows, dk, dqk_, true);
     pack_a(
         keys, rows, [&](int64_t j, int64_t r) { return p[r * keys + j]; }, lhs_.data());
-    dot_gemm(keys, hd_, rows, lhs_.data(), do_b_.data(), rows, dv, hd_, true);
+    dot_gemm(keys, dv_, rows, lhs_.data(), do_b_.data(), rows, dv, dv_, true);
   }
 
  private:
-  // A tile's rows (queries or their output gradients) as the left operand of q k^T / dO v^T and
-  // the right one of ds^T q / p^T dO.
-  void pack_tile(const at::BFloat16* src, int64_t stride, int64_t rows, uint32_t* as_a, uint32_t* as_b) {
+  // A tile's rows (queries or their output gradients, `width` columns) as the left operand of
+  // q k^T / dO v^T and the right one of ds^T q / p^T dO.
+  void pack_tile(const at::BFloat16* src, int64_t stride, int64_t rows, int64_t width, uint32_t* as_a,
+                 uint32_t* as_b) {
     auto get = [&](int64_t r, int64_t d) { return src[r * stride + d]; };
-    pack_a(rows, hd_, get, as_a);
-    pack_b(rows, hd_, get, as_b);
+    pack_a(rows, width, get, as_a);
+    pack_b(rows, width, get, as_b);
   }
 
-  int64_t sk_, hd_;
+  int64_t sk_, dqk_, dv_;  // keys, q / k's head size, v's
   std::vector<uint32_t> k_scores_, v_probs_, v_out_, k_grad_, q_a_, do_a_, q_b_, do_b_, lhs_;
 };
 
@@ -171,21 +173,23 @@ bool cpu_has_bf16_dot_products() {
   return ok;
 }
 
-std::unique_ptr<HeadProducts> bf16_dot_products(int64_t kv_len, int64_t head_dim, int64_t tile_rows) {
+std::unique_ptr<HeadProducts> bf16_dot_products(int64_t kv_len, int64_t qk_head_dim, int64_t v_head_dim,
+                                                int64_t tile_rows) {
   if (!cpu_has_bf16_dot_products()) return nullptr;
-  return std::make_unique<Bf16DotProducts>(kv_len, head_dim, tile_rows);
+  return std::make_unique<Bf16DotProducts>(kv_len, qk_head_dim, v_head_dim, tile_rows);
 }
 
 #else  // built without AVX512-BF16
 
 bool cpu_has_bf16_dot_products() { return false; }
-std::unique_ptr<HeadProducts> bf16_dot_products(int64_t, int64_t, int64_t) { return nullptr; }
+std::unique_ptr<HeadProducts> bf16_dot_products(int64_t, int64_t, int64_t, int64_t) { return nullptr; }
 
 #endif
 
-AttentionProducts default_attention_products(int64_t head_dim) {
-  return cpu_has_bf16_dot_products() && head_dim >= kMinHeadDimForDots ? AttentionProducts::kBf16Dot
-                                                                       : AttentionProducts::kFloat32;
+AttentionProducts default_attention_products(int64_t qk_head_dim, int64_t v_head_dim) {
+  return cpu_has_bf16_dot_products() && std::min(qk_head_dim, v_head_dim) >= kMinHeadDimForDots
+             ? AttentionProducts::kBf16Dot
+             : AttentionProducts::kFloat32;
 }
 
 }  // namespace titan::model::kernels

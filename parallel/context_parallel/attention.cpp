@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <optional>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -62,10 +63,26 @@ std::vector<Tile> document_tiles(const std::vector<std::vector<model::DocumentSp
   return tiles;
 }
 
+// One rank's K and V as one flat buffer [numel(k) + numel(v)], so one transfer carries both
+// whatever their head sizes (v's may differ from k's: See Note [Attention head sizes and scale] in
+// model/kernels/attention.h). For k and v of one shape it is the memory of stack({k, v}).
+struct KvPacking {
+  std::vector<int64_t> k_shape, v_shape;  // [B, KV, L, qk_hd], [B, KV, L, v_hd]
+  int64_t k_numel = 0, v_numel = 0;
+
+  KvPacking(const at::Tensor& k, const at::Tensor& v)
+      : k_shape(k.sizes().vec()), v_shape(v.sizes().vec()), k_numel(k.numel()), v_numel(v.numel()) {}
+  int64_t numel() const { return k_numel + v_numel; }
+  at::Tensor pack(const at::Tensor& k, const at::Tensor& v) const { return at::cat({k.reshape(-1), v.reshape(-1)}); }
+  at::Tensor k_of(const at::Tensor& flat) const { return flat.narrow(0, 0, k_numel).view(k_shape); }
+  at::Tensor v_of(const at::Tensor& flat) const { return flat.narrow(0, k_numel, v_numel).view(v_shape); }
+};
+
 // What a ring attention's backward needs besides its group (See Note [A Comm through autograd]).
 struct RingState : torch::CustomClassHolder {
   KvExchange exchange = KvExchange::kRing;
   RingTags* tags = nullptr;
+  std::optional<double> scale;  // of q . k (unset: 1 / sqrt(qk_hd))
   // Block-causal only: the tiles of every rank j's block, by j (found once, used by the forward,
   // any recompute and the backward); empty: causal (Note [Ring attention]).
   std::vector<std::vector<Tile>> tiles;
@@ -104,50 +121,48 @@ std::pair<comm::CommWork, comm::CommWork> ring_step(comm::Comm& comm, const at::
 // Rank j's K/V block in this rank's ring order: step s holds rank (r - s) mod n's.
 int block_at(int rank, int step, int n) { return ((rank - step) % n + n) % n; }
 
-// Every rank's K/V block kv [2, B, KV, L, hd] -> [n, 2, B, KV, L, hd] (gathered as the
+// Every rank's packed K/V block kv [numel] (KvPacking) -> [n, numel] (gathered as the
 // concatenation along dim 0, the shape Gloo checks).
 at::Tensor gather_blocks(const at::Tensor& kv, comm::Comm& comm) {
-  std::vector<int64_t> shape = kv.sizes().vec();
-  shape[0] *= comm.size();
-  at::Tensor all = at::empty(shape, kv.options());
+  at::Tensor all = at::empty({comm.size() * kv.numel()}, kv.options());
   comm.all_gather_into_tensor_async(all, kv).wait();
-  shape[0] = 2;
-  shape.insert(shape.begin(), comm.size());
-  return all.view(shape);
+  return all.view({comm.size(), kv.numel()});
 }
 
-// The forward of Note [Ring attention]: out [B, H, L, hd] (q's dtype), lse [B, H, L] float32.
+// The forward of Note [Ring attention]: out [B, H, L, v_hd] (q's dtype), lse [B, H, L] float32.
 std::vector<at::Tensor> ring_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, comm::Comm& comm,
                                      const RingState& state, int64_t call) {
   const KvExchange exchange = state.exchange;
   const int r = comm.rank(), n = comm.size();
   const int64_t c = q.size(2) / 2;
-  at::Tensor acc_out = at::zeros(q.sizes(), q.options().dtype(at::kFloat));
+  const std::optional<double> scale = state.scale;
+  const KvPacking packing(k, v);
+  at::Tensor acc_out = at::zeros({q.size(0), q.size(1), q.size(2), v.size(3)}, q.options().dtype(at::kFloat));
   at::Tensor acc_lse = at::full({q.size(0), q.size(1), q.size(2)}, -std::numeric_limits<double>::infinity(),
                                 q.options().dtype(at::kFloat));
   at::Tensor acc_out_tail = acc_out.narrow(2, c, c), acc_lse_tail = acc_lse.narrow(2, c, c);
   auto block = [&](int j, const at::Tensor& kv) {
-    const at::Tensor kj = kv.select(0, 0), vj = kv.select(0, 1);
+    const at::Tensor kj = packing.k_of(kv), vj = packing.v_of(kv);
     if (!state.tiles.empty()) {
       for (const Tile& t : state.tiles[static_cast<size_t>(j)]) {
         at::Tensor out_tile = tile_of(acc_out, t.row, t.q_start, t.q_len);
         at::Tensor lse_tile = tile_of(acc_lse, t.row, t.q_start, t.q_len);
-        model::merge_attention_block(out_tile, lse_tile,
-                                     model::attention_block_forward(tile_of(q, t.row, t.q_start, t.q_len),
-                                                                    tile_of(kj, t.row, t.k_start, t.k_len),
-                                                                    tile_of(vj, t.row, t.k_start, t.k_len), t.causal));
+        model::merge_attention_block(
+            out_tile, lse_tile,
+            model::attention_block_forward(tile_of(q, t.row, t.q_start, t.q_len), tile_of(kj, t.row, t.k_start, t.k_len),
+                                           tile_of(vj, t.row, t.k_start, t.k_len), t.causal, scale));
       }
     } else if (j == r) {
-      model::merge_attention_block(acc_out, acc_lse, model::attention_block_forward(q, kj, vj, true));
+      model::merge_attention_block(acc_out, acc_lse, model::attention_block_forward(q, kj, vj, true, scale));
     } else if (j < r) {
-      model::merge_attention_block(acc_out, acc_lse,
-                                   model::attention_block_forward(q, kj.narrow(2, 0, c), vj.narrow(2, 0, c), false));
+      model::merge_attention_block(
+          acc_out, acc_lse, model::attention_block_forward(q, kj.narrow(2, 0, c), vj.narrow(2, 0, c), false, scale));
     } else {
       model::merge_attention_block(acc_out_tail, acc_lse_tail,
-                                   model::attention_block_forward(q.narrow(2, c, c), kj, vj, false));
+                                   model::attention_block_forward(q.narrow(2, c, c), kj, vj, false, scale));
     }
   };
-  const at::Tensor kv = at::stack({k, v}).contiguous();  // [2, B, KV, L, hd]: one transfer for both
+  const at::Tensor kv = packing.pack(k, v);  // one transfer for both
   if (exchange == KvExchange::kAllGather) {
     at::Tensor all = gather_blocks(kv, comm);
     for (int s = 0; s < n; ++s) block(block_at(r, s, n), all.select(0, block_at(r, s, n)));
@@ -169,40 +184,44 @@ std::vector<at::Tensor> ring_forward(const at::Tensor& q, const at::Tensor& k, c
   return {acc_out.to(q.scalar_type()), acc_lse};
 }
 
-// The gradients of q (float32, accumulated into dq) and of rank j's K/V block (returned, float32
-// [2, B, KV, L, hd]) through the blocks of Note [Ring attention].
-at::Tensor block_grads(int j, int r, const RingState& state, const at::Tensor& kv, const at::Tensor& dout,
-                       const at::Tensor& q, const at::Tensor& out, const at::Tensor& lse, at::Tensor& dq) {
+// The gradients of q (float32, accumulated into dq) and of rank j's packed K/V block (returned,
+// float32 [numel], KvPacking) through the blocks of Note [Ring attention].
+at::Tensor block_grads(int j, int r, const RingState& state, const KvPacking& packing, const at::Tensor& kv,
+                       const at::Tensor& dout, const at::Tensor& q, const at::Tensor& out, const at::Tensor& lse,
+                       at::Tensor& dq) {
   const int64_t c = q.size(2) / 2;
-  const at::Tensor kj = kv.select(0, 0), vj = kv.select(0, 1);
-  at::Tensor dkv = at::zeros(kv.sizes(), kv.options().dtype(at::kFloat));
+  const std::optional<double> scale = state.scale;
+  const at::Tensor kj = packing.k_of(kv), vj = packing.v_of(kv);
+  at::Tensor dkv = at::zeros({packing.numel()}, kv.options().dtype(at::kFloat));
+  at::Tensor dk = packing.k_of(dkv), dv = packing.v_of(dkv);
   if (!state.tiles.empty()) {
     // Tiles of one block may share keys (two query chunks against one key chunk): accumulate.
     for (const Tile& t : state.tiles[static_cast<size_t>(j)]) {
       auto [gq, gk, gv] = model::attention_block_backward(
           tile_of(dout, t.row, t.q_start, t.q_len), tile_of(q, t.row, t.q_start, t.q_len),
           tile_of(kj, t.row, t.k_start, t.k_len), tile_of(vj, t.row, t.k_start, t.k_len),
-          tile_of(out, t.row, t.q_start, t.q_len), tile_of(lse, t.row, t.q_start, t.q_len), t.causal);
+          tile_of(out, t.row, t.q_start, t.q_len), tile_of(lse, t.row, t.q_start, t.q_len), t.causal, scale);
       tile_of(dq, t.row, t.q_start, t.q_len).add_(gq);
-      tile_of(dkv.select(0, 0), t.row, t.k_start, t.k_len).add_(gk);
-      tile_of(dkv.select(0, 1), t.row, t.k_start, t.k_len).add_(gv);
+      tile_of(dk, t.row, t.k_start, t.k_len).add_(gk);
+      tile_of(dv, t.row, t.k_start, t.k_len).add_(gv);
     }
   } else if (j == r) {
-    auto [gq, gk, gv] = model::attention_block_backward(dout, q, kj, vj, out, lse, true);
+    auto [gq, gk, gv] = model::attention_block_backward(dout, q, kj, vj, out, lse, true, scale);
     dq.add_(gq);
-    dkv.select(0, 0).copy_(gk);
-    dkv.select(0, 1).copy_(gv);
+    dk.copy_(gk);
+    dv.copy_(gv);
   } else if (j < r) {
-    auto [gq, gk, gv] = model::attention_block_backward(dout, q, kj.narrow(2, 0, c), vj.narrow(2, 0, c), out, lse, false);
+    auto [gq, gk, gv] =
+        model::attention_block_backward(dout, q, kj.narrow(2, 0, c), vj.narrow(2, 0, c), out, lse, false, scale);
     dq.add_(gq);
-    dkv.select(0, 0).narrow(2, 0, c).copy_(gk);
-    dkv.select(0, 1).narrow(2, 0, c).copy_(gv);
+    dk.narrow(2, 0, c).copy_(gk);
+    dv.narrow(2, 0, c).copy_(gv);
   } else {
     auto [gq, gk, gv] = model::attention_block_backward(dout.narrow(2, c, c), q.narrow(2, c, c), kj, vj,
-                                                        out.narrow(2, c, c), lse.narrow(2, c, c), false);
+                                                        out.narrow(2, c, c), lse.narrow(2, c, c), false, scale);
     dq.narrow(2, c, c).add_(gq);
-    dkv.select(0, 0).copy_(gk);
-    dkv.select(0, 1).copy_(gv);
+    dk.copy_(gk);
+    dv.copy_(gv);
   }
   return dkv;
 }
@@ -231,18 +250,19 @@ struct RingAttention : public torch::autograd::Function<RingAttention> {
     const int r = comm.rank(), n = comm.size();
     const int64_t call = state->tags->calls++;
     at::Tensor dq = at::zeros(q.sizes(), q.options().dtype(at::kFloat));
-    const at::Tensor kv = at::stack({k, v}).contiguous();
+    const KvPacking packing(k, v);
+    const at::Tensor kv = packing.pack(k, v);
     at::Tensor dkv_mine;
     if (state->exchange == KvExchange::kAllGather) {
       at::Tensor all = gather_blocks(kv, comm);
       at::Tensor dkv_all = at::empty(all.sizes(), all.options().dtype(at::kFloat));
       for (int s = 0; s < n; ++s) {
         const int j = block_at(r, s, n);
-        dkv_all.select(0, j).copy_(block_grads(j, r, *state, all.select(0, j), dout, q, out, lse, dq));
+        dkv_all.select(0, j).copy_(block_grads(j, r, *state, packing, all.select(0, j), dout, q, out, lse, dq));
       }
       dkv_mine = at::empty(kv.sizes(), dkv_all.options());
-      // Gloo wants the concatenation along dim 0: [n, 2, ...] viewed as [2n, ...].
-      comm.reduce_scatter_tensor_async(dkv_mine, dkv_all.flatten(0, 1)).wait();
+      // Gloo wants the concatenation along dim 0: [n, numel] viewed as [n numel].
+      comm.reduce_scatter_tensor_async(dkv_mine, dkv_all.flatten()).wait();
     } else {
       // Step s: this rank holds block j = r - s and the accumulator of j's gradient from ranks
       // j .. r-1; it adds its own and passes both on. After n steps each accumulator has every
@@ -257,7 +277,7 @@ struct RingAttention : public torch::autograd::Function<RingAttention> {
           next = at::empty_like(kv);
           std::tie(send, recv) = ring_step(comm, current, next, ring_tag(call, kKvBackward, s));
         }
-        at::Tensor g = block_grads(block_at(r, s, n), r, *state, current, dout, q, out, lse, dq);
+        at::Tensor g = block_grads(block_at(r, s, n), r, *state, packing, current, dout, q, out, lse, dq);
         if (s > 0) {
           acc_recv.wait();
           g.add_(acc_in);  // the earlier ranks' part, then this rank's: the same order on every rank
@@ -280,8 +300,8 @@ struct RingAttention : public torch::autograd::Function<RingAttention> {
         dkv_mine = acc_sent;
       }
     }
-    return {dq.to(q.scalar_type()), dkv_mine.select(0, 0).to(k.scalar_type()),
-            dkv_mine.select(0, 1).to(v.scalar_type()), at::Tensor(), at::Tensor()};  // state, group
+    return {dq.to(q.scalar_type()), packing.k_of(dkv_mine).to(k.scalar_type()),
+            packing.v_of(dkv_mine).to(v.scalar_type()), at::Tensor(), at::Tensor()};  // state, group
   }
 };
 
@@ -334,10 +354,11 @@ struct HeadReshard : public torch::autograd::Function<HeadReshard<kToHeads>> {
 }  // namespace
 
 at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& documents,
-                          comm::Comm& cp, KvExchange exchange, RingTags& tags) {
+                          comm::Comm& cp, KvExchange exchange, RingTags& tags, std::optional<double> scale) {
   auto state = c10::make_intrusive<RingState>();
   state->exchange = exchange;
   state->tags = &tags;
+  state->scale = scale;
   if (documents.defined()) {
     const int n = cp.size();
     const int64_t c = q.size(2) / 2;
@@ -351,7 +372,7 @@ at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
 }
 
 at::Tensor head_parallel_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                   const at::Tensor& documents, comm::Comm& cp) {
+                                   const at::Tensor& documents, comm::Comm& cp, std::optional<double> scale) {
   const int64_t n = cp.size();
   TORCH_CHECK(q.size(1) % n == 0, "head-parallel attention: ", q.size(1), " local query heads are not divisible by ",
               "the context parallel degree ", n);
@@ -364,8 +385,8 @@ at::Tensor head_parallel_attention(const at::Tensor& q, const at::Tensor& k, con
   const at::Tensor kh = HeadReshard<true>::apply(kk, &cp)[0];
   const at::Tensor vh = HeadReshard<true>::apply(vv, &cp)[0];
   // Whole rows in sequence order after the re-shard: block-causal is the unsplit per-document form.
-  const at::Tensor out = documents.defined() ? model::document_causal_attention(qh, kh, vh, documents)
-                                             : model::attention_op(qh, kh, vh);
+  const at::Tensor out = documents.defined() ? model::document_causal_attention(qh, kh, vh, documents, scale)
+                                             : model::attention_op(qh, kh, vh, scale);
   return HeadReshard<false>::apply(out, &cp)[0];
 }
 

@@ -5,7 +5,10 @@
 // Every function takes this rank's load-balanced share of the sequence (See Note [Sequence
 // split] in sequence_shard.h): with n ranks the sequence is cut into 2n chunks of c positions and
 // rank r holds chunks r and 2n-1-r, in that order, so q/k/v are [B, heads, L = 2c, hd]. Results
-// are this rank's rows of the unsplit causal attention.
+// are this rank's rows of the unsplit causal attention. v's head size may differ from q's and
+// k's (the output takes v's), and the softmax scale is the caller's `scale`, unset 1 / sqrt(qk_hd)
+// (See Note [Attention head sizes and scale] in model/kernels/attention.h): every block, and the
+// head-parallel mode's local attention, takes both as they come.
 //
 // Note [Ring attention]: rank r's queries meet every rank's keys as blocks (Note [Attention by
 // blocks] in model/attention_blocks.h). Against rank j's keys (chunks j and 2n-1-j):
@@ -19,6 +22,8 @@
 // L x c positions. Blocks are merged in float32 by their log-sum-exp, in the order j = r, r-1, ...
 // (mod n) for both exchanges, so "allgather" and "alltoall" forwards give the same bits (their
 // backwards sum a block's dK/dV over ranks in different orders: a reduce-scatter vs the ring).
+// K and V travel as one flat buffer (k's elements, then v's), one transfer for both whatever their
+// head sizes.
 //   allgather: one all-gather of every rank's K/V (n x the local K/V in memory), then the blocks;
 //              the backward re-gathers and returns dK/dV with one reduce-scatter.
 //   alltoall:  (torchtitan's name) K/V passed around the ring, n-1 point-to-point steps, each
@@ -52,6 +57,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <optional>
 
 namespace titan::parallel::comm {
 class Comm;
@@ -67,15 +73,18 @@ struct RingTags {
   int64_t calls = 0;
 };
 
-// q [B, H, L, hd], k/v [B, KV, L, hd] (H a multiple of KV), L even -> [B, H, L, hd]. Differentiable
-// in q, k, v. `documents`: undefined (causal) or the documents of the whole rows [B, n L] (block-
-// causal: See Note [Ring attention over documents]). `tags` must outlive the backward.
+// q [B, H, L, qk_hd], k [B, KV, L, qk_hd], v [B, KV, L, v_hd] (H a multiple of KV), L even ->
+// [B, H, L, v_hd]. Differentiable in q, k, v. `documents`: undefined (causal) or the documents of
+// the whole rows [B, n L] (block-causal: See Note [Ring attention over documents]). `scale`: of
+// q . k, unset 1 / sqrt(qk_hd). `tags` must outlive the backward.
 at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& documents,
-                          comm::Comm& cp, KvExchange exchange, RingTags& tags);
+                          comm::Comm& cp, KvExchange exchange, RingTags& tags,
+                          std::optional<double> scale = std::nullopt);
 
 // The same result by head-parallel all-to-alls (See Note [Head-parallel attention]): H and, after
 // any repetition, the kv heads divisible by cp.size().
 at::Tensor head_parallel_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                   const at::Tensor& documents, comm::Comm& cp);
+                                   const at::Tensor& documents, comm::Comm& cp,
+                                   std::optional<double> scale = std::nullopt);
 
 }  // namespace titan::parallel::context_parallel

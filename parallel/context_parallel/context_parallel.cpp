@@ -91,14 +91,13 @@ void apply_cp(model::Transformer& model, comm::Comm& cp, CpRotateMethod method,
     a.sdpa_name = name;
     comm::Comm* comm = &cp;
     if (method == CpRotateMethod::kUlysses) {
-      a.sdpa = [comm](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& documents) {
-        return head_parallel_attention(q, k, v, documents, *comm);
-      };
+      a.sdpa = [comm](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& documents,
+                      std::optional<double> scale) { return head_parallel_attention(q, k, v, documents, *comm, scale); };
     } else {
       const KvExchange exchange = method == CpRotateMethod::kAllGather ? KvExchange::kAllGather : KvExchange::kRing;
       a.sdpa = [comm, exchange, tags](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                      const at::Tensor& documents) {
-        return ring_attention(q, k, v, documents, *comm, exchange, *tags);
+                                      const at::Tensor& documents, std::optional<double> scale) {
+        return ring_attention(q, k, v, documents, *comm, exchange, *tags, scale);
       };
     }
   }

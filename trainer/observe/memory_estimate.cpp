@@ -67,7 +67,7 @@ BlockTerms block_terms(const EstimateInputs& in) {
   // freed); titan's bf16 CPU kernel takes them as they are (Note [Where the CPU attention kernel
   // runs] in model/kernels/attention.h). CUDA as the CPU flash kernel: an upper bound.
   const bool titan_cpu_attention =
-      !in.cuda && in.compute_bytes == 2 && model::cpu_attention_kernel_applies(at::kBFloat16, a.head_dim(), in.seq_len);
+      !in.cuda && in.compute_bytes == 2 && model::cpu_attention_kernel_applies(at::kBFloat16, a.head_dim(), a.head_dim(), in.seq_len);
   if (gqa && !titan_cpu_attention) {
     full.push_back({"RoPE-rotated q; k, v repeated to all heads (GQA)", 3 * dq * e});
   } else {
