@@ -2,7 +2,6 @@
 #include "model/deepseek_v3/latent_attention.h"
 
 #include <ATen/ops/cat.h>
-#include <ATen/ops/constant_pad_nd.h>
 #include <c10/util/Exception.h>
 
 #include <cmath>
@@ -59,16 +58,9 @@ at::Tensor LatentAttention::forward(const at::Tensor& x_in, const RotaryTable& r
   // As grouped-query attention's, through the op layer (per-op AC keeps its output), over
   // context-parallel ranks when installed, per document when block-causal; with the softmax
   // scale of the qk head (and YaRN's mscale), the output of the v head size.
-  // TEMPORARY until the attention paths take a scale and a v head of its own size: q rescaled
-  // so that the kernels' 1/sqrt(qk) gives softmax_scale, v zero-padded to the qk size and the
-  // output cut back (exact: the padded columns of the output are zeros).
-  const int64_t qk = mla.qk_head_dim(), vd = mla.v_head_dim;
-  const at::Tensor qs = qt * (softmax_scale * std::sqrt(static_cast<double>(qk)));
-  const at::Tensor vp = vd == qk ? vt : at::constant_pad_nd(vt, {0, qk - vd});
-  at::Tensor out = (sdpa                  ? sdpa(qs, kt, vp, documents)
-                    : documents.defined() ? document_causal_attention(qs, kt, vp, documents)
-                                          : attention_op(qs, kt, vp))
-                       .narrow(3, 0, vd);  // [B, H, S, v]
+  at::Tensor out = sdpa                  ? sdpa(qt, kt, vt, documents, softmax_scale)
+                   : documents.defined() ? document_causal_attention(qt, kt, vt, documents, softmax_scale)
+                                         : attention_op(qt, kt, vt, softmax_scale);  // [B, H, S, v]
   return wo.forward(out.transpose(1, 2).reshape({batch, seq, -1}));  // [B, S, D]
 }
 
