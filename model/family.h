@@ -9,7 +9,8 @@
 // function of the layer index), how its parameters are initialized, how many parameters and
 // FLOPs its attention has (from the arguments alone, so a 671B model's numbers need no tensor),
 // and what a tensor-parallel degree must divide; its modules declare their tensor-parallel rules
-// (model/sharding_plan.h). The family's own switches ride in ModelArgs.
+// (model/sharding_plan.h); and how Hugging Face spells its model (model/hf_format.h). The
+// family's own switches ride in ModelArgs.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +25,7 @@
 namespace titan::model {
 
 class AttentionModule;
+struct HfFormat;  // model/hf_format.h
 
 // What a block's feed-forward is.
 enum class FeedForwardKind {
@@ -60,6 +62,10 @@ class Family {
   virtual std::vector<ShardedSize> tp_sharded_sizes(const ModelArgs& args) const = 0;
   // Parameter `fqn`'s initial distribution (what Transformer::init_weights draws it from).
   virtual InitSpec init_spec(const ModelArgs& args, const std::string& fqn) const = 0;
+  // The model's Hugging Face format (its names, layouts and config.json). Throws
+  // std::invalid_argument (refuse_hugging_face) where HF's class would compute the model
+  // differently. Default: the family declares none.
+  virtual HfFormat hugging_face(const ModelArgs& args) const;
 };
 
 // The families titan trains, in registry order (model/families.cpp).
