@@ -73,7 +73,8 @@ TEST_CASE("Hugging Face names, layouts and refusals are the family's declaration
   using titan::model::model_flavor;
   const titan::model::ModelArgs llama = model_flavor("llama3", "debugmodel");
   CHECK(hf_architecture(llama) == std::make_pair(std::string("LlamaForCausalLM"), std::string("llama")));
-  CHECK(hf_names("layers.3.attention.wq.weight", llama) == std::vector<std::string>{"model.layers.3.self_attn.q_proj.weight"});
+  CHECK(hf_names("layers.3.attention.wq.weight", llama) ==
+        std::vector<std::string>{"model.layers.3.self_attn.q_proj.weight"});
   CHECK(hf_names("output.weight", llama) == std::vector<std::string>{"lm_head.weight"});
   CHECK(titan_slot_from_hf("model.layers.3.mlp.down_proj.weight", llama).fqn == "layers.3.feed_forward.w2.weight");
   CHECK(titan_slot_from_hf("model.layers.0.self_attn.rotary_emb.inv_freq", llama).fqn.empty());

@@ -105,10 +105,12 @@ class Qwen3Family final : public GroupedQueryFamily {
     // HF's Qwen3-MoE block: softmax over every expert, the top k (renormalized by
     // norm_topk_prob) weighing the experts' outputs, nothing else.
     const moe::MoEArgs& m = *args.moe;
-    if (m.score_func != "softmax") refuse_hugging_face(args, "router score_func '" + m.score_func + "' (HF's is softmax)");
+    if (m.score_func != "softmax")
+      refuse_hugging_face(args, "router score_func '" + m.score_func + "' (HF's is softmax)");
     if (m.num_shared_experts > 0) refuse_hugging_face(args, "shared experts");
     if (m.gate_bias) refuse_hugging_face(args, "a router gate bias");
-    if (m.route_scale != 1.0) refuse_hugging_face(args, "route_scale " + std::to_string(m.route_scale) + " (HF's is 1)");
+    if (m.route_scale != 1.0)
+      refuse_hugging_face(args, "route_scale " + std::to_string(m.route_scale) + " (HF's is 1)");
     if (m.score_before_experts)
       refuse_hugging_face(args, "scores applied before the experts (HF weighs their outputs)");
     if (m.num_expert_groups) refuse_hugging_face(args, "group-limited routing");

@@ -105,14 +105,16 @@ at::Tensor to_layout(const HfFormat& f, const std::string& fqn, const at::Tensor
   const model::HfRotaryRows* r = rotary_rows(f, fqn);
   if (!r) return w;
   const int64_t dim = w.size(1);
-  return w.reshape({r->heads, r->head_dim / 2, 2, dim}).transpose(1, 2).reshape({r->heads * r->head_dim, dim}).contiguous();
+  return w.reshape({r->heads, r->head_dim / 2, 2, dim}).transpose(1, 2).reshape({r->heads * r->head_dim, dim})
+      .contiguous();
 }
 
 at::Tensor from_layout(const HfFormat& f, const std::string& fqn, const at::Tensor& w) {
   const model::HfRotaryRows* r = rotary_rows(f, fqn);
   if (!r) return w;
   const int64_t dim = w.size(1);
-  return w.reshape({r->heads, 2, r->head_dim / 2, dim}).transpose(1, 2).reshape({r->heads * r->head_dim, dim}).contiguous();
+  return w.reshape({r->heads, 2, r->head_dim / 2, dim}).transpose(1, 2).reshape({r->heads * r->head_dim, dim})
+      .contiguous();
 }
 
 nlohmann::json config_of(const HfFormat& f, at::ScalarType dtype) {
@@ -138,7 +140,8 @@ fs::path listing_file(const std::string& path) {
 
 // Whether config.json's `theirs` is titan's `ours`: numbers by value, objects by ours' keys
 // (theirs may leave out `optional_keys`, and may hold more).
-bool same_value(const nlohmann::json& theirs, const nlohmann::json& ours, const std::vector<std::string>& optional_keys) {
+bool same_value(const nlohmann::json& theirs, const nlohmann::json& ours,
+                const std::vector<std::string>& optional_keys) {
   if (theirs.is_number() && ours.is_number()) return theirs.get<double>() == ours.get<double>();
   if (!theirs.is_object() || !ours.is_object()) return theirs == ours;
   for (const auto& [key, value] : ours.items()) {
@@ -172,7 +175,8 @@ void check_hf_config(const std::string& file, const HfFormat& f) {
                                  ? check.key + " " + theirs.dump() + ", but titan's model has " + check.ours.dump()
                                  : check.key + " = " + theirs.dump() + ", but titan's model has " + check.titan_key +
                                        " = " + check.ours.dump();
-    throw std::runtime_error("Hugging Face config '" + file + "' has " + what + ": choose the matching " + check.choose);
+    throw std::runtime_error("Hugging Face config '" + file + "' has " + what + ": choose the matching " +
+                             check.choose);
   }
 }
 
@@ -209,7 +213,9 @@ std::pair<std::string, std::string> hf_architecture(const model::ModelArgs& args
   return {f.architecture, f.model_type};
 }
 
-nlohmann::json hf_config(const model::ModelArgs& args, at::ScalarType dtype) { return config_of(hf_format(args), dtype); }
+nlohmann::json hf_config(const model::ModelArgs& args, at::ScalarType dtype) {
+  return config_of(hf_format(args), dtype);
+}
 
 int64_t write_hf_folder(const std::string& dir, const std::vector<std::string>& fqns,
                         const std::vector<std::vector<int64_t>>& shapes, const model::ModelArgs& args,
