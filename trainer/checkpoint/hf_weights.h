@@ -45,7 +45,7 @@ TitanSlot titan_slot_from_hf(const std::string& hf, const model::ModelArgs& args
 at::Tensor to_hf_layout(const std::string& fqn, const at::Tensor& w, const model::ModelArgs& args);
 at::Tensor from_hf_layout(const std::string& fqn, const at::Tensor& w, const model::ModelArgs& args);
 
-// HF's architecture and model_type for titan's model ("LlamaForCausalLM", "llama"). Throws
+// HF's architecture and model_type for titan's model (config.json's class and type). Throws
 // std::invalid_argument, saying what, for a model HF's class would compute differently (e.g.
 // shared experts); so does every function here that takes the model's args, but hf_buffer_name.
 std::pair<std::string, std::string> hf_architecture(const model::ModelArgs& args);
