@@ -9,7 +9,8 @@
 // function of the layer index), how its parameters are initialized, how many parameters and
 // FLOPs its attention has (from the arguments alone, so a 671B model's numbers need no tensor),
 // and what a tensor-parallel degree must divide; its modules declare their tensor-parallel rules
-// (model/sharding_plan.h). The family's own switches ride in ModelArgs.
+// (model/sharding_plan.h); and how Hugging Face spells its model (model/hf_format.h). The
+// family's own switches ride in ModelArgs.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +25,7 @@
 namespace titan::model {
 
 class AttentionModule;
+struct HfFormat;  // model/hf_format.h
 
 // What a block's feed-forward is.
 enum class FeedForwardKind {
@@ -66,6 +68,10 @@ class Family {
   // The final norm's epsilon; a negative value: the epsilon of the input's dtype
   // (torch.finfo(dtype).eps: an nn.RMSNorm built without eps, as DeepSeek-V3's). Default norm_eps.
   virtual double final_norm_eps(const ModelArgs& args) const { return args.norm_eps; }
+  // The model's Hugging Face format (its names, layouts and config.json). Throws
+  // std::invalid_argument (refuse_hugging_face) where HF's class would compute the model
+  // differently. Default: the family declares none.
+  virtual HfFormat hugging_face(const ModelArgs& args) const;
 };
 
 // torchtitan's decoder init (its llama3 scheme, which Qwen3's and DeepSeek-V3's repeat): the

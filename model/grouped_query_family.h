@@ -1,7 +1,8 @@
 // model/grouped_query_family.h — the declaration that Llama 3 and Qwen3 share (See Note [A family
 // is a declaration] in model/family.h): grouped-query attention in every block
 // (model/grouped_query_attention.h), a dense or MoE feed-forward in every block, torchtitan's
-// Llama init. Each such family is this class with its own name and flavor table.
+// Llama init, and Hugging Face's names of its layers. Each such family is this class with its own
+// name and flavor table, and its own Hugging Face class (hugging_face, from hf_format_of).
 #pragma once
 
 #include <string>
@@ -26,6 +27,12 @@ class GroupedQueryFamily : public Family {
   std::vector<ShardedSize> tp_sharded_sizes(const ModelArgs& args) const override;
   // torchtitan's llama3 scheme (listed in grouped_query_family.cpp).
   InitSpec init_spec(const ModelArgs& args, const std::string& fqn) const override;
+
+ protected:
+  // The Hugging Face format every grouped-query family shares (grouped_query_hf_format.cpp):
+  // HF's Llama-style names, config.json's common entries and checks; a family's hugging_face
+  // adds its own.
+  HfFormat hf_format_of(const ModelArgs& args, std::string architecture, std::string model_type) const;
 
  private:
   std::string name_;

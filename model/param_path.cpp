@@ -7,8 +7,8 @@ constexpr std::string_view kLayers = "layers.";
 constexpr size_t kMaxIndexDigits = 9;
 }  // namespace
 
-std::string layer_path(int64_t layer, std::string_view rest) {
-  std::string path(kLayers);
+std::string layer_path(int64_t layer, std::string_view rest, std::string_view prefix) {
+  std::string path(prefix);
   path += std::to_string(layer);
   if (!rest.empty()) (path += '.') += rest;
   return path;

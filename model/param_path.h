@@ -11,8 +11,9 @@
 
 namespace titan::model {
 
-// "layers.<layer>" (no rest) or "layers.<layer>.<rest>".
-std::string layer_path(int64_t layer, std::string_view rest = {});
+// "layers.<layer>" (no rest) or "layers.<layer>.<rest>"; `prefix` as parse_layer_path's
+// ("model.layers." builds Hugging Face's name of a block, "mlp.experts." of an HF expert).
+std::string layer_path(int64_t layer, std::string_view rest = {}, std::string_view prefix = "layers.");
 
 struct LayerPath {
   int64_t layer = 0;

@@ -1,11 +1,13 @@
 // Hugging Face weights in and out (docs/checkpoint.md): Llama 3, Qwen3 and Qwen3-MoE exported,
 // imported back bit for bit, and the export's logits computed in Python (transformers when it is
 // importable, else scripts/hf_llama_check.py's re-implementation of HF's modeling code) equal to
-// titan's within float32 reduction error (the script's docstring gives the tolerance).
+// titan's within float32 reduction error (the script's docstring gives the tolerance); and the
+// mapping each family declares (model/hf_format.h) as hf_weights.h reads it.
 #include <catch2/catch.hpp>
 
 #include <ATen/ops/arange.h>
 #include <ATen/ops/equal.h>
+#include <ATen/ops/randn.h>
 #include <ATen/core/grad_mode.h>
 
 #include <sys/wait.h>
@@ -17,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "model/flavors.h"
 #include "tests/temp_dir.h"
 #include "trainer/checkpoint/hf_weights.h"
 #include "trainer/checkpoint/safetensors.h"
@@ -65,6 +68,86 @@ void check_hf_logits(Trainer& trainer, const fs::path& hf, const fs::path& dump)
 
 
 }  // namespace
+
+TEST_CASE("Hugging Face names, layouts and refusals are the family's declaration", "[checkpoint]") {
+  using titan::model::model_flavor;
+  const titan::model::ModelArgs llama = model_flavor("llama3", "debugmodel");
+  CHECK(hf_architecture(llama) == std::make_pair(std::string("LlamaForCausalLM"), std::string("llama")));
+  CHECK(hf_names("layers.3.attention.wq.weight", llama) ==
+        std::vector<std::string>{"model.layers.3.self_attn.q_proj.weight"});
+  CHECK(hf_names("output.weight", llama) == std::vector<std::string>{"lm_head.weight"});
+  CHECK(titan_slot_from_hf("model.layers.3.mlp.down_proj.weight", llama).fqn == "layers.3.feed_forward.w2.weight");
+  CHECK(titan_slot_from_hf("model.layers.0.self_attn.rotary_emb.inv_freq", llama).fqn.empty());
+  CHECK_THROWS_WITH(titan_slot_from_hf("model.layers.0.self_attn.c_attn.weight", llama),
+                    Contains("'model.layers.0.self_attn.c_attn.weight' is not a llama weight titan knows"));
+  CHECK_THROWS_WITH(hf_names("layers.0.attention.wz.weight", llama), Contains("no Hugging Face name"));
+  // Llama's q and k rows go out permuted within each head and come back; v as it is.
+  const at::Tensor wq = at::randn({llama.n_heads * llama.head_dim(), llama.dim});
+  const at::Tensor permuted = to_hf_layout("layers.1.attention.wq.weight", wq, llama);
+  CHECK_FALSE(at::equal(permuted, wq));
+  CHECK(at::equal(from_hf_layout("layers.1.attention.wq.weight", permuted, llama), wq));
+  CHECK(at::equal(to_hf_layout("layers.1.attention.wv.weight", wq, llama), wq));
+  const nlohmann::json llama_config = hf_config(llama, at::kBFloat16);
+  CHECK(llama_config.at("mlp_bias") == false);
+  CHECK(llama_config.at("torch_dtype") == "bfloat16");
+  CHECK(llama_config.at("rope_scaling").at("rope_type") == "llama3");
+  CHECK_FALSE(llama_config.contains("use_sliding_window"));
+
+  const titan::model::ModelArgs qwen3 = model_flavor("qwen3", "debugmodel");  // tied: no lm_head
+  CHECK(titan_slot_from_hf("lm_head.weight", qwen3).fqn.empty());
+  const at::Tensor qwen3_wq = at::randn({qwen3.n_heads * qwen3.head_dim(), qwen3.dim});
+  CHECK(at::equal(to_hf_layout("layers.1.attention.wq.weight", qwen3_wq, qwen3), qwen3_wq));  // halves in titan too
+  CHECK(hf_config(qwen3, at::kFloat).at("max_window_layers") == qwen3.n_layers);
+
+  const titan::model::ModelArgs moe = model_flavor("qwen3", "debugmodel_moe_small");
+  const std::vector<std::string> experts = hf_names("layers.1.moe.experts.w3", moe);
+  REQUIRE(experts.size() == 8);
+  CHECK(experts[5] == "model.layers.1.mlp.experts.5.up_proj.weight");
+  const TitanSlot slot = titan_slot_from_hf("model.layers.1.mlp.experts.5.up_proj.weight", moe);
+  CHECK(slot.fqn == "layers.1.moe.experts.w3");
+  CHECK(slot.expert == 5);
+  CHECK_THROWS_WITH(titan_slot_from_hf("model.layers.1.mlp.experts.8.up_proj.weight", moe),
+                    Contains("is expert 8, but titan's model has 8 experts per layer"));
+  CHECK(hf_config(moe, at::kFloat).at("num_experts") == 8);
+
+  // config.json is checked where a difference would not show in a shape.
+  auto config_error = [&](const nlohmann::json& config, const titan::model::ModelArgs& args) {
+    const fs::path dir = root() / "config_only";
+    fs::create_directories(dir);
+    std::ofstream(dir / "config.json") << config.dump();
+    try {
+      read_hf_checkpoint(dir.string(), args, [](const auto&, const auto&) {});
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  nlohmann::json scaled = llama_config;
+  scaled["rope_scaling"].erase("rope_type");  // older configs leave it out: accepted (no weights then)
+  CHECK_THAT(config_error(scaled, llama), !Contains("Hugging Face config"));
+  scaled["rope_scaling"]["factor"] = 4.0;
+  CHECK_THAT(config_error(scaled, llama), Contains("has rope_scaling {") && Contains("but titan's model has {") &&
+                                              Contains("choose the matching model.flavor"));
+  scaled["rope_scaling"] = nullptr;
+  CHECK_THAT(config_error(scaled, llama), Contains("has rope_scaling null"));
+  nlohmann::json more_experts = hf_config(moe, at::kFloat);
+  more_experts["num_experts"] = 16;
+  CHECK_THAT(config_error(more_experts, moe), Contains("has num_experts = 16, but titan's model has num_experts = 8: "
+                                                       "choose the matching model.name and model.flavor"));
+  CHECK_THAT(config_error(hf_config(qwen3, at::kFloat), moe),
+             Contains("has model_type = \"qwen3\", but titan's model has model_type = \"qwen3_moe\""));
+
+  // A model HF's class would compute differently is refused, naming why; it has no HF buffer.
+  titan::model::ModelArgs llama_qk = llama;
+  llama_qk.qk_norm = true;
+  CHECK_THROWS_WITH(hf_architecture(llama_qk), Contains("titan's llama3 model has no Hugging Face counterpart: "
+                                                        "Llama with q/k norms, half rotation or experts"));
+  CHECK_FALSE(hf_buffer_name("layers.0.moe.expert_bias", llama_qk).has_value());
+  titan::model::ModelArgs shared = moe;
+  shared.moe->num_shared_experts = 1;
+  CHECK_THROWS_WITH(hf_names("layers.0.attention.wq.weight", shared),
+                    Contains("titan's qwen3 model has no Hugging Face counterpart: shared experts"));
+}
 
 TEST_CASE("Hugging Face export loads back bitwise and gives HF Llama's logits", "[checkpoint][slow]") {
   const fs::path dump = root() / "hf", hf = dump / "hf_export";

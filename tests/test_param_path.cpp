@@ -40,6 +40,9 @@ TEST_CASE("layer paths: built, parsed, patterned, their top module", "[model]") 
   CHECK(expert->layer == 17);
   CHECK(expert->rest == "gate_proj.weight");
   CHECK_FALSE(parse_layer_path("layers.5.attention", "model.layers."));
+  // ... built by layer_path with the same prefix.
+  CHECK(layer_path(5, "self_attn.q_proj.weight", "model.layers.") == "model.layers.5.self_attn.q_proj.weight");
+  CHECK(layer_path(17, "gate_proj.weight", "mlp.experts.") == "mlp.experts.17.gate_proj.weight");
 
   CHECK(layer_pattern("layers.3.attention.wq") == "layers.*.attention.wq");
   CHECK(layer_pattern("layers.3.attention.wq", "#") == "layers.#.attention.wq");

@@ -1,10 +1,11 @@
 // model/llama3/family.cpp — Llama 3's flavors as torchtitan 0.2.2 defines them (plus titan's
-// CPU-sized and 4-layer benchmark shapes).
+// CPU-sized and 4-layer benchmark shapes), and its Hugging Face class, LlamaForCausalLM.
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "model/grouped_query_family.h"
+#include "model/hf_format.h"
 
 namespace titan::model::llama3 {
 
@@ -54,10 +55,23 @@ const std::vector<NamedFlavor>& llama3_flavor_table() {
   return table;
 }
 
+class Llama3Family final : public GroupedQueryFamily {
+ public:
+  Llama3Family() : GroupedQueryFamily("llama3", llama3_flavor_table()) {}
+
+  HfFormat hugging_face(const ModelArgs& args) const override {
+    if (args.qk_norm || args.rope_rotate_half || args.moe)
+      refuse_hugging_face(args, "Llama with q/k norms, half rotation or experts");
+    HfFormat f = hf_format_of(args, "LlamaForCausalLM", "llama");
+    f.config["mlp_bias"] = false;
+    return f;
+  }
+};
+
 }  // namespace
 
 const Family& family() {
-  static const GroupedQueryFamily declaration("llama3", llama3_flavor_table());
+  static const Llama3Family declaration;
   return declaration;
 }
 

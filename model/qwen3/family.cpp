@@ -3,12 +3,14 @@
 // width, an RMSNorm on each head of q and k before RoPE, RoPE over (i, i + hd/2) pairs with theta
 // 1e6, an explicit SwiGLU width, RMSNorm eps 1e-6, and the token embedding reused as the output
 // projection in the flavors up to 4B; the MoE flavors (debugmodel_moe, 30B-A3B, 235B-A22B) make
-// every block's feed-forward a mixture of experts (model/moe/moe.h).
+// every block's feed-forward a mixture of experts (model/moe/moe.h). Their Hugging Face classes:
+// Qwen3ForCausalLM, and Qwen3MoeForCausalLM for the MoE flavors.
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "model/grouped_query_family.h"
+#include "model/hf_format.h"
 
 namespace titan::model::qwen3 {
 namespace {
@@ -92,10 +94,59 @@ const std::vector<NamedFlavor>& qwen3_flavor_table() {
   return table;
 }
 
+class Qwen3Family final : public GroupedQueryFamily {
+ public:
+  Qwen3Family() : GroupedQueryFamily("qwen3", qwen3_flavor_table()) {}
+
+  HfFormat hugging_face(const ModelArgs& args) const override {
+    if (!args.qk_norm || !args.rope_rotate_half)
+      refuse_hugging_face(args, "Qwen3 without q/k norms or with interleaved rotation");
+    if (!args.moe) return with_full_window(hf_format_of(args, "Qwen3ForCausalLM", "qwen3"), args);
+    // HF's Qwen3-MoE block: softmax over every expert, the top k (renormalized by
+    // norm_topk_prob) weighing the experts' outputs, nothing else.
+    const moe::MoEArgs& m = *args.moe;
+    if (m.score_func != "softmax")
+      refuse_hugging_face(args, "router score_func '" + m.score_func + "' (HF's is softmax)");
+    if (m.num_shared_experts > 0) refuse_hugging_face(args, "shared experts");
+    if (m.gate_bias) refuse_hugging_face(args, "a router gate bias");
+    if (m.route_scale != 1.0)
+      refuse_hugging_face(args, "route_scale " + std::to_string(m.route_scale) + " (HF's is 1)");
+    if (m.score_before_experts)
+      refuse_hugging_face(args, "scores applied before the experts (HF weighs their outputs)");
+    if (m.num_expert_groups) refuse_hugging_face(args, "group-limited routing");
+    HfFormat f = with_full_window(hf_format_of(args, "Qwen3MoeForCausalLM", "qwen3_moe"), args);
+    f.config["num_experts"] = m.num_experts;
+    f.config["num_experts_per_tok"] = m.top_k;
+    f.config["moe_intermediate_size"] = args.moe_hidden_dim;
+    f.config["norm_topk_prob"] = m.route_norm;
+    // Every block's feed-forward is a mixture of experts.
+    f.config["decoder_sparse_step"] = 1;
+    f.config["mlp_only_layers"] = nlohmann::json::array();
+    // titan balances the experts' load with expert_bias, not with an auxiliary loss. HF's
+    // Qwen3-MoE has no tensor for that bias (it routes by the softmax scores alone), so the
+    // format holds no block buffer: an export leaves it out, a run from one balances from zero.
+    f.config["router_aux_loss_coef"] = 0.0;
+    f.config["output_router_logits"] = false;
+    f.config_checks.push_back(hf_value_check("num_experts", m.num_experts, "num_experts"));
+    f.config_checks.push_back(hf_value_check("num_experts_per_tok", m.top_k, "top_k"));
+    f.config_checks.push_back(hf_value_check("norm_topk_prob", m.route_norm, "route_norm"));
+    return f;
+  }
+
+ private:
+  // Qwen3 attends over the whole causal window in every layer.
+  static HfFormat with_full_window(HfFormat f, const ModelArgs& args) {
+    f.config["use_sliding_window"] = false;
+    f.config["sliding_window"] = nullptr;
+    f.config["max_window_layers"] = args.n_layers;
+    return f;
+  }
+};
+
 }  // namespace
 
 const Family& family() {
-  static const GroupedQueryFamily declaration("qwen3", qwen3_flavor_table());
+  static const Qwen3Family declaration;
   return declaration;
 }
 

@@ -3,12 +3,15 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/stack.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <optional>
 #include <stdexcept>
 
+#include "model/family.h"
+#include "model/hf_format.h"
 #include "model/param_path.h"
 #include "trainer/checkpoint/safetensors.h"
 #include "util/atomic_file.h"
@@ -17,94 +20,109 @@ namespace titan::trainer::checkpoint {
 namespace fs = std::filesystem;
 namespace {
 
-// HF's LlamaConfig spelling of Llama 3.1 RoPE scaling ("rope_type": "llama3"), or null.
-nlohmann::json hf_rope_scaling(const model::RopeScaling& r) {
-  if (!r.enabled) return nullptr;
-  return {{"rope_type", "llama3"},
-          {"factor", r.factor},
-          {"low_freq_factor", r.low_freq_factor},
-          {"high_freq_factor", r.high_freq_factor},
-          {"original_max_position_embeddings", r.original_max_position_embeddings}};
+using model::HfFormat;
+using model::HfNamePair;
+
+// The family's declaration of the model's Hugging Face format; throws std::invalid_argument
+// where HF cannot hold the model.
+HfFormat hf_format(const model::ModelArgs& args) { return model::family(args.family).hugging_face(args); }
+
+const HfNamePair* with_titan_name(const std::vector<HfNamePair>& pairs, const std::string& titan) {
+  const auto it = std::find_if(pairs.begin(), pairs.end(), [&](const HfNamePair& p) { return p.titan == titan; });
+  return it == pairs.end() ? nullptr : &*it;
+}
+const HfNamePair* with_hf_name(const std::vector<HfNamePair>& pairs, const std::string& hf) {
+  const auto it = std::find_if(pairs.begin(), pairs.end(), [&](const HfNamePair& p) { return p.hf == hf; });
+  return it == pairs.end() ? nullptr : &*it;
+}
+bool listed(const std::vector<std::string>& names, const std::string& name) {
+  return std::find(names.begin(), names.end(), name) != names.end();
 }
 
-// Suffix pairs inside a block: titan (after "layers.<i>.") <-> HF (after "model.layers.<i>.").
-// One table for every family: a name a family lacks (q_norm in Llama) is then simply not among
-// its parameters.
-const std::vector<std::pair<std::string, std::string>> kBlockNames = {
-    {"attention.wq.weight", "self_attn.q_proj.weight"},
-    {"attention.wk.weight", "self_attn.k_proj.weight"},
-    {"attention.wv.weight", "self_attn.v_proj.weight"},
-    {"attention.wo.weight", "self_attn.o_proj.weight"},
-    {"attention.q_norm.weight", "self_attn.q_norm.weight"},
-    {"attention.k_norm.weight", "self_attn.k_norm.weight"},
-    {"feed_forward.w1.weight", "mlp.gate_proj.weight"},
-    {"feed_forward.w2.weight", "mlp.down_proj.weight"},
-    {"feed_forward.w3.weight", "mlp.up_proj.weight"},
-    {"moe.router.gate.weight", "mlp.gate.weight"},
-    {"attention_norm.weight", "input_layernorm.weight"},
-    {"ffn_norm.weight", "post_attention_layernorm.weight"},
-};
-// A block's stacked experts: titan (after "layers.<i>.") <-> expert j's HF tensor (after
-// "model.layers.<i>.mlp.experts.<j>.").
-const std::vector<std::pair<std::string, std::string>> kExpertNames = {
-    {"moe.experts.w1", "gate_proj.weight"},
-    {"moe.experts.w2", "down_proj.weight"},
-    {"moe.experts.w3", "up_proj.weight"},
-};
-// A block's persistent buffers (titan after "layers.<i>." <-> HF after "model.layers.<i>."), per
-// HF model_type: only where the family's Hub checkpoints hold the tensor. DeepSeek-V3's would be
-// {"moe.expert_bias", "mlp.gate.e_score_correction_bias"} (its router's bias that only chooses,
-// as expert_bias does). Qwen3-MoE's format has none: Qwen3MoeForCausalLM routes by the softmax
-// scores alone, so its exports leave the bias out and a run from one starts balancing from zero.
-const std::map<std::string, std::vector<std::pair<std::string, std::string>>>& buffer_names_by_model_type() {
-  static const std::map<std::string, std::vector<std::pair<std::string, std::string>>> table = {
-      {"llama", {}},
-      {"qwen3", {}},
-      {"qwen3_moe", {}},
-  };
-  return table;
-}
-const std::vector<std::pair<std::string, std::string>>& block_buffer_names(const model::ModelArgs& args) {
-  static const std::vector<std::pair<std::string, std::string>> none;
-  std::string model_type;
-  try {
-    model_type = hf_architecture(args).second;
-  } catch (const std::invalid_argument&) {  // no HF counterpart: no buffer either
-    return none;
-  }
-  const auto& table = buffer_names_by_model_type();
-  const auto it = table.find(model_type);
-  return it == table.end() ? none : it->second;
-}
-
-const std::vector<std::pair<std::string, std::string>> kTopNames = {
-    {"tok_embeddings.weight", "model.embed_tokens.weight"},
-    {"norm.weight", "model.norm.weight"},
-    {"output.weight", "lm_head.weight"},
-};
-
-// HF's name of titan's "layers.<i>.<rest>": "model.layers.<i>.<hf_rest>".
-std::string hf_block_name(int64_t layer, const std::string& hf_rest) { return "model." + model::layer_path(layer, hf_rest); }
-
-// layers.<i>.moe.experts.w1 / w2 / w3: E experts' weights in one [E, ...] tensor.
-bool is_stacked_experts(const std::string& fqn) {
+std::optional<std::string> buffer_name(const HfFormat& f, const std::string& fqn) {
   const std::optional<model::LayerPath> block = model::parse_layer_path(fqn);
-  if (!block) return false;
-  for (const auto& [t, h] : kExpertNames)
-    if (block->rest == t) return true;
-  return false;
+  if (!block) return std::nullopt;
+  if (const HfNamePair* p = with_titan_name(f.block_buffer_names, block->rest))
+    return model::layer_path(block->layer, p->hf, f.block_folder);
+  return std::nullopt;
 }
 
-// Heads of wq / wk of a model that rotates interleaved pairs (0: no permutation).
-int64_t rotary_heads(const std::string& fqn, const model::ModelArgs& args) {
-  if (args.rope_rotate_half) return 0;  // titan rotates halves, as HF does
-  auto ends = [&](const char* s) {
-    const std::string suffix(s);
-    return fqn.size() >= suffix.size() && fqn.compare(fqn.size() - suffix.size(), suffix.size(), suffix) == 0;
-  };
-  if (ends("attention.wq.weight")) return args.n_heads;
-  if (ends("attention.wk.weight")) return args.kv_heads();
-  return 0;
+std::vector<std::string> names_of(const HfFormat& f, const std::string& fqn, const model::ModelArgs& args) {
+  if (const HfNamePair* p = with_titan_name(f.top_names, fqn)) return {p->hf};
+  if (std::optional<std::string> buffer = buffer_name(f, fqn)) return {*buffer};
+  if (const std::optional<model::LayerPath> block = model::parse_layer_path(fqn)) {
+    if (const HfNamePair* p = with_titan_name(f.block_names, block->rest))
+      return {model::layer_path(block->layer, p->hf, f.block_folder)};
+    if (const HfNamePair* p = with_titan_name(f.expert_names, block->rest); p && args.moe) {
+      std::vector<std::string> names;
+      for (int64_t j = 0; j < args.moe->num_experts; ++j)
+        names.push_back(model::layer_path(block->layer, model::layer_path(j, p->hf, f.expert_folder), f.block_folder));
+      return names;
+    }
+  }
+  throw std::invalid_argument("no Hugging Face name for titan parameter '" + fqn + "'");
+}
+
+TitanSlot slot_of(const HfFormat& f, const std::string& hf, const model::ModelArgs& args) {
+  if (listed(f.ignored_names, hf)) return {};
+  if (const HfNamePair* p = with_hf_name(f.top_names, hf)) return {p->titan};
+  if (const std::optional<model::LayerPath> block = model::parse_layer_path(hf, f.block_folder)) {
+    const std::string& rest = block->rest;
+    if (const HfNamePair* p = with_hf_name(f.block_names, rest)) return {model::layer_path(block->layer, p->titan)};
+    if (const HfNamePair* p = with_hf_name(f.block_buffer_names, rest))
+      return {model::layer_path(block->layer, p->titan)};
+    if (listed(f.ignored_block_names, rest)) return {};
+    // Expert j's slice of a stacked experts tensor.
+    if (const std::optional<model::LayerPath> expert = model::parse_layer_path(rest, f.expert_folder))
+      if (const HfNamePair* p = with_hf_name(f.expert_names, expert->rest)) {
+        const int64_t j = expert->layer;
+        const int64_t experts = args.moe ? args.moe->num_experts : 0;
+        if (j >= experts)
+          throw std::invalid_argument("Hugging Face tensor '" + hf + "' is expert " + std::to_string(j) +
+                                      ", but titan's model has " + std::to_string(experts) + " experts per layer");
+        return {model::layer_path(block->layer, p->titan), j};
+      }
+  }
+  throw std::invalid_argument("Hugging Face tensor '" + hf + "' is not a " + f.model_type + " weight titan knows");
+}
+
+// A stacked experts weight: E experts' weights in one [E, ...] tensor.
+bool is_stacked_experts(const HfFormat& f, const std::string& fqn) {
+  const std::optional<model::LayerPath> block = model::parse_layer_path(fqn);
+  return block && with_titan_name(f.expert_names, block->rest) != nullptr;
+}
+
+// The rows of `fqn` HF holds permuted, or none.
+const model::HfRotaryRows* rotary_rows(const HfFormat& f, const std::string& fqn) {
+  const std::optional<model::LayerPath> block = model::parse_layer_path(fqn);
+  if (!block) return nullptr;
+  const auto it = std::find_if(f.rotary_rows.begin(), f.rotary_rows.end(),
+                               [&](const model::HfRotaryRows& r) { return r.titan == block->rest; });
+  return it == f.rotary_rows.end() ? nullptr : &*it;
+}
+
+at::Tensor to_layout(const HfFormat& f, const std::string& fqn, const at::Tensor& w) {
+  const model::HfRotaryRows* r = rotary_rows(f, fqn);
+  if (!r) return w;
+  const int64_t dim = w.size(1);
+  return w.reshape({r->heads, r->head_dim / 2, 2, dim}).transpose(1, 2).reshape({r->heads * r->head_dim, dim})
+      .contiguous();
+}
+
+at::Tensor from_layout(const HfFormat& f, const std::string& fqn, const at::Tensor& w) {
+  const model::HfRotaryRows* r = rotary_rows(f, fqn);
+  if (!r) return w;
+  const int64_t dim = w.size(1);
+  return w.reshape({r->heads, 2, r->head_dim / 2, dim}).transpose(1, 2).reshape({r->heads * r->head_dim, dim})
+      .contiguous();
+}
+
+nlohmann::json config_of(const HfFormat& f, at::ScalarType dtype) {
+  nlohmann::json c = f.config;
+  c["architectures"] = {f.architecture};
+  c["model_type"] = f.model_type;
+  c["torch_dtype"] = dtype == at::kBFloat16 ? "bfloat16" : (dtype == at::kHalf ? "float16" : "float32");
+  return c;
 }
 
 void write_json_atomic(const fs::path& path, const nlohmann::json& j) {
@@ -120,9 +138,25 @@ fs::path listing_file(const std::string& path) {
   return fs::exists(index) ? index : fs::path(path) / "model.safetensors";
 }
 
-// config.json must describe the model titan builds: shapes are checked per tensor on load; these
-// change the numerics (or the model) without changing a shape.
-void check_hf_config(const std::string& file, const model::ModelArgs& args) {
+// Whether config.json's `theirs` is titan's `ours`: numbers by value, objects by ours' keys
+// (theirs may leave out `optional_keys`, and may hold more).
+bool same_value(const nlohmann::json& theirs, const nlohmann::json& ours,
+                const std::vector<std::string>& optional_keys) {
+  if (theirs.is_number() && ours.is_number()) return theirs.get<double>() == ours.get<double>();
+  if (!theirs.is_object() || !ours.is_object()) return theirs == ours;
+  for (const auto& [key, value] : ours.items()) {
+    if (!theirs.contains(key)) {
+      if (listed(optional_keys, key)) continue;
+      return false;
+    }
+    if (!same_value(theirs[key], value, {})) return false;
+  }
+  return true;
+}
+
+// config.json must describe the model titan builds (the format's config_checks, after its
+// model_type).
+void check_hf_config(const std::string& file, const HfFormat& f) {
   std::ifstream in(file);
   nlohmann::json cfg;
   try {
@@ -130,177 +164,57 @@ void check_hf_config(const std::string& file, const model::ModelArgs& args) {
   } catch (const std::exception& e) {
     throw std::runtime_error("Hugging Face config '" + file + "' is not valid JSON: " + e.what());
   }
-  auto differs = [&](const char* key, const nlohmann::json& ours) {
-    if (!cfg.contains(key) || cfg[key].is_null()) return false;
-    const nlohmann::json& theirs = cfg[key];
-    if (theirs.is_number() && ours.is_number()) return theirs.get<double>() != ours.get<double>();
-    return theirs != ours;
-  };
-  auto expect = [&](const char* key, const nlohmann::json& ours, const char* titan_key) {
-    if (differs(key, ours))
-      throw std::runtime_error("Hugging Face config '" + file + "' has " + key + " = " + cfg[key].dump() +
-                               ", but titan's model has " + titan_key + " = " + ours.dump() +
-                               ": choose the matching model.name and model.flavor");
-  };
-  expect("model_type", hf_architecture(args).second, "model_type");
-  expect("hidden_size", args.dim, "dim");
-  expect("num_hidden_layers", args.n_layers, "n_layers");
-  expect("num_attention_heads", args.n_heads, "n_heads");
-  expect("num_key_value_heads", args.kv_heads(), "n_kv_heads");
-  expect("rope_theta", args.rope_theta, "rope_theta");
-  expect("rms_norm_eps", args.norm_eps, "norm_eps");
-  if (args.moe) {
-    expect("num_experts", args.moe->num_experts, "num_experts");
-    expect("num_experts_per_tok", args.moe->top_k, "top_k");
-    expect("norm_topk_prob", args.moe->route_norm, "route_norm");
+  std::vector<model::HfConfigCheck> checks = {model::hf_value_check("model_type", f.model_type, "model_type")};
+  checks.insert(checks.end(), f.config_checks.begin(), f.config_checks.end());
+  for (const model::HfConfigCheck& check : checks) {
+    const bool given = cfg.contains(check.key) && !cfg[check.key].is_null();
+    if (!given && !check.absent_is_null) continue;
+    const nlohmann::json theirs = given ? cfg[check.key] : nlohmann::json(nullptr);
+    if (same_value(theirs, check.ours, check.optional_keys)) continue;
+    const std::string what = check.titan_key.empty()
+                                 ? check.key + " " + theirs.dump() + ", but titan's model has " + check.ours.dump()
+                                 : check.key + " = " + theirs.dump() + ", but titan's model has " + check.titan_key +
+                                       " = " + check.ours.dump();
+    throw std::runtime_error("Hugging Face config '" + file + "' has " + what + ": choose the matching " +
+                             check.choose);
   }
-  const nlohmann::json theirs = cfg.contains("rope_scaling") ? cfg["rope_scaling"] : nlohmann::json(nullptr);
-  const nlohmann::json ours = hf_rope_scaling(args.rope_scaling);
-  auto same_scaling = [&] {
-    if (theirs.is_null() || ours.is_null()) return theirs.is_null() && ours.is_null();
-    for (const char* k : {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"})
-      if (!theirs.contains(k) || theirs[k].get<double>() != ours[k].get<double>()) return false;
-    return theirs.value("rope_type", std::string("llama3")) == "llama3";
-  };
-  if (!same_scaling())
-    throw std::runtime_error("Hugging Face config '" + file + "' has rope_scaling " + theirs.dump() +
-                             ", but titan's model has " + ours.dump() + ": choose the matching model.flavor");
 }
 
 }  // namespace
 
 std::optional<std::string> hf_buffer_name(const std::string& fqn, const model::ModelArgs& args) {
-  const std::optional<model::LayerPath> block = model::parse_layer_path(fqn);
-  if (!block) return std::nullopt;
-  for (const auto& [t, h] : block_buffer_names(args))
-    if (block->rest == t) return hf_block_name(block->layer, h);
-  return std::nullopt;
+  std::optional<HfFormat> f;
+  try {
+    f = hf_format(args);
+  } catch (const std::invalid_argument&) {  // no HF counterpart: no buffer either
+    return std::nullopt;
+  }
+  return buffer_name(*f, fqn);
 }
 
 std::vector<std::string> hf_names(const std::string& fqn, const model::ModelArgs& args) {
-  for (const auto& [t, h] : kTopNames)
-    if (fqn == t) return {h};
-  if (std::optional<std::string> buffer = hf_buffer_name(fqn, args)) return {*buffer};
-  if (const std::optional<model::LayerPath> block = model::parse_layer_path(fqn)) {
-    for (const auto& [t, h] : kBlockNames)
-      if (block->rest == t) return {hf_block_name(block->layer, h)};
-    for (const auto& [t, h] : kExpertNames)
-      if (block->rest == t && args.moe) {
-        std::vector<std::string> names;
-        for (int64_t j = 0; j < args.moe->num_experts; ++j)
-          names.push_back(hf_block_name(block->layer, "mlp.experts." + std::to_string(j) + "." + h));
-        return names;
-      }
-  }
-  throw std::invalid_argument("no Hugging Face name for titan parameter '" + fqn + "'");
+  return names_of(hf_format(args), fqn, args);
 }
 
 TitanSlot titan_slot_from_hf(const std::string& hf, const model::ModelArgs& args) {
-  if (hf == "lm_head.weight" && args.tie_embeddings) return {};  // HF ties it to the embedding too
-  for (const auto& [t, h] : kTopNames)
-    if (hf == h) return {t};
-  if (const std::optional<model::LayerPath> block = model::parse_layer_path(hf, "model.layers.")) {
-    const std::string& rest = block->rest;
-    for (const auto& [t, h] : kBlockNames)
-      if (rest == h) return {model::layer_path(block->layer, t)};
-    for (const auto& [t, h] : block_buffer_names(args))
-      if (rest == h) return {model::layer_path(block->layer, t)};
-    if (rest == "self_attn.rotary_emb.inv_freq") return {};  // a buffer of older exports
-    // "mlp.experts.<j>.<weight>": expert j's slice of the stacked experts tensor.
-    if (const std::optional<model::LayerPath> expert = model::parse_layer_path(rest, "mlp.experts."))
-      for (const auto& [t, h] : kExpertNames) {
-        if (expert->rest != h) continue;
-        const int64_t j = expert->layer;
-        const int64_t experts = args.moe ? args.moe->num_experts : 0;
-        if (j >= experts)
-          throw std::invalid_argument("Hugging Face tensor '" + hf + "' is expert " + std::to_string(j) +
-                                      ", but titan's model has " + std::to_string(experts) + " experts per layer");
-        return {model::layer_path(block->layer, t), j};
-      }
-  }
-  throw std::invalid_argument("Hugging Face tensor '" + hf + "' is not a Llama 3 or Qwen3 weight titan knows");
+  return slot_of(hf_format(args), hf, args);
 }
 
 at::Tensor to_hf_layout(const std::string& fqn, const at::Tensor& w, const model::ModelArgs& args) {
-  const int64_t heads = rotary_heads(fqn, args);
-  if (heads == 0) return w;
-  const int64_t hd = args.head_dim(), dim = w.size(1);
-  return w.reshape({heads, hd / 2, 2, dim}).transpose(1, 2).reshape({heads * hd, dim}).contiguous();
+  return to_layout(hf_format(args), fqn, w);
 }
 
 at::Tensor from_hf_layout(const std::string& fqn, const at::Tensor& w, const model::ModelArgs& args) {
-  const int64_t heads = rotary_heads(fqn, args);
-  if (heads == 0) return w;
-  const int64_t hd = args.head_dim(), dim = w.size(1);
-  return w.reshape({heads, 2, hd / 2, dim}).transpose(1, 2).reshape({heads * hd, dim}).contiguous();
+  return from_layout(hf_format(args), fqn, w);
 }
 
 std::pair<std::string, std::string> hf_architecture(const model::ModelArgs& args) {
-  auto refuse = [&](const std::string& what) {
-    throw std::invalid_argument("titan's " + args.family + " model has no Hugging Face counterpart: " + what);
-  };
-  if (args.family == "llama3") {
-    if (args.qk_norm || args.rope_rotate_half || args.moe) refuse("Llama with q/k norms, half rotation or experts");
-    return {"LlamaForCausalLM", "llama"};
-  }
-  if (args.family != "qwen3") refuse("only Llama 3 and Qwen3 are mapped");
-  if (!args.qk_norm || !args.rope_rotate_half) refuse("Qwen3 without q/k norms or with interleaved rotation");
-  if (!args.moe) return {"Qwen3ForCausalLM", "qwen3"};
-  // HF's Qwen3-MoE block: softmax over every expert, the top k (renormalized by norm_topk_prob)
-  // weighing the experts' outputs, nothing else.
-  const model::moe::MoEArgs& m = *args.moe;
-  if (m.score_func != "softmax") refuse("router score_func '" + m.score_func + "' (HF's is softmax)");
-  if (m.num_shared_experts > 0) refuse("shared experts");
-  if (m.gate_bias) refuse("a router gate bias");
-  if (m.route_scale != 1.0) refuse("route_scale " + std::to_string(m.route_scale) + " (HF's is 1)");
-  if (m.score_before_experts) refuse("scores applied before the experts (HF weighs their outputs)");
-  if (m.num_expert_groups) refuse("group-limited routing");
-  return {"Qwen3MoeForCausalLM", "qwen3_moe"};
+  const HfFormat f = hf_format(args);
+  return {f.architecture, f.model_type};
 }
 
 nlohmann::json hf_config(const model::ModelArgs& args, at::ScalarType dtype) {
-  const auto [architecture, model_type] = hf_architecture(args);
-  nlohmann::json c = {
-      {"architectures", {architecture}},
-      {"model_type", model_type},
-      {"hidden_size", args.dim},
-      {"intermediate_size", args.ffn_hidden_dim()},
-      {"num_hidden_layers", args.n_layers},
-      {"num_attention_heads", args.n_heads},
-      {"num_key_value_heads", args.kv_heads()},
-      {"head_dim", args.head_dim()},
-      {"hidden_act", "silu"},
-      {"rms_norm_eps", args.norm_eps},
-      {"rope_theta", args.rope_theta},
-      {"rope_scaling", hf_rope_scaling(args.rope_scaling)},
-      {"max_position_embeddings", args.max_seq_len},
-      {"vocab_size", args.vocab_size},
-      {"tie_word_embeddings", args.tie_embeddings},
-      {"attention_bias", false},
-      {"attention_dropout", 0.0},
-      {"initializer_range", 0.02},
-      {"use_cache", true},
-      {"torch_dtype", dtype == at::kBFloat16 ? "bfloat16" : (dtype == at::kHalf ? "float16" : "float32")}};
-  if (model_type == "llama") {
-    c["mlp_bias"] = false;
-    return c;
-  }
-  // Qwen3 attends over the whole causal window in every layer.
-  c["use_sliding_window"] = false;
-  c["sliding_window"] = nullptr;
-  c["max_window_layers"] = args.n_layers;
-  if (!args.moe) return c;
-  c["num_experts"] = args.moe->num_experts;
-  c["num_experts_per_tok"] = args.moe->top_k;
-  c["moe_intermediate_size"] = args.moe_hidden_dim;
-  c["norm_topk_prob"] = args.moe->route_norm;
-  // Every block's feed-forward is a mixture of experts.
-  c["decoder_sparse_step"] = 1;
-  c["mlp_only_layers"] = nlohmann::json::array();
-  // titan balances the experts' load with expert_bias, not with an auxiliary loss.
-  c["router_aux_loss_coef"] = 0.0;
-  c["output_router_logits"] = false;
-  return c;
+  return config_of(hf_format(args), dtype);
 }
 
 int64_t write_hf_folder(const std::string& dir, const std::vector<std::string>& fqns,
@@ -309,9 +223,10 @@ int64_t write_hf_folder(const std::string& dir, const std::vector<std::string>& 
                         bool writer, int64_t max_shard_bytes) {
   // Every name and the config before the first gather: a model HF cannot hold fails on every
   // rank alike, not on the writer alone in the middle of the collectives.
-  const nlohmann::json config = hf_config(args, dtype);
+  const HfFormat format = hf_format(args);
+  const nlohmann::json config = config_of(format, dtype);
   std::vector<std::vector<std::string>> names;
-  for (const std::string& fqn : fqns) names.push_back(hf_names(fqn, args));
+  for (const std::string& fqn : fqns) names.push_back(names_of(format, fqn, args));
   // Shards are planned from the shapes, so every file name ("-of-K") is known up front; a
   // stacked expert weight's E tensors share one shard.
   std::vector<int> shard_of(fqns.size());
@@ -319,7 +234,7 @@ int64_t write_hf_folder(const std::string& dir, const std::vector<std::string>& 
   int64_t in_shard = 0, total = 0;
   // A buffer (the load-balancing bias) keeps float32 whatever the weights' dtype: its steps of
   // coeff are below bfloat16's resolution at the bias's size.
-  auto dtype_of = [&](const std::string& fqn) { return hf_buffer_name(fqn, args) ? at::kFloat : dtype; };
+  auto dtype_of = [&](const std::string& fqn) { return buffer_name(format, fqn) ? at::kFloat : dtype; };
   for (size_t i = 0; i < fqns.size(); ++i) {
     int64_t bytes = static_cast<int64_t>(c10::elementSize(dtype_of(fqns[i])));
     for (int64_t d : shapes[i]) bytes *= d;
@@ -343,8 +258,8 @@ int64_t write_hf_folder(const std::string& dir, const std::vector<std::string>& 
   for (size_t i = 0; i < fqns.size(); ++i) {
     at::Tensor full = fetch(fqns[i]);  // every rank: may be a collective
     if (!writer) continue;
-    const at::Tensor hf = to_hf_layout(fqns[i], full.to(at::kCPU).to(dtype_of(fqns[i])), args);
-    const bool stacked = is_stacked_experts(fqns[i]);
+    const at::Tensor hf = to_layout(format, fqns[i], full.to(at::kCPU).to(dtype_of(fqns[i])));
+    const bool stacked = is_stacked_experts(format, fqns[i]);
     if (stacked && hf.size(0) != static_cast<int64_t>(names[i].size()))
       throw std::runtime_error("titan parameter '" + fqns[i] + "' stacks " + std::to_string(hf.size(0)) +
                                " experts, but the model has " + std::to_string(names[i].size()));
@@ -400,7 +315,8 @@ std::map<std::string, std::vector<std::string>> hf_checkpoint_files(const std::s
 void read_hf_checkpoint(const std::string& path, const model::ModelArgs& args,
                         const std::function<void(const std::string&, const at::Tensor&)>& visit) {
   const fs::path dir = fs::is_directory(path) ? fs::path(path) : fs::path(path).parent_path();
-  if (fs::exists(dir / "config.json")) check_hf_config((dir / "config.json").string(), args);
+  const HfFormat format = hf_format(args);
+  if (fs::exists(dir / "config.json")) check_hf_config((dir / "config.json").string(), format);
   // A stacked expert weight's experts, until all of them are read (they may span shards).
   struct Experts {
     std::vector<at::Tensor> rows;
@@ -416,7 +332,7 @@ void read_hf_checkpoint(const std::string& path, const model::ModelArgs& args,
     const auto entries = read_safetensors_header(file_path);
     std::ifstream in(file_path, std::ios::binary);
     for (const std::string& name : names) {
-      const TitanSlot slot = titan_slot_from_hf(name, args);
+      const TitanSlot slot = slot_of(format, name, args);
       if (slot.fqn.empty()) continue;
       const auto e = entries.find(name);
       if (e == entries.end())
@@ -426,7 +342,7 @@ void read_hf_checkpoint(const std::string& path, const model::ModelArgs& args,
       in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(t.nbytes()));
       if (!in) throw std::runtime_error("Hugging Face shard '" + file_path + "': tensor '" + name + "' is truncated");
       if (slot.expert < 0) {
-        visit(slot.fqn, from_hf_layout(slot.fqn, t.to(at::kFloat), args));
+        visit(slot.fqn, from_layout(format, slot.fqn, t.to(at::kFloat)));
         continue;
       }
       Experts& x = experts[slot.fqn];
@@ -443,7 +359,7 @@ void read_hf_checkpoint(const std::string& path, const model::ModelArgs& args,
     }
   }
   for (const auto& [fqn, x] : experts) {  // some expert of a layer no file names
-    const std::vector<std::string> hf = hf_names(fqn, args);
+    const std::vector<std::string> hf = names_of(format, fqn, args);
     for (size_t j = 0; j < x.rows.size(); ++j)
       if (!x.rows[j].defined())
         throw std::runtime_error("Hugging Face checkpoint '" + listing_file(path).string() + "' lacks tensor '" +

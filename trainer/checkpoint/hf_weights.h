@@ -1,24 +1,12 @@
-// trainer/checkpoint/hf_weights.h — weights in Hugging Face's layout, in and out: Llama 3
-// (LlamaForCausalLM), Qwen3 (Qwen3ForCausalLM) and Qwen3-MoE (Qwen3MoeForCausalLM).
+// trainer/checkpoint/hf_weights.h — weights in Hugging Face's layout, in and out, for any family
+// that declares its Hugging Face format (Family::hugging_face, model/hf_format.h): the names,
+// the rows stored permuted (Note [HF rotary permutation]), config.json and what of it must match
+// on load all come from that declaration; this file knows none of them.
 //
-// Names: tok_embeddings.weight <-> model.embed_tokens.weight; layers.<i>.attention.w{q,k,v,o}
-// <-> model.layers.<i>.self_attn.{q,k,v,o}_proj; attention.{q,k}_norm <-> self_attn.{q,k}_norm
-// (Qwen3); feed_forward.w1/w2/w3 <-> mlp.gate_proj / down_proj / up_proj; attention_norm /
-// ffn_norm <-> input_layernorm / post_attention_layernorm; norm <-> model.norm; output <->
-// lm_head (absent when the embedding is tied). Qwen3-MoE: moe.router.gate <-> mlp.gate, and
-// titan's stacked experts moe.experts.w1 [E, H, D] / w3 [E, H, D] / w2 [E, D, H] are E tensors
-// each in HF, expert j's row being mlp.experts.<j>.gate_proj / up_proj / down_proj. A
-// persistent buffer (the load-balancing layers.<i>.moe.expert_bias) goes out and in where the
-// family's Hub format has a tensor for it (hf_buffer_name; DeepSeek-V3's would be
-// mlp.gate.e_score_correction_bias), in float32. Qwen3-MoE's has none (HF routes by the scores
-// alone): an export leaves the bias out, and routes as titan does with a zero bias.
-//
-// Note [HF rotary permutation]: titan's Llama (like Meta's code) rotates interleaved pairs
-// (x[2i], x[2i+1]) of each head; HF rotates halves (x[i], x[i + hd/2]). HF's
-// convert_llama_weights_to_hf.py therefore permutes the rows of wq and wk within each head:
-//   hf = w.view(heads, hd/2, 2, dim).transpose(1, 2).reshape(heads * hd, dim)
-// so that q·k (hence the logits) are unchanged. Import applies the inverse. Qwen3 rotates
-// halves in titan too (ModelArgs::rope_rotate_half), so its rows go out and in unpermuted.
+// A titan stacked expert weight ([E, ...]) is E tensors in HF, expert j's being row j. A
+// persistent buffer (the load-balancing layers.<i>.moe.expert_bias) goes out and in, in float32,
+// where the family's format has a tensor for it (hf_buffer_name); where it has none, an export
+// leaves the buffer out and an import starts it at zero.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -40,8 +28,8 @@ namespace titan::trainer::checkpoint {
 // parameter HF's model of this family does not have.
 std::vector<std::string> hf_names(const std::string& fqn, const model::ModelArgs& args);
 // The HF tensor of titan buffer `fqn` ("layers.<i>.moe.expert_bias") in the family's Hub format,
-// or none where the format has no place for it (Llama 3, Qwen3, Qwen3-MoE). hf_names answers it
-// too for such a buffer, and titan_slot_from_hf maps it back.
+// or none where the format has no place for it, or HF has no counterpart of the model. hf_names
+// answers it too for such a buffer, and titan_slot_from_hf maps it back.
 std::optional<std::string> hf_buffer_name(const std::string& fqn, const model::ModelArgs& args);
 
 // Where an HF tensor goes in titan.
@@ -52,14 +40,14 @@ struct TitanSlot {
 // Throws std::invalid_argument for a name titan does not know, or an expert beyond titan's E.
 TitanSlot titan_slot_from_hf(const std::string& hf, const model::ModelArgs& args);
 
-// Applies (to_hf) or undoes (from_hf) Note [HF rotary permutation] for wq/wk of a model that
-// rotates interleaved pairs; every other tensor unchanged.
+// Applies (to_hf) or undoes (from_hf) Note [HF rotary permutation] for the weights the format
+// stores permuted; every other tensor unchanged.
 at::Tensor to_hf_layout(const std::string& fqn, const at::Tensor& w, const model::ModelArgs& args);
 at::Tensor from_hf_layout(const std::string& fqn, const at::Tensor& w, const model::ModelArgs& args);
 
-// HF's architecture and model_type for titan's model: LlamaForCausalLM / "llama",
-// Qwen3ForCausalLM / "qwen3", Qwen3MoeForCausalLM / "qwen3_moe". Throws std::invalid_argument,
-// saying what, for a model HF's class would compute differently (e.g. shared experts).
+// HF's architecture and model_type for titan's model (config.json's class and type). Throws
+// std::invalid_argument, saying what, for a model HF's class would compute differently (e.g.
+// shared experts); so does every function here that takes the model's args, but hf_buffer_name.
 std::pair<std::string, std::string> hf_architecture(const model::ModelArgs& args);
 
 // config.json of hf_architecture(args) with these shapes.

@@ -1,0 +1,18 @@
+// model/hf_format.cpp — see hf_format.h.
+#include "model/hf_format.h"
+
+#include <stdexcept>
+
+#include "model/family.h"
+
+namespace titan::model {
+
+void refuse_hugging_face(const ModelArgs& args, const std::string& why) {
+  throw std::invalid_argument("titan's " + args.family + " model has no Hugging Face counterpart: " + why);
+}
+
+HfFormat Family::hugging_face(const ModelArgs& args) const {
+  refuse_hugging_face(args, "the " + name() + " family declares no Hugging Face format");
+}
+
+}  // namespace titan::model
