@@ -149,6 +149,49 @@ TEST_CASE("Hugging Face names, layouts and refusals are the family's declaration
                     Contains("titan's qwen3 model has no Hugging Face counterpart: shared experts"));
 }
 
+TEST_CASE("DeepSeek-V3's Hugging Face format: DeepseekV3ForCausalLM's names, its router bias, refusals",
+          "[checkpoint][deepseek_v3]") {
+  using titan::trainer::checkpoint::hf_architecture;
+  using titan::trainer::checkpoint::hf_buffer_name;
+  using titan::trainer::checkpoint::hf_config;
+  using titan::trainer::checkpoint::hf_names;
+  using titan::trainer::checkpoint::titan_slot_from_hf;
+  titan::model::ModelArgs small = titan::model::model_flavor("deepseek_v3", "debugmodel_small");
+  small.max_seq_len = 2048;  // training.seq_len's: within original_seq_len 4096, no YaRN
+  CHECK(hf_architecture(small) == std::make_pair(std::string("DeepseekV3ForCausalLM"), std::string("deepseek_v3")));
+  // q through its rank (q_lora_rank 32): q_a_proj, q_a_layernorm, q_b_proj; keys and values
+  // through kv_a_proj_with_mqa (the shared rope key included), kv_a_layernorm, kv_b_proj.
+  CHECK(hf_names("layers.0.attention.wq_a.weight", small) ==
+        std::vector<std::string>{"model.layers.0.self_attn.q_a_proj.weight"});
+  CHECK(hf_names("layers.2.attention.q_norm.weight", small) ==
+        std::vector<std::string>{"model.layers.2.self_attn.q_a_layernorm.weight"});
+  CHECK(hf_names("layers.1.attention.wkv_a.weight", small) ==
+        std::vector<std::string>{"model.layers.1.self_attn.kv_a_proj_with_mqa.weight"});
+  CHECK(hf_names("layers.0.feed_forward.w2.weight", small) ==
+        std::vector<std::string>{"model.layers.0.mlp.down_proj.weight"});  // the dense first block
+  CHECK(hf_names("layers.3.moe.shared_experts.w1.weight", small) ==
+        std::vector<std::string>{"model.layers.3.mlp.shared_experts.gate_proj.weight"});
+  CHECK(hf_names("layers.1.moe.experts.w3", small).size() == 8);  // one up_proj per expert
+  CHECK(hf_names("layers.1.moe.experts.w3", small)[7] == "model.layers.1.mlp.experts.7.up_proj.weight");
+  // The bias that only chooses is the router's e_score_correction_bias.
+  CHECK(hf_buffer_name("layers.2.moe.expert_bias", small) == "model.layers.2.mlp.gate.e_score_correction_bias");
+  CHECK(titan_slot_from_hf("model.layers.2.mlp.gate.e_score_correction_bias", small).fqn == "layers.2.moe.expert_bias");
+  const nlohmann::json config = hf_config(small, at::kBFloat16);
+  CHECK((config.at("first_k_dense_replace") == 1 && config.at("q_lora_rank") == 32 && config.at("n_group") == 4 &&
+         config.at("topk_group") == 2 && config.at("routed_scaling_factor") == 2.5 && config.at("v_head_dim") == 32 &&
+         config.at("rope_scaling").is_null()));  // YaRN off: max_seq_len <= original_seq_len
+  // The flavor's own max_seq_len (16384, torchtitan's default before training.seq_len) extends
+  // the context: YaRN as HF spells it, mscale_all_dim = mscale (HF's cos/sin then unscaled).
+  const nlohmann::json big = hf_config(titan::model::model_flavor("deepseek_v3", "671B"), at::kBFloat16);
+  CHECK((big.at("q_lora_rank") == 1536 && big.at("first_k_dense_replace") == 3));
+  CHECK(big.at("rope_scaling") == nlohmann::json({{"type", "yarn"}, {"factor", 40.0}, {"original_max_position_embeddings", 4096},
+                                                  {"beta_fast", 32}, {"beta_slow", 1}, {"mscale", 1.0},
+                                                  {"mscale_all_dim", 1.0}}));
+  // The softmax-routed flavors (DeepSeek-V2's router) have no DeepseekV3ForCausalLM counterpart.
+  CHECK_THROWS_WITH(hf_config(titan::model::model_flavor("deepseek_v3", "debugmodel"), at::kBFloat16),
+                    Catch::Contains("no Hugging Face counterpart") && Catch::Contains("softmax"));
+}
+
 TEST_CASE("Hugging Face export loads back bitwise and gives HF Llama's logits", "[checkpoint][slow]") {
   const fs::path dump = root() / "hf", hf = dump / "hf_export";
   std::vector<std::string> args = {"--training.seq_len", "32", "--training.local_batch_size", "2",

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "model/deepseek_v3/args.h"
+#include "model/deepseek_v3/hf_format.h"
 #include "model/deepseek_v3/latent_attention.h"
 #include "model/family.h"
 
@@ -117,6 +118,7 @@ class DeepSeekV3Family final : public Family {
   }
   std::vector<double> rope_frequencies(const ModelArgs& args) const override;
   double final_norm_eps(const ModelArgs&) const override { return -1; }  // nn.RMSNorm(dim): no eps given
+  HfFormat hugging_face(const ModelArgs& args) const override { return hugging_face_format(args); }
 };
 
 // torchtitan's precompute_freqs_cis (DeepSeek-V3's): theta^(-2i / d) over the rope part d of a

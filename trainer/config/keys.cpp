@@ -393,8 +393,8 @@ std::vector<SectionSpec> build_table() {
               "Write the final weights here; \"\" = don't export."),
           key("export_format", &CheckpointSection::export_format,
               "torchtitan = one safetensors file with titan/torchtitan names; hf = a Hugging "
-              "Face folder of the model's family (LlamaForCausalLM, Qwen3ForCausalLM or "
-              "Qwen3MoeForCausalLM: config.json, model.safetensors.index.json, shards).")
+              "Face folder of the model's family (its Hugging Face class, e.g. LlamaForCausalLM, "
+              "Qwen3MoeForCausalLM, DeepseekV3ForCausalLM: config.json, model.safetensors.index.json, shards).")
               .one_of({"torchtitan", "hf"}),
           key("export_dtype", &CheckpointSection::export_dtype,
               "dtype of exported weights (and of a model_weights_only checkpoint).")
