@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "model/args.h"
@@ -32,6 +33,32 @@ enum class FeedForwardKind {
   kDense,  // the SwiGLU FeedForward of ModelArgs::ffn_hidden_dim() ("layers.<i>.feed_forward")
   kMoE,    // a mixture of experts of ModelArgs::moe ("layers.<i>.moe": model/moe/moe.h)
   kNone,   // attention only
+};
+
+// Note [Attention activations]: what one block's attention keeps from its forward for its
+// backward, per token on one tensor-parallel rank, in elements: the memory estimate's attention
+// terms (trainer/observe/memory_estimate.cpp), from the arguments alone. The block's input, its
+// norm and the normed input the projections share are the estimator's, as is the feed-forward.
+struct AttentionActivations {
+  // Compute-dtype tensors kept after the normed input (rotated q and k, v, low-rank latents).
+  std::vector<std::pair<std::string, double>> saved;
+  // RMSNorms inside the attention (widths): each keeps what the estimator's norm model says.
+  std::vector<double> norm_widths;
+  // Its projections' outputs, in forward order: per-op AC keeps every second matrix product of
+  // the block (the 1st, 3rd, ...; the feed-forward's continue the count), and a pipeline's
+  // split backward keeps their output gradients until its weight step.
+  std::vector<double> matmul_outputs;
+  double output = 0;  // the attention kernel's output (the output projection's input)
+  double heads = 0;   // its float32 logsumexp: one per head
+  // Context parallelism exchanges q (titan_ulysses) and k + v (every method) per token.
+  double q_width = 0, kv_width = 0;
+};
+// Where the attention runs, as far as what it keeps depends on it.
+struct AttentionActivationsQuery {
+  int64_t tp = 1;
+  int64_t compute_bytes = 4;
+  bool cuda = false;
+  int64_t seq_len = 0;
 };
 
 // One flavor of a family: its name (model.flavor) and its arguments.
@@ -58,6 +85,9 @@ class Family {
   // token when every query meets seq_len keys (the square: torchtitan's convention).
   virtual int64_t attention_params(const ModelArgs& args, int64_t layer) const = 0;
   virtual double attention_flops_per_token(const ModelArgs& args, int64_t layer, int64_t seq_len) const = 0;
+  // What block `layer`'s attention keeps for its backward (Note [Attention activations]).
+  virtual AttentionActivations attention_activations(const ModelArgs& args, int64_t layer,
+                                                     const AttentionActivationsQuery& where) const = 0;
   // The sizes a tensor-parallel degree must divide (heads, hidden sizes), each named for the error.
   virtual std::vector<ShardedSize> tp_sharded_sizes(const ModelArgs& args) const = 0;
   // Parameter `fqn`'s initial distribution (what Transformer::init_weights draws it from).

@@ -5,6 +5,7 @@
 
 #include "model/activation_checkpoint_ops.h"
 #include "model/document_attention.h"
+#include "model/kernels/attention.h"
 
 namespace titan::model {
 
@@ -92,6 +93,30 @@ double GroupedQueryAttention::score_flops_per_token(const ModelArgs& a, int64_t 
 
 std::vector<ShardedSize> GroupedQueryAttention::tp_sharded_sizes(const ModelArgs& a) {
   return {{"the number of attention heads n_heads", a.n_heads}, {"the number of kv heads n_kv_heads", a.kv_heads()}};
+}
+
+AttentionActivations GroupedQueryAttention::activations(const ModelArgs& a, const AttentionActivationsQuery& where) {
+  const double tp = static_cast<double>(where.tp), d = static_cast<double>(a.dim);
+  const double dq = static_cast<double>(a.n_heads * a.head_dim()) / tp;
+  const double dkv = static_cast<double>(a.kv_heads() * a.head_dim()) / tp;
+  AttentionActivations act;
+  // q and k projections are not kept: RoPE's products with the (constant) tables keep only the
+  // tables; the rotated copies are what attention keeps. LibTorch's CPU flash kernel gets k and
+  // v repeated to every head (the un-repeated are freed); titan's bf16 CPU kernel takes them as
+  // they are (Note [Where the CPU attention kernel runs] in model/kernels/attention.h). CUDA as
+  // the CPU flash kernel: an upper bound.
+  const bool titan_cpu_kernel = !where.cuda && where.compute_bytes == 2 &&
+                                cpu_attention_kernel_applies(at::kBFloat16, a.head_dim(), a.head_dim(), where.seq_len);
+  if (a.kv_heads() != a.n_heads && !titan_cpu_kernel)
+    act.saved.push_back({"RoPE-rotated q; k, v repeated to all heads (GQA)", 3 * dq});
+  else
+    act.saved.push_back({"RoPE-rotated q, k and the v projection", dq + 2 * dkv});
+  act.matmul_outputs = {dq, dkv, dkv, d};  // wq, wk, wv, wo (its partial sums: the whole width)
+  act.output = dq;
+  act.heads = static_cast<double>(a.n_heads) / tp;
+  act.q_width = dq;
+  act.kv_width = 2 * dkv;
+  return act;
 }
 
 }  // namespace titan::model

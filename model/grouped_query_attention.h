@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "model/attention_module.h"
+#include "model/family.h"
 
 namespace titan::model {
 
@@ -29,6 +30,8 @@ class GroupedQueryAttention final : public AttentionModule {
   static double score_flops_per_token(const ModelArgs& args, int64_t seq_len);
   // The sizes a TP degree must divide: the query and key/value heads.
   static std::vector<ShardedSize> tp_sharded_sizes(const ModelArgs& args);
+  // What it keeps for its backward (Note [Attention activations] in model/family.h).
+  static AttentionActivations activations(const ModelArgs& args, const AttentionActivationsQuery& where);
 
   int64_t n_heads, n_kv_heads, head_dim;
   Linear wq, wk, wv, wo;  // wq [H*hd, D], wk/wv [KV*hd, D], wo [D, H*hd]

@@ -23,6 +23,11 @@ double GroupedQueryFamily::attention_flops_per_token(const ModelArgs& args, int6
   return GroupedQueryAttention::score_flops_per_token(args, seq_len);
 }
 
+AttentionActivations GroupedQueryFamily::attention_activations(const ModelArgs& args, int64_t,
+                                                              const AttentionActivationsQuery& where) const {
+  return GroupedQueryAttention::activations(args, where);
+}
+
 std::vector<ShardedSize> GroupedQueryFamily::tp_sharded_sizes(const ModelArgs& args) const {
   std::vector<ShardedSize> sizes = GroupedQueryAttention::tp_sharded_sizes(args);
   sizes.push_back({"the feed-forward hidden dim", args.ffn_hidden_dim()});

@@ -23,6 +23,8 @@ class GroupedQueryFamily : public Family {
                                                   int64_t layer) const override;
   int64_t attention_params(const ModelArgs& args, int64_t layer) const override;
   double attention_flops_per_token(const ModelArgs& args, int64_t layer, int64_t seq_len) const override;
+  AttentionActivations attention_activations(const ModelArgs& args, int64_t layer,
+                                             const AttentionActivationsQuery& where) const override;
   // The heads, and the dense feed-forward's hidden size.
   std::vector<ShardedSize> tp_sharded_sizes(const ModelArgs& args) const override;
   // torchtitan's llama3 scheme (listed in grouped_query_family.cpp).

@@ -23,9 +23,15 @@ FLAGS=(-std=c++17 -O1 -g -fno-omit-frame-pointer -fsanitize=fuzzer,address,undef
        -fno-sanitize-recover=undefined -I"$ROOT" -DTOML_HEADER_ONLY=0 -DTOML_SHARED_LIB=1)
 TORCH_FLAGS=(-isystem "$TORCH/include" -isystem "$TORCH/include/torch/csrc/api/include" -D_GLIBCXX_USE_CXX11_ABI=1)
 TORCH_LIBS=(-L"$TORCH/lib" -Wl,-rpath,"$TORCH/lib" -ltorch_cpu -lc10)
+# The wheel's OpenMP runtime, which the model library's kernels call (as the CMake build links it).
+[[ -f "$TORCH/lib/libgomp.so.1" ]] && TORCH_LIBS+=("$TORCH/lib/libgomp.so.1")
 
 # target: sources (beside fuzz/<target>.cpp) and libraries. Only fuzz_config needs LibTorch
-# (the config table names float8 dtypes and asks ATen whether CUDA is there).
+# (the config table names float8 dtypes and asks ATen whether CUDA is there) and the model
+# families' registry (model.name and model.flavor are checked against it); the registry's
+# families bring their modules, the whole model library, which fuzz_config links as the CPU
+# build (build/, made by scripts/setup.sh) compiled it: uninstrumented, so the fuzzer's coverage
+# is the config's own code, and no second, sanitized compile of the model library.
 declare -A SOURCES=(
   [fuzz_safetensors_header]="trainer/checkpoint/safetensors_header.cpp"
   [fuzz_tiktoken]="data/tiktoken_file.cpp data/text_lines.cpp"
@@ -33,8 +39,10 @@ declare -A SOURCES=(
   [fuzz_hf_tokenizer]="data/hf_tokenizer.cpp data/bpe_tokenizer.cpp data/pretokenizer.cpp data/tiktoken_file.cpp data/text_lines.cpp data/tokenizer.cpp"
   # titan_config's own sources, read from its CMake target so the list cannot drift from it.
   [fuzz_config]="$(sed -n 's/^add_library(titan_config STATIC \(.*\))$/\1/p' "$ROOT/trainer/config/CMakeLists.txt" |
-                   tr ' ' '\n' | sed 's|^|trainer/config/|' | tr '\n' ' ') model/args.cpp model/flavors.cpp model/llama3/flavors.cpp model/qwen3/flavors.cpp float8/recipe.cpp"
+                   tr ' ' '\n' | sed 's|^|trainer/config/|' | tr '\n' ' ')"
 )
+BUILT="$ROOT/build"
+MODEL_LIBS=("$BUILT/model/libtitan_model.a" "$BUILT/float8/libtitan_float8.a" "$BUILT/util/libtitan_logging.a")
 declare -A LIBS=([fuzz_hf_tokenizer]="-lpcre2-8" [fuzz_config]="-ltomlplusplus")
 TARGETS=("$@")
 ((${#TARGETS[@]})) || TARGETS=(fuzz_safetensors_header fuzz_tiktoken fuzz_token_shard fuzz_hf_tokenizer fuzz_config)
@@ -50,7 +58,13 @@ build() {  # one object per source, shared between targets; rebuilt when the sou
     objs+=("$obj")
   done
   local libs=(${LIBS[$target]:-})
-  [[ $target == fuzz_config ]] && libs+=("${TORCH_LIBS[@]}")
+  if [[ $target == fuzz_config ]]; then
+    for lib in "${MODEL_LIBS[@]}"; do
+      [[ -f $lib ]] || { echo "[fuzz] fuzz_config links $lib, which is not built: run scripts/setup.sh first" >&2; exit 2; }
+    done
+    # The model and float8 libraries call each other: one group, searched until nothing is left.
+    libs+=(-Wl,--start-group "${MODEL_LIBS[@]}" -Wl,--end-group -lspdlog -lfmt "${TORCH_LIBS[@]}")
+  fi
   $CXX "${FLAGS[@]}" "${objs[@]}" "${libs[@]}" -o "$OUT/$target"
 }
 

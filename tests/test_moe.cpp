@@ -265,9 +265,14 @@ TEST_CASE("MoE layer equals torchtitan 0.2.2's own MoE module on the same weight
   // tests/fixtures/torchtitan/v0.2.2/moe_layer.json: what torchtitan's moe.py computed (written by
   // scripts/reference/torchtitan_moe.py, float32, the for-loop experts). Every weight and input is
   // scale * sin(1.7 i + seed) over its flat index, computed in float64 and rounded to float32 on
-  // both sides. Both run the same float32 operations per expert; only the order of a few sums
-  // may differ (the combine, the gradient accumulation over experts): 1e-6 of each tensor's
-  // largest value covers that, while any routing or weighting difference is O(0.1).
+  // both sides. Both run the same float32 operations per expert; only the order of sums may
+  // differ (the CPU's vector kernels, the combine, the gradient accumulation over experts). Two
+  // such runs differ by at most the sum of their rounding errors against the exact result; the
+  // fixture holds torchtitan's own (float32_error: its largest difference from a float64 twin of
+  // the same module, per tensor), and titan's is of that size: the bound is 4x it. The router's
+  // gradients are the ill-conditioned ones (the softmax and the top-k renormalization subtract
+  // nearly equal terms): float32's own error there is 1-3e-6 of the tensor's largest value,
+  // 1e-7 elsewhere, while any routing or weighting difference is O(0.1).
   const char* src = std::getenv("TITAN_SOURCE_DIR");
   REQUIRE(src != nullptr);  // ctest sets it
   std::ifstream in(std::filesystem::path(src) / "tests/fixtures/torchtitan/v0.2.2/moe_layer.json");
@@ -278,8 +283,10 @@ TEST_CASE("MoE layer equals torchtitan 0.2.2's own MoE module on the same weight
     return titan::testing::sin_values(shape, seed, scale);
   };
   auto as_tensor = [](const nlohmann::json& list) { return at::tensor(list.get<std::vector<float>>()); };
-  auto close = [](const at::Tensor& got, const at::Tensor& want) {
-    return (got.flatten() - want).abs().max().item<double>() <= 1e-6 * want.abs().max().item<double>();
+  auto close = [](const at::Tensor& got, const at::Tensor& want, double float32_error) {
+    const double diff = (got.flatten() - want).abs().max().item<double>();
+    INFO("largest difference " << diff << ", torchtitan's own float32 error " << float32_error);
+    return diff <= 4 * float32_error;
   };
   REQUIRE(fixture.at("cases").size() == 4);
   for (const nlohmann::json& c : fixture.at("cases")) {
@@ -316,7 +323,8 @@ TEST_CASE("MoE layer equals torchtitan 0.2.2's own MoE module on the same weight
     const at::Tensor x = leaf(values({2, 3, D}, 10, 1.0));
     const at::Tensor out = layer.forward(x);
     torch::autograd::backward({out}, {values({2, 3, D}, 11, 1.0)});
-    CHECK(close(out, as_tensor(c.at("out"))));
+    const nlohmann::json& error = c.at("float32_error");
+    CHECK(close(out, as_tensor(c.at("out")), error.at("out")));
     CHECK(at::equal(layer.tokens_per_expert, as_tensor(c.at("tokens_per_expert"))));
     const nlohmann::json& grads = c.at("grads");
     std::vector<std::pair<std::string, at::Tensor>> mine = {
@@ -332,7 +340,7 @@ TEST_CASE("MoE layer equals torchtitan 0.2.2's own MoE module on the same weight
     for (const auto& [name, grad] : mine) {
       INFO(name);
       REQUIRE(grad.defined());
-      CHECK(close(grad, as_tensor(grads.at(name))));
+      CHECK(close(grad, as_tensor(grads.at(name)), error.at(name)));
     }
   }
 }

@@ -107,6 +107,10 @@ class DeepSeekV3Family final : public Family {
   double attention_flops_per_token(const ModelArgs& args, int64_t, int64_t seq_len) const override {
     return LatentAttention::score_flops_per_token(args, seq_len);
   }
+  AttentionActivations attention_activations(const ModelArgs& args, int64_t,
+                                             const AttentionActivationsQuery& where) const override {
+    return LatentAttention::activations(args, where);
+  }
   // Whole heads per rank (wq / wq_b and wkv_b are column-sharded by head), and the dense blocks'
   // feed-forward hidden size.
   std::vector<ShardedSize> tp_sharded_sizes(const ModelArgs& args) const override {

@@ -8,6 +8,7 @@
 
 #include "model/activation_checkpoint_ops.h"
 #include "model/document_attention.h"
+#include "model/kernels/attention.h"
 
 namespace titan::model::deepseek_v3 {
 
@@ -118,6 +119,42 @@ double LatentAttention::score_flops_per_token(const ModelArgs& args, int64_t seq
   const DeepSeekV3Args& m = args.family_args_as<DeepSeekV3Args>();
   return 6.0 * static_cast<double>(args.n_heads) * static_cast<double>(m.qk_head_dim() + m.v_head_dim) *
          static_cast<double>(seq_len);
+}
+
+AttentionActivations LatentAttention::activations(const ModelArgs& args, const AttentionActivationsQuery& where) {
+  const DeepSeekV3Args& m = args.family_args_as<DeepSeekV3Args>();
+  const double tp = static_cast<double>(where.tp), d = static_cast<double>(args.dim);
+  const double heads = static_cast<double>(args.n_heads) / tp;  // whole heads per TP rank
+  const double qk = heads * static_cast<double>(m.qk_head_dim()), v = heads * static_cast<double>(m.v_head_dim);
+  const double kv_b = heads * static_cast<double>(m.qk_nope_head_dim + m.v_head_dim);
+  const double q_lora = static_cast<double>(m.q_lora_rank), kv_lora = static_cast<double>(m.kv_lora_rank);
+  const double kv_a = kv_lora + static_cast<double>(m.qk_rope_head_dim);
+  AttentionActivations act;
+  // The low-rank projections are replicated over TP (whole widths on every rank). Their outputs
+  // are kept by the norms that read them (kv_norm reads a view of wkv_a's output: all of it
+  // stays), the norms' outputs by wq_b and wkv_b. q and k are new tensors (the rotated part
+  // concatenated to the rest); v is a view of wkv_b's output, which attention keeps whole.
+  if (m.q_lora_rank > 0) {
+    act.saved.push_back({"wq_a output (q_norm input) and q_norm output (wq_b input)", 2 * q_lora});
+    act.norm_widths.push_back(q_lora);
+  }
+  act.saved.push_back({"wkv_a output (kv_norm input) and kv_norm output (wkv_b input)", kv_a + kv_lora});
+  act.norm_widths.push_back(kv_lora);
+  act.saved.push_back({"q and k with their rotated parts, wkv_b output (v's storage)", 2 * qk + kv_b});
+  // LibTorch's flash kernels take one head size: v is padded to q/k's (a copy kept); titan's
+  // bf16 CPU kernel takes v as it is.
+  const bool titan_cpu_kernel =
+      !where.cuda && where.compute_bytes == 2 &&
+      cpu_attention_kernel_applies(at::kBFloat16, m.qk_head_dim(), m.v_head_dim, where.seq_len);
+  if (m.v_head_dim != m.qk_head_dim() && !titan_cpu_kernel) act.saved.push_back({"v padded to the q/k head size", qk});
+  if (m.q_lora_rank > 0) act.matmul_outputs = {q_lora, qk};  // wq_a, wq_b
+  else act.matmul_outputs = {qk};                              // wq
+  act.matmul_outputs.insert(act.matmul_outputs.end(), {kv_a, kv_b, d});  // wkv_a, wkv_b, wo
+  act.output = v;
+  act.heads = heads;
+  act.q_width = qk;
+  act.kv_width = qk + v;
+  return act;
 }
 
 }  // namespace titan::model::deepseek_v3

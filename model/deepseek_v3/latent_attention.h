@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "model/attention_module.h"
+#include "model/family.h"
 #include "model/deepseek_v3/args.h"
 
 namespace titan::model::deepseek_v3 {
@@ -32,6 +33,8 @@ class LatentAttention final : public AttentionModule {
   // products' training FLOPs per token when every query meets seq_len keys.
   static int64_t param_count(const ModelArgs& args);
   static double score_flops_per_token(const ModelArgs& args, int64_t seq_len);
+  // What it keeps for its backward (Note [Attention activations] in model/family.h).
+  static AttentionActivations activations(const ModelArgs& args, const AttentionActivationsQuery& where);
 
   DeepSeekV3Args mla;
   double softmax_scale;

@@ -3,7 +3,7 @@ single-process training loop: the peer titan is measured against in scripts/benc
 
 Same JSON line as scripts/bench/torchtitan_llama.py (tps, step_s, first_step_s, peak_rss_bytes,
 ...). The model is built as torchtitan's trainer builds it (meta device, `to_empty`,
-`init_weights`) with the shapes of titan's flavor of the same name (model/qwen3/flavors.cpp:
+`init_weights`) with the shapes of titan's flavor of the same name (model/qwen3/family.cpp:
 torchtitan's `debugmodel_moe`, and titan's `moe_100M_active`), the vocabulary of titan's byte
 tokenizer (258), and the step is torchtitan's without parallelism: zero_grad, forward, the summed
 cross entropy / tokens, backward, clip_grad_norm_(1.0, foreach), torchtitan's MoE load-balancing
@@ -29,7 +29,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from torchtitan_llama import import_torchtitan_models, torchtitan_dir  # noqa: E402
 
-# titan's flavors (model/qwen3/flavors.cpp): dim, n_layers, n_heads, n_kv_heads, head_dim,
+# titan's flavors (model/qwen3/family.cpp): dim, n_layers, n_heads, n_kv_heads, head_dim,
 # hidden_dim (dense, unused by MoE blocks), num_experts, top_k, moe_inter_dim.
 FLAVORS = {
     "debugmodel_moe": (256, 8, 16, 8, 128, 3072, 64, 8, 768),

@@ -36,54 +36,85 @@ struct BlockTerms {
   double backward_transient = 0;                      // bytes per token
 };
 
-BlockTerms block_terms(const EstimateInputs& in) {
+// The feed-forward's width per token on one TP rank as the terms below model it: a dense
+// SwiGLU's hidden size; an MoE layer's token reaches top_k (+ shared) SwiGLUs of moe_hidden_dim,
+// modeled as one SwiGLU of that width (parameters, gradients and optimizer state count every
+// expert: count_params).
+double ffn_width(const model::ModelArgs& a, model::FeedForwardKind kind) {
+  switch (kind) {
+    case model::FeedForwardKind::kDense: return static_cast<double>(a.ffn_hidden_dim());
+    case model::FeedForwardKind::kMoE:
+      return static_cast<double>((a.moe->top_k + a.moe->num_shared_experts) * a.moe_hidden_dim);
+    case model::FeedForwardKind::kNone: return 0;
+  }
+  return 0;
+}
+
+model::AttentionActivations attention_activations(const EstimateInputs& in, int64_t layer) {
+  model::AttentionActivationsQuery where;
+  where.tp = in.tp;
+  where.compute_bytes = in.compute_bytes;
+  where.cuda = in.cuda;
+  where.seq_len = in.seq_len;
+  return model::family(in.args.family).attention_activations(in.args, layer, where);
+}
+
+// What block `layer` keeps, by its attention's declaration (Note [Attention activations] in
+// model/family.h) and its feed-forward kind.
+BlockTerms block_terms(const EstimateInputs& in, int64_t layer) {
   const auto& a = in.args;
   const double e = static_cast<double>(in.compute_bytes), f = 4.0;
   const double tp = static_cast<double>(in.tp);
   const double d = static_cast<double>(a.dim);
-  const double dq = static_cast<double>(a.n_heads * a.head_dim()) / tp;
-  const double dkv = static_cast<double>(a.kv_heads() * a.head_dim()) / tp;
-  const double hid = static_cast<double>(a.ffn_hidden_dim()) / tp;
-  const double heads = static_cast<double>(a.n_heads) / tp;
+  const model::FeedForwardKind kind = model::family(a.family).feed_forward(a, layer);
+  const double hid = ffn_width(a, kind) / tp;
+  const model::AttentionActivations att = attention_activations(in, layer);
   // Sequence parallel: norms and residuals hold 1/tp of the sequence.
   const double seq_share = 1.0 / tp;
-  const bool gqa = a.kv_heads() != a.n_heads;
   const bool low_precision = in.compute_bytes != 4;
-  // The gathered input of wq/wk/wv and of w1/w3: kept in float8 (1 byte) when TP gathers it so
-  // (Note [Float8 operands from the producer] in float8/float8_linear.h), else in the compute dtype.
+  // RMSNorm keeps x * rstd (and rstd); computing in bf16 it also keeps the float32 copy of x.
+  const auto norm_internals = [&](double width, double share) {
+    return kNormSaved * width * e * share + f + (low_precision ? width * f * share : 0);
+  };
+  // The gathered input of the attention's projections and of w1/w3: kept in float8 (1 byte) when
+  // TP gathers it so (Note [Float8 operands from the producer] in float8/float8_linear.h), else in
+  // the compute dtype.
   const double gathered = in.float8_tp_input_all_gather && in.tp > 1 ? 1.0 : e;
 
   BlockTerms t;
   t.input = d * e * seq_share;
   auto& full = t.full;
   full.push_back({"block input (residual, kept by attention_norm)", t.input});
-  // RMSNorm keeps x * rstd (and rstd); computing in bf16 it also keeps the float32 copy of x.
-  full.push_back({"attention_norm internals", kNormSaved * d * e * seq_share + f +
-                                                  (low_precision ? d * f * seq_share : 0)});
-  full.push_back({"normed input of wq/wk/wv", d * gathered});
-  // q and k projections are not kept: RoPE's products with the (constant) tables keep only
-  // the tables; the rotated copies are what attention keeps.
-  // LibTorch's CPU flash kernel gets k and v repeated to every head (the un-repeated are
-  // freed); titan's bf16 CPU kernel takes them as they are (Note [Where the CPU attention kernel
-  // runs] in model/kernels/attention.h). CUDA as the CPU flash kernel: an upper bound.
-  const bool titan_cpu_attention =
-      !in.cuda && in.compute_bytes == 2 && model::cpu_attention_kernel_applies(at::kBFloat16, a.head_dim(), a.head_dim(), in.seq_len);
-  if (gqa && !titan_cpu_attention) {
-    full.push_back({"RoPE-rotated q; k, v repeated to all heads (GQA)", 3 * dq * e});
-  } else {
-    full.push_back({"RoPE-rotated q, k and the v projection", (dq + 2 * dkv) * e});
+  full.push_back({"attention_norm internals", norm_internals(d, seq_share)});
+  full.push_back({"normed input of the attention's projections", d * gathered});
+  for (const auto& [name, width] : att.saved) full.push_back({name, width * e});
+  double inner_norms = 0;
+  for (double width : att.norm_widths) inner_norms += norm_internals(width, 1.0);
+  if (inner_norms > 0) full.push_back({"the attention's inner norms' internals", inner_norms});
+  full.push_back({"attention output (wo input) + logsumexp", att.output * e + att.heads * f});
+  std::vector<double> matmuls = att.matmul_outputs;
+  if (kind != model::FeedForwardKind::kNone) {
+    full.push_back({"residual h (kept by ffn_norm)", d * e * seq_share});
+    full.push_back({"ffn_norm internals", norm_internals(d, seq_share)});
+    full.push_back({"normed input of w1/w3", d * gathered});
+    full.push_back({"w1, w3 outputs", 2 * hid * e});
+    full.push_back({"silu(w1 x) and the product (w2 input)", 2 * hid * e});
+    matmuls.insert(matmuls.end(), {hid, hid, d});  // w1, w3, w2
   }
-  full.push_back({"attention output (wo input) + logsumexp", dq * e + heads * f});
-  full.push_back({"residual h (kept by ffn_norm)", d * e * seq_share});
-  full.push_back({"ffn_norm internals", kNormSaved * d * e * seq_share + f +
-                                            (low_precision ? d * f * seq_share : 0)});
-  full.push_back({"normed input of w1/w3", d * gathered});
-  full.push_back({"w1, w3 outputs", 2 * hid * e});
-  full.push_back({"silu(w1 x) and the product (w2 input)", 2 * hid * e});
-  // Per-op AC keeps the 1st/3rd/5th/7th product (wq, wv, w1, w2) and attention's outputs.
-  t.kept_op = t.input + (dq + dkv + hid + d) * e + dq * e + heads * f;
+  // Per-op AC keeps every second matrix product of the block (the 1st, 3rd, ...: wq, wv, w1, w2
+  // of a grouped-query block) and attention's outputs.
+  double kept_products = 0;
+  for (size_t i = 0; i < matmuls.size(); i += 2) kept_products += matmuls[i];
+  t.kept_op = t.input + kept_products * e + att.output * e + att.heads * f;
   t.backward_transient = kBackwardTransient * (d + hid) * e;
   return t;
+}
+
+// Every block's terms, by layer.
+std::vector<BlockTerms> all_block_terms(const EstimateInputs& in) {
+  std::vector<BlockTerms> blocks;
+  for (int64_t i = 0; i < in.args.n_layers; ++i) blocks.push_back(block_terms(in, i));
+  return blocks;
 }
 
 double sum_terms(const std::vector<std::pair<std::string, double>>& terms) {
@@ -99,7 +130,9 @@ std::string gib(double bytes) {
 }
 
 // Bytes block `layer` keeps from its forward to its backward for `tokens` tokens, by its AC mode.
-double block_saved_bytes(const EstimateInputs& in, const BlockTerms& bt, int64_t layer, double tokens) {
+double block_saved_bytes(const EstimateInputs& in, const std::vector<BlockTerms>& blocks, int64_t layer,
+                         double tokens) {
+  const BlockTerms& bt = blocks[static_cast<size_t>(layer)];
   if (!parallel::block_is_checkpointed(in.ac, layer)) return sum_terms(bt.full) * tokens;
   return (in.ac.mode == parallel::AcMode::kSelectiveOp ? bt.kept_op : bt.input) * tokens;
 }
@@ -141,20 +174,23 @@ double replica_bucket_bytes(const EstimateInputs& in, double gradient_bytes) {
 //   titan_ulysses: q, k, v and the output re-sharded (sent and received copies).
 double context_parallel_buffers(const EstimateInputs& in, double tokens) {
   if (in.cp <= 1) return 0;
-  const auto& a = in.args;
-  const double e = static_cast<double>(in.compute_bytes), tp = static_cast<double>(in.tp);
-  const double cp = static_cast<double>(in.cp);
-  const double kv = 2 * tokens * static_cast<double>(a.kv_heads() * a.head_dim()) / tp * e;
-  const double q = tokens * static_cast<double>(a.n_heads * a.head_dim()) / tp * e;
+  const double e = static_cast<double>(in.compute_bytes), cp = static_cast<double>(in.cp);
+  // The widest attention's exchange (every block's attention runs alone).
+  double kv = 0, q_and_out = 0;
+  for (int64_t i = 0; i < in.args.n_layers; ++i) {
+    const model::AttentionActivations att = attention_activations(in, i);
+    kv = std::max(kv, tokens * att.kv_width * e);
+    q_and_out = std::max(q_and_out, tokens * (att.q_width + att.output) * e);
+  }
   switch (in.cp_rotate_method) {
     case parallel::context_parallel::CpRotateMethod::kAllGather: return cp * kv * (1 + 4 / e);
     case parallel::context_parallel::CpRotateMethod::kAllToAll: return 2 * kv + 3 * kv * 4 / e;
-    case parallel::context_parallel::CpRotateMethod::kUlysses: return 2 * (2 * q + kv);
+    case parallel::context_parallel::CpRotateMethod::kUlysses: return 2 * (q_and_out + kv);
   }
   return 0;
 }
 
-MemoryEstimate estimate_pipeline_rank(const EstimateInputs& in, const BlockTerms& bt) {
+MemoryEstimate estimate_pipeline_rank(const EstimateInputs& in, const std::vector<BlockTerms>& blocks) {
   const auto& a = in.args;
   const parallel::pipeline::PipelinePlan& plan = *in.pipeline;
   const model::ParamCount pc = model::count_params(a);
@@ -174,12 +210,12 @@ MemoryEstimate estimate_pipeline_rank(const EstimateInputs& in, const BlockTerms
   for (int s : stages) holds_embedding = holds_embedding || plan.stage_parts[static_cast<size_t>(s)].embedding;
   for (int s : stages) {
     const model::ModelPart& part = plan.stage_parts[static_cast<size_t>(s)];
-    double keep = 0;
+    double keep = 0, back = 0;
     for (int64_t i = part.first_layer; i < part.end_layer; ++i) {
-      params += static_cast<double>(pc.per_layer);
-      keep += block_saved_bytes(in, bt, i, tokens);
+      params += static_cast<double>(pc.per_block[static_cast<size_t>(i)]);
+      keep += block_saved_bytes(in, blocks, i, tokens);
+      back = std::max(back, blocks[static_cast<size_t>(i)].backward_transient * tokens + tokens * d * e);
     }
-    double back = bt.backward_transient * tokens + tokens * d * e;
     if (part.embedding) params += static_cast<double>(pc.embedding);
     if (part.head) {
       params += (a.tie_embeddings && holds_embedding ? 0 : d * vocab) + d;
@@ -190,19 +226,25 @@ MemoryEstimate estimate_pipeline_rank(const EstimateInputs& in, const BlockTerms
     saved[s] = keep;
     transient[s] = back;
     // A split I defers every high-precision linear's weight GEMM with its output gradient (its
-    // input is saved already): per block q, k, v, o, w1, w3, w2 outputs (an MoE block: its gate,
-    // its shared experts'), per head the logits (Note [Deferred weight gradients]).
+    // input is saved already): per block the attention's projections' outputs, w1, w3, w2 (an
+    // MoE block: its gate, its shared experts'), per head the logits (Note [Deferred weight
+    // gradients]).
     double outputs = 0;
     for (int64_t i = part.first_layer; i < part.end_layer; ++i) {
-      const double ffn = a.moe ? static_cast<double>(a.moe->num_experts) +
-                                     (a.moe->num_shared_experts > 0
-                                          ? 2.0 * static_cast<double>(a.moe_hidden_dim * a.moe->num_shared_experts) + d
-                                          : 0.0)
-                               : 2.0 * static_cast<double>(a.ffn_hidden_dim()) + d;
-      outputs += static_cast<double>((a.n_heads + 2 * a.kv_heads()) * a.head_dim()) + d + ffn;
+      for (double width : attention_activations(in, i).matmul_outputs) outputs += width;
+      switch (model::family(a.family).feed_forward(a, i)) {
+        case model::FeedForwardKind::kDense: outputs += (2.0 * static_cast<double>(a.ffn_hidden_dim()) + d) / tp; break;
+        case model::FeedForwardKind::kMoE:
+          outputs += (static_cast<double>(a.moe->num_experts) +
+                      (a.moe->num_shared_experts > 0
+                           ? 2.0 * static_cast<double>(a.moe_hidden_dim * a.moe->num_shared_experts) + d
+                           : 0.0)) / tp;
+          break;
+        case model::FeedForwardKind::kNone: break;
+      }
     }
-    if (part.head) outputs += vocab;
-    deferred[s] = tokens * outputs * e / tp;
+    if (part.head) outputs += vocab / tp;
+    deferred[s] = tokens * outputs * e;
   }
   double live = 0, peak_acts = 0;
   const bool split = in.ac.mode == parallel::AcMode::kNone;  // I defers the weight GEMMs (build_schedule)
@@ -261,7 +303,6 @@ MemoryEstimate estimate_memory(const EstimateInputs& in) {
   const double shard = dp * tp;  // every parameter is split over FSDP and TP ranks
   const double block_params = static_cast<double>(pc.per_layer);
   const double params = static_cast<double>(pc.total);
-  const double n_layers = static_cast<double>(a.n_layers);
   const double vocab = static_cast<double>(a.vocab_size), d = static_cast<double>(a.dim);
 
   MemoryEstimate est;
@@ -270,7 +311,6 @@ MemoryEstimate estimate_memory(const EstimateInputs& in) {
   const double masters = params * 4 / shard;
   const double compute_copies = (in.compute_bytes != 4 && in.dp_shard == 1) ? params * e / tp : 0;
   const double adam = params * 8 / shard + static_cast<double>(a.n_layers * 9 + 3) * 4;
-  const double grad_block = block_params * 4 / shard;
   const double grad_head = (d * vocab + d) * 4 / shard;   // output + final norm
   const double grads_all = params * 4 / shard;
 
@@ -296,10 +336,11 @@ MemoryEstimate estimate_memory(const EstimateInputs& in) {
   comm += context_parallel_buffers(in, tokens);  // See Note [Context parallel memory]
   comm += replica_bucket_bytes(in, grads_all);
 
-  const BlockTerms bt = block_terms(in);
-  if (in.pipeline) return estimate_pipeline_rank(in, bt);
-  const double full_block = sum_terms(bt.full) * tokens;
-  auto saved = [&](int64_t layer) { return block_saved_bytes(in, bt, layer, tokens); };
+  const std::vector<BlockTerms> blocks = all_block_terms(in);
+  if (in.pipeline) return estimate_pipeline_rank(in, blocks);
+  // Block `layer`'s activations, whole (nothing checkpointed) and as its AC mode keeps them.
+  auto full_block = [&](int64_t layer) { return sum_terms(blocks[static_cast<size_t>(layer)].full) * tokens; };
+  auto saved = [&](int64_t layer) { return block_saved_bytes(in, blocks, layer, tokens); };
   double acts_all = 0;
   for (int64_t i = 0; i < a.n_layers; ++i) acts_all += saved(i);
 
@@ -313,7 +354,8 @@ MemoryEstimate estimate_memory(const EstimateInputs& in) {
   // path (x * scale, then the clamp: two float32 temporaries, three from bf16).
   double float8_transient = 0;
   if (!in.float8_recipe.empty()) {
-    const double hid = static_cast<double>(a.ffn_hidden_dim());
+    double hid = 0;  // the widest feed-forward
+    for (int64_t i = 0; i < a.n_layers; ++i) hid = std::max(hid, ffn_width(a, model::family(a.family).feed_forward(a, i)));
     const double act = tokens * std::max(hid, d) / tp, weight = hid * d / tp;
     float8_transient = act + weight;
     if (!in.cuda) {  // two tiles: >= 512 KiB and >= 256 rows of the longest contraction (d, hidden, tokens)
@@ -325,30 +367,42 @@ MemoryEstimate estimate_memory(const EstimateInputs& in) {
 
   const double static_bytes = masters + compute_copies + adam + comm;
   const double grads_before = in.grad_accumulation_steps > 1 ? grads_all : 0;
-  const double transient_block = bt.backward_transient * tokens + float8_transient;
+  auto transient_block = [&](int64_t layer) {
+    return blocks[static_cast<size_t>(layer)].backward_transient * tokens + float8_transient;
+  };
 
   struct Phase {
-    const char* name;
+    std::string name;
     double grads;        // gradient bytes alive
     double activations;  // activation (and activation-gradient) bytes alive
   };
   // Backward of block i: blocks < i keep what they saved; block i holds its full activations
-  // (recomputed if checkpointed); gradients of blocks >= i exist. Linear in i, so the extremes
-  // i = L-1 and i = 0 bound it.
-  auto block_phase = [&](const char* name, int64_t i) {
+  // (recomputed if checkpointed); gradients of blocks >= i exist. Linear in i where the blocks
+  // are alike (the extremes i = L-1 and i = 0 bound it); every block is a candidate where they
+  // differ (DeepSeek-V3's dense first blocks).
+  std::vector<double> grads_from(static_cast<size_t>(a.n_layers) + 1, grad_head);  // head + blocks >= i
+  for (int64_t i = a.n_layers - 1; i >= 0; --i)
+    grads_from[static_cast<size_t>(i)] =
+        grads_from[static_cast<size_t>(i) + 1] + static_cast<double>(pc.per_block[static_cast<size_t>(i)]) * 4 / shard;
+  auto block_phase = [&](std::string name, int64_t i) {
     double acts = 0;
     for (int64_t j = 0; j < i; ++j) acts += saved(j);
-    acts += parallel::block_is_checkpointed(in.ac, i) ? full_block : saved(i);
-    acts += transient_block + tokens * d * e;  // + the incoming gradient [T, D]
-    return Phase{name, std::max(grads_before, grad_head + grad_block * (n_layers - i)), acts};
+    acts += parallel::block_is_checkpointed(in.ac, i) ? full_block(i) : saved(i);
+    acts += transient_block(i) + tokens * d * e;  // + the incoming gradient [T, D]
+    return Phase{std::move(name), std::max(grads_before, grads_from[static_cast<size_t>(i)]), acts};
   };
-  const Phase phases[] = {
+  std::vector<Phase> phases = {
       {"backward of the output layer (all activations alive)", std::max(grads_before, grad_head),
        acts_all + head_fwd + head_bwd},
       block_phase("backward of the last block", a.n_layers - 1),
       block_phase("backward of the first block", 0),
-      {"end of backward (all gradients)", grads_all, 0.0},
   };
+  bool alike = true;
+  for (int64_t i = 1; i < a.n_layers; ++i)
+    alike = alike && pc.per_block[static_cast<size_t>(i)] == pc.per_block[0] &&
+            sum_terms(blocks[static_cast<size_t>(i)].full) == sum_terms(blocks[0].full);
+  for (int64_t i = 1; !alike && i + 1 < a.n_layers; ++i) phases.push_back(block_phase("backward of block " + std::to_string(i), i));
+  phases.push_back({"end of backward (all gradients)", grads_all, 0.0});
   const Phase* peak = &phases[0];
   for (const Phase& p : phases)
     if (p.grads + p.activations > peak->grads + peak->activations) peak = &p;
@@ -372,6 +426,8 @@ MemoryEstimate estimate_memory(const EstimateInputs& in) {
   est.gradients = bytes(grads_at_peak);
   est.activations = bytes(std::max(0.0, peak_dynamic - grads_at_peak));
   est.total = bytes(static_bytes + peak_dynamic);
+  // The detail is the last block's (an MoE one where a family starts dense).
+  const BlockTerms& bt = blocks.back();
   for (const auto& [name, v] : bt.full)
     est.activation_detail.push_back({name, bytes(v * tokens)});
   est.activation_detail.push_back({"per block, kept by per-op AC", bytes(bt.kept_op * tokens)});
@@ -415,13 +471,10 @@ EstimateInputs estimate_inputs_from_config(const config::JobConfig& cfg, int64_t
   EstimateInputs in;
   in.args = model::model_flavor(cfg.model.name, cfg.model.flavor);
   if (in.args.moe) {
-    // The per-block terms model one SwiGLU per token; a token's MoE rows are top_k (+ shared)
-    // SwiGLUs of moe_hidden_dim, so that is the width they see. Parameters, gradients and
-    // optimizer state count every expert (count_params).
+    // The MoE blocks' terms model one SwiGLU per token of a token's rows (ffn_width).
     const int64_t rows = in.args.moe->top_k + in.args.moe->num_shared_experts;
-    in.args.explicit_hidden_dim = rows * in.args.moe_hidden_dim;
-    in.notes.push_back("mixture of experts: activations as one SwiGLU of top_k x moe_hidden_dim = " +
-                       std::to_string(in.args.explicit_hidden_dim) +
+    in.notes.push_back("mixture of experts: an MoE block's activations as one SwiGLU of (top_k + shared) x "
+                       "moe_hidden_dim = " + std::to_string(rows * in.args.moe_hidden_dim) +
                        " per token; the router's and the reorder's buffers are not modeled yet");
   }
   if (vocab_size > 0) in.args.vocab_size = vocab_size;
