@@ -29,16 +29,12 @@
 #include "model/deepseek_v3/args.h"
 #include "model/flavors.h"
 #include "model/transformer.h"
-#include "tests/sin_values.h"
+#include "tests/torchtitan_model_fixture.h"
 
 using namespace titan::model;
 using titan::model::deepseek_v3::DeepSeekV3Args;
 
 namespace {
-
-at::Tensor values(const std::vector<int64_t>& shape, int seed, double scale, bool ones = false) {
-  return titan::testing::sin_values(shape, seed, scale, ones ? 1.0 : 0.0);
-}
 
 // The fixture's small model: debugmodel's family switches with the fixture's shapes.
 ModelArgs fixture_args(const nlohmann::json& shapes, const nlohmann::json& c) {
@@ -103,40 +99,10 @@ TEST_CASE("DeepSeek-V3 (latent attention, q direct or low-rank, YaRN, dense then
     CHECK(std::abs(a.family_args_as<DeepSeekV3Args>().softmax_scale(a.max_seq_len) - c.at("softmax_scale").get<double>()) <=
           1e-15);
     Transformer model(a);
-    model.materialize(c10::kCPU, at::kFloat);
-    std::map<std::string, at::Tensor*> params;
-    model.visit_params([&](const std::string& fqn, at::Tensor& p) { params[fqn] = &p; });
-    const std::vector<std::string> names = c.at("parameters");
-    REQUIRE(std::set<std::string>(names.begin(), names.end()).size() == params.size());
-    for (size_t k = 0; k < names.size(); ++k) {
-      INFO(names[k]);
-      REQUIRE(params.count(names[k]) == 1);
-      at::Tensor& p = *params.at(names[k]);
-      const bool norm = names[k].size() >= 11 && names[k].compare(names[k].size() - 11, 11, "norm.weight") == 0;
-      const int seed = static_cast<int>(k) + 1;
-      p = (norm ? values(p.sizes().vec(), seed, 0.1, true)
-                : values(p.sizes().vec(), seed, names[k] == "tok_embeddings.weight" ? 1.0 : 0.2))
-              .requires_grad_(true);
-    }
-    CHECK(count_params(a).total == static_cast<int64_t>([&] {
-            int64_t n = 0;
-            for (const auto& [fqn, p] : params) n += p->numel();
-            return n;
-          }()));
-    model.materialize_buffers(c10::kCPU);
-    for (TransformerBlock* block : model.blocks())
-      if (block->moe) block->moe->expert_bias = values({4}, 500 + static_cast<int>(block->layer_id), 0.2);
-    const int64_t B = fixture.at("batch"), S = fixture.at("seq");
-    std::vector<int64_t> ids;
-    for (int64_t i = 0; i < B * S; ++i) ids.push_back((7 * i + 3) % a.vocab_size);
-    const at::Tensor tokens = at::tensor(ids).view({B, S});
-    const at::Tensor logits = model.forward(tokens, model.rope_table());
-    torch::autograd::backward({logits}, {values(logits.sizes().vec(), 99, 1.0)});
-    const at::Tensor want = at::tensor(c.at("logits").get<std::vector<float>>());
-    const double scale = want.abs().max().item<double>();
-    const double logit_error = (logits.flatten() - want).abs().max().item<double>();
-    INFO("max logit difference " << logit_error << " of max " << scale);
-    CHECK(logit_error <= 1e-5 * scale);
+    const std::map<std::string, at::Tensor*> params = titan::testing::check_model_against_fixture(model, fixture, c, 1e-5);
+    int64_t numel = 0;
+    for (const auto& [fqn, p] : params) numel += p->numel();
+    CHECK(count_params(a).total == numel);
     // The same routing decisions in every MoE block (the first block is dense).
     const std::vector<std::vector<float>> counts = c.at("tokens_per_expert");
     size_t moe_block = 0;
@@ -145,18 +111,6 @@ TEST_CASE("DeepSeek-V3 (latent attention, q direct or low-rank, YaRN, dense then
       if (block->moe) CHECK(at::equal(block->moe->tokens_per_expert, at::tensor(counts.at(moe_block++))));
     }
     CHECK(moe_block == counts.size());
-    const nlohmann::json& grads = c.at("grads");
-    for (size_t k = 0; k < names.size(); ++k) {
-      INFO(names[k]);
-      const at::Tensor g = params.at(names[k])->grad();
-      REQUIRE(g.defined());
-      const std::vector<double> w = grads.at(names[k]);
-      const at::Tensor v = values(g.sizes().vec(), 1000 + static_cast<int>(k) + 1, 1.0).to(at::kDouble);
-      const double norm = g.to(at::kDouble).norm().item<double>();
-      const double projection = (g.to(at::kDouble) * v).sum().item<double>();
-      CHECK(std::abs(norm - w[0]) <= 1e-5 * w[0]);
-      CHECK(std::abs(projection - w[1]) <= 1e-5 * w[0] * v.norm().item<double>());
-    }
   }
 }
 

@@ -25,17 +25,9 @@
 
 #include "model/flavors.h"
 #include "model/transformer.h"
-#include "tests/sin_values.h"
+#include "tests/torchtitan_model_fixture.h"
 
 using namespace titan::model;
-
-namespace {
-
-at::Tensor values(const std::vector<int64_t>& shape, int seed, double scale, bool ones = false) {
-  return titan::testing::sin_values(shape, seed, scale, ones ? 1.0 : 0.0);
-}
-
-}  // namespace
 
 TEST_CASE("Qwen3 (explicit head_dim, qk-norm, rotate-half RoPE, tied or not, MoE) equals torchtitan 0.2.2's Qwen3Model",
           "[model][qwen3]") {
@@ -68,51 +60,11 @@ TEST_CASE("Qwen3 (explicit head_dim, qk-norm, rotate-half RoPE, tied or not, MoE
     CHECK(a.norm_eps == shapes.at("norm_eps").get<double>());
     CHECK(a.rope_theta == shapes.at("rope_theta").get<double>());
     Transformer model(a);
-    model.materialize(c10::kCPU, at::kFloat);
-    std::map<std::string, at::Tensor*> params;
-    model.visit_params([&](const std::string& fqn, at::Tensor& p) { params[fqn] = &p; });
-    const std::vector<std::string> names = c.at("parameters");
-    REQUIRE(std::set<std::string>(names.begin(), names.end()).size() == params.size());
-    for (size_t k = 0; k < names.size(); ++k) {
-      INFO(names[k]);
-      REQUIRE(params.count(names[k]) == 1);
-      at::Tensor& p = *params.at(names[k]);
-      const bool norm = names[k].size() >= 11 && names[k].compare(names[k].size() - 11, 11, "norm.weight") == 0;
-      const int seed = static_cast<int>(k) + 1;
-      p = (norm ? values(p.sizes().vec(), seed, 0.1, true)
-                : values(p.sizes().vec(), seed, names[k] == "tok_embeddings.weight" ? 1.0 : 0.2))
-              .requires_grad_(true);
-    }
-    model.materialize_buffers(c10::kCPU);
-    for (TransformerBlock* block : model.blocks())
-      if (block->moe) block->moe->expert_bias = values({4}, 500 + static_cast<int>(block->layer_id), 0.2);
-    const int64_t B = fixture.at("batch"), S = fixture.at("seq");
-    std::vector<int64_t> ids;
-    for (int64_t i = 0; i < B * S; ++i) ids.push_back((7 * i + 3) % a.vocab_size);
-    const at::Tensor tokens = at::tensor(ids).view({B, S});
-    const at::Tensor logits = model.forward(tokens, model.rope_table());
-    torch::autograd::backward({logits}, {values(logits.sizes().vec(), 99, 1.0)});
-    const at::Tensor want = at::tensor(c.at("logits").get<std::vector<float>>());
-    const double scale = want.abs().max().item<double>();
-    const double logit_error = (logits.flatten() - want).abs().max().item<double>();
-    INFO("max logit difference " << logit_error << " of max " << scale);
-    CHECK(logit_error <= 1e-5 * scale);
+    titan::testing::check_model_against_fixture(model, fixture, c, 1e-5);
     if (with_moe) {  // the same routing decisions, counted once per forward
       const std::vector<std::vector<float>> counts = c.at("tokens_per_expert");
       for (TransformerBlock* block : model.blocks())
         CHECK(at::equal(block->moe->tokens_per_expert, at::tensor(counts[static_cast<size_t>(block->layer_id)])));
-    }
-    const nlohmann::json& grads = c.at("grads");
-    for (size_t k = 0; k < names.size(); ++k) {
-      INFO(names[k]);
-      const at::Tensor g = params.at(names[k])->grad();
-      REQUIRE(g.defined());
-      const std::vector<double> w = grads.at(names[k]);
-      const at::Tensor v = values(g.sizes().vec(), 1000 + static_cast<int>(k) + 1, 1.0).to(at::kDouble);
-      const double norm = g.to(at::kDouble).norm().item<double>();
-      const double projection = (g.to(at::kDouble) * v).sum().item<double>();
-      CHECK(std::abs(norm - w[0]) <= 1e-5 * w[0]);
-      CHECK(std::abs(projection - w[1]) <= 1e-5 * w[0] * v.norm().item<double>());
     }
   }
 }

@@ -24,13 +24,12 @@ scale); sigmoid group-limited routing with route scaling, and softmax routing wi
 experts (the debug flavors').
 """
 import json
-import math
 import sys
 import types
 
 import torch
-import torch.nn.functional as F
-from torch import nn
+
+from torchtitan_release import count_histc_in_float, load_release_model, values
 
 # A small DeepSeek-V3: one dense block then MoE blocks; latent attention whose qk head (8 + 4)
 # differs from its v head (6).
@@ -47,68 +46,9 @@ CASES = [
 ]
 
 
-def values(shape, seed, scale, ones=False):
-    n = math.prod(shape)
-    flat = torch.tensor([(1.0 if ones else 0.0) + scale * math.sin(1.7 * i + seed) for i in range(n)],
-                        dtype=torch.float64)
-    return flat.to(torch.float32).view(shape)
-
-
-def stub(name, **attrs):
-    module = types.ModuleType(name)
-    module.__path__ = []
-    module.__dict__.update(attrs)
-    sys.modules[name] = module
-    return module
-
-
-def load(model_py, moe_py):
-    class SdpaWrapper(nn.Module):  # what torchtitan's ScaledDotProductAttentionWrapper computes
-        def forward(self, q, k, v, *, scale=None, enable_gqa=False, is_causal=True):
-            return F.scaled_dot_product_attention(q, k, v, scale=scale, is_causal=is_causal, enable_gqa=enable_gqa)
-
-    class ModelProtocol(nn.Module):
-        def __init__(self, model_args):
-            super().__init__()
-
-    for name in ("torchtitan", "torchtitan.models", "torchtitan.tools", "torchtitan.components",
-                 "torchtitan.protocols", "torchtitan.models.deepseek_v3", "torchtitan.models.deepseek_v3.model"):
-        stub(name)
-    stub("torchtitan.models.utils", trunc_normal_=torch.nn.init.trunc_normal_)
-    stub("torchtitan.tools.logging", logger=__import__("logging").getLogger("torchtitan"))
-    stub("torchtitan.components.tokenizer", BaseTokenizer=object)
-    stub("torchtitan.protocols.model", AttentionMasksType=object)
-    stub("torchtitan.protocols.train_spec", ModelProtocol=ModelProtocol)
-    unused = lambda *a, **k: None  # noqa: E731 (flex mask builders: not used by sdpa)
-    stub("torchtitan.models.attention", create_attention_mask=unused, FlexAttentionWrapper=SdpaWrapper,
-         get_causal_mask_mod=unused, get_document_mask_mod=unused, ScaledDotProductAttentionWrapper=SdpaWrapper)
-    stub("torchtitan.models.moe.utils", indices_padding_wrapper=lambda fn: fn)
-    moe = types.ModuleType("torchtitan.models.moe")
-    moe.__path__ = []
-    sys.modules["torchtitan.models.moe"] = moe
-    moe_module = types.ModuleType("torchtitan.models.moe.moe")
-    moe_module.__package__ = "torchtitan.models.moe"
-    sys.modules["torchtitan.models.moe.moe"] = moe_module
-    with open(moe_py) as f:
-        exec(compile(f.read(), moe_py, "exec"), moe_module.__dict__)
-    moe.MoE, moe.MoEArgs, moe.FeedForward, moe.build_moe = (moe_module.MoE, moe_module.MoEArgs,
-                                                            moe_module.FeedForward, moe_module.build_moe)
-    stub("torchtitan.models.deepseek_v3.model.args", DeepSeekV3ModelArgs=object)
-    module = types.ModuleType("torchtitan.models.deepseek_v3.model.model")
-    module.__package__ = "torchtitan.models.deepseek_v3.model"
-    sys.modules[module.__name__] = module
-    with open(model_py) as f:
-        exec(compile(f.read(), model_py, "exec"), module.__dict__)
-    return module
-
-
 def main():
-    # The MoE router's torch.histc of int64 indices has a float-only CPU kernel (the CUDA one
-    # returns int64 counts): counted in float, returned as int64, as on the GPU.
-    histc = torch.histc
-    torch.histc = lambda t, *a, **k: histc(t, *a, **k) if t.is_floating_point() else histc(t.float(), *a, **k).long()
-    model_module = load(sys.argv[1], sys.argv[2])
-    moe_module = sys.modules["torchtitan.models.moe.moe"]
+    count_histc_in_float()
+    model_module, moe_module = load_release_model("deepseek_v3", "DeepSeekV3ModelArgs", sys.argv[1], sys.argv[2])
     cases = []
     for case, q_lora_rank, original_seq_len, routing in CASES:
         if routing == "sigmoid":  # 671B's routing: sigmoid, group-limited, normalized, scaled

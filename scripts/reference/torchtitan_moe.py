@@ -19,19 +19,14 @@ rounding error per tensor (float32_error), which the test's tolerance is made of
 """
 import json
 import logging
-import math
 import sys
 import types
 
 import torch
 
+from torchtitan_release import values
+
 D, H, E, N = 8, 6, 4, 6  # dim, expert hidden, experts, tokens (batch 2 x 3)
-
-
-def values(shape, seed, scale):
-    n = math.prod(shape)
-    flat = torch.tensor([scale * math.sin(1.7 * i + seed) for i in range(n)], dtype=torch.float64)
-    return flat.to(torch.float32).view(shape)
 
 
 def load(path, compute_dtype="float32"):

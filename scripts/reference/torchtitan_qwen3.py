@@ -21,13 +21,12 @@ block an MoE layer of 4 experts, top 2, expert_bias of layer l = value(i) with s
 scale 0.2), whose tokens per expert are recorded too.
 """
 import json
-import math
 import sys
 import types
 
 import torch
-import torch.nn.functional as F
-from torch import nn
+
+from torchtitan_release import count_histc_in_float, load_release_model, values
 
 # A small Qwen3: head_dim independent of dim / n_heads, grouped-query heads, qk-norm.
 SHAPES = dict(vocab_size=64, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, hidden_dim=48,
@@ -35,69 +34,10 @@ SHAPES = dict(vocab_size=64, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, head_d
 BATCH, SEQ = 2, 12
 
 
-def values(shape, seed, scale, ones=False):
-    n = math.prod(shape)
-    flat = torch.tensor([(1.0 if ones else 0.0) + scale * math.sin(1.7 * i + seed) for i in range(n)],
-                        dtype=torch.float64)
-    return flat.to(torch.float32).view(shape)
-
-
-def stub(name, **attrs):
-    module = types.ModuleType(name)
-    module.__path__ = []
-    module.__dict__.update(attrs)
-    sys.modules[name] = module
-    return module
-
-
-def load(model_py, moe_py):
-    class SdpaWrapper(nn.Module):  # what torchtitan's ScaledDotProductAttentionWrapper computes
-        def forward(self, q, k, v, *, scale=None, enable_gqa=False, is_causal=True):
-            return F.scaled_dot_product_attention(q, k, v, scale=scale, is_causal=is_causal, enable_gqa=enable_gqa)
-
-    class ModelProtocol(nn.Module):
-        def __init__(self, model_args):
-            super().__init__()
-
-    for name in ("torchtitan", "torchtitan.models", "torchtitan.tools", "torchtitan.components",
-                 "torchtitan.protocols", "torchtitan.models.qwen3", "torchtitan.models.qwen3.model"):
-        stub(name)
-    stub("torchtitan.models.utils", trunc_normal_=torch.nn.init.trunc_normal_)
-    stub("torchtitan.tools.logging", logger=__import__("logging").getLogger("torchtitan"))
-    stub("torchtitan.components.tokenizer", BaseTokenizer=object)
-    stub("torchtitan.protocols.model", AttentionMasksType=object)
-    stub("torchtitan.protocols.train_spec", ModelProtocol=ModelProtocol)
-    unused = lambda *a, **k: None  # noqa: E731 (flex / varlen mask builders: not used by sdpa)
-    stub("torchtitan.models.attention", create_attention_mask=unused, create_varlen_metadata_for_document=unused,
-         FlexAttentionWrapper=SdpaWrapper, get_causal_mask_mod=unused, get_document_mask_mod=unused,
-         ScaledDotProductAttentionWrapper=SdpaWrapper, VarlenAttentionWrapper=SdpaWrapper, VarlenMetadata=object)
-    stub("torchtitan.models.moe.utils", indices_padding_wrapper=lambda fn: fn)
-    moe = types.ModuleType("torchtitan.models.moe")
-    moe.__path__ = []
-    sys.modules["torchtitan.models.moe"] = moe
-    moe_module = types.ModuleType("torchtitan.models.moe.moe")
-    moe_module.__package__ = "torchtitan.models.moe"
-    sys.modules["torchtitan.models.moe.moe"] = moe_module
-    with open(moe_py) as f:
-        exec(compile(f.read(), moe_py, "exec"), moe_module.__dict__)
-    moe.MoE, moe.MoEArgs = moe_module.MoE, moe_module.MoEArgs
-    stub("torchtitan.models.qwen3.model.args", Qwen3ModelArgs=object)
-    module = types.ModuleType("torchtitan.models.qwen3.model.model")
-    module.__package__ = "torchtitan.models.qwen3.model"
-    sys.modules[module.__name__] = module
-    with open(model_py) as f:
-        exec(compile(f.read(), model_py, "exec"), module.__dict__)
-    return module
-
-
 def main():
-    # The MoE router's torch.histc of int64 indices has a float-only CPU kernel (the CUDA one
-    # returns int64 counts): counted in float, returned as int64, as on the GPU.
-    histc = torch.histc
-    torch.histc = lambda t, *a, **k: histc(t, *a, **k) if t.is_floating_point() else histc(t.float(), *a, **k).long()
-    model_module = load(sys.argv[1], sys.argv[2])
+    count_histc_in_float()
+    model_module, moe_module = load_release_model("qwen3", "Qwen3ModelArgs", sys.argv[1], sys.argv[2])
     cases = []
-    moe_module = sys.modules["torchtitan.models.moe.moe"]
     # Qwen3-MoE's routing (softmax top 2 of 4, route_norm, weights after the experts, no shared
     # expert, the default load balancing), small.
     moe_args = moe_module.MoEArgs(num_experts=4, num_shared_experts=0, top_k=2, score_func="softmax",
