@@ -87,6 +87,7 @@ void run_dry_run(const trainer::config::JobConfig& cfg, const DryRunRequest& req
     vocab_note = " (tokenizer not readable: the flavor's vocabulary)";
   }
   args.max_seq_len = t.seq_len;
+  args.mtp_layers = cfg.model.mtp_layers;  // its blocks are this rank's to shard too
   model::Transformer model(args);  // meta device
   phase_done("model on meta (+ tokenizer)");
 

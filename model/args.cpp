@@ -38,9 +38,16 @@ ParamCount count_params(const ModelArgs& a) {
   count.embedding = a.vocab_size * a.dim;
   count.total = count.embedding + a.dim /* norm */ + (a.tie_embeddings ? 0 : a.vocab_size * a.dim) /* output */;
   count.active = count.total;
-  for (int64_t layer = 0; layer < a.n_layers; ++layer) {
-    int64_t block = family.attention_params(a, layer) + a.dim /* attention_norm */;
-    switch (family.feed_forward(a, layer)) {
+  // A multi-token prediction depth is a block like the last one (its attention, its feed-forward
+  // kind) plus enorm, hnorm, eh_proj [dim, 2 dim] and mtp_norm; it reuses the embedding and the
+  // output projection.
+  const int64_t last = a.n_layers - 1;
+  for (int64_t layer = 0; layer < a.n_layers + a.mtp_layers; ++layer) {
+    const bool mtp = layer >= a.n_layers;
+    const int64_t like = mtp ? last : layer;  // the block whose declaration it repeats
+    int64_t block = family.attention_params(a, like) + a.dim /* attention_norm */ +
+                    (mtp ? 2 * a.dim * a.dim + 3 * a.dim : 0);
+    switch (family.feed_forward(a, like)) {
       case FeedForwardKind::kDense:
         block += FeedForward::param_count(a.dim, a.ffn_hidden_dim()) + a.dim /* ffn_norm */;
         break;
@@ -53,9 +60,10 @@ ParamCount count_params(const ModelArgs& a) {
       case FeedForwardKind::kNone:
         break;
     }
-    count.per_block.push_back(block);
     count.total += block;
     count.active += block;
+    if (mtp) continue;
+    count.per_block.push_back(block);
     count.per_layer = std::max(count.per_layer, block);
   }
   return count;
@@ -65,12 +73,16 @@ double attention_flops_per_token(const ModelArgs& a, int64_t seq_len) {
   const Family& family = model::family(a.family);
   double flops = 0;
   for (int64_t layer = 0; layer < a.n_layers; ++layer) flops += family.attention_flops_per_token(a, layer, seq_len);
+  // Each multi-token prediction depth runs the last block's attention once more.
+  flops += static_cast<double>(a.mtp_layers) * family.attention_flops_per_token(a, a.n_layers - 1, seq_len);
   return flops;
 }
 
 double flops_per_token(const ModelArgs& a, int64_t seq_len) {
   const ParamCount c = count_params(a);
-  return 6.0 * static_cast<double>(c.active - c.embedding) + attention_flops_per_token(a, seq_len);
+  // Each multi-token prediction depth projects through the output once more.
+  const double mtp_heads = static_cast<double>(a.mtp_layers) * static_cast<double>(a.vocab_size * a.dim);
+  return 6.0 * (static_cast<double>(c.active - c.embedding) + mtp_heads) + attention_flops_per_token(a, seq_len);
 }
 
 }  // namespace titan::model

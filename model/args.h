@@ -71,6 +71,11 @@ struct ModelArgs {
   // arguments whose experts are SwiGLUs of moe_hidden_dim (torchtitan's moe_inter_dim).
   std::optional<moe::MoEArgs> moe;
   int64_t moe_hidden_dim = 0;
+  // Multi-token prediction (DeepSeek-V3's MTP, torchtitan's MTPDecoder; model/mtp.h): after the
+  // last block, depth k = 1..mtp_layers predicts token t + k + 1 at position t through a block
+  // of its own; its cross entropy enters the loss weighted mtp_scale / mtp_layers.
+  int64_t mtp_layers = 0;
+  double mtp_scale = 0.3;
 
   // The family's own arguments (none for Llama 3 and Qwen3, which the fields above describe).
   std::shared_ptr<const FamilyArgs> family_args;
@@ -89,7 +94,7 @@ struct ModelArgs {
   int64_t ffn_hidden_dim() const;
 };
 
-struct ParamCount {
+struct ParamCount {  // multi-token prediction's blocks count in total and active, not in per_block
   int64_t total = 0;
   int64_t embedding = 0;  // tok_embeddings only (an untied output projection is counted in total)
   std::vector<int64_t> per_block;  // each block's parameters, layer by layer

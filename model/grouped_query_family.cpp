@@ -56,10 +56,16 @@ InitSpec decoder_init_spec(const ModelArgs& args, const std::string& fqn) {
     spec.ones = true;
   } else {
     // "layers.<id>.<module>.<name>.weight": trunc_normal_(std, a = -2, b = 2), torch's default
-    // absolute bounds; std 0.02, depth-scaled for the projections that feed the residual.
+    // absolute bounds; std 0.02, depth-scaled for the projections that feed the residual. A
+    // multi-token prediction block ("mtp_layers.<k>") is drawn as the last block (torchtitan
+    // copies that block's config, inits included); its eh_proj as a block's input projection
+    // (0.02: torchtitan main leaves it to nn.Linear's default, a uniform of bound
+    // (2 dim)^-1/2 = 0.044 for DeepSeek-V3's debug dim, which titan's counter-based filler has not).
     const std::optional<LayerPath> block = parse_layer_path(fqn);
-    TORCH_CHECK(block, "init: '", fqn, "' is neither a block's parameter (layers.<i>.<...>) nor one of the top level's");
-    const int64_t layer_id = block->layer;
+    const bool mtp = !block && parse_layer_path(fqn, kMtpLayersPrefix);
+    TORCH_CHECK(block || mtp, "init: '", fqn,
+                "' is neither a block's parameter (layers.<i>.<...>, mtp_layers.<k>.<...>) nor one of the top level's");
+    const int64_t layer_id = mtp ? args.n_layers - 1 : block->layer;
     const double depth_std =
         0.02 / std::sqrt(2.0 * (args.depth_init ? layer_id + 1 : args.n_layers));
     // MoE (torchtitan's MoE.init_weights): the router gate and the experts' w2 / w3 (stacked

@@ -29,9 +29,10 @@ std::optional<LayerPath> parse_layer_path(std::string_view path, std::string_vie
 }
 
 std::string layer_pattern(std::string_view path, std::string_view index_mark) {
-  const std::optional<LayerPath> parsed = parse_layer_path(path);
+  const std::string_view prefix = parse_layer_path(path, kMtpLayersPrefix) ? kMtpLayersPrefix : kLayers;
+  const std::optional<LayerPath> parsed = parse_layer_path(path, prefix);
   if (!parsed) return std::string(path);
-  std::string pattern(kLayers);
+  std::string pattern(prefix);
   pattern += index_mark;
   if (!parsed->rest.empty()) (pattern += '.') += parsed->rest;
   return pattern;
@@ -39,6 +40,8 @@ std::string layer_pattern(std::string_view path, std::string_view index_mark) {
 
 std::string top_module(std::string_view path) {
   if (const std::optional<LayerPath> parsed = parse_layer_path(path)) return layer_path(parsed->layer);
+  if (const std::optional<LayerPath> parsed = parse_layer_path(path, kMtpLayersPrefix))
+    return layer_path(parsed->layer, {}, kMtpLayersPrefix);
   return std::string(path.substr(0, path.find('.')));
 }
 

@@ -11,6 +11,9 @@
 
 namespace titan::model {
 
+// Multi-token prediction's blocks (model/mtp.h): "mtp_layers.<k>", torchtitan's names.
+inline constexpr std::string_view kMtpLayersPrefix = "mtp_layers.";
+
 // "layers.<layer>" (no rest) or "layers.<layer>.<rest>"; `prefix` as parse_layer_path's
 // ("model.layers." builds Hugging Face's name of a block, "mlp.experts." of an HF expert).
 std::string layer_path(int64_t layer, std::string_view rest = {}, std::string_view prefix = "layers.");
@@ -31,7 +34,7 @@ std::optional<LayerPath> parse_layer_path(std::string_view path, std::string_vie
 std::string layer_pattern(std::string_view path, std::string_view index_mark = "*");
 
 // The top-level module a path belongs to: "layers.3.attention.wq.weight" -> "layers.3",
-// "norm.weight" -> "norm", "output" -> "output".
+// "mtp_layers.0.enorm.weight" -> "mtp_layers.0", "norm.weight" -> "norm", "output" -> "output".
 std::string top_module(std::string_view path);
 
 }  // namespace titan::model

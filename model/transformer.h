@@ -28,11 +28,19 @@
 #include "model/layers.h"
 #include "model/linear.h"
 #include "model/moe/moe.h"
+#include "model/mtp.h"
 
 namespace titan::model {
 
 struct TransformerBlock {
+  // Block `layer_id` of the model ("layers.<layer_id>").
   TransformerBlock(int64_t layer_id, const ModelArgs& args, const Family& family);
+  // Multi-token prediction's depth k (See Note [Multi-token prediction] in model/mtp.h): at
+  // "mtp_layers.<k>", declared as block `like` (the last one), with its MtpParts; its layer_id is
+  // n_layers + k (its wrappers' index).
+  TransformerBlock(int64_t mtp_depth, int64_t like, const ModelArgs& args, const Family& family);
+  // x [B, S, D] -> [B, S, D]; a multi-token prediction block takes cat(embedding, previous
+  // hidden) [B, S, 2 D] and returns its mtp_norm's output.
   at::Tensor forward(const at::Tensor& x, const RotaryTable& rope, const at::Tensor& documents = {}) const;
   void visit_params(const ParamVisitor& visit);
   // Every linear of the block, in parameter order (an MoE layer's router gate and shared experts
@@ -45,11 +53,16 @@ struct TransformerBlock {
   ModuleInputHook* input_hook(const std::string& module);
 
   int64_t layer_id;
+  std::string path;  // "layers.<i>" or "mtp_layers.<k>": its modules' prefix, its FSDP group's name
   FeedForwardKind feed_forward_kind;
   std::unique_ptr<AttentionModule> attention;  // "layers.<i>.attention", the family's kind
   std::optional<FeedForward> feed_forward;  // kDense ("layers.<i>.feed_forward")
   std::unique_ptr<moe::MoE> moe;            // kMoE ("layers.<i>.moe": model/moe/moe.h)
   RMSNorm attention_norm, ffn_norm;
+  std::optional<MtpParts> mtp;  // a multi-token prediction block's own modules
+
+ private:
+  TransformerBlock(int64_t layer_id, std::string path, int64_t like, const ModelArgs& args, const Family& family);
 };
 
 // A block's (or a stage's) forward, x -> y.
@@ -79,7 +92,9 @@ struct ModelPart {
   int64_t first_layer = 0;
   int64_t end_layer = -1;  // -1: to the last block
   bool head = true;
-  bool holds(const std::string& module) const;  // "tok_embeddings", "layers.3", "norm", "output"
+  // "tok_embeddings", "layers.3", "norm", "output"; multi-token prediction's "mtp_layers.<k>" go
+  // with the head.
+  bool holds(const std::string& module) const;
 };
 
 class Transformer {
@@ -99,7 +114,8 @@ class Transformer {
   // rank's box of it with model::fill_init_box).
   InitSpec init_spec(const std::string& fqn) const;
 
-  // tokens [B, S] int64 -> logits [B, S, vocab] in the parameters' dtype. `rope`: the positions
+  // tokens [B, S] int64 -> logits [B, S, vocab] in the parameters' dtype ([(1 + mtp_layers) B, S,
+  // vocab] with multi-token prediction: See Note [Multi-token prediction]). `rope`: the positions
   // of the tokens, row s for tokens[:, s] (at least S rows): rope_table() for a whole sequence from
   // position 0; a rank's share of it under context parallelism (parallel/context_parallel/sequence_shard.h).
   // Block-causal models find the documents from `tokens` (document_ids) unless given.
@@ -129,6 +145,11 @@ class Transformer {
   void set_output_observer(OutputObserver observer) { output_observer_ = std::move(observer); }
   // `name` for describe(), e.g. "vocab_parallel".
   void set_embedding_compute(std::string name, EmbeddingCompute compute);
+  // This rank's share of a whole row's per-position tensor [B, S, ...] as the embedding compute
+  // shards the sequence (tensor parallel's sequence shard); unset: all of it. Multi-token
+  // prediction masks its hidden states with it.
+  void set_sequence_share(std::function<at::Tensor(const at::Tensor&)> share) { sequence_share_ = std::move(share); }
+  // Every block: the model's layers, then multi-token prediction's.
   std::vector<TransformerBlock*> blocks();
   // How the model runs, one line per module that something was applied to, for the start-up
   // log: each linear's compute chain ("layers.3.attention.wq: colwise(float8[rowwise])") and each
@@ -149,6 +170,7 @@ class Transformer {
   const Family* family_;
   at::Tensor tok_embeddings_weight_;  // [vocab, D] "tok_embeddings.weight"
   std::vector<std::unique_ptr<TransformerBlock>> layers_;
+  std::vector<std::unique_ptr<TransformerBlock>> mtp_layers_;  // See Note [Multi-token prediction]
   RMSNorm norm_;
   Linear output_;  // [vocab, D]
   RotaryTable rope_;
@@ -156,7 +178,9 @@ class Transformer {
   std::vector<ForwardWrapper> embedding_wrappers_, head_wrappers_;
   std::string embedding_compute_name_ = "lookup";
   EmbeddingCompute embedding_compute_;
+  std::function<at::Tensor(const at::Tensor&)> sequence_share_;
   OutputObserver output_observer_;
+  at::Tensor embed(const at::Tensor& tokens) const;  // the lookup (embedding_compute_ when set)
 };
 
 }  // namespace titan::model

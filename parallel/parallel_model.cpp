@@ -17,6 +17,7 @@
 #include <stdexcept>
 
 #include "float8/float8_linear.h"
+#include "model/mtp.h"
 #include "parallel/tensor_parallel/tensor_parallel.h"
 
 namespace titan::parallel {
@@ -312,13 +313,19 @@ at::Tensor ParallelModel::gradient(size_t i) const {
   return compute_copies_[i].defined() ? compute_copies_[i].grad() : masters_[i].grad();
 }
 
-at::Tensor ParallelModel::loss_sum(const at::Tensor& logits, const at::Tensor& labels) {
+at::Tensor ParallelModel::loss_sum(const at::Tensor& logits, const at::Tensor& labels, const at::Tensor& documents) {
   comm::Comm* tp = mesh_.comm(comm::MeshDim::kTp);
-  if (tp && options_.loss_parallel)
-    return tensor_parallel::vocab_parallel_cross_entropy_sum(logits.flatten(0, 1), labels.flatten(),
-                                            model_.args().vocab_size, *tp);
-  return at::cross_entropy_loss(logits.flatten(0, 1).to(at::kFloat), labels.flatten(),
-                                /*weight=*/std::nullopt, at::Reduction::Sum);
+  const model::ModelArgs& args = model_.args();
+  // Labels of kIgnoreIndex add nothing (multi-token prediction's rolled-off positions).
+  const model::CrossEntropySum ce_sum = [&](const at::Tensor& l, const at::Tensor& y) {
+    if (tp && options_.loss_parallel)
+      return tensor_parallel::vocab_parallel_cross_entropy_sum(l.flatten(0, 1), y.flatten(), args.vocab_size, *tp);
+    return at::cross_entropy_loss(l.flatten(0, 1).to(at::kFloat), y.flatten(), /*weight=*/std::nullopt,
+                                  at::Reduction::Sum, model::kIgnoreIndex);
+  };
+  // A causal model's rows are one sequence: documents bound the rolls only when block-causal.
+  return model::mtp_loss_sum(logits, labels, args.block_causal ? documents : at::Tensor(), args.mtp_layers,
+                             args.mtp_scale, ce_sum);
 }
 
 void ParallelModel::after_optimizer_step() {

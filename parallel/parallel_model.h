@@ -116,7 +116,7 @@ class ParallelModel : public pipeline::MicrobatchHooks {
   // copies of the masters (FSDP casts during its gathers instead); loss: vocab-parallel under
   // loss parallel; after_backward: FSDP's reduce-scatters still pending.
   void bind_compute_params() override;
-  at::Tensor loss_sum(const at::Tensor& logits, const at::Tensor& labels) override;
+  at::Tensor loss_sum(const at::Tensor& logits, const at::Tensor& labels, const at::Tensor& documents) override;
   void after_backward() override;
   // After the schedule ran the step's micro-batches: completes this rank's gradients (FSDP's
   // pending reduce-scatters; the sums over TP of replicated weights' gradients, the

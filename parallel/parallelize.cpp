@@ -104,7 +104,7 @@ TensorParallelPlan apply_tp(model::Transformer& model, comm::Comm& tp, const Par
   std::map<std::string, model::Linear*> linears;
   for (model::Linear* l : model.linears()) linears[l->fqn()] = l;
   std::map<std::string, model::TransformerBlock*> blocks;
-  for (model::TransformerBlock* b : model.blocks()) blocks[model::layer_path(b->layer_id)] = b;
+  for (model::TransformerBlock* b : model.blocks()) blocks[b->path] = b;
   // Float8 (tensorwise or the axiswise dims that reduce along the shard) amaxes over the group:
   // along which dim (0 rows, 1 columns, -1 none) this rank holds a shard of each operand.
   auto sharded = [&](model::Linear& linear, int input, int weight, int grad_output) {
@@ -174,6 +174,7 @@ TensorParallelPlan apply_tp(model::Transformer& model, comm::Comm& tp, const Par
         break;
       case TpStyle::kVocabParallelEmbedding:
         model.set_embedding_compute("vocab_parallel", tensor_parallel::make_vocab_parallel_embedding(tp, model.args().vocab_size));
+        model.set_sequence_share([&tp](const at::Tensor& full) { return tensor_parallel::sequence_chunk(full, tp); });
         shard_weight(rule.module, 0);
         break;
       case TpStyle::kVocabParallelOutput: {
@@ -241,6 +242,10 @@ FsdpPlan apply_fsdp(model::Transformer& model, comm::Comm& dp_shard_cp, comm::De
   // output's stage may hold its own copy (See Note [Tied embedding across stages]).
   const bool tied = model.args().tie_embeddings;
   const bool tied_here = tied && holds("tok_embeddings") && holds("output");
+  // The embedding's gradient accumulations per backward: its lookup, the tied output's, and one
+  // lookup per multi-token prediction depth (which runs after the blocks: See Note [Multi-token
+  // prediction] in model/mtp.h); used more than once, its group stays gathered to the forward's end.
+  const int embedding_uses = 1 + (tied_here ? 1 : 0) + static_cast<int>(model.args().mtp_layers);
   // The experts under EP: their own FSDP over efsdp (Note [Expert mesh] in mesh.h).
   comm::Comm* efsdp = mesh.comm(comm::MeshDim::kEfsdp);
   if (efsdp) {
@@ -252,7 +257,7 @@ FsdpPlan apply_fsdp(model::Transformer& model, comm::Comm& dp_shard_cp, comm::De
     for (const std::string& fqn : fqns) {
       const HeldParam& p = *by_fqn.at(fqn);
       FsdpParamSpec spec{p.fqn, p.slot, p.tp_shape};
-      if (tied_here && p.fqn == "tok_embeddings.weight") spec.uses = 2;  // the output's gradient too
+      if (p.fqn == "tok_embeddings.weight") spec.uses = embedding_uses;
       auto l = by_weight.find(p.fqn);
       const float8::Float8LinearCompute* c = l == by_weight.end() ? nullptr : float8_compute(*l->second);
       if (o.float8_fsdp_all_gather && c && c->accepts_float8_weight(c->recipe().weight.dtype))
@@ -274,15 +279,16 @@ FsdpPlan apply_fsdp(model::Transformer& model, comm::Comm& dp_shard_cp, comm::De
   // A tied embedding stays gathered from the embedding's forward to the output's backward (the
   // output reads it): the group is kept, as the last one is, and reduce-scatters after both uses.
   if (holds("tok_embeddings"))
-    model.wrap_stage(model::Stage::kEmbedding, add_group(fsdp, "tok_embeddings", {"tok_embeddings.weight"}, tied_here));
-  const int64_t n_layers = model.args().n_layers;
-  for (model::TransformerBlock* block : model.blocks()) {
-    const std::string name = model::layer_path(block->layer_id);
+    model.wrap_stage(model::Stage::kEmbedding,
+                     add_group(fsdp, "tok_embeddings", {"tok_embeddings.weight"}, embedding_uses > 1));
+  const std::vector<model::TransformerBlock*> blocks = model.blocks();
+  for (model::TransformerBlock* block : blocks) {
+    const std::string& name = block->path;
     if (!holds(name)) continue;
     std::vector<std::string> fqns, experts;
     for (const auto& p : params)
       if (p.fqn.compare(0, name.size() + 1, name + ".") == 0) (p.ep_size > 1 ? experts : fqns).push_back(p.fqn);
-    const bool last = block->layer_id == n_layers - 1;
+    const bool last = block == blocks.back();
     model.wrap_block(block->layer_id, add_group(fsdp, name, fqns, last));
     if (plan.expert_fsdp && !experts.empty())
       model.wrap_block(block->layer_id, add_group(*plan.expert_fsdp, name + ".moe.experts", experts, last));

@@ -1,7 +1,9 @@
 // The DeepSeek-V3 family (model.name = deepseek_v3): titan's Transformer with multi-head latent
 // attention, dense-then-MoE blocks and YaRN against torchtitan 0.2.2's own DeepSeekV3Model on the
 // same weights and tokens (tests/fixtures/torchtitan/v0.2.2/deepseek_v3_model.json, written by
-// scripts/reference/torchtitan_deepseek_v3.py, which runs the release's model.py and moe.py).
+// scripts/reference/torchtitan_deepseek_v3.py, which runs the release's model.py and moe.py);
+// one case adds two multi-token prediction depths, which the script builds on the release's
+// blocks as torchtitan main's mtp.py does (the depths' logits, gradients and loss).
 //
 // Tolerance: as tests/test_qwen3.cpp's: both run float32 over the same operations with different
 // kernels (fused RMSNorm and CPU flash attention vs torch's composites and SDPA), so sums are
@@ -10,6 +12,9 @@
 // 1e-5 of the largest logit (and of each gradient's norm times the projection vector's norm) is
 // ~10x what such reorderings give, while a wrong split of the heads, a missing mscale, a rope
 // over the wrong part or a wrong dense/MoE boundary is off by O(1).
+#include <ATen/core/Reduction.h>
+#include <ATen/ops/cross_entropy_loss.h>
+#include <ATen/ops/stack.h>
 #include <ATen/ops/tensor.h>
 #include <torch/csrc/autograd/autograd.h>
 
@@ -61,6 +66,7 @@ ModelArgs fixture_args(const nlohmann::json& shapes, const nlohmann::json& c) {
   mla->beta_slow = shapes.at("beta_slow");
   mla->mscale = shapes.at("mscale");
   a.family_args = mla;
+  a.mtp_layers = c.value("mtp_layers", int64_t{0});
   moe::MoEArgs m;
   m.num_experts = 4;
   m.score_before_experts = false;
@@ -99,9 +105,9 @@ TEST_CASE("DeepSeek-V3 (latent attention, q direct or low-rank, YaRN, dense then
     CHECK(std::abs(a.family_args_as<DeepSeekV3Args>().softmax_scale(a.max_seq_len) - c.at("softmax_scale").get<double>()) <=
           1e-15);
     Transformer model(a);
-    const std::map<std::string, at::Tensor*> params = titan::testing::check_model_against_fixture(model, fixture, c, 1e-5);
+    const titan::testing::FixtureRun run = titan::testing::check_model_against_fixture(model, fixture, c, 1e-5);
     int64_t numel = 0;
-    for (const auto& [fqn, p] : params) numel += p->numel();
+    for (const auto& [fqn, p] : run.params) numel += p->numel();
     CHECK(count_params(a).total == numel);
     // The same routing decisions in every MoE block (the first block is dense).
     const std::vector<std::vector<float>> counts = c.at("tokens_per_expert");
@@ -111,6 +117,27 @@ TEST_CASE("DeepSeek-V3 (latent attention, q direct or low-rank, YaRN, dense then
       if (block->moe) CHECK(at::equal(block->moe->tokens_per_expert, at::tensor(counts.at(moe_block++))));
     }
     CHECK(moe_block == counts.size());
+    if (a.mtp_layers > 0) {
+      // Multi-token prediction's loss (torchtitan main's MTPLoss, positions restarting at each
+      // packed document) on these logits: the rolled labels, the ignored positions, the weight.
+      // The logits equal within 1e-5 of their largest; a sum over 3 x 24 cross entropies moves
+      // by less than 1e-5 relative, while a label rolled into another document or a missing
+      // 1 / D is off by O(1).
+      const nlohmann::json& mtp = c.at("mtp_loss");
+      std::vector<at::Tensor> labels, documents;
+      for (size_t r = 0; r < mtp.at("labels").size(); ++r) {
+        labels.push_back(at::tensor(mtp.at("labels")[r].get<std::vector<int64_t>>()));
+        documents.push_back(at::tensor(mtp.at("documents")[r].get<std::vector<int64_t>>()));
+      }
+      const CrossEntropySum ce_sum = [](const at::Tensor& l, const at::Tensor& y) {
+        return at::cross_entropy_loss(l.flatten(0, 1), y.flatten(), std::nullopt, at::Reduction::Sum, kIgnoreIndex);
+      };
+      const double got = mtp_loss_sum(run.logits, at::stack(labels), at::stack(documents), a.mtp_layers,
+                                      mtp.at("scale").get<double>(), ce_sum)
+                             .item<double>();
+      const double want = mtp.at("loss_sum").get<double>();
+      CHECK(std::abs(got - want) <= 1e-5 * want);
+    }
   }
 }
 

@@ -58,3 +58,49 @@ TEST_CASE("DeepSeek-V3 under FSDP 2, TP 2, EP 2, EP 2 x TP 2, PP 2 (1F1B, ZBV), 
     }
   }
 }
+
+TEST_CASE("DeepSeek-V3 with multi-token prediction (2 depths, block-causal) under FSDP 2, TP 2, EP 2 x TP 2 and "
+          "FSDP 2 + per-op AC equals one process; PP, CP and Hugging Face export refuse it by name",
+          "[moe][dist][deepseek_v3]") {
+  // The depths' blocks are FSDP groups and TP / EP / AC blocks like the others; the embedding is
+  // looked up once per depth (FSDP counts those uses), the depths' masks are cut to the sequence
+  // shards under TP, and the labels roll within documents. The same tolerances as every layout:
+  // reduction order only.
+  const std::string mtp = kDeepSeek + " --model.mtp_layers 2 --model.attn_mask_type block_causal";
+  const std::vector<std::tuple<std::string, int, std::string>> layouts = {
+      {"ds3_mtp_fsdp2", 2, ""},
+      {"ds3_mtp_tp2", 2, "--parallelism.tensor_parallel_degree 2"},
+      {"ds3_mtp_ep2_tp2", 4, "--parallelism.expert_parallel_degree 2 --parallelism.tensor_parallel_degree 2"},
+      {"ds3_mtp_fsdp2_op_ac", 2,
+       "--activation_checkpoint.mode selective --activation_checkpoint.selective_ac_option op"},
+  };
+  const layout::Reference& ref = layout::reference_run(8, mtp);
+  const auto want = expert_loads(ref.dump / "metrics.jsonl");
+  REQUIRE(want.size() == 10);
+  REQUIRE(want[0].size() == 5);  // 3 MoE blocks + 2 depths
+  for (const auto& [name, nproc, overrides] : layouts) {
+    layout::check_layout(name, nproc, overrides, 8, mtp);
+    const auto got = expert_loads(layout::root() / name / "metrics_rank0.jsonl");
+    REQUIRE(got.size() == want.size());
+    for (size_t s = 0; s < got.size(); ++s) {
+      INFO(name << " step " << s + 1);
+      CHECK(got[s] == want[s]);
+    }
+  }
+  const std::vector<std::tuple<int, std::string, std::string>> refused = {
+      {2, "--parallelism.pipeline_parallel_degree 2", "model.mtp_layers = 2 with parallelism.pipeline_parallel_degree = 2"},
+      {2, "--parallelism.context_parallel_degree 2", "model.mtp_layers = 2 with parallelism.context_parallel_degree = 2"},
+      {1, "--checkpoint.enable_checkpoint --checkpoint.last_save_in_hf",
+       "multi-token prediction's Hugging Face names are not mapped yet"},
+  };
+  for (const auto& [nproc, overrides, error] : refused) {
+    const fs::path dump = layout::root() / "ds3_mtp_refused";
+    const layout::Run r = layout::run_job(std::string(TITAN_RUN_PATH) + " --nproc-per-node " + std::to_string(nproc) +
+                                              " -- " + TITAN_TRAIN_PATH + " " + layout::train_args(dump) + " " + mtp +
+                                              " " + overrides,
+                                          dump.string() + ".log");
+    INFO(overrides << ":\n" << r.log);
+    CHECK(r.exit_code != 0);
+    CHECK_THAT(r.log, Catch::Matchers::Contains(error));
+  }
+}

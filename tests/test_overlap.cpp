@@ -125,7 +125,7 @@ TEST_CASE("overlapped FSDP keeps at most two groups gathered (threads, memory tr
         pm->init_weights(1);
         at::manual_seed(rank);
         at::Tensor tokens = at::randint(args.vocab_size, {2, 16}), labels = at::randint(args.vocab_size, {2, 16});
-        at::Tensor loss = pm->loss_sum(model.forward(tokens, model.rope_table()), labels);
+        at::Tensor loss = pm->loss_sum(model.forward(tokens, model.rope_table()), labels, {});
         torch::autograd::backward({loss});
         pm->after_backward();
         max_gathered[static_cast<size_t>(rank)] = pm->fsdp()->max_groups_gathered();

@@ -28,13 +28,18 @@
 
 namespace titan::testing {
 
+// What a fixture run leaves for the caller's own checks: the parameters by name (their gradients
+// filled) and the logits.
+struct FixtureRun {
+  std::map<std::string, at::Tensor*> params;
+  at::Tensor logits;
+};
+
 // Runs `model` (float32, on the CPU, not yet materialized) on fixture case `c` and checks its
 // logits within `rel` of the largest logit, and each gradient's norm within `rel` of the
-// fixture's (its projection within `rel` x the norms' product: Cauchy-Schwarz). Returns the
-// parameters by name, their gradients filled, for the caller's own checks.
-inline std::map<std::string, at::Tensor*> check_model_against_fixture(model::Transformer& model,
-                                                                      const nlohmann::json& fixture,
-                                                                      const nlohmann::json& c, double rel) {
+// fixture's (its projection within `rel` x the norms' product: Cauchy-Schwarz).
+inline FixtureRun check_model_against_fixture(model::Transformer& model, const nlohmann::json& fixture,
+                                              const nlohmann::json& c, double rel) {
   model.materialize(c10::kCPU, at::kFloat);
   std::map<std::string, at::Tensor*> params;
   model.visit_params([&](const std::string& fqn, at::Tensor& p) { params[fqn] = &p; });
@@ -78,7 +83,7 @@ inline std::map<std::string, at::Tensor*> check_model_against_fixture(model::Tra
     CHECK(std::abs(norm - w[0]) <= rel * w[0]);
     CHECK(std::abs(projection - w[1]) <= rel * w[0] * v.norm().item<double>());
   }
-  return params;
+  return {params, logits.detach()};
 }
 
 }  // namespace titan::testing

@@ -86,7 +86,7 @@ void apply_cp(model::Transformer& model, comm::Comm& cp, CpRotateMethod method,
   const std::string name = std::string(method == CpRotateMethod::kUlysses ? "head_all_to_all" : "ring") + "(cp " +
                            std::to_string(cp.size()) + ", " + cp_rotate_method_name(method) + ")";
   for (model::TransformerBlock* block : model.blocks()) {
-    if (holds && !holds(model::layer_path(block->layer_id))) continue;
+    if (holds && !holds(block->path)) continue;
     model::AttentionModule& a = *block->attention;
     a.sdpa_name = name;
     comm::Comm* comm = &cp;

@@ -192,7 +192,7 @@ ExpertParallelPlan apply_ep(model::Transformer& model, comm::Comm& ep, int efsdp
   ExpertParallelPlan plan;
   int64_t num_experts = 0, layers = 0;
   for (model::TransformerBlock* block : model.blocks()) {
-    if (!block->moe || !holds(model::layer_path(block->layer_id))) continue;
+    if (!block->moe || !holds(block->path)) continue;
     model::moe::MoE& moe = *block->moe;
     num_experts = moe.args.num_experts;
     local_experts_begin(num_experts, ep.size(), ep.rank());  // the degree divides the experts

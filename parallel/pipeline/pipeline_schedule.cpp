@@ -311,7 +311,7 @@ void PipelineSchedule::forward(Pass& pass, const Action& a) {
   model::NamedScope scope("forward", model::MemoryCategory::kActivations);
   at::Tensor out = model_.forward_part(st.input, shard.rope, part, shard.documents);
   if (part.head) {
-    at::Tensor loss = hooks_.loss_sum(out, shard.labels);  // sum over this rank's tokens
+    at::Tensor loss = hooks_.loss_sum(out, shard.labels, shard.documents);  // sum over this rank's tokens
     pass.losses[static_cast<size_t>(a.microbatch)] = loss.item<double>();
     st.output = loss / pass.global_tokens;  // See Note [Loss scaling]
   } else {

@@ -101,7 +101,7 @@ at::Tensor SingleStageSchedule::forward(const at::Tensor& inputs, const at::Tens
   }
   model::NamedScope scope("forward", model::MemoryCategory::kActivations);
   at::Tensor logits = model_.forward(shard.inputs, shard.rope, shard.documents);  // [b, S, V] (loss parallel: [b, S, V/tp])
-  return hooks_.loss_sum(logits, shard.labels);               // sum over this rank's tokens
+  return hooks_.loss_sum(logits, shard.labels, shard.documents);  // sum over this rank's tokens
 }
 
 void SingleStageSchedule::backward(const at::Tensor& loss_sum, double global_tokens) {

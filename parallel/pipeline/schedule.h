@@ -48,8 +48,9 @@ class MicrobatchHooks {
   // (compute-dtype copies of the masters; FSDP's gathers make their own).
   virtual void bind_compute_params() = 0;
   // The sum over tokens of the cross entropy of one micro-batch's logits (vocab-parallel under
-  // loss parallel).
-  virtual at::Tensor loss_sum(const at::Tensor& logits, const at::Tensor& labels) = 0;
+  // loss parallel; with multi-token prediction's depths: model/mtp.h). `documents`: the rows'
+  // documents (model::document_ids) or undefined.
+  virtual at::Tensor loss_sum(const at::Tensor& logits, const at::Tensor& labels, const at::Tensor& documents) = 0;
   // After a micro-batch's backward (under pipeline parallelism: after the step's last one):
   // FSDP's gradient reduce-scatters that are still pending.
   virtual void after_backward() = 0;

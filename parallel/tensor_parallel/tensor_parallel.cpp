@@ -17,6 +17,7 @@
 #include "parallel/comm/autograd_comm.h"
 #include "parallel/tensor_parallel/async_tp.h"
 #include "model/activation_checkpoint_ops.h"
+#include "model/mtp.h"
 
 namespace titan::parallel::tensor_parallel {
 namespace {
@@ -148,8 +149,10 @@ struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossE
                               : at::zeros({logits.size(0)}, logits.options());
     target = target.contiguous();
     comm.all_reduce(target, comm::ReduceOp::kSum);
-    at::Tensor loss = (sum_exp.log() - target).sum();
-    ctx->save_for_backward({exp / sum_exp.unsqueeze(1), index, owned});
+    // Rows labelled kIgnoreIndex (-100, torch's ignore_index) add nothing, nor get a gradient.
+    const at::Tensor kept = (labels != model::kIgnoreIndex).to(at::kFloat);  // [N]
+    at::Tensor loss = ((sum_exp.log() - target) * kept).sum();
+    ctx->save_for_backward({exp / sum_exp.unsqueeze(1), index, owned, kept});
     ctx->saved_data["dtype"] = static_cast<int64_t>(logits_in.scalar_type());
     return loss;
   }
@@ -157,13 +160,19 @@ struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossE
     auto saved = ctx->get_saved_variables();
     at::Tensor grad = saved[0].clone();  // softmax over the full vocab, local columns [N, v]
     if (grad.size(1) > 0) grad.scatter_add_(1, saved[1], -saved[2].to(at::kFloat).unsqueeze(1));
-    grad.mul_(grads[0]);
+    grad.mul_(saved[3].unsqueeze(1)).mul_(grads[0]);
     const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt());
     return {grad.to(dtype), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
+
+at::Tensor sequence_chunk(const at::Tensor& x, comm::Comm& comm) {
+  const int64_t n = comm.size(), seq = x.size(1);
+  TORCH_CHECK(seq % n == 0, "sequence_chunk: sequence length ", seq, " is not a multiple of the ", n, " TP ranks");
+  return x.narrow(1, comm.rank() * (seq / n), seq / n);
+}
 
 int64_t padded_size(int64_t size, int n) { return (size + n - 1) / n * n; }
 

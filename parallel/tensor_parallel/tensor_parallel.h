@@ -36,6 +36,9 @@ int64_t valid_in_chunk(int64_t size, int rank, int n);
 // Autograd collectives over `comm` (See Note [TP autograd pairs]). The sequence dim is 1.
 at::Tensor all_gather_seq(const at::Tensor& x, comm::Comm& comm);       // [B, s, ...] -> [B, n*s, ...]
 at::Tensor reduce_scatter_seq(const at::Tensor& x, comm::Comm& comm);   // [B, S, ...] -> [B, S/n, ...]
+// This rank's sequence shard of a whole-sequence tensor, as reduce_scatter_seq leaves it (no
+// communication): [B, S, ...] -> [B, S/n, ...], chunk `rank`.
+at::Tensor sequence_chunk(const at::Tensor& x, comm::Comm& comm);
 at::Tensor all_gather_last_dim(const at::Tensor& x, comm::Comm& comm);  // [..., v] -> [..., n*v]
 
 // PrepareModuleInput for attention / feed_forward: all-gathers the sequence shards once.

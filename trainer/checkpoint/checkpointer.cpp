@@ -41,6 +41,19 @@ Checkpointer::Checkpointer(const config::JobConfig& cfg, model::Transformer& mod
   nlohmann::json layout = {{"world_size", world_size}, {"dp_replicate", dims.dp_replicate},
                            {"dp_shard", dims.dp_shard}, {"tp", dims.tp}};
   manager_ = std::make_unique<CheckpointManager>(cfg_, rank, world_size, layout, model_shape(), device_);
+  // A Hugging Face load or save of a model that has no Hugging Face format (hf_format's refusal,
+  // naming why) ends the job now, not after its last training step.
+  const auto& c = cfg_.checkpoint;
+  if (c.initial_load_in_hf || (c.enable_checkpoint && c.last_save_in_hf) ||
+      (!c.export_path.empty() && c.export_format == "hf")) {
+    try {
+      hf_architecture(model_.args());
+    } catch (const std::invalid_argument& e) {
+      throw config::ConfigError(std::string(e.what()) + " (asked by checkpoint." +
+                                (c.initial_load_in_hf ? "initial_load_in_hf" :
+                                 c.last_save_in_hf   ? "last_save_in_hf" : "export_format = hf") + ")");
+    }
+  }
 }
 
 Checkpointer::~Checkpointer() = default;

@@ -25,7 +25,14 @@ using model::HfNamePair;
 
 // The family's declaration of the model's Hugging Face format; throws std::invalid_argument
 // where HF cannot hold the model.
-HfFormat hf_format(const model::ModelArgs& args) { return model::family(args.family).hugging_face(args); }
+HfFormat hf_format(const model::ModelArgs& args) {
+  // HF's DeepseekV3 keeps a multi-token prediction depth as one more layer
+  // (model.layers.<n_layers + k>, with its own copies of the embedding and the head): not mapped yet.
+  if (args.mtp_layers > 0)
+    model::refuse_hugging_face(args, "model.mtp_layers = " + std::to_string(args.mtp_layers) +
+                                         " (multi-token prediction's Hugging Face names are not mapped yet)");
+  return model::family(args.family).hugging_face(args);
+}
 
 const HfNamePair* with_titan_name(const std::vector<HfNamePair>& pairs, const std::string& titan) {
   const auto it = std::find_if(pairs.begin(), pairs.end(), [&](const HfNamePair& p) { return p.titan == titan; });

@@ -162,6 +162,17 @@ std::vector<SectionSpec> build_table() {
               "expert_bias stays zero (torchtitan 0.2.2's Qwen3, which never moves it). titan "
               "balances every MoE flavor at the default.")
               .at_least(0),
+          key("mtp_layers", &ModelSection::mtp_layers,
+              "Multi-token prediction (DeepSeek-V3's MTP, torchtitan's MTPDecoder): this many more blocks "
+              "after the last, each like it, named mtp_layers.<k>; depth k at position t reads the token at "
+              "t + k and depth k - 1's hidden state there, and predicts the token at t + k + 1 through the "
+              "shared embedding and output projection (docs/moe.md). Not with pipeline or context "
+              "parallelism (as torchtitan). 0 = off.")
+              .count_at_least(0),
+          key("mtp_scale", &ModelSection::mtp_scale,
+              "Multi-token prediction's weight in the loss: loss = main + mtp_scale x the mean of the "
+              "depths' cross entropies, all over the step's main tokens (torchtitan's MTPLoss).")
+              .at_least(0),
           key("tokenizer_path", &ModelSection::tokenizer_path,
               "\"\" = byte-level tokenizer; a tiktoken-format BPE file (Llama 3's "
               "original/tokenizer.model), a tokenizer.json or a folder holding one; when not "

@@ -110,10 +110,22 @@ BlockTerms block_terms(const EstimateInputs& in, int64_t layer) {
   return t;
 }
 
-// Every block's terms, by layer.
+// Every block's terms, by layer, then multi-token prediction's depths (See Note [Multi-token
+// prediction] in model/mtp.h): the last block's terms plus what its fuse keeps (the embedding
+// and hidden state it concatenates, the two norms' internals, eh_proj's output) and mtp_norm's.
 std::vector<BlockTerms> all_block_terms(const EstimateInputs& in) {
   std::vector<BlockTerms> blocks;
   for (int64_t i = 0; i < in.args.n_layers; ++i) blocks.push_back(block_terms(in, i));
+  const double e = static_cast<double>(in.compute_bytes), share = 1.0 / static_cast<double>(in.tp);
+  const double d = static_cast<double>(in.args.dim);
+  for (int64_t k = 0; k < in.args.mtp_layers; ++k) {
+    BlockTerms t = blocks.back();
+    const double norms = 3 * (kNormSaved * d * e * share + 4.0 + (in.compute_bytes != 4 ? d * 4.0 * share : 0));
+    t.full.push_back({"multi-token prediction's fuse (its input, eh_proj's output) and norms", 3 * d * e * share + norms});
+    t.input = 2 * d * e * share;  // what full AC keeps: the concatenated input
+    t.kept_op += t.input;
+    blocks.push_back(std::move(t));
+  }
   return blocks;
 }
 
@@ -342,9 +354,11 @@ MemoryEstimate estimate_memory(const EstimateInputs& in) {
   auto full_block = [&](int64_t layer) { return sum_terms(blocks[static_cast<size_t>(layer)].full) * tokens; };
   auto saved = [&](int64_t layer) { return block_saved_bytes(in, blocks, layer, tokens); };
   double acts_all = 0;
-  for (int64_t i = 0; i < a.n_layers; ++i) acts_all += saved(i);
+  const int64_t n_blocks = static_cast<int64_t>(blocks.size());  // with multi-token prediction's
+  for (int64_t i = 0; i < n_blocks; ++i) acts_all += saved(i);
 
-  const HeadBytes head = head_bytes(in, tokens);
+  // Multi-token prediction projects every depth's rows through the output too.
+  const HeadBytes head = head_bytes(in, tokens * static_cast<double>(1 + a.mtp_layers));
   const double head_fwd = head.saved, head_bwd = head.backward;
   // float8: the 1-byte data of both operands of the largest linear coexist (the high-precision
   // x and W are what the linear saves, as without float8). Casts make no operand-sized
@@ -380,10 +394,19 @@ MemoryEstimate estimate_memory(const EstimateInputs& in) {
   // (recomputed if checkpointed); gradients of blocks >= i exist. Linear in i where the blocks
   // are alike (the extremes i = L-1 and i = 0 bound it); every block is a candidate where they
   // differ (DeepSeek-V3's dense first blocks).
-  std::vector<double> grads_from(static_cast<size_t>(a.n_layers) + 1, grad_head);  // head + blocks >= i
-  for (int64_t i = a.n_layers - 1; i >= 0; --i)
+  // Each block's parameters; a multi-token prediction depth's: what count_params has beyond the
+  // layers, the embedding, the final norm and the output, per depth.
+  std::vector<double> block_param_counts(pc.per_block.begin(), pc.per_block.end());
+  if (a.mtp_layers > 0) {
+    double rest = params - static_cast<double>(pc.embedding) - d - (a.tie_embeddings ? 0.0 : vocab * d);
+    for (int64_t p : pc.per_block) rest -= static_cast<double>(p);
+    block_param_counts.insert(block_param_counts.end(), static_cast<size_t>(a.mtp_layers),
+                              rest / static_cast<double>(a.mtp_layers));
+  }
+  std::vector<double> grads_from(static_cast<size_t>(n_blocks) + 1, grad_head);  // head + blocks >= i
+  for (int64_t i = n_blocks - 1; i >= 0; --i)
     grads_from[static_cast<size_t>(i)] =
-        grads_from[static_cast<size_t>(i) + 1] + static_cast<double>(pc.per_block[static_cast<size_t>(i)]) * 4 / shard;
+        grads_from[static_cast<size_t>(i) + 1] + block_param_counts[static_cast<size_t>(i)] * 4 / shard;
   auto block_phase = [&](std::string name, int64_t i) {
     double acts = 0;
     for (int64_t j = 0; j < i; ++j) acts += saved(j);
@@ -394,14 +417,14 @@ MemoryEstimate estimate_memory(const EstimateInputs& in) {
   std::vector<Phase> phases = {
       {"backward of the output layer (all activations alive)", std::max(grads_before, grad_head),
        acts_all + head_fwd + head_bwd},
-      block_phase("backward of the last block", a.n_layers - 1),
+      block_phase("backward of the last block", n_blocks - 1),
       block_phase("backward of the first block", 0),
   };
   bool alike = true;
-  for (int64_t i = 1; i < a.n_layers; ++i)
-    alike = alike && pc.per_block[static_cast<size_t>(i)] == pc.per_block[0] &&
+  for (int64_t i = 1; i < n_blocks; ++i)
+    alike = alike && block_param_counts[static_cast<size_t>(i)] == block_param_counts[0] &&
             sum_terms(blocks[static_cast<size_t>(i)].full) == sum_terms(blocks[0].full);
-  for (int64_t i = 1; !alike && i + 1 < a.n_layers; ++i) phases.push_back(block_phase("backward of block " + std::to_string(i), i));
+  for (int64_t i = 1; !alike && i + 1 < n_blocks; ++i) phases.push_back(block_phase("backward of block " + std::to_string(i), i));
   phases.push_back({"end of backward (all gradients)", grads_all, 0.0});
   const Phase* peak = &phases[0];
   for (const Phase& p : phases)
@@ -470,6 +493,7 @@ EstimateInputs estimate_inputs_from_config(const config::JobConfig& cfg, int64_t
                                            const parallel::pipeline::PipelinePlan* pipeline) {
   EstimateInputs in;
   in.args = model::model_flavor(cfg.model.name, cfg.model.flavor);
+  in.args.mtp_layers = cfg.model.mtp_layers;
   if (in.args.moe) {
     // The MoE blocks' terms model one SwiGLU per token of a token's rows (ffn_width).
     const int64_t rows = in.args.moe->top_k + in.args.moe->num_shared_experts;
