@@ -433,6 +433,20 @@ TEST_CASE("DeepSeek-V3 at PP 2 x EP 2 resumes bitwise and reshards into 1 proces
   resume_from(src, "ds3_pp2_ep2_to_1", 1, ds3, 1e-5);
 }
 
+TEST_CASE("DeepSeek-V3 with multi-token prediction at EP 2 resumes bitwise and reshards into 1 process",
+          "[checkpoint][dist][slow][moe]") {
+  // The depth's block (mtp_layers.0, an MoE block with its experts split over EP) and its own
+  // modules are parameters like the others: saved by name, each rank its region. One process
+  // continues in another reduction order: the layouts' bound (measured there: 5e-8).
+  const std::vector<std::string> mtp = {"--model.name", "deepseek_v3", "--model.flavor", "debugmodel_small",
+                                        "--model.mtp_layers", "1"};
+  std::vector<std::string> layout = mtp;
+  layout.insert(layout.end(), {"--parallelism.expert_parallel_degree", "2"});
+  const Source& src = source("ds3_mtp_ep2", 2, layout);
+  resume_from(src, "ds3_mtp_ep2_resumed", 2, layout, 0);
+  resume_from(src, "ds3_mtp_ep2_to_1", 1, mtp, 1e-5);
+}
+
 TEST_CASE("Qwen3 with a tied embedding at PP 2 resumes bitwise and reshards into 1 process and PP 2 x FSDP 2",
           "[checkpoint][dist][slow][pipeline]") {
   // The first stage's rank writes the tied embedding; the last stage's copy loads it from there.
