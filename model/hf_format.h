@@ -70,6 +70,13 @@ struct HfFormat {
   // "<i>." (older exports' rotary buffer).
   std::vector<std::string> ignored_names;
   std::vector<std::string> ignored_block_names;
+  // Multi-token prediction's depths (model/mtp.h): HF keeps depth k (from 0) as one more block,
+  // block_folder + "<n_layers + k>.", with the block's names, these of its own (after that
+  // folder), and its own copies of the embedding and the head (mtp_ignored_names: titan's depths
+  // share the model's). Empty: the family's HF class has no such blocks (mtp_layers is refused).
+  // An import skips the HF depths titan does not train (the Hub's DeepSeek-V3 holds one).
+  std::vector<HfNamePair> mtp_names;
+  std::vector<std::string> mtp_ignored_names;
   // config.json as written, but for torch_dtype (the export's choice).
   nlohmann::json config;
   std::vector<HfConfigCheck> config_checks;  // in the order they are checked

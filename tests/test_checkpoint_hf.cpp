@@ -190,6 +190,59 @@ TEST_CASE("DeepSeek-V3's Hugging Face format: DeepseekV3ForCausalLM's names, its
   // The softmax-routed flavors (DeepSeek-V2's router) have no DeepseekV3ForCausalLM counterpart.
   CHECK_THROWS_WITH(hf_config(titan::model::model_flavor("deepseek_v3", "debugmodel"), at::kBFloat16),
                     Catch::Contains("no Hugging Face counterpart") && Catch::Contains("softmax"));
+  // Multi-token prediction: HF's depth k is block n_layers + k (4 + k here), with the block's names,
+  // its own, and its copies of the embedding and head (read past: titan's depths share the model's).
+  titan::model::ModelArgs mtp = small;
+  mtp.mtp_layers = 1;
+  CHECK(hf_config(mtp, at::kBFloat16).at("num_nextn_predict_layers") == 1);
+  CHECK(hf_names("mtp_layers.0.attention.wq_a.weight", mtp) ==
+        std::vector<std::string>{"model.layers.4.self_attn.q_a_proj.weight"});
+  CHECK(hf_names("mtp_layers.0.mtp_norm.weight", mtp) == std::vector<std::string>{"model.layers.4.shared_head.norm.weight"});
+  CHECK(hf_names("mtp_layers.0.eh_proj.weight", mtp) == std::vector<std::string>{"model.layers.4.eh_proj.weight"});
+  CHECK(hf_names("mtp_layers.0.moe.experts.w1", mtp)[3] == "model.layers.4.mlp.experts.3.gate_proj.weight");
+  CHECK(hf_buffer_name("mtp_layers.0.moe.expert_bias", mtp) == "model.layers.4.mlp.gate.e_score_correction_bias");
+  CHECK(titan_slot_from_hf("model.layers.4.hnorm.weight", mtp).fqn == "mtp_layers.0.hnorm.weight");
+  CHECK(titan_slot_from_hf("model.layers.4.mlp.experts.5.down_proj.weight", mtp).fqn == "mtp_layers.0.moe.experts.w2");
+  CHECK(titan_slot_from_hf("model.layers.4.shared_head.head.weight", mtp).fqn.empty());  // the head's copy
+  CHECK(titan_slot_from_hf("model.layers.4.embed_tokens.weight", mtp).fqn.empty());
+  // Without depths of its own, titan reads past the Hub checkpoint's (DeepSeek-V3 holds one).
+  CHECK(titan_slot_from_hf("model.layers.4.eh_proj.weight", small).fqn.empty());
+  CHECK(titan_slot_from_hf("model.layers.4.self_attn.o_proj.weight", small).fqn.empty());
+  // A family whose HF class has no such blocks refuses them.
+  titan::model::ModelArgs llama_mtp = titan::model::model_flavor("llama3", "debugmodel");
+  llama_mtp.mtp_layers = 1;
+  CHECK_THROWS_WITH(hf_architecture(llama_mtp), Catch::Contains("model.mtp_layers = 1 (LlamaForCausalLM has no "
+                                                                "multi-token prediction blocks)"));
+}
+
+TEST_CASE("Hugging Face export of DeepSeek-V3 with multi-token prediction loads back bitwise", "[checkpoint][slow][moe]") {
+  auto job = [](const fs::path& dump, std::vector<std::string> extra) {
+    std::vector<std::string> args = {"--model.name", "deepseek_v3", "--model.flavor", "debugmodel_small",
+                                     "--model.mtp_layers", "1", "--training.seq_len", "32",
+                                     "--training.local_batch_size", "2", "--training.num_threads", "1",
+                                     "--metrics.peak_flops", "1e12", "--job.dump_folder", dump.string()};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return parse_job_config(args);
+  };
+  const fs::path dump = root() / "hf_ds3_mtp", step3 = dump / "checkpoint" / "step-3";
+  Trainer saver(job(dump, {"--training.steps", "3", "--checkpoint.enable", "--checkpoint.interval", "100",
+                           "--checkpoint.last_save_in_hf"}));
+  saver.train();
+  const auto tensors = load_safetensors((step3 / "model-00001-of-00001.safetensors").string());
+  for (const char* name : {"model.layers.4.enorm.weight", "model.layers.4.eh_proj.weight",
+                           "model.layers.4.shared_head.norm.weight", "model.layers.4.mlp.experts.7.up_proj.weight",
+                           "model.layers.4.self_attn.kv_b_proj.weight"}) {
+    INFO(name);
+    CHECK(tensors.count(name) == 1);
+  }
+  CHECK(tensors.at("model.layers.4.eh_proj.weight").sizes().vec() == std::vector<int64_t>{128, 256});
+  Trainer loaded(job(dump / "load", {"--training.steps", "1", "--checkpoint.initial_load_path", step3.string(),
+                                     "--checkpoint.initial_load_in_hf"}));
+  REQUIRE(saver.master_params().size() == loaded.master_params().size());
+  for (size_t i = 0; i < saver.master_params().size(); ++i) {
+    INFO(saver.param_names()[i]);
+    CHECK(at::equal(saver.master_params()[i], loaded.master_params()[i]));
+  }
 }
 
 TEST_CASE("Hugging Face export loads back bitwise and gives HF Llama's logits", "[checkpoint][slow]") {

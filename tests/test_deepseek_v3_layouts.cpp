@@ -60,7 +60,7 @@ TEST_CASE("DeepSeek-V3 under FSDP 2, TP 2, EP 2, EP 2 x TP 2, PP 2 (1F1B, ZBV), 
 }
 
 TEST_CASE("DeepSeek-V3 with multi-token prediction (2 depths, block-causal) under FSDP 2, TP 2, EP 2 x TP 2 and "
-          "FSDP 2 + per-op AC equals one process; PP, CP and Hugging Face export refuse it by name",
+          "FSDP 2 + per-op AC equals one process; PP and CP refuse it by name",
           "[moe][dist][deepseek_v3]") {
   // The depths' blocks are FSDP groups and TP / EP / AC blocks like the others; the embedding is
   // looked up once per depth (FSDP counts those uses), the depths' masks are cut to the sequence
@@ -90,8 +90,6 @@ TEST_CASE("DeepSeek-V3 with multi-token prediction (2 depths, block-causal) unde
   const std::vector<std::tuple<int, std::string, std::string>> refused = {
       {2, "--parallelism.pipeline_parallel_degree 2", "model.mtp_layers = 2 with parallelism.pipeline_parallel_degree = 2"},
       {2, "--parallelism.context_parallel_degree 2", "model.mtp_layers = 2 with parallelism.context_parallel_degree = 2"},
-      {1, "--checkpoint.enable_checkpoint --checkpoint.last_save_in_hf",
-       "multi-token prediction's Hugging Face names are not mapped yet"},
   };
   for (const auto& [nproc, overrides, error] : refused) {
     const fs::path dump = layout::root() / "ds3_mtp_refused";

@@ -61,6 +61,13 @@ HfFormat hugging_face_format(const ModelArgs& args) {
   };
   f.block_buffer_names = {{"moe.expert_bias", "mlp.gate.e_score_correction_bias"}};
   f.ignored_block_names = {"self_attn.rotary_emb.inv_freq"};
+  f.mtp_names = {
+      {"enorm.weight", "enorm.weight"},
+      {"hnorm.weight", "hnorm.weight"},
+      {"eh_proj.weight", "eh_proj.weight"},
+      {"mtp_norm.weight", "shared_head.norm.weight"},
+  };
+  f.mtp_ignored_names = {"embed_tokens.weight", "shared_head.head.weight"};
   // YaRN as HF spells it; mscale = mscale_all_dim keeps HF's cos/sin unscaled (its
   // attention_factor is their ratio) and its softmax scale times mscale_all_dim's factor squared,
   // as torchtitan's.
@@ -91,6 +98,7 @@ HfFormat hugging_face_format(const ModelArgs& args) {
       {"scoring_func", "sigmoid"},
       {"topk_method", "noaux_tc"},
       {"first_k_dense_replace", m.n_dense_layers},
+      {"num_nextn_predict_layers", args.mtp_layers},
       {"q_lora_rank", m.q_lora_rank > 0 ? nlohmann::json(m.q_lora_rank) : nlohmann::json(nullptr)},
       {"kv_lora_rank", m.kv_lora_rank},
       {"qk_nope_head_dim", m.qk_nope_head_dim},

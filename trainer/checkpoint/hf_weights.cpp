@@ -26,12 +26,11 @@ using model::HfNamePair;
 // The family's declaration of the model's Hugging Face format; throws std::invalid_argument
 // where HF cannot hold the model.
 HfFormat hf_format(const model::ModelArgs& args) {
-  // HF's DeepseekV3 keeps a multi-token prediction depth as one more layer
-  // (model.layers.<n_layers + k>, with its own copies of the embedding and the head): not mapped yet.
-  if (args.mtp_layers > 0)
-    model::refuse_hugging_face(args, "model.mtp_layers = " + std::to_string(args.mtp_layers) +
-                                         " (multi-token prediction's Hugging Face names are not mapped yet)");
-  return model::family(args.family).hugging_face(args);
+  HfFormat f = model::family(args.family).hugging_face(args);
+  if (args.mtp_layers > 0 && f.mtp_names.empty())
+    model::refuse_hugging_face(args, "model.mtp_layers = " + std::to_string(args.mtp_layers) + " (" + f.architecture +
+                                         " has no multi-token prediction blocks)");
+  return f;
 }
 
 const HfNamePair* with_titan_name(const std::vector<HfNamePair>& pairs, const std::string& titan) {
@@ -46,8 +45,27 @@ bool listed(const std::vector<std::string>& names, const std::string& name) {
   return std::find(names.begin(), names.end(), name) != names.end();
 }
 
-std::optional<std::string> buffer_name(const HfFormat& f, const std::string& fqn) {
-  const std::optional<model::LayerPath> block = model::parse_layer_path(fqn);
+// A block's parameter as HF numbers its blocks: "layers.<i>.<rest>" -> {i, rest}, a multi-token
+// prediction depth's "mtp_layers.<k>.<rest>" -> {n_layers + k, rest} (See HfFormat::mtp_names).
+struct HfBlock {
+  int64_t layer = 0;
+  std::string rest;
+  bool mtp = false;
+};
+std::optional<HfBlock> hf_block_of(const std::string& fqn, const model::ModelArgs& args) {
+  if (const std::optional<model::LayerPath> block = model::parse_layer_path(fqn)) return HfBlock{block->layer, block->rest};
+  if (const std::optional<model::LayerPath> depth = model::parse_layer_path(fqn, model::kMtpLayersPrefix))
+    return HfBlock{args.n_layers + depth->layer, depth->rest, true};
+  return std::nullopt;
+}
+// The titan path of HF block `layer`'s `rest`: a layer's, or a depth's past n_layers.
+std::string titan_block_path(int64_t layer, const std::string& rest, const model::ModelArgs& args) {
+  return layer < args.n_layers ? model::layer_path(layer, rest)
+                               : model::layer_path(layer - args.n_layers, rest, model::kMtpLayersPrefix);
+}
+
+std::optional<std::string> buffer_name(const HfFormat& f, const std::string& fqn, const model::ModelArgs& args) {
+  const std::optional<HfBlock> block = hf_block_of(fqn, args);
   if (!block) return std::nullopt;
   if (const HfNamePair* p = with_titan_name(f.block_buffer_names, block->rest))
     return model::layer_path(block->layer, p->hf, f.block_folder);
@@ -56,8 +74,10 @@ std::optional<std::string> buffer_name(const HfFormat& f, const std::string& fqn
 
 std::vector<std::string> names_of(const HfFormat& f, const std::string& fqn, const model::ModelArgs& args) {
   if (const HfNamePair* p = with_titan_name(f.top_names, fqn)) return {p->hf};
-  if (std::optional<std::string> buffer = buffer_name(f, fqn)) return {*buffer};
-  if (const std::optional<model::LayerPath> block = model::parse_layer_path(fqn)) {
+  if (std::optional<std::string> buffer = buffer_name(f, fqn, args)) return {*buffer};
+  if (const std::optional<HfBlock> block = hf_block_of(fqn, args)) {
+    if (const HfNamePair* p = block->mtp ? with_titan_name(f.mtp_names, block->rest) : nullptr)
+      return {model::layer_path(block->layer, p->hf, f.block_folder)};
     if (const HfNamePair* p = with_titan_name(f.block_names, block->rest))
       return {model::layer_path(block->layer, p->hf, f.block_folder)};
     if (const HfNamePair* p = with_titan_name(f.expert_names, block->rest); p && args.moe) {
@@ -75,9 +95,15 @@ TitanSlot slot_of(const HfFormat& f, const std::string& hf, const model::ModelAr
   if (const HfNamePair* p = with_hf_name(f.top_names, hf)) return {p->titan};
   if (const std::optional<model::LayerPath> block = model::parse_layer_path(hf, f.block_folder)) {
     const std::string& rest = block->rest;
-    if (const HfNamePair* p = with_hf_name(f.block_names, rest)) return {model::layer_path(block->layer, p->titan)};
-    if (const HfNamePair* p = with_hf_name(f.block_buffer_names, rest))
-      return {model::layer_path(block->layer, p->titan)};
+    const auto titan = [&](const std::string& titan_rest) { return titan_block_path(block->layer, titan_rest, args); };
+    if (block->layer >= args.n_layers && !f.mtp_names.empty()) {
+      // A multi-token prediction depth's block: its copies of the embedding and head are the
+      // model's; the depths titan does not train are skipped.
+      if (block->layer >= args.n_layers + args.mtp_layers || listed(f.mtp_ignored_names, rest)) return {};
+      if (const HfNamePair* p = with_hf_name(f.mtp_names, rest)) return {titan(p->titan)};
+    }
+    if (const HfNamePair* p = with_hf_name(f.block_names, rest)) return {titan(p->titan)};
+    if (const HfNamePair* p = with_hf_name(f.block_buffer_names, rest)) return {titan(p->titan)};
     if (listed(f.ignored_block_names, rest)) return {};
     // Expert j's slice of a stacked experts tensor.
     if (const std::optional<model::LayerPath> expert = model::parse_layer_path(rest, f.expert_folder))
@@ -87,37 +113,37 @@ TitanSlot slot_of(const HfFormat& f, const std::string& hf, const model::ModelAr
         if (j >= experts)
           throw std::invalid_argument("Hugging Face tensor '" + hf + "' is expert " + std::to_string(j) +
                                       ", but titan's model has " + std::to_string(experts) + " experts per layer");
-        return {model::layer_path(block->layer, p->titan), j};
+        return {titan(p->titan), j};
       }
   }
   throw std::invalid_argument("Hugging Face tensor '" + hf + "' is not a " + f.model_type + " weight titan knows");
 }
 
 // A stacked experts weight: E experts' weights in one [E, ...] tensor.
-bool is_stacked_experts(const HfFormat& f, const std::string& fqn) {
-  const std::optional<model::LayerPath> block = model::parse_layer_path(fqn);
+bool is_stacked_experts(const HfFormat& f, const std::string& fqn, const model::ModelArgs& args) {
+  const std::optional<HfBlock> block = hf_block_of(fqn, args);
   return block && with_titan_name(f.expert_names, block->rest) != nullptr;
 }
 
 // The rows of `fqn` HF holds permuted, or none.
-const model::HfRotaryRows* rotary_rows(const HfFormat& f, const std::string& fqn) {
-  const std::optional<model::LayerPath> block = model::parse_layer_path(fqn);
+const model::HfRotaryRows* rotary_rows(const HfFormat& f, const std::string& fqn, const model::ModelArgs& args) {
+  const std::optional<HfBlock> block = hf_block_of(fqn, args);
   if (!block) return nullptr;
   const auto it = std::find_if(f.rotary_rows.begin(), f.rotary_rows.end(),
                                [&](const model::HfRotaryRows& r) { return r.titan == block->rest; });
   return it == f.rotary_rows.end() ? nullptr : &*it;
 }
 
-at::Tensor to_layout(const HfFormat& f, const std::string& fqn, const at::Tensor& w) {
-  const model::HfRotaryRows* r = rotary_rows(f, fqn);
+at::Tensor to_layout(const HfFormat& f, const std::string& fqn, const at::Tensor& w, const model::ModelArgs& args) {
+  const model::HfRotaryRows* r = rotary_rows(f, fqn, args);
   if (!r) return w;
   const int64_t dim = w.size(1);
   return w.reshape({r->heads, r->head_dim / 2, 2, dim}).transpose(1, 2).reshape({r->heads * r->head_dim, dim})
       .contiguous();
 }
 
-at::Tensor from_layout(const HfFormat& f, const std::string& fqn, const at::Tensor& w) {
-  const model::HfRotaryRows* r = rotary_rows(f, fqn);
+at::Tensor from_layout(const HfFormat& f, const std::string& fqn, const at::Tensor& w, const model::ModelArgs& args) {
+  const model::HfRotaryRows* r = rotary_rows(f, fqn, args);
   if (!r) return w;
   const int64_t dim = w.size(1);
   return w.reshape({r->heads, 2, r->head_dim / 2, dim}).transpose(1, 2).reshape({r->heads * r->head_dim, dim})
@@ -196,7 +222,7 @@ std::optional<std::string> hf_buffer_name(const std::string& fqn, const model::M
   } catch (const std::invalid_argument&) {  // no HF counterpart: no buffer either
     return std::nullopt;
   }
-  return buffer_name(*f, fqn);
+  return buffer_name(*f, fqn, args);
 }
 
 std::vector<std::string> hf_names(const std::string& fqn, const model::ModelArgs& args) {
@@ -208,11 +234,11 @@ TitanSlot titan_slot_from_hf(const std::string& hf, const model::ModelArgs& args
 }
 
 at::Tensor to_hf_layout(const std::string& fqn, const at::Tensor& w, const model::ModelArgs& args) {
-  return to_layout(hf_format(args), fqn, w);
+  return to_layout(hf_format(args), fqn, w, args);
 }
 
 at::Tensor from_hf_layout(const std::string& fqn, const at::Tensor& w, const model::ModelArgs& args) {
-  return from_layout(hf_format(args), fqn, w);
+  return from_layout(hf_format(args), fqn, w, args);
 }
 
 std::pair<std::string, std::string> hf_architecture(const model::ModelArgs& args) {
@@ -241,7 +267,7 @@ int64_t write_hf_folder(const std::string& dir, const std::vector<std::string>& 
   int64_t in_shard = 0, total = 0;
   // A buffer (the load-balancing bias) keeps float32 whatever the weights' dtype: its steps of
   // coeff are below bfloat16's resolution at the bias's size.
-  auto dtype_of = [&](const std::string& fqn) { return buffer_name(format, fqn) ? at::kFloat : dtype; };
+  auto dtype_of = [&](const std::string& fqn) { return buffer_name(format, fqn, args) ? at::kFloat : dtype; };
   for (size_t i = 0; i < fqns.size(); ++i) {
     int64_t bytes = static_cast<int64_t>(c10::elementSize(dtype_of(fqns[i])));
     for (int64_t d : shapes[i]) bytes *= d;
@@ -265,8 +291,8 @@ int64_t write_hf_folder(const std::string& dir, const std::vector<std::string>& 
   for (size_t i = 0; i < fqns.size(); ++i) {
     at::Tensor full = fetch(fqns[i]);  // every rank: may be a collective
     if (!writer) continue;
-    const at::Tensor hf = to_layout(format, fqns[i], full.to(at::kCPU).to(dtype_of(fqns[i])));
-    const bool stacked = is_stacked_experts(format, fqns[i]);
+    const at::Tensor hf = to_layout(format, fqns[i], full.to(at::kCPU).to(dtype_of(fqns[i])), args);
+    const bool stacked = is_stacked_experts(format, fqns[i], args);
     if (stacked && hf.size(0) != static_cast<int64_t>(names[i].size()))
       throw std::runtime_error("titan parameter '" + fqns[i] + "' stacks " + std::to_string(hf.size(0)) +
                                " experts, but the model has " + std::to_string(names[i].size()));
@@ -349,7 +375,7 @@ void read_hf_checkpoint(const std::string& path, const model::ModelArgs& args,
       in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(t.nbytes()));
       if (!in) throw std::runtime_error("Hugging Face shard '" + file_path + "': tensor '" + name + "' is truncated");
       if (slot.expert < 0) {
-        visit(slot.fqn, from_layout(format, slot.fqn, t.to(at::kFloat)));
+        visit(slot.fqn, from_layout(format, slot.fqn, t.to(at::kFloat), args));
         continue;
       }
       Experts& x = experts[slot.fqn];
