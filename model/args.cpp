@@ -45,6 +45,7 @@ ParamCount count_params(const ModelArgs& a) {
   for (int64_t layer = 0; layer < a.n_layers + a.mtp_layers; ++layer) {
     const bool mtp = layer >= a.n_layers;
     const int64_t like = mtp ? last : layer;  // the block whose declaration it repeats
+    int64_t inactive = 0;  // an MoE block's experts a token does not reach
     int64_t block = family.attention_params(a, like) + a.dim /* attention_norm */ +
                     (mtp ? 2 * a.dim * a.dim + 3 * a.dim : 0);
     switch (family.feed_forward(a, like)) {
@@ -55,15 +56,16 @@ ParamCount count_params(const ModelArgs& a) {
         block += a.dim * a.moe->num_experts + (a.moe->gate_bias ? a.moe->num_experts : 0) +
                  (a.moe->num_experts + a.moe->num_shared_experts) * expert + a.dim /* ffn_norm */;
         // torchtitan's get_moe_model_nparams_and_flops: the experts count top_k / num_experts.
-        count.active -= (a.moe->num_experts - a.moe->top_k) * expert;
+        inactive = (a.moe->num_experts - a.moe->top_k) * expert;
         break;
       case FeedForwardKind::kNone:
         break;
     }
     count.total += block;
-    count.active += block;
+    count.active += block - inactive;
     if (mtp) continue;
     count.per_block.push_back(block);
+    count.per_block_active.push_back(block - inactive);
     count.per_layer = std::max(count.per_layer, block);
   }
   return count;

@@ -73,9 +73,9 @@ struct ModelArgs {
   int64_t moe_hidden_dim = 0;
   // Multi-token prediction (DeepSeek-V3's MTP, torchtitan's MTPDecoder; model/mtp.h): after the
   // last block, depth k = 1..mtp_layers predicts token t + k + 1 at position t through a block
-  // of its own; its cross entropy enters the loss weighted mtp_scale / mtp_layers.
+  // of its own; its cross entropy enters the loss weighted mtp_loss_weight / mtp_layers.
   int64_t mtp_layers = 0;
-  double mtp_scale = 0.3;
+  double mtp_loss_weight = 0.3;
 
   // The family's own arguments (none for Llama 3 and Qwen3, which the fields above describe).
   std::shared_ptr<const FamilyArgs> family_args;
@@ -98,6 +98,7 @@ struct ParamCount {  // multi-token prediction's blocks count in total and activ
   int64_t total = 0;
   int64_t embedding = 0;  // tok_embeddings only (an untied output projection is counted in total)
   std::vector<int64_t> per_block;  // each block's parameters, layer by layer
+  std::vector<int64_t> per_block_active;  // each block's active parameters (a token's experts only)
   int64_t per_layer = 0;           // the largest block's (every block's, where the blocks are alike)
   // The parameters one token uses: all but the experts a token is not routed to (top_k of
   // num_experts per MoE layer); = total for a dense model. What FLOPs per token count.

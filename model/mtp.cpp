@@ -32,9 +32,9 @@ RolledSequence roll_sequence(const at::Tensor& sequence, int64_t shift, const at
   return out;
 }
 
-at::Tensor mtp_loss_sum(const at::Tensor& logits, const at::Tensor& labels, const at::Tensor& documents,
-                        int64_t depths, double scale, const CrossEntropySum& ce_sum) {
-  if (depths == 0) return ce_sum(logits, labels);
+MtpLossSum mtp_loss_sum(const at::Tensor& logits, const at::Tensor& labels, const at::Tensor& documents,
+                        int64_t depths, double weight, const CrossEntropySum& ce_sum) {
+  if (depths == 0) return {ce_sum(logits, labels), at::Tensor()};
   const int64_t rows = labels.size(0);
   TORCH_CHECK(logits.dim() == 3 && logits.size(0) == (1 + depths) * rows, "multi-token prediction: ", depths,
               " depths need logits [(1 + ", depths, ") x ", rows, ", seq, vocab], got ", logits.sizes());
@@ -45,7 +45,8 @@ at::Tensor mtp_loss_sum(const at::Tensor& logits, const at::Tensor& labels, cons
     const at::Tensor depth = ce_sum(logits.narrow(0, k * rows, rows), rolled);
     mtp = mtp.defined() ? mtp + depth : depth;
   }
-  return main + mtp * (scale / static_cast<double>(depths));
+  const at::Tensor mean = mtp / static_cast<double>(depths);
+  return {main + mean * weight, mean.detach()};
 }
 
 MtpParts::MtpParts(const std::string& path, const ModelArgs& args)

@@ -13,7 +13,7 @@
 // zeroed and its label ignored. The row's length stays the dataloader's: each depth has k fewer
 // valid targets than the row (torchtitan's alignment, not the paper's figure). Positions (RoPE)
 // stay the row's. The loss sum is
-//   CE_sum(main) + mtp_scale / D * sum_k CE_sum(depth k, valid labels only)
+//   CE_sum(main) + mtp_loss_weight / D * sum_k CE_sum(depth k, valid labels only)
 // divided, as the main loss alone, by the step's main token count. The model returns the logits
 // of every depth stacked on the batch dim, [(1 + D) B, S, V]: the output projection runs once on
 // the stacked hidden states (one use of its weight, one GEMM).
@@ -49,9 +49,15 @@ RolledSequence roll_sequence(const at::Tensor& sequence, int64_t shift, const at
 using CrossEntropySum = std::function<at::Tensor(const at::Tensor& logits, const at::Tensor& labels)>;
 
 // The loss sum of logits [(1 + depths) B, S, V] (the main prediction's rows, then each depth's)
-// for labels [B, S] (See Note [Multi-token prediction]); depths 0: ce_sum(logits, labels).
-at::Tensor mtp_loss_sum(const at::Tensor& logits, const at::Tensor& labels, const at::Tensor& documents,
-                        int64_t depths, double scale, const CrossEntropySum& ce_sum);
+// for labels [B, S] (See Note [Multi-token prediction]): `total` = main + weight x `depths_mean`,
+// `depths_mean` the mean over the depths of their cross-entropy sums (undefined with 0 depths,
+// when total is ce_sum(logits, labels)).
+struct MtpLossSum {
+  at::Tensor total;
+  at::Tensor depths_mean;
+};
+MtpLossSum mtp_loss_sum(const at::Tensor& logits, const at::Tensor& labels, const at::Tensor& documents,
+                        int64_t depths, double weight, const CrossEntropySum& ce_sum);
 
 // A depth's own modules beside its block's (torchtitan's MTPTransformerBlock), under
 // "mtp_layers.<k>": enorm and hnorm [dim], eh_proj [dim, 2 dim], mtp_norm [dim].

@@ -324,8 +324,18 @@ at::Tensor ParallelModel::loss_sum(const at::Tensor& logits, const at::Tensor& l
                                   at::Reduction::Sum, model::kIgnoreIndex);
   };
   // A causal model's rows are one sequence: documents bound the rolls only when block-causal.
-  return model::mtp_loss_sum(logits, labels, args.block_causal ? documents : at::Tensor(), args.mtp_layers,
-                             args.mtp_scale, ce_sum);
+  const model::MtpLossSum sum = model::mtp_loss_sum(logits, labels, args.block_causal ? documents : at::Tensor(),
+                                                    args.mtp_layers, args.mtp_loss_weight, ce_sum);
+  // The step's depths' loss for the metrics line: training micro-batches only (validation runs
+  // without gradients).
+  if (sum.depths_mean.defined() && at::GradMode::is_enabled()) mtp_loss_sum_ += sum.depths_mean.item<double>();
+  return sum.total;
+}
+
+double ParallelModel::take_mtp_loss_sum() {
+  const double sum = sum_over_dp_cp(mtp_loss_sum_);
+  mtp_loss_sum_ = 0;
+  return sum;
 }
 
 void ParallelModel::after_optimizer_step() {

@@ -117,6 +117,10 @@ class ParallelModel : public pipeline::MicrobatchHooks {
   // loss parallel; after_backward: FSDP's reduce-scatters still pending.
   void bind_compute_params() override;
   at::Tensor loss_sum(const at::Tensor& logits, const at::Tensor& labels, const at::Tensor& documents) override;
+  // Multi-token prediction: the step's depths' loss sum (the mean over depths of their cross
+  // entropy sums) over every data-parallel rank's micro-batches since the last call (one
+  // all-reduce: every rank calls it), then zero.
+  double take_mtp_loss_sum();
   void after_backward() override;
   // After the schedule ran the step's micro-batches: completes this rank's gradients (FSDP's
   // pending reduce-scatters; the sums over TP of replicated weights' gradients, the
@@ -209,6 +213,7 @@ class ParallelModel : public pipeline::MicrobatchHooks {
   std::vector<bool> tp_replicated_;   // per master
   std::vector<at::Tensor> compute_copies_;  // per master (Note [Compute copies])
   bool copies_stale_ = true;          // masters written since the copies were (init, load)
+  double mtp_loss_sum_ = 0;           // See take_mtp_loss_sum
   std::unique_ptr<Fsdp> fsdp_;
   std::unique_ptr<Fsdp> expert_fsdp_;  // the EP-sharded experts over efsdp (Note [Expert mesh])
   bool expert_counts_over_tp_ = false;

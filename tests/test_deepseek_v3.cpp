@@ -132,11 +132,28 @@ TEST_CASE("DeepSeek-V3 (latent attention, q direct or low-rank, YaRN, dense then
       const CrossEntropySum ce_sum = [](const at::Tensor& l, const at::Tensor& y) {
         return at::cross_entropy_loss(l.flatten(0, 1), y.flatten(), std::nullopt, at::Reduction::Sum, kIgnoreIndex);
       };
-      const double got = mtp_loss_sum(run.logits, at::stack(labels), at::stack(documents), a.mtp_layers,
-                                      mtp.at("scale").get<double>(), ce_sum)
-                             .item<double>();
+      const MtpLossSum sum = mtp_loss_sum(run.logits, at::stack(labels), at::stack(documents), a.mtp_layers,
+                                          mtp.at("scale").get<double>(), ce_sum);
+      const double got = sum.total.item<double>();
       const double want = mtp.at("loss_sum").get<double>();
       CHECK(std::abs(got - want) <= 1e-5 * want);
+      // And against a float64 per-token reference on the same logits: depth k's target at (r, i)
+      // is the label at i + k where that is in the row and in the same document; the depths'
+      // mean, weighted, added to the main loss. float32 against float64 log-softmax over 64
+      // classes: ~1e-7 relative per token; 1e-6 of the sum.
+      const at::Tensor lp = run.logits.to(at::kDouble).log_softmax(-1);  // [(1 + D) B, S, V]
+      const int64_t B = labels.size(), S = labels[0].size(0);
+      double main = 0, depths = 0;
+      for (int64_t d = 0; d <= a.mtp_layers; ++d)
+        for (int64_t r = 0; r < B; ++r)
+          for (int64_t i = 0; i + d < S; ++i) {
+            if (documents[r][i + d].item<int64_t>() != documents[r][i].item<int64_t>()) continue;
+            const double nll = -lp[d * B + r][i][labels[r][i + d].item<int64_t>()].item<double>();
+            (d == 0 ? main : depths) += nll;
+          }
+      const double mean = depths / static_cast<double>(a.mtp_layers);
+      CHECK(std::abs(sum.depths_mean.item<double>() - mean) <= 1e-6 * mean);
+      CHECK(std::abs(got - (main + mtp.at("scale").get<double>() * mean)) <= 1e-6 * got);
     }
   }
 }

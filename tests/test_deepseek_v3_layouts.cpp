@@ -100,5 +100,14 @@ TEST_CASE("DeepSeek-V3 with multi-token prediction (2 depths, block-causal) unde
     INFO(overrides << ":\n" << r.log);
     CHECK(r.exit_code != 0);
     CHECK_THAT(r.log, Catch::Matchers::Contains(error));
+    CHECK_THAT(r.log, !Catch::Matchers::Contains("gloo"));  // refused before any process group
+  }
+  // The depths' loss is logged beside the loss, on every step's line and in metrics.jsonl.
+  const auto lines = titan::testing::read_metrics_lines(ref.dump / "metrics.jsonl");
+  REQUIRE(!lines.empty());
+  for (const auto& j : lines) {
+    REQUIRE(j.contains("mtp_loss"));
+    CHECK(j.at("mtp_loss").get<double>() > 0);
+    CHECK(j.at("mtp_loss").get<double>() < j.at("loss").get<double>());  // loss = main + 0.3 x it
   }
 }

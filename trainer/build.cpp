@@ -160,7 +160,7 @@ void Trainer::build_model() {
     args.moe->load_balance_coeff = cfg_.model.load_balance_coeff;  // 0: the bias exists and never moves
   }
   args.mtp_layers = cfg_.model.mtp_layers;
-  args.mtp_scale = cfg_.model.mtp_scale;
+  args.mtp_loss_weight = cfg_.model.mtp_loss_weight;
   args.max_seq_len = cfg_.training.seq_len;  // the RoPE table's length
   if (cfg_.validation.enable) args.max_seq_len = std::max(args.max_seq_len, cfg_.validation.seq_len);
   model_ = std::make_unique<model::Transformer>(args);  // meta device: nothing allocated yet

@@ -57,6 +57,9 @@ std::pair<double, double> Trainer::train_step(int64_t step) {
   if (after_backward_hook_) after_backward_hook_(step);  // training.debug_nonfinite_at_step only
   // Block-causal steps compute part of attention's square: the mfu counts what was done.
   const model::ModelArgs& args = model_->args();
+  last_mtp_loss_ = args.mtp_layers > 0 ? parallel_->take_mtp_loss_sum() /
+                                             (static_cast<double>(global_batch_size_) * t.seq_len)
+                                       : -1;
   metrics_->add_tokens(batch.inputs.numel(),
                        args.block_causal ? model::attention_work_fraction(model::document_ids(batch.inputs, args.eos_id)) : 1.0);
   model::NamedScope scope("optimizer", model::MemoryCategory::kOptimizerState);
@@ -124,6 +127,7 @@ TrainResult Trainer::train() {
       m.lr = cfg_.optimizer.lr * lr_schedule_.factor(step);
       m.skipped_steps = skipped_steps_;
       m.expert_load = last_expert_load_;
+      m.mtp_loss = last_mtp_loss_;
       const std::map<std::string, double> by_dim = mesh_->comm_seconds_by_dim();
       if (world_.world_size > 1) {
         m.comm_seconds = mesh_->comm_seconds() - comm_seconds_logged_;

@@ -98,6 +98,7 @@ class Trainer {
   std::unique_ptr<data::Tokenizer> tokenizer_;
   std::unique_ptr<data::DataLoader> loader_;
   std::unique_ptr<Validator> validator_;  // validation.enable (trainer/validate.h)
+  double last_mtp_loss_ = -1;  // multi-token prediction's loss of the last step (< 0: none)
   std::vector<double> last_expert_load_;  // MoE: the last step's max / mean tokens per expert, per layer
   std::unique_ptr<model::Transformer> model_;
   std::unique_ptr<optim::AdamW> optimizer_;

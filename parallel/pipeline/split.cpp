@@ -17,6 +17,82 @@ std::vector<std::string> model_modules(int64_t n_layers) {
   return modules;
 }
 
+// The stages' modules for stage s holding blocks[s] consecutive blocks, in model order.
+StageModules stage_modules(const std::vector<int64_t>& blocks) {
+  StageModules stages;
+  int64_t next_layer = 0;
+  const size_t num_stages = blocks.size();
+  for (size_t s = 0; s < num_stages; ++s) {
+    std::vector<std::string> modules;
+    if (s == 0) modules.push_back("tok_embeddings");
+    for (int64_t b = 0; b < blocks[s]; ++b) modules.push_back(model::layer_path(next_layer++));
+    if (s == num_stages - 1) {
+      modules.push_back("norm");
+      modules.push_back("output");
+    }
+    stages.push_back(std::move(modules));
+  }
+  return stages;
+}
+
+// See ModuleFlops::per_block: the blocks per stage. For a bound T, stages in order each take
+// their minimum, then further blocks while within their cap and the later stages keep their
+// minimums, the last stage the rest. Two caps are tried: the rank's load within T (exact with
+// one stage per rank), and the stage's own load within T / (its rank's stage count) (so that a
+// rank's first stage leaves room for its later ones); T is bisected, the split of the smallest
+// largest rank load kept.
+std::vector<int64_t> balanced_by_block_costs(const std::vector<int>& stage_rank, int pp, const std::vector<double>& cost,
+                                             const std::vector<int64_t>& min_blocks,
+                                             const std::vector<double>& stage_extra) {
+  const size_t num_stages = stage_rank.size(), n = cost.size();
+  std::vector<double> stages_of_rank(static_cast<size_t>(pp), 0.0);
+  for (int r : stage_rank) stages_of_rank[static_cast<size_t>(r)] += 1;
+  // Fills `blocks` under bound T; returns the largest rank load.
+  auto greedy = [&](double bound, bool per_stage, std::vector<int64_t>& blocks) {
+    std::vector<double> load(static_cast<size_t>(pp), 0.0);
+    if (!per_stage)
+      for (size_t s = 0; s < num_stages; ++s) load[static_cast<size_t>(stage_rank[s])] += stage_extra[s];
+    int64_t later_min = 0;
+    for (int64_t m : min_blocks) later_min += m;
+    size_t next = 0;
+    blocks.assign(num_stages, 0);
+    std::vector<double> rank_load(static_cast<size_t>(pp), 0.0);
+    for (size_t s = 0; s < num_stages; ++s) {
+      const size_t r = static_cast<size_t>(stage_rank[s]);
+      double stage = stage_extra[s];
+      double& l = per_stage ? stage : load[r];
+      const double cap = per_stage ? bound / stages_of_rank[r] : bound;
+      later_min -= min_blocks[s];
+      for (int64_t b = 0; b < min_blocks[s]; ++b) l += cost[next++], ++blocks[s];
+      const bool last = s + 1 == num_stages;
+      while (next < n && static_cast<int64_t>(n - next) > later_min && (last || l + cost[next] <= cap))
+        l += cost[next++], ++blocks[s];
+      if (per_stage) rank_load[r] += stage;
+    }
+    const std::vector<double>& loads = per_stage ? rank_load : load;
+    return *std::max_element(loads.begin(), loads.end());
+  };
+  double lo = 0, hi = 0;
+  for (double c : cost) hi += c;
+  for (double e : stage_extra) hi += e;
+  std::vector<int64_t> blocks, best;
+  double best_load = greedy(hi, false, best);  // the whole cost bounds every rank
+  for (const bool per_stage : {false, true}) {
+    double low = lo, high = hi;
+    for (int i = 0; i < 60; ++i) {
+      const double mid = (low + high) / 2;
+      const double got = greedy(mid, per_stage, blocks);
+      if (got <= mid) {
+        high = mid;
+        if (got < best_load) best_load = got, best = blocks;
+      } else {
+        low = mid;
+      }
+    }
+  }
+  return best;
+}
+
 }  // namespace
 
 int pipeline_stage_count(PipelineScheduleKind kind, int pp, int64_t n_layers, int64_t layers_per_stage,
@@ -99,6 +175,12 @@ StageModules module_fqns_balanced(const std::vector<int>& stage_rank, int64_t n_
   std::vector<std::vector<int64_t>> rank_stages(static_cast<size_t>(pp));
   for (int64_t s = 0; s < num_stages; ++s)
     rank_stages[static_cast<size_t>(stage_rank[static_cast<size_t>(s)])].push_back(s);
+  if (!costs.per_block.empty()) {
+    if (static_cast<int64_t>(costs.per_block.size()) != n_layers)
+      throw std::invalid_argument("the FLOP-balanced split has " + std::to_string(costs.per_block.size()) +
+                                  " block costs for " + std::to_string(n_layers) + " layers");
+    return stage_modules(balanced_by_block_costs(stage_rank, pp, costs.per_block, min_blocks, stage_extra));
+  }
   // Water-filling: from the minimum, each further block goes to the cheapest candidate (the first
   // of equals), which gives the smallest possible largest load.
   auto fill = [&](const std::vector<double>& extra, int64_t blocks, std::vector<int64_t>& count) {
@@ -130,19 +212,7 @@ StageModules module_fqns_balanced(const std::vector<int>& stage_rank, int64_t n_
     fill(extra, rank_blocks[r] - placed, count);
     for (size_t i = 0; i < count.size(); ++i) stage_blocks[static_cast<size_t>(rank_stages[r][i])] = count[i];
   }
-  StageModules stages;
-  int64_t next_layer = 0;
-  for (int64_t s = 0; s < num_stages; ++s) {
-    std::vector<std::string> modules;
-    if (s == 0) modules.push_back("tok_embeddings");
-    for (int64_t b = 0; b < stage_blocks[static_cast<size_t>(s)]; ++b) modules.push_back(model::layer_path(next_layer++));
-    if (s == num_stages - 1) {
-      modules.push_back("norm");
-      modules.push_back("output");
-    }
-    stages.push_back(std::move(modules));
-  }
-  return stages;
+  return stage_modules(stage_blocks);
 }
 
 StageModules module_fqns_from_split_points(const std::vector<std::string>& split_points, int64_t n_layers) {

@@ -43,10 +43,16 @@ StageModules module_fqns_per_stage(int num_stages, int64_t n_layers, int64_t inp
 // least: the smallest possible largest rank), then within each rank over its stages. Every stage
 // between the first and the last holds at least one block (those two hold the embedding and the
 // output, and may hold none, as in torchtitan's split); stages stay contiguous, in model order.
+// Blocks that cost differently (DeepSeek-V3's dense first blocks beside its MoE ones) give their
+// costs one by one (per_block): then the split is the least largest rank load a greedy finds
+// for each load bound, the bound bisected (exact for one stage per rank, where contiguous
+// blocks filling each stage up to the bound is the classic partition; with several stages per
+// rank a rank's first stage may take what its later ones needed, and the bound rises).
 struct ModuleFlops {
   double block = 1;      // one transformer block, forward + backward, per token
   double embedding = 0;  // tok_embeddings, on stage 0
   double output = 0;     // norm + output (+ the loss), on the last stage
+  std::vector<double> per_block;  // each block's, in model order, where they differ; else empty
 };
 
 // The split of `n_layers` blocks over stage_rank.size() stages (stage s on pp rank stage_rank[s]);

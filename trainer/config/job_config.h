@@ -74,7 +74,7 @@ struct ModelSection {
   bool moe_force_load_balance = false;    // MoE: round-robin expert choice (torchtitan's debug switch)
   double load_balance_coeff = 1e-3;       // MoE: the expert_bias step per optimizer step; 0 = off
   int64_t mtp_layers = 0;                 // multi-token prediction depths (model/mtp.h); 0 = off
-  double mtp_scale = 0.3;                 // their loss's weight (torchtitan's MTPLoss mtp_scale)
+  double mtp_loss_weight = 0.3;           // their loss's weight (torchtitan's MTPLoss mtp_scale)
 };
 
 struct OptimizerSection {

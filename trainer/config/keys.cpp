@@ -169,9 +169,10 @@ std::vector<SectionSpec> build_table() {
               "shared embedding and output projection (docs/moe.md). Not with pipeline or context "
               "parallelism (as torchtitan). 0 = off.")
               .count_at_least(0),
-          key("mtp_scale", &ModelSection::mtp_scale,
-              "Multi-token prediction's weight in the loss: loss = main + mtp_scale x the mean of the "
-              "depths' cross entropies, all over the step's main tokens (torchtitan's MTPLoss).")
+          key("mtp_loss_weight", &ModelSection::mtp_loss_weight,
+              "Multi-token prediction's weight in the loss: loss = main + mtp_loss_weight x the mean of the "
+              "depths' cross entropies, all over the step's main tokens (torchtitan main's MTPLoss "
+              "mtp_scale). The step line and metrics.jsonl show that mean as mtp_loss.")
               .at_least(0),
           key("tokenizer_path", &ModelSection::tokenizer_path,
               "\"\" = byte-level tokenizer; a tiktoken-format BPE file (Llama 3's "

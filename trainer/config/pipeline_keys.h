@@ -3,11 +3,13 @@
 // library itself does not link the parallel one.
 #pragma once
 
+#include <algorithm>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "model/args.h"
+#include "model/family.h"
 #include "model/flavors.h"
 #include "parallel/pipeline/plan.h"
 #include "trainer/config/job_config.h"
@@ -25,6 +27,14 @@ inline parallel::pipeline::ModuleFlops module_flops(const model::ModelArgs& args
   parallel::pipeline::ModuleFlops costs;
   costs.block = (6.0 * block_params + 0.5 * model::attention_flops_per_token(args, seq_len)) /
                 static_cast<double>(args.n_layers);
+  // Blocks that differ (a family's dense and MoE blocks): each its own cost.
+  const model::Family& family = model::family(args.family);
+  std::vector<double> per_block;
+  for (int64_t i = 0; i < args.n_layers; ++i)
+    per_block.push_back(6.0 * static_cast<double>(count.per_block_active[static_cast<size_t>(i)]) +
+                        0.5 * family.attention_flops_per_token(args, i, seq_len));
+  if (std::any_of(per_block.begin(), per_block.end(), [&](double c) { return c != per_block.front(); }))
+    costs.per_block = std::move(per_block);
   costs.output = 6.0 * output_params;
   costs.embedding = 0;
   return costs;

@@ -214,6 +214,11 @@ void MetricsLogger::log(const StepMetrics& m) {
                 util::color_code("blue"), with_thousands(std::llround(tps)).c_str(), util::color_code("cyan"),
                 tflops, util::color_code("green"), mfu_text, util::color_code("reset"));
   std::string line(buf);
+  if (m.mtp_loss >= 0) {
+    char mtp[48];
+    std::snprintf(mtp, sizeof(mtp), "  mtp_loss: %7.4f", m.mtp_loss);
+    line += mtp;
+  }
   if (!m.expert_load.empty()) {
     char load[48];
     std::snprintf(load, sizeof(load), "  expert_load: %.2f", *std::max_element(m.expert_load.begin(), m.expert_load.end()));
@@ -237,6 +242,7 @@ void MetricsLogger::log(const StepMetrics& m) {
     if (!m.comm_seconds_by_dim.empty()) record["comm_s_by_dim"] = m.comm_seconds_by_dim;
     if (m.skipped_steps > 0) record["skipped_steps"] = m.skipped_steps;
     if (!m.expert_load.empty()) record["expert_load"] = m.expert_load;  // per MoE layer, max / mean
+    if (m.mtp_loss >= 0) record["mtp_loss"] = m.mtp_loss;
     if (!m.compute_seconds_by_rank.empty()) {
       record["compute_s_by_rank"] = m.compute_seconds_by_rank;
       record["straggler_ratio"] = m.straggler_ratio;

@@ -70,6 +70,9 @@ struct StepMetrics {
   // MoE models: each MoE layer's max / mean tokens per expert in the logged step (1 = balanced);
   // the line shows the worst layer ("expert_load"), the JSONL record every layer.
   std::vector<double> expert_load;
+  // Multi-token prediction (model.mtp_layers): the mean over the depths of their cross entropy
+  // per main token (what loss adds model.mtp_loss_weight times); < 0: none.
+  double mtp_loss = -1;
   // Note [Straggler report]: every rank's compute seconds in this window (empty: report off or
   // one process), and the rank named slow (-1: none).
   std::vector<double> compute_seconds_by_rank;
