@@ -4,8 +4,9 @@
 // (planner/cluster.h); nothing here is fitted to a published throughput.
 //   Compute. Per micro-batch and pipeline stage, a rank's tokens are rows x seq_len / cp; its
 //     matmul FLOPs are 2 x (the block's active parameters) per token and layer, plus the output
-//     layer's 2 x dim x vocab on the last stage, divided by tp; attention is 4 x heads x head_dim
-//     x seq_len per token and layer forward (torchtitan's count). Backward is twice the forward,
+//     layer's 2 x dim x vocab on the last stage, divided by tp; attention is a third of its
+//     family's training count per token and layer (4 x heads x head_dim x seq_len forward for
+//     grouped-query attention, torchtitan's count). Backward is twice the forward,
 //     half of it the weight gradients (the W of zero-bubble schedules). GEMMs run at the bf16
 //     peak x the GEMM efficiency, attention at that x the device's attention efficiency (device
 //     cpu: measured); a float8 recipe's block linears at the float8 peak.
@@ -69,6 +70,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "model/family.h"
 #include "parallel/parallel_model.h"
 #include "planner/pipeline_sim.h"
 
@@ -107,8 +109,20 @@ Prediction predict(const trainer::config::JobConfig& cfg, const trainer::config:
   const double seq = static_cast<double>(cfg.training.seq_len);
   const double bytes = cfg.training.mixed_precision_param == "float32" ? 4.0 : 2.0;
   const double dim = static_cast<double>(args.dim), hidden = static_cast<double>(args.ffn_hidden_dim());
-  const double kv_dim = static_cast<double>(args.kv_heads() * args.head_dim());
-  const double q_dim = static_cast<double>(args.n_heads * args.head_dim());
+  // The attention's widths as its family declares them (the last block's, whole, per token):
+  // its projections' outputs, q, and k + v (what context parallelism moves).
+  model::AttentionActivationsQuery whole;
+  whole.compute_bytes = static_cast<int64_t>(bytes);
+  whole.seq_len = cfg.training.seq_len;
+  const model::AttentionActivations att =
+      model::family(args.family).attention_activations(args, args.n_layers - 1, whole);
+  double attention_outputs = 0;  // q, k, v, o for grouped-query attention
+  for (double width : att.matmul_outputs) attention_outputs += width;
+  const double q_dim = att.q_width, kv = att.kv_width;
+  // Attention's forward FLOPs per token and layer: a third of the training count (the backward
+  // is twice the forward), 4 x heads x head_dim x seq_len for grouped-query attention.
+  const double attention_fwd_per_token =
+      model::attention_flops_per_token(args, cfg.training.seq_len) / (3.0 * static_cast<double>(args.n_layers));
   const double vocab = static_cast<double>(args.vocab_size);
   const double layers = static_cast<double>(args.n_layers);
   const model::ParamCount count = model::count_params(args);
@@ -152,12 +166,12 @@ Prediction predict(const trainer::config::JobConfig& cfg, const trainer::config:
 
   LayerWork w;
   w.gemm_fwd = tokens * 2.0 * block_active / tp / linear_rate;
-  w.attention_fwd = tokens * 4.0 * q_dim * seq / tp / (mm_rate * d.attention_efficiency);
+  w.attention_fwd = tokens * attention_fwd_per_token / tp / (mm_rate * d.attention_efficiency);
   const double elementwise = (16.0 * dim + 3.0 * hidden) * bytes;
   double cast_fwd = 0, cast_bwd = 0, weight_casts = 0;
   if (float8) {
     cast_fwd = 5.0 * (3.0 * dim + hidden);
-    cast_bwd = 5.0 * (q_dim + 2.0 * kv_dim + 2.0 * dim + 2.0 * hidden) + 3.0 * (3.0 * dim + hidden);
+    cast_bwd = 5.0 * (attention_outputs + dim + 2.0 * hidden) + 3.0 * (3.0 * dim + hidden);
     weight_casts = 2.0 * 5.0 * block_params_all / tp;
   }
   w.memory_fwd = (tokens * (elementwise + cast_fwd) / tp + weight_casts / 2.0) / hbm;
@@ -172,7 +186,7 @@ Prediction predict(const trainer::config::JobConfig& cfg, const trainer::config:
                 4.0 * messages(tp);
   if (dims.cp > 1) {
     // This rank's K and V (compute dtype) and their gradients (float32 accumulators).
-    const double kv_local = tokens * 2.0 * kv_dim / tp * bytes, dkv_local = kv_local / bytes * 4.0;
+    const double kv_local = tokens * kv / tp * bytes, dkv_local = kv_local / bytes * 4.0;
     auto cp_bus = [&](Collective kind, double message) { return bus(kind, dims.tp, dims.cp, message); };
     if (L.cp_method == "allgather") {
       // K and V gathered forward; backward gathers them again and reduce-scatters the float32
@@ -189,7 +203,7 @@ Prediction predict(const trainer::config::JobConfig& cfg, const trainer::config:
       w.cp_comm_b = (cp - 1) * kv_step + cp * (dkv_local / cp_bus(Collective::kAllGather, dkv_local) + message_latency(cp));
     } else {  // titan_ulysses: q, k, v to head shards and the output back, each way (four
               // all-to-alls, each about a quarter of the bytes)
-      const double moved = tokens * (2.0 * q_dim + 2.0 * kv_dim) * bytes / tp;
+      const double moved = tokens * (q_dim + att.output + kv) * bytes / tp;
       w.cp_comm = w.cp_comm_b = moved * (cp - 1) / cp / cp_bus(Collective::kAllGather, moved / 4.0) + 4.0 * messages(cp);
     }
   }
