@@ -6,6 +6,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <map>
 #include <optional>
 #include <set>
@@ -125,6 +126,12 @@ TensorParallelPlan apply_tp(model::Transformer& model, comm::Comm& tp, const Par
   int float8_gathers = 0;  // modules whose input is gathered in float8
   // See Note [Async TP]: chunked gathers / reduce-scatters around the block's linears.
   const int async_chunks = options.async_tp ? static_cast<int>(options.async_tp_chunks) : 0;
+  // Which modules are column-sharded: a gathered input arrives in chunks (async TP) only where
+  // every reader is (each chunk's GEMM then overlaps the next chunk's transfer); a replicated
+  // reader (DeepSeek-V3's wq_a and wkv_a) needs the whole input, gathered at once.
+  std::set<std::string> colwise;
+  for (const TpRule& rule : model.tp_plan())
+    if (rule.style == TpStyle::kColwise) colwise.insert(rule.module);
   std::set<std::string> moe_layers;
   auto apply = [&](const TpRule& rule, model::TransformerBlock* block) {
     switch (rule.style) {
@@ -153,7 +160,9 @@ TensorParallelPlan apply_tp(model::Transformer& model, comm::Comm& tp, const Par
         TORCH_CHECK(hook, "tensor parallel plan: '", rule.module, "' has no input hook to gather its input in");
         const auto cast = options.float8_tp_input_all_gather ? shared_float8_input_cast(linears, rule.readers)
                                                              : std::nullopt;
-        if (async_chunks > 0)
+        const bool chunked = async_chunks > 0 && std::all_of(rule.readers.begin(), rule.readers.end(),
+                                                             [&](const std::string& r) { return colwise.count(r) > 0; });
+        if (chunked)
           *hook = tensor_parallel::make_async_sequence_gather(tp, async_chunks,
                                             cast ? std::optional<tensor_parallel::Float8ChunkCast>({cast->first, cast->second})
                                                  : std::nullopt);

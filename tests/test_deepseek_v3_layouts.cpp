@@ -59,6 +59,31 @@ TEST_CASE("DeepSeek-V3 under FSDP 2, TP 2, EP 2, EP 2 x TP 2, PP 2 (1F1B, ZBV), 
   }
 }
 
+TEST_CASE("DeepSeek-V3 under HSDP 2 x 2 and async TP 2 equals one process; float8 tensorwise on its dense linears "
+          "at TP 2 and FSDP 2 equals one process with the same recipe",
+          "[moe][dist][deepseek_v3][float8]") {
+  // HSDP: the replicas' gradient sums; async TP: MLA's gathered input and wo's reduce-scatter in
+  // chunks. The layouts' tolerances; the loads exact as above.
+  const layout::Reference& ref = layout::reference_run(8, kDeepSeek);
+  const auto want = expert_loads(ref.dump / "metrics.jsonl");
+  for (const auto& [name, nproc, overrides] : std::vector<std::tuple<std::string, int, std::string>>{
+           {"ds3_hsdp", 4, "--parallelism.data_parallel_replicate_degree 2 --parallelism.data_parallel_shard_degree 2"},
+           {"ds3_tp2_async", 2, "--parallelism.tensor_parallel_degree 2 --parallelism.enable_async_tensor_parallel"}}) {
+    layout::check_layout(name, nproc, overrides, 8, kDeepSeek);
+    CHECK(expert_loads(layout::root() / name / "metrics_rank0.jsonl") == want);
+  }
+  // float8 on the attention, shared-expert and dense-block linears (the router gate and the
+  // experts stay high precision); one process runs the same recipe, so only the reduction order
+  // differs, which can flip an element's e4m3 rounding and a token's routing: the float8 layout
+  // bounds of the Qwen3-MoE case (5e-4 loss, 2e-3 grad norm), no load comparison.
+  const std::string f8 = kDeepSeek + " --float8.enable_float8_linear --float8.recipe_name tensorwise";
+  layout::Tolerance tol;
+  tol.loss = 5e-4;
+  tol.grad_norm = 2e-3;
+  layout::check_layout("ds3_f8_tp2", 2, "--parallelism.tensor_parallel_degree 2", 8, f8, tol);
+  layout::check_layout("ds3_f8_fsdp2", 2, "", 8, f8, tol);
+}
+
 TEST_CASE("DeepSeek-V3 with multi-token prediction (2 depths, block-causal) under FSDP 2, TP 2, EP 2 x TP 2 and "
           "FSDP 2 + per-op AC equals one process; PP and CP refuse it by name",
           "[moe][dist][deepseek_v3]") {
