@@ -26,6 +26,7 @@
 #include <utility>
 
 #include "model/activation_checkpoint_ops.h"
+#include "model/family.h"
 #include "model/flavors.h"
 #include "model/linear.h"
 #include "parallel/comm/process_group.h"
@@ -299,14 +300,25 @@ DeviceSpec::GroupLink gloo_probe(int ranks, int busy, double cores) {
 // a one-process step's profile: 214 ms where the GEMM rate would give 102).
 // The heads and the length are capped (the rate per head does not depend on the count, and an 8B
 // model's whole attention at seq 8192 would take the probe minutes): at most 2 key/value heads
-// with their query heads, at most 1,024 positions.
+// with their query heads, at most 1,024 positions. The shapes are the family's declaration's
+// (Family::attention_activations at TP 1): heads, the q/k head from q's width, the v head from
+// the output's, the key/value heads from k + v's width (grouped-query: n_kv_heads; latent
+// attention: every head).
 double attention_over_gemm_rate(const trainer::config::JobConfig& cfg, at::ScalarType dtype, const at::Tensor& a,
                                 const at::Tensor& b) {
   const model::ModelArgs args = model::model_flavor(cfg.model.name, cfg.model.flavor);
-  const int64_t kv = std::min<int64_t>(args.kv_heads(), 2), heads = kv * (args.n_heads / args.kv_heads());
-  const int64_t seq = std::min<int64_t>(cfg.training.seq_len, 1024), head_dim = args.head_dim();
-  auto make = [&](int64_t h) { return at::randn({1, h, seq, head_dim}).to(dtype).requires_grad_(true); };
-  const at::Tensor q = make(heads), k = make(kv), v = make(kv);
+  model::AttentionActivationsQuery whole;
+  whole.compute_bytes = dtype == at::kFloat ? 4 : 2;
+  whole.seq_len = cfg.training.seq_len;
+  const model::AttentionActivations att =
+      model::family(args.family).attention_activations(args, args.n_layers - 1, whole);
+  const int64_t all_heads = static_cast<int64_t>(att.heads);
+  const int64_t qk_head = static_cast<int64_t>(att.q_width) / all_heads, v_head = static_cast<int64_t>(att.output) / all_heads;
+  const int64_t kv_heads = static_cast<int64_t>(att.kv_width) / (qk_head + v_head);
+  const int64_t kv = std::min<int64_t>(kv_heads, 2), heads = kv * (all_heads / kv_heads);
+  const int64_t seq = std::min<int64_t>(cfg.training.seq_len, 1024);
+  auto make = [&](int64_t h, int64_t d) { return at::randn({1, h, seq, d}).to(dtype).requires_grad_(true); };
+  const at::Tensor q = make(heads, qk_head), k = make(kv, qk_head), v = make(kv, v_head);
   const int pool_threads = at::get_num_threads();
   at::set_num_threads(1);
   const double attention_s = seconds_of([&] {
@@ -315,7 +327,9 @@ double attention_over_gemm_rate(const trainer::config::JobConfig& cfg, at::Scala
   }, 5);
   const double gemm_s = seconds_of([&] { model::times_transposed(a, b); }, 5);
   at::set_num_threads(pool_threads);
-  const double attention_flops = 3.0 * 4.0 * static_cast<double>(heads * head_dim) * seq * seq;
+  // The score and value products, forward and backward (4 x heads x head_dim x seq^2 forward
+  // where the heads are alike).
+  const double attention_flops = 3.0 * 2.0 * static_cast<double>(heads * (qk_head + v_head)) * seq * seq;
   const double gemm_flops = 2.0 * static_cast<double>(a.size(0)) * a.size(1) * b.size(1);
   return (attention_flops / attention_s) / (gemm_flops / gemm_s);
 }
