@@ -59,8 +59,8 @@ TEST_CASE("DeepSeek-V3 under FSDP 2, TP 2, EP 2, EP 2 x TP 2, PP 2 (1F1B, ZBV), 
   }
 }
 
-TEST_CASE("DeepSeek-V3 under HSDP 2 x 2 and async TP 2 equals one process; float8 tensorwise on its dense linears "
-          "at TP 2 and FSDP 2 equals one process with the same recipe",
+TEST_CASE("DeepSeek-V3 under HSDP 2 x 2 and async TP 2 equals one process; float8 tensorwise (TP 2, FSDP 2) and "
+          "MXFP8 (TP 2) on its dense linears equal one process with the same recipe; validation under FSDP 2 (with MTP)",
           "[moe][dist][deepseek_v3][float8]") {
   // HSDP: the replicas' gradient sums; async TP: MLA's gathered input and wo's reduce-scatter in
   // chunks. The layouts' tolerances; the loads exact as above.
@@ -82,6 +82,30 @@ TEST_CASE("DeepSeek-V3 under HSDP 2 x 2 and async TP 2 equals one process; float
   tol.grad_norm = 2e-3;
   layout::check_layout("ds3_f8_tp2", 2, "--parallelism.tensor_parallel_degree 2", 8, f8, tol);
   layout::check_layout("ds3_f8_fsdp2", 2, "", 8, f8, tol);
+  // MXFP8 (emulated) on the same linears at TP 2: the same kind of rounding flips, the same bound.
+  const std::string mx = kDeepSeek + " --model.converters mx --mx.recipe_name mxfp8_cublas";
+  layout::check_layout("ds3_mx_tp2", 2, "--parallelism.tensor_parallel_degree 2", 8, mx, tol);
+  // Validation under FSDP 2 (with two multi-token prediction depths: the validation loss is the
+  // training loss's, depths included): one process and FSDP 2 see the same 2 validation rows.
+  const std::string validation = kDeepSeek +
+                                 " --model.mtp_layers 2 --validation.enable --validation.dataset fortunes"
+                                 " --validation.freq 5 --validation.steps 2 --validation.seq_len 32"
+                                 " --validation.local_batch_size 2";
+  layout::check_layout("ds3_mtp_fsdp2_validation", 2, "--validation.local_batch_size 1", 8, validation);
+  auto validation_losses = [](const fs::path& metrics) {
+    std::vector<double> losses;
+    for (const auto& j : titan::testing::read_metrics_lines(metrics))
+      if (j.contains("validation_metrics/loss")) losses.push_back(j.at("validation_metrics/loss").get<double>());
+    return losses;
+  };
+  const std::vector<double> want_validation =
+      validation_losses(layout::reference_run(8, validation).dump / "metrics.jsonl");
+  const std::vector<double> got_validation =
+      validation_losses(layout::root() / "ds3_mtp_fsdp2_validation" / "metrics_rank0.jsonl");
+  REQUIRE(want_validation.size() == 2);
+  REQUIRE(got_validation.size() == want_validation.size());
+  for (size_t i = 0; i < want_validation.size(); ++i)
+    CHECK(got_validation[i] == Approx(want_validation[i]).epsilon(layout::kLossRelTol));
 }
 
 TEST_CASE("DeepSeek-V3 with multi-token prediction (2 depths, block-causal) under FSDP 2, TP 2, EP 2 x TP 2 and "
