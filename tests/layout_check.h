@@ -69,6 +69,14 @@ inline std::vector<Step> read_metrics(const fs::path& path) {
   return steps;
 }
 
+// The validation losses a run logged (its validation lines' validation_metrics/loss), in order.
+inline std::vector<double> validation_losses(const fs::path& path) {
+  std::vector<double> losses;
+  for (const auto& j : titan::testing::read_metrics_lines(path))
+    if (j.contains("validation_metrics/loss")) losses.push_back(j.at("validation_metrics/loss").get<double>());
+  return losses;
+}
+
 // Bit-identical runs: every step's loss and grad norm equal, not just close.
 inline void check_same_steps(const std::string& what, const std::vector<Step>& got, const std::vector<Step>& want) {
   REQUIRE(got.size() == want.size());

@@ -193,14 +193,10 @@ TEST_CASE("Qwen3 with a tied embedding under FSDP 2 (with validation), HSDP 2 x 
   layout::check_layout("qwen3_tied_fsdp2_validation", 2,
                        "--parallelism.data_parallel_shard_degree 2 --validation.local_batch_size 1", 8,
                        tied + validation, tp_tol);
-  auto validation_losses = [](const fs::path& metrics) {
-    std::vector<double> losses;
-    for (const auto& j : titan::testing::read_metrics_lines(metrics))
-      if (j.contains("validation_metrics/loss")) losses.push_back(j.at("validation_metrics/loss").get<double>());
-    return losses;
-  };
-  const std::vector<double> want = validation_losses(layout::reference_run(8, tied + validation).dump / "metrics.jsonl");
-  const std::vector<double> got = validation_losses(layout::root() / "qwen3_tied_fsdp2_validation" / "metrics_rank0.jsonl");
+  const std::vector<double> want =
+      layout::validation_losses(layout::reference_run(8, tied + validation).dump / "metrics.jsonl");
+  const std::vector<double> got =
+      layout::validation_losses(layout::root() / "qwen3_tied_fsdp2_validation" / "metrics_rank0.jsonl");
   REQUIRE(want.size() == 2);
   REQUIRE(got.size() == want.size());
   for (size_t i = 0; i < want.size(); ++i) CHECK(got[i] == Approx(want[i]).epsilon(layout::kLossRelTol));

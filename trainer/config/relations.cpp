@@ -92,19 +92,22 @@ std::vector<std::pair<std::string, std::string>> check_key_relations(
   // Multi-token prediction runs after the last block on the tokens of the whole row: torchtitan
   // refuses it with pipeline and context parallelism, as titan does (model/mtp.h).
   if (cfg.model.mtp_layers > 0) {
-    const std::string mtp = "model.mtp_layers = " + std::to_string(cfg.model.mtp_layers);
-    if (cfg.parallelism.pipeline_parallel_degree > 1)
-      problems.emplace_back(where("model.mtp_layers"),
-                            mtp + " with parallelism.pipeline_parallel_degree = " +
-                                std::to_string(cfg.parallelism.pipeline_parallel_degree) +
-                                ": multi-token prediction needs the embedding and the last block on one stage; "
-                                "set pipeline_parallel_degree to 1 or mtp_layers to 0");
-    if (cfg.parallelism.context_parallel_degree > 1)
-      problems.emplace_back(where("model.mtp_layers"),
-                            mtp + " with parallelism.context_parallel_degree = " +
-                                std::to_string(cfg.parallelism.context_parallel_degree) +
-                                ": multi-token prediction shifts tokens across the whole row, which a context-"
-                                "parallel rank does not hold; set context_parallel_degree to 1 or mtp_layers to 0");
+    const struct {
+      const char* key;
+      int64_t degree;
+      const char* why;
+    } refused[] = {
+        {"pipeline_parallel_degree", cfg.parallelism.pipeline_parallel_degree,
+         "multi-token prediction needs the embedding and the last block on one stage"},
+        {"context_parallel_degree", cfg.parallelism.context_parallel_degree,
+         "multi-token prediction shifts tokens across the whole row, which a context-parallel rank does not hold"},
+    };
+    for (const auto& r : refused)
+      if (r.degree > 1)
+        problems.emplace_back(where("model.mtp_layers"),
+                              "model.mtp_layers = " + std::to_string(cfg.model.mtp_layers) + " with parallelism." +
+                                  r.key + " = " + std::to_string(r.degree) + ": " + r.why + "; set " + r.key +
+                                  " to 1 or mtp_layers to 0");
   }
   // Tokens of one optimizer step on one rank: rows (global batch, or local batch when it is
   // derived) x seq_len; the loader and the token counters multiply them in int64, and
