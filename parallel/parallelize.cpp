@@ -15,6 +15,7 @@
 
 #include "float8/block_scaled_linear.h"
 #include "float8/float8_linear.h"
+#include "float8/grouped_experts.h"
 #include "parallel/expert_parallel/expert_parallel.h"
 #include "parallel/tensor_parallel/async_tp.h"
 #include "parallel/pipeline/pipeline_schedule.h"
@@ -176,6 +177,9 @@ TensorParallelPlan apply_tp(model::Transformer& model, comm::Comm& tp, const Par
                     "' is not an MoE layer (the one module that gathers its input and reduces its output)");
         block->moe->gather_input = [&tp](const at::Tensor& x) { return tensor_parallel::all_gather_seq(x, tp); };
         block->moe->reduce_output = [&tp](const at::Tensor& y) { return tensor_parallel::reduce_scatter_seq(y, tp); };
+        // Low-precision experts sharded on their hidden dim: float8 amaxes over the group too.
+        block->moe->expert_computes = float8::expert_computes_under_tp(
+            *block->moe, tp.size(), [&tp](at::Tensor& amax) { tp.all_reduce(amax, comm::ReduceOp::kMax); });
         break;
       }
       case TpStyle::kShardTensor:

@@ -35,7 +35,7 @@ std::string Layout::name() const {
   return s;
 }
 
-std::vector<std::string> Layout::overrides() const {
+std::vector<std::string> Layout::overrides(bool has_experts) const {
   std::vector<std::string> o = {
       "--parallelism.data_parallel_replicate_degree", std::to_string(dp_replicate),
       "--parallelism.data_parallel_shard_degree",     std::to_string(dp_shard),
@@ -54,6 +54,10 @@ std::vector<std::string> Layout::overrides() const {
   if (cp > 1) o.insert(o.end(), {"--parallelism.context_parallel_rotate_method", cp_method});
   if (tp > 1 && async_tp) o.push_back("--parallelism.enable_async_tensor_parallel");
   if (precision != "bf16") o.insert(o.end(), {"--float8.enable_float8_linear", "--float8.recipe_name", precision});
+  // The MoE experts' own float8 recipe is rowwise (torchao's); the time model counts them in
+  // float8 only then (predict.cpp).
+  if (precision == "rowwise" && has_experts)
+    o.insert(o.end(), {"--model.converters", "quantize.grouped_mm.float8", "--quantize.grouped_mm.float8.fqns", "experts"});
   return o;
 }
 

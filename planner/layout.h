@@ -27,8 +27,9 @@ struct Layout {
   std::string family() const;
   // "dp_shard=8,tp=1,...": every field; what the table prints and plan.explain takes.
   std::string name() const;
-  // The command-line overrides that run it (on top of the user's config).
-  std::vector<std::string> overrides() const;
+  // The command-line overrides that run it (on top of the user's config); a model with experts
+  // (`has_experts`) at precision rowwise trains them in float8 rowwise too.
+  std::vector<std::string> overrides(bool has_experts = false) const;
 };
 
 // `base` with the layout's keys set; training.global_batch_size = `global_batch`.

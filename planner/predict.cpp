@@ -164,8 +164,21 @@ Prediction predict(const trainer::config::JobConfig& cfg, const trainer::config:
   const int64_t passes = checked.global_batch / (cfg.training.local_batch_size * dims.dp());
   const double tokens = static_cast<double>(rows) * seq / cp;  // this rank's, one micro-batch
 
+  // The routed experts' share of a block's active parameters: in float8 only where an expert
+  // recipe exists for the precision (rowwise: quantize.grouped_mm.float8, which the layout's
+  // command turns on, Layout::options); a tensorwise layout's experts run in bf16.
+  double expert_active = 0;
+  if (args.moe) {
+    const model::Family& family = model::family(args.family);
+    int64_t moe_blocks = 0;
+    for (int64_t layer = 0; layer < args.n_layers; ++layer)
+      moe_blocks += family.feed_forward(args, layer) == model::FeedForwardKind::kMoE ? 1 : 0;
+    expert_active = 3.0 * dim * static_cast<double>(args.moe_hidden_dim) * static_cast<double>(args.moe->top_k) *
+                    static_cast<double>(moe_blocks) / layers;
+  }
+  const double expert_rate = L.precision == "rowwise" ? linear_rate : mm_rate;
   LayerWork w;
-  w.gemm_fwd = tokens * 2.0 * block_active / tp / linear_rate;
+  w.gemm_fwd = tokens * 2.0 * ((block_active - expert_active) / linear_rate + expert_active / expert_rate) / tp;
   w.attention_fwd = tokens * attention_fwd_per_token / tp / (mm_rate * d.attention_efficiency);
   const double elementwise = (16.0 * dim + 3.0 * hidden) * bytes;
   double cast_fwd = 0, cast_bwd = 0, weight_casts = 0;

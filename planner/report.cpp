@@ -17,7 +17,8 @@ namespace {
 
 void print_command(const trainer::config::JobConfig& cfg, const Cluster& cluster, const Layout& l, std::ostream& out) {
   std::string args;
-  for (const std::string& o : l.overrides()) args += " " + o;
+  const bool has_experts = model::model_flavor(cfg.model.name, cfg.model.flavor).moe.has_value();
+  for (const std::string& o : l.overrides(has_experts)) args += " " + o;
   const std::string config = cfg.job.config_file.empty() ? "" : " --job.config_file " + cfg.job.config_file;
   out << "\nto run it:\n";
   if (cluster.nodes == 1) {

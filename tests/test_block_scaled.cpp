@@ -30,101 +30,23 @@
 #include "float8/block_scaled_linear.h"
 #include "float8/convert.h"
 #include "model/linear.h"
-#include <nlohmann/json.hpp>
+#include "tests/torchao_reference.h"
 
 using namespace titan::float8;
 namespace fs = std::filesystem;
 
 namespace {
 
-// The reference file's layout is safetensors (8-byte header length, JSON header, raw bytes),
-// with F32, BF16 and U8 tensors; titan's checkpoint reader loads only floating dtypes, so the
-// test reads its own file here.
-std::map<std::string, at::Tensor> load_reference(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  uint64_t header_len = 0;
-  in.read(reinterpret_cast<char*>(&header_len), 8);
-  std::string header(header_len, ' ');
-  in.read(header.data(), static_cast<std::streamsize>(header_len));
-  const nlohmann::json h = nlohmann::json::parse(header);
-  std::map<std::string, at::Tensor> out;
-  for (const auto& [name, e] : h.items()) {
-    const std::string dtype = e["dtype"];
-    const at::ScalarType t = dtype == "F32" ? at::kFloat : dtype == "BF16" ? at::kBFloat16 : at::kByte;
-    const std::vector<int64_t> shape = e["shape"].get<std::vector<int64_t>>();
-    at::Tensor v = at::empty(shape, at::TensorOptions().dtype(t));
-    const int64_t begin = e["data_offsets"][0], end = e["data_offsets"][1];
-    REQUIRE(end - begin == static_cast<int64_t>(v.nbytes()));
-    in.seekg(static_cast<std::streamoff>(8 + header_len + begin));
-    in.read(static_cast<char*>(v.data_ptr()), end - begin);
-    out[name] = v;
-  }
-  return out;
-}
+using titan_test::bytes;
+using titan_test::OneThread;
+using titan_test::same_bits;
+using titan_test::sqnr;
 
-// The reference file, produced once per test process; nullptr when torchao is not installed.
-const std::map<std::string, at::Tensor>* reference() {
-  static std::map<std::string, at::Tensor> tensors;
-  static bool tried = false, ok = false;
-  if (!tried) {
-    tried = true;
-    const char* src = std::getenv("TITAN_SOURCE_DIR");
-    if (src && fs::exists(fs::path(src) / ".deps/torchao/torchao")) {
-      // Each test case is its own process under ctest: the file is made once per version of the
-      // script (named by its modification time) and shared; written to a temporary name and
-      // renamed, so concurrent cases never read half a file.
-      const fs::path script = fs::path(src) / "scripts/reference/block_scaled_reference.py";
-      const auto stamp = fs::last_write_time(script).time_since_epoch().count();
-      const fs::path out = fs::temp_directory_path() / ("titan_block_scaled_ref_" + std::to_string(stamp) + ".safetensors");
-      if (!fs::exists(out)) {
-        const fs::path tmp = out.string() + "." + std::to_string(::getpid());
-        const std::string cmd = "PYTHONPATH=" + std::string(src) + "/.deps/torchao " + std::string(src) +
-                                "/.deps/venv/bin/python " + script.string() + " " + tmp.string() + " > /dev/null 2>&1";
-        if (std::system(cmd.c_str()) == 0 && fs::exists(tmp)) fs::rename(tmp, out);
-      }
-      ok = fs::exists(out);
-      if (ok) tensors = load_reference(out.string());
-    }
-  }
-  return ok ? &tensors : nullptr;
-}
+const std::map<std::string, at::Tensor>* reference() { return titan_test::torchao_reference("block_scaled_reference.py"); }
 
-const at::Tensor& expected(const std::string& name) {
-  const auto it = reference()->find(name);
-  if (it == reference()->end()) FAIL("reference tensor " << name << " missing");
-  return it->second;
-}
+const at::Tensor& expected(const std::string& name) { return titan_test::reference_tensor(*reference(), name); }
 
-// Bitwise equality, NaN payloads included (float8 data and E8M0 scales compare as bytes).
-bool same_bits(const at::Tensor& a, const at::Tensor& b) {
-  if (a.sizes() != b.sizes() || a.element_size() != b.element_size()) return false;
-  const at::Tensor x = a.contiguous(), y = b.contiguous();
-  return std::memcmp(x.data_ptr(), y.data_ptr(), x.nbytes()) == 0;
-}
-
-at::Tensor bytes(const at::Tensor& t) { return t.contiguous().view(at::kByte); }
-
-double sqnr(const at::Tensor& ref, const at::Tensor& actual) {
-  at::Tensor r = ref.detach().to(at::kDouble), a = actual.detach().to(at::kDouble);
-  const double signal = r.norm().item<double>(), noise = (r - a).norm().item<double>();
-  return noise == 0.0 ? std::numeric_limits<double>::infinity() : 20.0 * std::log10(signal / noise);
-}
-
-// torchao's reference ran with one thread; a GEMM's summation order may depend on the thread
-// count, so the comparisons here run with one too.
-struct OneThread {
-  int saved = at::get_num_threads();
-  OneThread() { at::set_num_threads(1); }
-  ~OneThread() { at::set_num_threads(saved); }
-};
-
-// Catch2 v2 has no SKIP: a case without its reference ends the process with the code ctest
-// reports as "Skipped" (SKIP_RETURN_CODE 77, tests/catch_to_ctest.cmake), never as passed.
-#define REQUIRE_REFERENCE()                                                                           \
-  if (!reference()) {                                                                                 \
-    std::cout << "SKIPPED: the torchao reference is unavailable (.deps/torchao: run scripts/setup.sh)\n"; \
-    std::exit(77);                                                                                    \
-  }
+#define REQUIRE_REFERENCE() REQUIRE_TORCHAO_REFERENCE(reference())
 
 // torchao's _f32_to_floatx_unpacked for e2m1, one element at a time with its integer steps: the
 // reference float_to_e2m1_codes' tensor formulation must equal for every float32 bit pattern.

@@ -176,7 +176,7 @@ TEST_CASE("a whole MoE layer under EP 2 equals the layer with every expert on ea
         uint64_t issued_when_shared_ran = 0, issued_when_shared_grad = 0;
         layer.experts_compute = [&, comm](const at::Tensor& rows, const std::vector<int64_t>& counts,
                                           const at::Tensor& w1, const at::Tensor& w2, const at::Tensor& w3,
-                                          const std::function<void()>& shared) {
+                                          const tmod::moe::ExpertComputes&, const std::function<void()>& shared) {
           return tp::expert_parallel::expert_parallel_experts(rows, counts, w1, w2, w3, *comm, [&] {
             issued_when_shared_ran = comm->sequence_number();
             shared();

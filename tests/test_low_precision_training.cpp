@@ -16,12 +16,12 @@ using namespace titan::trainer;
 using namespace titan::trainer::config;
 
 namespace {
-JobConfig job(std::vector<std::string> extra) {
+JobConfig job(std::vector<std::string> extra, int steps = 200) {
   const std::string dump = (std::filesystem::temp_directory_path() /
                             ("titan_test_lp_" + std::to_string(getpid()))).string();
   // The debug model at a CI-sized batch: 2 x 64 tokens per step.
   std::vector<std::string> args = {"--training.seq_len", "64", "--training.local_batch_size", "2",
-                                   "--training.steps", "200", "--lr_scheduler.warmup_steps", "10",
+                                   "--training.steps", std::to_string(steps), "--lr_scheduler.warmup_steps", "10",
                                    "--training.seed", "3", "--metrics.log_freq", "50",
                                    "--job.dump_folder", dump};
   args.insert(args.end(), extra.begin(), extra.end());
@@ -56,13 +56,19 @@ namespace {
 
 // Each of `runs` (its config overrides) trains as the high-precision run does and tracks it.
 // (Three test cases of a few recipes each, so that ctest runs them side by side.)
-void check_recipes_track_high_precision(const std::vector<std::vector<std::string>>& runs) {
-  Trainer hp(job({}));
+// `model`: overrides every run shares (the high-precision one too), `steps` each run's length.
+void check_recipes_track_high_precision(const std::vector<std::vector<std::string>>& runs,
+                                        const std::vector<std::string>& model = {}, int steps = 200) {
+  auto with_model = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), model.begin(), model.end());
+    return job(extra, steps);
+  };
+  Trainer hp(with_model({}));
   const TrainResult hp_result = hp.train();
   const double hp_loss = mean_of_last(hp_result.losses, 20);
   const double hp_first_loss = hp_result.losses.front();
   for (const auto& extra : runs) {
-    Trainer lp(job(extra));
+    Trainer lp(with_model(extra));
     const TrainResult r = lp.train();
     const double loss = mean_of_last(r.losses, 20);
     INFO(extra.back() << ": mean loss of the last 20 steps " << loss << " vs high precision " << hp_loss);
@@ -116,6 +122,34 @@ TEST_CASE("MX recipes (MXFP8, MXFP8 rceil, MXFP4) track the high-precision loss 
       {"--model.converters", "mx", "--mx.recipe_name", "mxfp8_cublas_rceil"},
       {"--model.converters", "mx", "--mx.recipe_name", "mxfp4_emulated"},
   });
+}
+
+// The MoE experts' recipes (quantize.grouped_mm.*): the experts in low precision, the dense
+// linears in high precision, on each MoE family's CPU flavor for 100 steps; the same 2% rule and
+// the same proof that the recipe ran (its step-1 loss differs from the high-precision one).
+const std::vector<std::vector<std::string>> kExpertRecipes = {
+    {"--model.converters", "quantize.grouped_mm.float8", "--quantize.grouped_mm.float8.fqns", "experts",
+     "--quantize.grouped_mm.float8.recipe_name", "rowwise"},
+    {"--model.converters", "quantize.grouped_mm.float8", "--quantize.grouped_mm.float8.fqns", "experts",
+     "--quantize.grouped_mm.float8.recipe_name", "blockwise"},
+    {"--model.converters", "quantize.grouped_mm.mx", "--quantize.grouped_mm.mx.fqns", "experts",
+     "--quantize.grouped_mm.mx.recipe_name", "mxfp8"},
+    {"--model.converters", "quantize.grouped_mm.mx", "--quantize.grouped_mm.mx.fqns", "experts",
+     "--quantize.grouped_mm.mx.recipe_name", "mxfp8_floor"},
+};
+
+TEST_CASE("expert recipes (float8 rowwise, blockwise, MXFP8 rceil and floor) track the high-precision loss of "
+          "Qwen3-MoE over 100 steps",
+          "[float8][mx][moe][slow]") {
+  check_recipes_track_high_precision(kExpertRecipes, {"--model.name", "qwen3", "--model.flavor", "debugmodel_moe_small"},
+                                     100);
+}
+
+TEST_CASE("expert recipes (float8 rowwise, blockwise, MXFP8 rceil and floor) track the high-precision loss of "
+          "DeepSeek-V3 over 100 steps",
+          "[float8][mx][moe][slow]") {
+  check_recipes_track_high_precision(kExpertRecipes,
+                                     {"--model.name", "deepseek_v3", "--model.flavor", "debugmodel_small"}, 100);
 }
 
 TEST_CASE("bfloat16 compute tracks float32 over 100 steps, and no logged mfu exceeds 100%", "[bf16][slow]") {

@@ -129,6 +129,26 @@ TEST_CASE("Qwen3-MoE with float8 dense linears: rowwise at EP 2 x FSDP 2, tensor
                    " --float8.enable_float8_linear --float8.recipe_name tensorwise", f8, true);
 }
 
+TEST_CASE("Qwen3-MoE with float8 rowwise and MXFP8 experts: EP 2 x FSDP 2, EP 2 x TP 2, TP 2 (experts sharded on "
+          "their hidden dim), PP 2, EP 2, EP 2 x ETP 2 equal one process with the same recipe",
+          "[moe][dist][float8]") {
+  // The routed experts in low precision (quantize.grouped_mm.*), the dense linears in float32. A
+  // group's scales come from the same set of rows in every layout (EP orders a group's rows by
+  // source rank, which no per-row or per-column amax sees), and under TP the float8 amaxes along
+  // the sharded hidden dim reduce over the group: only the reduction order differs, so the float8
+  // dense-linear layouts' bounds apply (a flipped e4m3 rounding may route a token elsewhere).
+  layout::Tolerance f8;
+  f8.loss = 5e-4;
+  f8.grad_norm = 2e-3;
+  const std::string rowwise = " --model.converters quantize.grouped_mm.float8 --quantize.grouped_mm.float8.fqns experts";
+  const std::string mxfp8 = " --model.converters quantize.grouped_mm.mx --quantize.grouped_mm.mx.fqns experts";
+  for (const auto& [name, nproc, overrides] : kLayouts) {
+    if (name == "ep2_fsdp2" || name == "ep2_tp2" || name == "tp2" || name == "pp2")
+      check_moe_layout(name + "_rowwise_experts", nproc, overrides, rowwise, f8, true);
+    if (name == "ep2" || name == "ep2_etp2") check_moe_layout(name + "_mxfp8_experts", nproc, overrides, mxfp8, f8, true);
+  }
+}
+
 TEST_CASE("expert parallel degrees that do not fit are config errors before any process group", "[moe][dist]") {
   struct Case {
     int nproc;

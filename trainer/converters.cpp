@@ -4,10 +4,12 @@
 #include <algorithm>
 #include <map>
 #include <stdexcept>
+#include <tuple>
 #include <vector>
 
 #include "float8/convert.h"
 #include "float8/float8_linear.h"
+#include "float8/grouped_experts.h"
 #include "util/logging.h"
 
 namespace titan::trainer {
@@ -99,6 +101,36 @@ ConvertedModel apply_model_converters(model::Transformer& model, const config::J
     log_report("float8", report);
     result.float8 = true;
     if (options.emulate) util::log_info("float8: GEMMs are emulated in float32 (same numerics up to the final GEMM)");
+  }
+  // The MoE experts (See Note [Low-precision experts] in model/moe/moe.h), apart from the linears:
+  // a model may train its dense linears in one recipe and its experts in another.
+  for (const auto& [converter, kind, name, fqns] :
+       {std::tuple<const char*, const char*, std::string, std::vector<std::string>>{
+            "quantize.grouped_mm.float8", "float8", cfg.grouped_float8.recipe_name, cfg.grouped_float8.fqns},
+        {"quantize.grouped_mm.mx", "mx", cfg.grouped_mx.recipe_name, cfg.grouped_mx.fqns}}) {
+    if (std::find(cfg.model.converters.begin(), cfg.model.converters.end(), converter) == cfg.model.converters.end())
+      continue;
+    std::vector<model::moe::MoE*> layers;
+    for (model::TransformerBlock* block : model.blocks())
+      if (block->moe) layers.push_back(&*block->moe);
+    float8::ExpertRecipe recipe{kind, name, (std::string(kind) == "mx" ? cfg.mx.emulate : cfg.float8.emulate) || device.is_cpu()};
+    float8::ExpertConversionReport report;
+    try {
+      report = float8::convert_experts(layers, fqns, recipe, std::string(converter) + ".fqns");
+    } catch (const std::invalid_argument& e) {
+      throw config::ConfigError(e.what());
+    }
+    std::vector<std::string> names;
+    for (const auto& [fqn, how] : report.converted)
+      names.push_back(report.converted.size() == 1 ? fqn : model::layer_pattern(fqn));
+    names.erase(std::unique(names.begin(), names.end()), names.end());
+    std::string listed;
+    for (const std::string& n : names) listed += (listed.empty() ? "" : ", ") + n;
+    util::log_info(std::string(converter) + ": " + std::to_string(report.converted.size()) + " MoE layer(s)' experts in " +
+                   report.converted.front().second + " (token groups quantized alone; torchtitan aligns them to " +
+                   std::to_string(float8::token_group_alignment(recipe)) + " rows): " + listed +
+                   (recipe.emulate ? "; GEMMs emulated" : ""));
+    result.expert_recipe = recipe.kind + ":" + recipe.name;
   }
   if (cfg.int8.enable_int8_linear) {
     float8::Int8Options options;

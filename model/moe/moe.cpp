@@ -7,6 +7,7 @@
 #include <ATen/ops/bincount.h>
 #include <ATen/ops/bmm.h>
 #include <ATen/ops/cat.h>
+#include <ATen/ops/constant_pad_nd.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/ones_like.h>
 #include <ATen/ops/sign.h>
@@ -104,14 +105,40 @@ void disable_grouped_mm(const std::string& why) {
 }
 }  // namespace
 
+std::string ExpertComputes::describe() const { return defined() ? w1->describe() : "hp"; }
+
+at::Tensor grouped_linear(const at::Tensor& x, const at::Tensor& w, const std::vector<int64_t>& counts,
+                          LinearCompute& compute, int64_t alignment) {
+  TORCH_CHECK(x.dim() == 2 && w.dim() == 3 && static_cast<int64_t>(counts.size()) == w.size(0) && x.size(1) == w.size(2),
+              "grouped linear: x ", x.sizes(), ", w ", w.sizes(), ", ", counts.size(), " group sizes");
+  // Split and unbind (one cat / one stack in backward; see grouped_experts below).
+  const std::vector<at::Tensor> xs = x.split_with_sizes(counts, 0);
+  const std::vector<at::Tensor> ws = w.unbind(0);
+  std::vector<at::Tensor> outputs;
+  for (size_t e = 0; e < counts.size(); ++e) {
+    if (counts[e] == 0) continue;
+    const int64_t pad = (alignment - counts[e] % alignment) % alignment;
+    if (pad == 0) {
+      outputs.push_back(compute.forward(xs[e], ws[e]));  // [rows, N]
+      continue;
+    }
+    // Zero rows change no amax and add nothing to the weight gradient (Note [Low-precision experts]).
+    const at::Tensor padded = at::constant_pad_nd(xs[e], {0, 0, 0, pad});
+    outputs.push_back(compute.forward(padded, ws[e]).narrow(0, 0, counts[e]));
+  }
+  if (outputs.empty()) return at::zeros({0, w.size(1)}, x.options());
+  return outputs.size() == 1 ? outputs[0] : at::cat(outputs, 0);
+}
+
 at::Tensor grouped_experts(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& w2, const at::Tensor& w3,
-                           const std::vector<int64_t>& counts) {
+                           const std::vector<int64_t>& counts, const ExpertComputes& computes) {
   TORCH_CHECK(x.dim() == 2 && w1.dim() == 3 && static_cast<int64_t>(counts.size()) == w1.size(0),
               "grouped experts: x ", x.sizes(), ", w1 ", w1.sizes(), ", ", counts.size(), " group sizes");
   int64_t total = 0;
   for (int64_t rows : counts) total += rows;
   TORCH_CHECK(total == x.size(0), "grouped experts: the group sizes add up to ", total, " rows, x has ", x.size(0));
-  if (x.is_cuda() && x.scalar_type() == at::kBFloat16 && w1.scalar_type() == at::kBFloat16 && grouped_mm_usable()) {
+  if (!computes.defined() && x.is_cuda() && x.scalar_type() == at::kBFloat16 && w1.scalar_type() == at::kBFloat16 &&
+      grouped_mm_usable()) {
     // Note [Grouped GEMM]: on CUDA in bfloat16, LibTorch's grouped GEMM runs every expert's rows in
     // one kernel per projection (groups given by their end offsets, empty ones allowed), as
     // torchtitan's _run_experts_grouped_mm; its backward is LibTorch's too. Where the GPU or this
@@ -127,6 +154,12 @@ at::Tensor grouped_experts(const at::Tensor& x, const at::Tensor& w1, const at::
     } catch (const c10::Error& e) {
       disable_grouped_mm(e.what_without_backtrace());
     }
+  }
+  if (computes.defined()) {  // See Note [Low-precision experts]
+    const int64_t a = computes.group_alignment;
+    const at::Tensor gate = grouped_linear(x, w1, counts, *computes.w1, a);  // [T, H]
+    const at::Tensor up = grouped_linear(x, w3, counts, *computes.w3, a);
+    return grouped_linear(at::silu(gate) * up, w2, counts, *computes.w2, a);  // [T, D]
   }
   // Split and unbind, not narrow / select per expert: their backward is ONE cat of the row
   // gradients and ONE stack of the experts' weight gradients. Per-expert views would each
@@ -214,9 +247,9 @@ at::Tensor MoE::forward(const at::Tensor& x_in) {
   };
   at::Tensor routed;
   if (experts_compute) {
-    routed = experts_compute(rows, counts, w1, w2, w3, shared_experts);
+    routed = experts_compute(rows, counts, w1, w2, w3, expert_computes, shared_experts);
   } else {
-    routed = grouped_experts(rows, w1, w2, w3, counts);
+    routed = grouped_experts(rows, w1, w2, w3, counts, expert_computes);
     shared_experts();
   }
   // Back to (token, choice) order: the inverse permutation of `order`.

@@ -32,6 +32,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -55,12 +56,42 @@ struct Routing {
 // scores_logits [N, E] (the gate's output, any float dtype); expert_bias [E] float32 or undefined.
 Routing route(const at::Tensor& scores_logits, const at::Tensor& expert_bias, const MoEArgs& args);
 
+// Note [Low-precision experts]: the experts' three projections may each multiply through a
+// LinearCompute (float8 rowwise, blockwise, MXFP8: float8/grouped_experts.h installs them by
+// quantize.grouped_mm.*), applied to every expert's token group with that expert's weight as a
+// dense linear of its own: x_e [rows_e, D] against w1[e] [H, D], w3[e], and w2[e] [D, H]. So
+// every scale of a group is computed from that group alone: per row for the activations, per
+// expert for the weights, and, in the weight gradient G_e^T x_e, per column over the group's own
+// tokens (torchao's per-group colwise scales; an MX or blockwise tile of tokens starts at the
+// group's first row). That is what torchtitan's token-group alignment (set_token_group_alignment_
+// size_m: every group padded with zero rows to a multiple of 16 for float8, 32 for MX) gives
+// torchao's grouped GEMMs: zero rows change no amax, so no scale or block spans two experts.
+// titan pads a group only where its compute needs whole blocks of tokens (MX's weight gradient
+// contracts over the tokens in blocks of 32: `group_alignment`), with zero rows as torchtitan does;
+// otherwise a group of any size, an empty one included (skipped, its weight gradient zero), is
+// quantized as itself. Undefined computes: the high-precision experts.
+struct ExpertComputes {
+  std::shared_ptr<LinearCompute> w1, w2, w3;  // gate, down, up; all set or none
+  int64_t group_alignment = 1;  // each group's rows padded with zero rows to a multiple of this
+  bool defined() const { return w1 != nullptr; }
+  std::string describe() const;  // "float8[rowwise]", "mxfp8_cublas_rceil"; "hp" when undefined
+};
+
+// One projection of every expert over its group: x [T, K] sorted by expert with counts[e] rows for
+// expert e, w [E, N, K] -> [T, N], each group times its expert's w[e]^T through `compute` (a dense
+// linear's; Note [Low-precision experts]), a group padded with zero rows to a multiple of
+// `alignment` for the product and cut back after it. Empty groups are skipped (their w[e]
+// gradient is zero).
+at::Tensor grouped_linear(const at::Tensor& x, const at::Tensor& w, const std::vector<int64_t>& counts,
+                          LinearCompute& compute, int64_t alignment = 1);
+
 // The experts over rows sorted by expert (step 6): x [T, D] whose first counts[0] rows go to
 // expert 0, the next counts[1] to expert 1, ...; w1, w3 [E, H, D], w2 [E, D, H] -> [T, D].
-// Differentiable in x and the weights. CUDA in bfloat16: LibTorch's grouped GEMM, one kernel per
-// projection (Note [Grouped GEMM] in moe.cpp); otherwise one matmul chain per expert with rows.
+// Differentiable in x and the weights. With `computes` defined, each expert's projections through
+// them (Note [Low-precision experts]). Otherwise CUDA in bfloat16: LibTorch's grouped GEMM, one
+// kernel per projection (Note [Grouped GEMM] in moe.cpp); else one matmul chain per expert.
 at::Tensor grouped_experts(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& w2, const at::Tensor& w3,
-                           const std::vector<int64_t>& counts);
+                           const std::vector<int64_t>& counts, const ExpertComputes& computes = {});
 
 // Note [Counted tokens]: tokens_per_expert is the load-balancing input of the training step, so
 // only a training forward counts. A forward under UncountedForward adds nothing: validation (its
@@ -88,6 +119,7 @@ void update_expert_bias(at::Tensor& expert_bias, const at::Tensor& tokens_per_ex
 // calls it while they travel.
 using ExpertsCompute = std::function<at::Tensor(const at::Tensor& rows, const std::vector<int64_t>& counts,
                                                 const at::Tensor& w1, const at::Tensor& w2, const at::Tensor& w3,
+                                                const ExpertComputes& computes,
                                                 const std::function<void()>& while_combining)>;
 
 // One MoE layer. Parameters ("<prefix>.router.gate.weight", "<prefix>.experts.w1", ...,
@@ -119,6 +151,7 @@ struct MoE {
   at::Tensor expert_bias;             // [E] float32 (load balancing on), else undefined
   at::Tensor tokens_per_expert;       // [E] float32, summed over forwards until the bias update
   ExpertsCompute experts_compute;     // empty: grouped_experts (w1/w2/w3 then hold every expert)
+  ExpertComputes expert_computes;     // the experts' low-precision products; undefined: high precision
   // Tensor parallelism installs these when the layer runs on the whole sequence: the input's
   // sequence shards gathered before the router, the partial output reduce-scattered back
   // (torchtitan's PrepareModuleInputOutput on "moe"). Empty: identity.

@@ -127,7 +127,8 @@ int64_t local_experts_begin(int64_t num_experts, int ep_size, int ep_rank) {
 
 at::Tensor expert_parallel_experts(const at::Tensor& rows, const std::vector<int64_t>& counts, const at::Tensor& w1,
                                    const at::Tensor& w2, const at::Tensor& w3, comm::Comm& ep,
-                                   const std::function<void()>& while_combining) {
+                                   const std::function<void()>& while_combining,
+                                   const model::moe::ExpertComputes& computes) {
   const int n = ep.size();
   const int64_t E = static_cast<int64_t>(counts.size()), local = E / n;
   local_experts_begin(E, n, ep.rank());
@@ -170,7 +171,7 @@ at::Tensor expert_parallel_experts(const at::Tensor& rows, const std::vector<int
       local_counts[static_cast<size_t>(e)] += got[b];
     }
   const at::Tensor by_expert = at::tensor(order, at::kLong).to(rows.device());
-  const at::Tensor computed = model::moe::grouped_experts(arrived.index_select(0, by_expert), w1, w2, w3, local_counts);
+  const at::Tensor computed = model::moe::grouped_experts(arrived.index_select(0, by_expert), w1, w2, w3, local_counts, computes);
   const at::Tensor back = computed.index_select(0, at::argsort(by_expert));
   // 4. Combine: every row back to its source, in the order it left, with `while_combining` run
   // while the rows travel. Per-op AC keeps the exchange as one op, so there it runs whole.
@@ -197,8 +198,9 @@ ExpertParallelPlan apply_ep(model::Transformer& model, comm::Comm& ep, int efsdp
     num_experts = moe.args.num_experts;
     local_experts_begin(num_experts, ep.size(), ep.rank());  // the degree divides the experts
     moe.experts_compute = [&ep](const at::Tensor& rows, const std::vector<int64_t>& counts, const at::Tensor& w1,
-                                const at::Tensor& w2, const at::Tensor& w3, const std::function<void()>& meanwhile) {
-      return expert_parallel_experts(rows, counts, w1, w2, w3, ep, meanwhile);
+                                const at::Tensor& w2, const at::Tensor& w3, const model::moe::ExpertComputes& computes,
+                                const std::function<void()>& meanwhile) {
+      return expert_parallel_experts(rows, counts, w1, w2, w3, ep, meanwhile, computes);
     };
     for (const std::string& w : moe.expert_params()) plan.sharded_experts.push_back(w);
     ++layers;

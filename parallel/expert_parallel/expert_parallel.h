@@ -29,6 +29,8 @@
 #include <string>
 #include <vector>
 
+#include "model/moe/moe.h"
+
 namespace titan::model {
 class Transformer;
 }
@@ -43,9 +45,12 @@ namespace titan::parallel::expert_parallel {
 // ep.size()); w1, w3 [E/n, H, D], w2 [E/n, D, H]: this rank's experts. Returns [T, D], each row the
 // output of its expert, in the order of `rows`. Differentiable in rows and the local weights.
 // `while_combining` (may be empty) runs once, while the combine's all-to-all is in flight.
+// `computes`: the experts' low-precision products (Note [Low-precision experts] in model/moe/moe.h),
+// applied to each local expert's rows from every source rank as one group.
 at::Tensor expert_parallel_experts(const at::Tensor& rows, const std::vector<int64_t>& counts, const at::Tensor& w1,
                                    const at::Tensor& w2, const at::Tensor& w3, comm::Comm& ep,
-                                   const std::function<void()>& while_combining = {});
+                                   const std::function<void()>& while_combining = {},
+                                   const model::moe::ExpertComputes& computes = {});
 
 // This rank's experts of E over an EP group of n: [first, first + E/n). Throws std::invalid_argument
 // naming parallelism.expert_parallel_degree when n does not divide E.

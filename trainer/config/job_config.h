@@ -69,7 +69,7 @@ struct ModelSection {
   std::string flavor = "debugmodel";  // a flavor of `name`
   std::string tokenizer_path;         // "" = byte-level tokenizer; else a tiktoken-format BPE file
   std::string hf_assets_path;         // folder with tokenizer.json (+ tokenizer_config.json)
-  std::vector<std::string> converters;  // model rewrites applied after build; choices: float8
+  std::vector<std::string> converters;  // model rewrites applied after build; choices: float8, mx, quantize.grouped_mm.*
   std::string attn_mask_type = "causal";  // causal | block_causal (attention within each document)
   bool moe_force_load_balance = false;    // MoE: round-robin expert choice (torchtitan's debug switch)
   double load_balance_coeff = 1e-3;       // MoE: the expert_bias step per optimizer step; 0 = off
@@ -220,6 +220,17 @@ struct MxSection {
   bool emulate = false;  // the CPU always emulates; on CUDA this forces the emulated GEMM
 };
 
+// The MoE experts in low precision (torchtitan's [quantize.grouped_mm.float8] and
+// [quantize.grouped_mm.mx]); on with model.converters listing quantize.grouped_mm.float8 / .mx.
+struct GroupedFloat8Section {
+  std::vector<std::string> fqns;         // entries contained in "<moe>.experts" select that layer
+  std::string recipe_name = "rowwise";   // rowwise | blockwise (float8/grouped_experts.h)
+};
+struct GroupedMxSection {
+  std::vector<std::string> fqns;
+  std::string recipe_name = "mxfp8";     // mxfp8 (= mxfp8_rceil) | mxfp8_rceil | mxfp8_floor
+};
+
 struct Int8Section {
   bool enable_int8_linear = false;
   std::vector<std::string> filter_fqns = {"output"};
@@ -285,6 +296,8 @@ struct JobConfig {
   Float8Section float8;
   Int8Section int8;
   MxSection mx;
+  GroupedFloat8Section grouped_float8;
+  GroupedMxSection grouped_mx;
   ValidationSection validation;
   CommSection comm;
   PlanSection plan;

@@ -9,6 +9,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "float8/grouped_experts.h"
 #include "float8/recipe.h"
 #include "model/flavors.h"
 #include "trainer/config/key_table.h"
@@ -183,11 +184,12 @@ std::vector<SectionSpec> build_table() {
               "BOS/EOS); used when tokenizer_path is \"\"."),
           key("converters", &ModelSection::converters,
               "Model rewrites applied after the model is built, in order: float8 ([float8]) or mx "
-              "(MX block-scaled training, [mx]).").one_of({"float8", "mx"})
+              "(MX block-scaled training, [mx]) for the linears; quantize.grouped_mm.float8 or "
+              "quantize.grouped_mm.mx for the MoE experts ([quantize.grouped_mm.float8], "
+              "[quantize.grouped_mm.mx]).")
+              .one_of({"float8", "mx", "quantize.grouped_mm.float8", "quantize.grouped_mm.mx"})
               .value_alias("quantize.linear.float8", "float8")
-              .value_alias("quantize.linear.mx", "mx")
-              .unimplemented_value("quantize.grouped_mm.float8", "float8 grouped GEMMs (MoE)")
-              .unimplemented_value("quantize.grouped_mm.mx", "MX grouped GEMMs (MoE)"),
+              .value_alias("quantize.linear.mx", "mx"),
       }),
       section("optimizer", &J::optimizer, "Optimizer and its hyper-parameters.", {
           key("name", &OptimizerSection::name,
@@ -477,6 +479,28 @@ std::vector<SectionSpec> build_table() {
               "float8 rowwise's, whose per-row scales cost what MX's per-block ones do)."),
           key("emulate", &MxSection::emulate,
               "Emulate the MX GEMM (always the case on the CPU; the *_emulated recipes always do)."),
+      }),
+      section("quantize.grouped_mm.float8", &J::grouped_float8,
+              "float8 MoE experts (torchtitan's Float8GroupedMMConverter, torchao's grouped GEMM numerics); on "
+              "with model.converters listing quantize.grouped_mm.float8 (docs/low_precision.md \"Experts\").", {
+          key("fqns", &GroupedFloat8Section::fqns,
+              "MoE modules whose routed experts train in float8: an entry contained in \"<layer>.moe.experts\" "
+              "selects that layer (\"experts\" selects every one); each entry must select one."),
+          key("recipe_name", &GroupedFloat8Section::recipe_name,
+              "rowwise (torchao's MoE recipe: e4m3, power-of-2 scales per row of the activations and "
+              "gradients, per expert column of the weights, per group column in the weight gradient) or "
+              "blockwise (DeepSeek-V3's 1 x 128 / 128 x 128 tiles per expert; not in torchtitan).")
+              .one_of(float8::grouped_float8_recipe_names()),
+      }),
+      section("quantize.grouped_mm.mx", &J::grouped_mx,
+              "MXFP8 MoE experts (torchtitan's MXGroupedMMConverter, torchao's MXFP8 grouped GEMM numerics); on "
+              "with model.converters listing quantize.grouped_mm.mx.", {
+          key("fqns", &GroupedMxSection::fqns,
+              "MoE modules whose routed experts train in MXFP8, selected as quantize.grouped_mm.float8.fqns."),
+          key("recipe_name", &GroupedMxSection::recipe_name,
+              "mxfp8 (torchtitan's; torchao 0.18 scales it with RCEIL) = mxfp8_rceil, or mxfp8_floor (FLOOR "
+              "scales); e4m3 elements, one E8M0 scale per 1 x 32 block of each group.")
+              .one_of(float8::grouped_mx_recipe_names()),
       }),
       section("validation", &J::validation, "The validation loop: forward only over a held-out dataset.", {
           key("enable", &ValidationSection::enable,

@@ -226,14 +226,6 @@ std::vector<SectionSpec> torchtitan_sections() {
           alias("recipe_name", "mx.recipe_name", "v0.2.0+"),
           alias("filter_fqns", "mx.filter_fqns", "v0.2.0+"),
       }),
-      torchtitan_section("quantize.grouped_mm.float8",
-                         "torchtitan's float8 grouped GEMMs for MoE (v0.2.0+).", {
-          accepted_if("fqns", Strings{}, "float8 grouped GEMMs for the MoE experts", "v0.2.0+"),
-      }),
-      torchtitan_section("quantize.grouped_mm.mx", "torchtitan's MX grouped GEMMs (v0.2.0+).", {
-          accepted_any("recipe_name", "mxfp8", "it applies only to the modules in fqns, which must be empty", "v0.2.0+"),
-          accepted_if("fqns", Strings{}, "MX grouped GEMMs for the MoE experts", "v0.2.0+"),
-      }),
       torchtitan_section("training.dataloader", "torchtitan's DataLoader worker settings.", {
           accepted_any("num_workers", int64_t{0}, kLoaderWorkers, "v0.2.1+"),
           accepted_any("persistent_workers", false, kLoaderWorkers, "v0.2.1+"),

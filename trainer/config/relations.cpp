@@ -58,13 +58,18 @@ void warn_about_unreached_profiling(JobConfig& cfg) {
   }
 }
 
+// Whether model.name and model.flavor name a flavor (otherwise their own error is reported).
+bool flavor_known(const JobConfig& cfg) {
+  const std::vector<std::string> families = model::model_names();
+  if (std::find(families.begin(), families.end(), cfg.model.name) == families.end()) return false;
+  const std::vector<std::string> flavors = model::flavor_names(cfg.model.name);
+  return std::find(flavors.begin(), flavors.end(), cfg.model.flavor) != flavors.end();
+}
+
 // torchtitan's expert parallelism has "no effect for non-MoE models": the same here, said once.
 void warn_about_expert_parallel_without_experts(JobConfig& cfg) {
   if (cfg.parallelism.expert_parallel_degree <= 1) return;
-  const std::vector<std::string> families = model::model_names();
-  if (std::find(families.begin(), families.end(), cfg.model.name) == families.end()) return;  // an error already
-  const std::vector<std::string> flavors = model::flavor_names(cfg.model.name);
-  if (std::find(flavors.begin(), flavors.end(), cfg.model.flavor) == flavors.end()) return;
+  if (!flavor_known(cfg)) return;  // an error already
   if (model::model_flavor(cfg.model.name, cfg.model.flavor).moe) return;
   cfg.warnings.push_back("parallelism.expert_parallel_degree = " + std::to_string(cfg.parallelism.expert_parallel_degree) +
                          " has no effect: model " + cfg.model.name + " / " + cfg.model.flavor + " has no experts");
@@ -108,6 +113,37 @@ std::vector<std::pair<std::string, std::string>> check_key_relations(
                               "model.mtp_layers = " + std::to_string(cfg.model.mtp_layers) + " with parallelism." +
                                   r.key + " = " + std::to_string(r.degree) + ": " + r.why + "; set " + r.key +
                                   " to 1 or mtp_layers to 0");
+  }
+  // The experts' low-precision converters (float8/grouped_experts.h): model.converters turns one
+  // on, as in torchtitan, and its fqns choose the layers; titan refuses what would do nothing.
+  {
+    const auto& converters = cfg.model.converters;
+    const struct {
+      const char* converter;
+      const std::vector<std::string>* fqns;
+    } grouped[] = {{"quantize.grouped_mm.float8", &cfg.grouped_float8.fqns}, {"quantize.grouped_mm.mx", &cfg.grouped_mx.fqns}};
+    int listed = 0;
+    for (const auto& g : grouped) {
+      const std::string fqns_key = std::string(g.converter) + ".fqns";
+      const bool on = std::find(converters.begin(), converters.end(), g.converter) != converters.end();
+      listed += on ? 1 : 0;
+      if (on && g.fqns->empty())
+        problems.emplace_back(where("model.converters"),
+                              std::string("model.converters lists ") + g.converter + " but " + fqns_key +
+                                  " is empty: name the MoE modules whose experts it converts (\"experts\" names every one)");
+      if (!on && !g.fqns->empty())
+        problems.emplace_back(where(fqns_key.c_str()),
+                              fqns_key + " is set but model.converters does not list " + g.converter +
+                                  ", so it would convert nothing: add " + g.converter + " to model.converters");
+      if (on && flavor_known(cfg) && !model::model_flavor(cfg.model.name, cfg.model.flavor).moe)
+        problems.emplace_back(where("model.converters"),
+                              std::string("model.converters lists ") + g.converter + ", but model " + cfg.model.name +
+                                  " / " + cfg.model.flavor + " has no experts (no mixture-of-experts layer)");
+    }
+    if (listed == 2)
+      problems.emplace_back(where("model.converters"),
+                            "model.converters lists both quantize.grouped_mm.float8 and quantize.grouped_mm.mx: an "
+                            "expert trains in one low precision; choose one");
   }
   // Tokens of one optimizer step on one rank: rows (global batch, or local batch when it is
   // derived) x seq_len; the loader and the token counters multiply them in int64, and

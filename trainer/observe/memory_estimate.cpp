@@ -501,6 +501,13 @@ EstimateInputs estimate_inputs_from_config(const config::JobConfig& cfg, int64_t
                        "moe_hidden_dim = " + std::to_string(rows * in.args.moe_hidden_dim) +
                        " per token; the router's and the reorder's buffers are not modeled yet");
   }
+  for (const char* converter : {"quantize.grouped_mm.float8", "quantize.grouped_mm.mx"})
+    if (in.args.moe && std::find(cfg.model.converters.begin(), cfg.model.converters.end(), converter) !=
+                           cfg.model.converters.end())
+      // Each expert's low-precision linears save their high-precision operands, as the
+      // high-precision experts do; the casts live within one expert's GEMM, a fraction of a group.
+      in.notes.push_back(std::string(converter) + ": the experts' saved activations as in high precision (each "
+                         "expert's linears save their high-precision rows); the casts are transient per expert GEMM");
   if (vocab_size > 0) in.args.vocab_size = vocab_size;
   in.args.max_seq_len = cfg.training.seq_len;
   in.local_batch_size = cfg.training.local_batch_size;
