@@ -5,6 +5,7 @@
 
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <iostream>
 #include <filesystem>
 #include <numeric>
 
@@ -57,8 +58,10 @@ namespace {
 // Each of `runs` (its config overrides) trains as the high-precision run does and tracks it.
 // (Three test cases of a few recipes each, so that ctest runs them side by side.)
 // `model`: overrides every run shares (the high-precision one too), `steps` each run's length.
+// `min_first_step_change`: how far the recipe must move the step-1 loss (see below).
 void check_recipes_track_high_precision(const std::vector<std::vector<std::string>>& runs,
-                                        const std::vector<std::string>& model = {}, int steps = 200) {
+                                        const std::vector<std::string>& model = {}, int steps = 200,
+                                        double min_first_step_change = 1e-6) {
   auto with_model = [&](std::vector<std::string> extra) {
     extra.insert(extra.begin(), model.begin(), model.end());
     return job(extra, steps);
@@ -92,7 +95,9 @@ void check_recipes_track_high_precision(const std::vector<std::vector<std::strin
     const double first_step_change = std::abs(r.losses.front() - hp_first_loss) / hp_first_loss;
     INFO("step 1 loss " << r.losses.front() << " vs high precision " << hp_first_loss << ": relative change "
                         << first_step_change);
-    CHECK(first_step_change > 1e-6);
+    std::cout << extra.back() << ": last-20 mean loss " << loss << " vs " << hp_loss << ", step-1 change "
+              << first_step_change << "\n";
+    CHECK(first_step_change > min_first_step_change);
   }
 }
 
@@ -126,7 +131,16 @@ TEST_CASE("MX recipes (MXFP8, MXFP8 rceil, MXFP4) track the high-precision loss 
 
 // The MoE experts' recipes (quantize.grouped_mm.*): the experts in low precision, the dense
 // linears in high precision, on each MoE family's CPU flavor for 100 steps; the same 2% rule and
-// the same proof that the recipe ran (its step-1 loss differs from the high-precision one).
+// the same proof that the recipe ran: its step-1 loss differs from the high-precision one by more
+// than float32 reordering could (<= ~1e-7 relative, above). Only the experts are quantized, and
+// at initialization their outputs are a small part of the residual stream (w2 starts at a depth-
+// scaled std), so the move is smaller than a whole model's. Measured (CPU, seed 3; rowwise /
+// blockwise / mxfp8 / mxfp8_floor): Qwen3 7.3e-6 / 1.2e-6 / 7.3e-6 / 5.9e-6, DeepSeek-V3
+// 1.3e-6 / 7.1e-7 / 1.3e-6 / 3.6e-6; 3e-7 stays 3x above the reordering noise. (rowwise and
+// mxfp8 agree: both scale by powers of two, under which an e4m3 rounding does not depend on the
+// scale except for elements ~2^15 below their row's or block's largest.) The last-20 means sit
+// within 0.4% of the high-precision run.
+constexpr double kExpertsFirstStepChange = 3e-7;
 const std::vector<std::vector<std::string>> kExpertRecipes = {
     {"--model.converters", "quantize.grouped_mm.float8", "--quantize.grouped_mm.float8.fqns", "experts",
      "--quantize.grouped_mm.float8.recipe_name", "rowwise"},
@@ -142,14 +156,15 @@ TEST_CASE("expert recipes (float8 rowwise, blockwise, MXFP8 rceil and floor) tra
           "Qwen3-MoE over 100 steps",
           "[float8][mx][moe][slow]") {
   check_recipes_track_high_precision(kExpertRecipes, {"--model.name", "qwen3", "--model.flavor", "debugmodel_moe_small"},
-                                     100);
+                                     100, kExpertsFirstStepChange);
 }
 
 TEST_CASE("expert recipes (float8 rowwise, blockwise, MXFP8 rceil and floor) track the high-precision loss of "
           "DeepSeek-V3 over 100 steps",
           "[float8][mx][moe][slow]") {
   check_recipes_track_high_precision(kExpertRecipes,
-                                     {"--model.name", "deepseek_v3", "--model.flavor", "debugmodel_small"}, 100);
+                                     {"--model.name", "deepseek_v3", "--model.flavor", "debugmodel_small"}, 100,
+                                     kExpertsFirstStepChange);
 }
 
 TEST_CASE("bfloat16 compute tracks float32 over 100 steps, and no logged mfu exceeds 100%", "[bf16][slow]") {
