@@ -123,8 +123,10 @@ class Float8Arithmetic final : public titan::model::LinearArithmetic {
     const Float8Recipe& r = s.recipe;
     const int64_t K = weight.size(1);
     const GemmBackend backend = resolve_gemm_backend(s.backend, s.emulate, input.device());
-    // A handed input's high-precision stand-in has no values: only its float8 copy is read.
-    const at::Tensor x = x_handed_.data.defined() ? at::Tensor() : input.reshape({-1, K});  // [M, K]
+    // A handed tensorwise input's high-precision stand-in has no values: only its float8 copy is
+    // read. A handed per-row cast comes with its values (it cannot serve the per-column cast).
+    const bool x_tensorwise_handed = x_handed_.data.defined() && x_handed_.is_tensorwise();
+    const at::Tensor x = x_tensorwise_handed ? at::Tensor() : input.reshape({-1, K});  // [M, K]
 
     // G cast per row (axis 1) for grad_input; per column (axis 0) for grad_weight. Tensorwise
     // (and delayed) G has one scale, so one amax serves both; on CUDA the grad_weight copy is cast
@@ -160,7 +162,7 @@ class Float8Arithmetic final : public titan::model::LinearArithmetic {
       } else {
         // grad_weight [N, K] = G^T [N, M] (scale (N, 1)) @ x [M, K] (scale (1, K)).
         const Float8Tensor x8 =
-            x_handed_.data.defined()
+            x_tensorwise_handed
                 ? Float8Tensor{x_handed_.data.reshape({-1, K}), x_handed_.scale, input.scalar_type()}
                 : recast(s, s.tp.input_dim, x, r.input, /*axis_dim=*/0, x_scale_);
         g.weight = scaled_mm(transpose_2d(g8_cols), x8, weight.scalar_type(), /*use_fast_accum=*/false, backend);
@@ -201,6 +203,12 @@ bool Float8LinearCompute::accepts_float8_input(at::ScalarType dtype) const {
          !r.grad_weight_high_precision && r.input.dtype == dtype;
 }
 
+bool Float8LinearCompute::accepts_float8_row_input(at::ScalarType dtype) const {
+  const Float8Recipe& r = state_->recipe;
+  return !r.delayed && r.input.granularity == ScalingGranularity::Axiswise && r.round_scales_to_power_of_2 &&
+         r.input.dtype == dtype;
+}
+
 bool Float8LinearCompute::accepts_float8_weight(at::ScalarType dtype) const {
   const Float8Recipe& r = state_->recipe;
   return !r.delayed && r.weight.granularity == ScalingGranularity::Tensorwise &&
@@ -216,11 +224,21 @@ at::Tensor Float8LinearCompute::forward(const titan::model::LinearOperand& input
   const Float8Recipe& r = state_->recipe;
   if (input.chunks)
     throw std::invalid_argument("an input arriving in sequence chunks needs a column-parallel compute");
-  if (input.cast.defined() && (!accepts_float8_input(input.cast.data.scalar_type()) ||
-                               input.cast.data.sizes() != x.sizes()))
+  // A per-row cast (scale [..., 1]) is what an axiswise recipe's output GEMM casts itself; it
+  // arrives with its values in `hp` (float8 token dispatch: Note [Float8 dispatch] in
+  // parallel/expert_parallel/expert_parallel.h), which the grad_weight GEMM re-casts per column.
+  const bool per_row_cast = input.cast.defined() && input.cast.scale.dim() == x.dim() && input.cast.scale.size(-1) == 1;
+  if (per_row_cast && !accepts_float8_row_input(input.cast.data.scalar_type()))
+    throw std::invalid_argument("recipe '" + r.name + "' cannot use an input cast to float8 per row (that needs an "
+                                "axiswise dynamic input cast with power-of-2 scales of the same dtype: recipe 'rowwise')");
+  if (input.cast.defined() && !per_row_cast && (!accepts_float8_input(input.cast.data.scalar_type()) ||
+                                                input.cast.data.sizes() != x.sizes()))
     throw std::invalid_argument("recipe '" + r.name + "' cannot use an input already cast to float8 "
                                 "(that needs one tensorwise dynamic input cast of the same shape and "
                                 "dtype for the output and grad_weight GEMMs: recipe 'tensorwise')");
+  if (per_row_cast && input.cast.data.sizes() != x.sizes())
+    throw std::invalid_argument("an input cast to float8 per row has shape " + c10::str(input.cast.data.sizes()) +
+                                ", its values " + c10::str(x.sizes()));
   if (weight.cast.defined() && (!accepts_float8_weight(weight.cast.data.scalar_type()) ||
                                 weight.cast.data.sizes() != w.sizes()))
     throw std::invalid_argument("recipe '" + r.name + "' cannot use a weight already cast to float8 "

@@ -97,6 +97,9 @@ class Float8LinearCompute final : public titan::model::LinearCompute {
   // Whether a producer may hand this linear its input / weight cast to float8 with one
   // tensorwise dynamic scale of dtype `dtype` (what the plan checks before building one).
   bool accepts_float8_input(at::ScalarType dtype) const;
+  // Whether its input may arrive cast per row (scale [..., 1], power-of-2 e4m3: what the axiswise
+  // output GEMM casts) together with its high-precision values (float8 token dispatch).
+  bool accepts_float8_row_input(at::ScalarType dtype) const;
   bool accepts_float8_weight(at::ScalarType dtype) const;
   // Delayed-scaling buffers (See Note [Delayed scaling]); undefined tensors until first use.
   Float8LinearState& state() { return *state_; }

@@ -25,12 +25,15 @@ namespace titan::model {
 //     by FSDP's unshard like `weight` itself; `weight` is then a storage-less autograd handle);
 //   - the input, when tensor parallel all-gathers a module's input in float8 (returned by the
 //     module's prepare_input; `hp` is then a storage-less stand-in whose backward is the
-//     gather's adjoint).
-// A compute that cannot use a given cast (high precision, int8, a rowwise float8 recipe)
+//     gather's adjoint);
+//   - the input of an MoE expert, when expert parallelism dispatched the routed rows in float8
+//     (one scale per row); `hp` then holds the rows' dequantized values, which the backward reads.
+// A compute that cannot use a given cast (high precision, int8, a recipe of other scales)
 // refuses it with an error naming the linear; the plan only builds casts a compute can take.
 struct QuantizedOperand {
   at::Tensor data;   // same shape as the operand, float8
-  at::Tensor scale;  // [] float32: data = saturate(float32(hp) * scale) (one tensorwise scale)
+  at::Tensor scale;  // [] float32: data = saturate(float32(hp) * scale) (one tensorwise scale), or
+                     // [..., 1]: one scale per row
   bool defined() const { return data.defined(); }
 };
 

@@ -183,6 +183,36 @@ TEST_CASE("keys that contradict each other or the job are refused or warned abou
   for (const Row& row : rows) check_row(row);
 }
 
+TEST_CASE("the MoE experts' low-precision keys: every contradiction is one named error, exit 2", "[bad_input]") {
+  const std::string moe = std::string(TITAN_TRAIN_PATH) + " " + tiny_run() + " --model.name qwen3 --model.flavor debugmodel_moe_small";
+  const std::string f8 = " --model.converters quantize.grouped_mm.float8";
+  const std::vector<Row> rows = {
+      {"the converter without fqns", moe + f8, 2,
+       "model.converters lists quantize.grouped_mm.float8 but quantize.grouped_mm.float8.fqns is empty"},
+      {"fqns without the converter", moe + " --quantize.grouped_mm.mx.fqns experts", 2,
+       "quantize.grouped_mm.mx.fqns is set but model.converters does not list quantize.grouped_mm.mx"},
+      {"an fqn that names no MoE module", moe + f8 + " --quantize.grouped_mm.float8.fqns attention", 2,
+       "quantize.grouped_mm.float8.fqns entry 'attention' names no MoE module (the model's: layers.0.moe.experts"},
+      {"an expert recipe on a model without experts",
+       std::string(TITAN_TRAIN_PATH) + " " + tiny_run() + f8 + " --quantize.grouped_mm.float8.fqns experts", 2,
+       "has no experts (no mixture-of-experts layer)"},
+      {"both expert converters",
+       moe + " --model.converters quantize.grouped_mm.float8,quantize.grouped_mm.mx --quantize.grouped_mm.float8.fqns "
+             "experts --quantize.grouped_mm.mx.fqns experts",
+       2, "an expert trains in one low precision; choose one"},
+      {"an unknown expert recipe", moe + " --quantize.grouped_mm.float8.recipe_name tensorwise", 2,
+       "quantize.grouped_mm.float8.recipe_name = 'tensorwise' is not allowed; choose from: rowwise, blockwise"},
+      {"float8 dispatch without expert parallelism",
+       moe + f8 + " --quantize.grouped_mm.float8.fqns experts --quantize.grouped_mm.float8.float8_dispatch", 2,
+       "float8_dispatch has no effect without expert parallelism"},
+      {"float8 dispatch with blockwise experts",
+       moe + f8 + " --quantize.grouped_mm.float8.fqns experts --quantize.grouped_mm.float8.recipe_name blockwise "
+                  "--quantize.grouped_mm.float8.float8_dispatch",
+       2, "float8_dispatch needs the rowwise expert recipe"},
+  };
+  for (const Row& row : rows) check_row(row);
+}
+
 TEST_CASE("start-up warnings name the keys whose settings do nothing", "[bad_input]") {
   using titan::trainer::config::parse_job_config;
   auto warnings_of = [](std::vector<std::string> args) {

@@ -21,7 +21,12 @@
 #include <string>
 #include <vector>
 
+#include <ATen/ops/equal.h>
+
+#include "float8/grouped_experts.h"
+#include "float8/scaling.h"
 #include "model/activation_checkpoint_ops.h"
+#include "parallel/comm/comm_trace.h"
 #include "model/moe/moe.h"
 #include "parallel/activation_checkpoint.h"
 #include "parallel/comm/process_group.h"
@@ -207,4 +212,67 @@ TEST_CASE("a whole MoE layer under EP 2 equals the layer with every expert on ea
       });
   for (size_t r = 0; r < errors.size(); ++r)
     if (!errors[r].empty()) FAIL_CHECK("rank " << r << ": " << errors[r]);
+}
+
+TEST_CASE("float8 dispatch over EP 2: the rows travel as e4m3 + a scale each, and equal a high-precision dispatch of "
+          "the rows cast at the source, bit for bit",
+          "[parallel][moe][float8]") {
+  // See Note [Float8 dispatch]: the float8 run sends D + 4 bytes per row and its experts read the
+  // arrived cast; the reference sends each row's rowwise cast dequantized (straight through, in
+  // float32) and lets the experts cast it again, which gives the same values: every output and
+  // gradient must be equal bit for bit.
+  const at::Tensor w1 = normal({kExperts, kHidden, kDim}, 1, 0.3), w2 = normal({kExperts, kDim, kHidden}, 2, 0.3);
+  const at::Tensor w3 = normal({kExperts, kHidden, kDim}, 3, 0.3);
+  const int n = 2;
+  const size_t trace_capacity = titan::parallel::comm::comm_trace().capacity();
+  titan::parallel::comm::comm_trace().configure(4096, "", 0);
+  struct Result {
+    at::Tensor out, drows, dw1, dw2, dw3;
+  };
+  std::vector<Result> results[2];
+  for (int mode = 0; mode < 2; ++mode) {
+    const bool float8_dispatch = mode == 1;
+    results[mode].resize(n);
+    const auto errors = titan::testing::run_ranks_on_threads(
+        n, std::chrono::seconds(60), [&](int rank, const c10::intrusive_ptr<c10d::Store>& store) {
+          tp::comm::CommOptions options;
+          options.timeout = std::chrono::seconds(60);
+          tp::comm::Comm ep(store, rank, n, float8_dispatch ? "ep_f8" : "ep_hp", options);
+          const int64_t first = tp::expert_parallel::local_experts_begin(kExperts, n, rank), local = kExperts / n;
+          auto shard = [&](const at::Tensor& w) { return w.narrow(0, first, local).clone().requires_grad_(true); };
+          at::Tensor a = shard(w1), b = shard(w2), c = shard(w3);
+          const std::vector<int64_t> counts = counts_of(rank);
+          tmod::moe::ExpertComputes computes = titan::float8::expert_computes({"float8", "rowwise", true});
+          computes.float8_dispatch = float8_dispatch;
+          at::Tensor rows = normal({total(counts), kDim}, 100 + rank).requires_grad_(true);
+          at::Tensor sent = rows;
+          if (!float8_dispatch) {  // the rowwise cast at the source, dequantized; straight through
+            const titan::float8::Float8Tensor q = titan::float8::to_float8(
+                rows.detach(), {titan::float8::ScalingGranularity::Axiswise, at::kFloat8_e4m3fn}, -1, true);
+            sent = rows + (titan::float8::dequantize(q) - rows).detach();
+          }
+          const at::Tensor out = tp::expert_parallel::expert_parallel_experts(sent, counts, a, b, c, ep, {}, computes);
+          torch::autograd::backward({out}, {normal(out.sizes().vec(), 200 + rank)});
+          results[mode][static_cast<size_t>(rank)] = {out.detach(), rows.grad(), a.grad(), b.grad(), c.grad()};
+        });
+    for (size_t r = 0; r < errors.size(); ++r)
+      if (!errors[r].empty()) FAIL_CHECK("rank " << r << ": " << errors[r]);
+  }
+  for (int r = 0; r < n; ++r) {
+    INFO("rank " << r);
+    const Result &hp = results[0][static_cast<size_t>(r)], &f8 = results[1][static_cast<size_t>(r)];
+    CHECK(at::equal(f8.out, hp.out));
+    CHECK(at::equal(f8.drows, hp.drows));
+    CHECK(at::equal(f8.dw1, hp.dw1));
+    CHECK(at::equal(f8.dw2, hp.dw2));
+    CHECK(at::equal(f8.dw3, hp.dw3));
+  }
+  // The dispatch (each group's 2nd collective: counts, dispatch, combine) moved D + 4 bytes per
+  // row in float8 against 4 D in float32.
+  int64_t bytes[2] = {0, 0};
+  for (const auto& e : titan::parallel::comm::comm_trace().entries())
+    if (e.seq == 2 && (e.group == "ep_hp" || e.group == "ep_f8")) bytes[e.group == "ep_f8" ? 1 : 0] += e.bytes;
+  REQUIRE(bytes[0] > 0);
+  CHECK(bytes[1] * 4 * kDim == bytes[0] * (kDim + 4));
+  titan::parallel::comm::comm_trace().configure(trace_capacity, "", 0);
 }

@@ -73,6 +73,17 @@ void check_moe_layout(const std::string& name, int nproc, const std::string& ove
   }
 }
 
+// A float8 layout against one process with the same recipe: only the reduction order differs,
+// which after step 1 can flip an element's e4m3 rounding (2^-3 relative) and with it a token's
+// routing: test_parallel's float8 layout bounds (5e-4 loss, 2e-3 grad norm), and no exact load or
+// bias comparison.
+layout::Tolerance float8_layout_tolerance() {
+  layout::Tolerance f8;
+  f8.loss = 5e-4;
+  f8.grad_norm = 2e-3;
+  return f8;
+}
+
 const std::vector<std::tuple<std::string, int, std::string>> kLayouts = {
     {"ep2", 2, "--parallelism.expert_parallel_degree 2"},
     {"ep4", 4, "--parallelism.expert_parallel_degree 4"},
@@ -115,13 +126,8 @@ TEST_CASE("Qwen3-MoE with float8 dense linears: rowwise at EP 2 x FSDP 2, tensor
           "process with the same recipe",
           "[moe][dist][float8]") {
   // The attention linears are float8 (the router gate and the experts stay high precision: the
-  // gate's 8 outputs are not a float8 GEMM shape, the experts are no Linear); one process runs the
-  // same recipe, so only the reduction order differs, which after step 1 can flip an element's
-  // e4m3 rounding (2^-3 relative) and with it a token's routing: test_parallel's float8 layout
-  // bounds (5e-4 loss, 2e-3 grad norm), and no exact load or bias comparison.
-  layout::Tolerance f8;
-  f8.loss = 5e-4;
-  f8.grad_norm = 2e-3;
+  // gate's 8 outputs are not a float8 GEMM shape, the experts have their own converter, off here).
+  const layout::Tolerance f8 = float8_layout_tolerance();
   check_moe_layout("ep2_fsdp2_rowwise", 4, "--parallelism.expert_parallel_degree 2",
                    " --float8.enable_float8_linear --float8.recipe_name rowwise", f8, true);
   check_moe_layout("ep2_tp2_tensorwise", 4,
@@ -129,23 +135,27 @@ TEST_CASE("Qwen3-MoE with float8 dense linears: rowwise at EP 2 x FSDP 2, tensor
                    " --float8.enable_float8_linear --float8.recipe_name tensorwise", f8, true);
 }
 
-TEST_CASE("Qwen3-MoE with float8 rowwise and MXFP8 experts: EP 2 x FSDP 2, EP 2 x TP 2, TP 2 (experts sharded on "
-          "their hidden dim), PP 2, EP 2, EP 2 x ETP 2 equal one process with the same recipe",
+TEST_CASE("Qwen3-MoE with float8 rowwise and MXFP8 experts: EP 2 x FSDP 2 (and with float8 dispatch), EP 2 x TP 2, TP 2 "
+          "(experts sharded on their hidden dim), PP 2, EP 2, EP 2 x ETP 2 equal one process with the same recipe",
           "[moe][dist][float8]") {
   // The routed experts in low precision (quantize.grouped_mm.*), the dense linears in float32. A
   // group's scales come from the same set of rows in every layout (EP orders a group's rows by
   // source rank, which no per-row or per-column amax sees), and under TP the float8 amaxes along
   // the sharded hidden dim reduce over the group: only the reduction order differs, so the float8
   // dense-linear layouts' bounds apply (a flipped e4m3 rounding may route a token elsewhere).
-  layout::Tolerance f8;
-  f8.loss = 5e-4;
-  f8.grad_norm = 2e-3;
+  const layout::Tolerance f8 = float8_layout_tolerance();
   const std::string rowwise = " --model.converters quantize.grouped_mm.float8 --quantize.grouped_mm.float8.fqns experts";
   const std::string mxfp8 = " --model.converters quantize.grouped_mm.mx --quantize.grouped_mm.mx.fqns experts";
   for (const auto& [name, nproc, overrides] : kLayouts) {
     if (name == "ep2_fsdp2" || name == "ep2_tp2" || name == "tp2" || name == "pp2")
       check_moe_layout(name + "_rowwise_experts", nproc, overrides, rowwise, f8, true);
     if (name == "ep2" || name == "ep2_etp2") check_moe_layout(name + "_mxfp8_experts", nproc, overrides, mxfp8, f8, true);
+    // Float8 dispatch (EP only: one process has nothing to dispatch) against one process with the
+    // same rowwise experts: the forward is the same bits; the weight gradients read the rows as
+    // their float8 values (Note [Float8 dispatch]), a difference of the recipe's own size.
+    if (name == "ep2_fsdp2")
+      check_moe_layout(name + "_rowwise_float8_dispatch", nproc,
+                       overrides + " --quantize.grouped_mm.float8.float8_dispatch", rowwise, f8, true);
   }
 }
 

@@ -117,6 +117,9 @@ ConvertedModel apply_model_converters(model::Transformer& model, const config::J
     float8::ExpertConversionReport report;
     try {
       report = float8::convert_experts(layers, fqns, recipe, std::string(converter) + ".fqns");
+      if (recipe.kind == "float8" && cfg.grouped_float8.float8_dispatch)
+        for (model::moe::MoE* m : layers)
+          if (m->expert_computes.defined()) m->expert_computes.float8_dispatch = true;
     } catch (const std::invalid_argument& e) {
       throw config::ConfigError(e.what());
     }
@@ -129,7 +132,10 @@ ConvertedModel apply_model_converters(model::Transformer& model, const config::J
     util::log_info(std::string(converter) + ": " + std::to_string(report.converted.size()) + " MoE layer(s)' experts in " +
                    report.converted.front().second + " (token groups quantized alone; torchtitan aligns them to " +
                    std::to_string(float8::token_group_alignment(recipe)) + " rows): " + listed +
-                   (recipe.emulate ? "; GEMMs emulated" : ""));
+                   (recipe.emulate ? "; GEMMs emulated" : "") +
+                   (recipe.kind == "float8" && cfg.grouped_float8.float8_dispatch
+                        ? "; routed rows dispatched in float8 (rowwise e4m3 + a scale per row)"
+                        : ""));
     result.expert_recipe = recipe.kind + ":" + recipe.name;
   }
   if (cfg.int8.enable_int8_linear) {

@@ -108,18 +108,26 @@ void disable_grouped_mm(const std::string& why) {
 std::string ExpertComputes::describe() const { return defined() ? w1->describe() : "hp"; }
 
 at::Tensor grouped_linear(const at::Tensor& x, const at::Tensor& w, const std::vector<int64_t>& counts,
-                          LinearCompute& compute, int64_t alignment) {
+                          LinearCompute& compute, int64_t alignment, const QuantizedOperand& x_cast) {
+  TORCH_CHECK(!x_cast.defined() || (alignment == 1 && x_cast.data.sizes() == x.sizes()),
+              "grouped linear: a per-row cast of x ", x.sizes(), " must have its shape and no group padding");
   TORCH_CHECK(x.dim() == 2 && w.dim() == 3 && static_cast<int64_t>(counts.size()) == w.size(0) && x.size(1) == w.size(2),
               "grouped linear: x ", x.sizes(), ", w ", w.sizes(), ", ", counts.size(), " group sizes");
   // Split and unbind (one cat / one stack in backward; see grouped_experts below).
   const std::vector<at::Tensor> xs = x.split_with_sizes(counts, 0);
   const std::vector<at::Tensor> ws = w.unbind(0);
   std::vector<at::Tensor> outputs;
-  for (size_t e = 0; e < counts.size(); ++e) {
+  int64_t begin = 0;  // the group's first row
+  for (size_t e = 0; e < counts.size(); begin += counts[e], ++e) {
     if (counts[e] == 0) continue;
     const int64_t pad = (alignment - counts[e] % alignment) % alignment;
     if (pad == 0) {
-      outputs.push_back(compute.forward(xs[e], ws[e]));  // [rows, N]
+      if (x_cast.defined()) {
+        const QuantizedOperand rows{x_cast.data.narrow(0, begin, counts[e]), x_cast.scale.narrow(0, begin, counts[e])};
+        outputs.push_back(compute.forward(LinearOperand(xs[e], rows), ws[e]));
+      } else {
+        outputs.push_back(compute.forward(xs[e], ws[e]));  // [rows, N]
+      }
       continue;
     }
     // Zero rows change no amax and add nothing to the weight gradient (Note [Low-precision experts]).
@@ -131,7 +139,9 @@ at::Tensor grouped_linear(const at::Tensor& x, const at::Tensor& w, const std::v
 }
 
 at::Tensor grouped_experts(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& w2, const at::Tensor& w3,
-                           const std::vector<int64_t>& counts, const ExpertComputes& computes) {
+                           const std::vector<int64_t>& counts, const ExpertComputes& computes,
+                           const QuantizedOperand& x_cast) {
+  TORCH_CHECK(!x_cast.defined() || computes.defined(), "grouped experts: a float8 input needs low-precision experts");
   TORCH_CHECK(x.dim() == 2 && w1.dim() == 3 && static_cast<int64_t>(counts.size()) == w1.size(0),
               "grouped experts: x ", x.sizes(), ", w1 ", w1.sizes(), ", ", counts.size(), " group sizes");
   int64_t total = 0;
@@ -157,8 +167,8 @@ at::Tensor grouped_experts(const at::Tensor& x, const at::Tensor& w1, const at::
   }
   if (computes.defined()) {  // See Note [Low-precision experts]
     const int64_t a = computes.group_alignment;
-    const at::Tensor gate = grouped_linear(x, w1, counts, *computes.w1, a);  // [T, H]
-    const at::Tensor up = grouped_linear(x, w3, counts, *computes.w3, a);
+    const at::Tensor gate = grouped_linear(x, w1, counts, *computes.w1, a, x_cast);  // [T, H]
+    const at::Tensor up = grouped_linear(x, w3, counts, *computes.w3, a, x_cast);
     return grouped_linear(at::silu(gate) * up, w2, counts, *computes.w2, a);  // [T, D]
   }
   // Split and unbind, not narrow / select per expert: their backward is ONE cat of the row

@@ -73,6 +73,9 @@ Routing route(const at::Tensor& scores_logits, const at::Tensor& expert_bias, co
 struct ExpertComputes {
   std::shared_ptr<LinearCompute> w1, w2, w3;  // gate, down, up; all set or none
   int64_t group_alignment = 1;  // each group's rows padded with zero rows to a multiple of this
+  // Expert parallelism sends the routed rows cast to float8 per row, which w1 and w3 read as their
+  // input cast (Note [Float8 dispatch] in parallel/expert_parallel/expert_parallel.h).
+  bool float8_dispatch = false;
   bool defined() const { return w1 != nullptr; }
   std::string describe() const;  // "float8[rowwise]", "mxfp8_cublas_rceil"; "hp" when undefined
 };
@@ -82,16 +85,20 @@ struct ExpertComputes {
 // linear's; Note [Low-precision experts]), a group padded with zero rows to a multiple of
 // `alignment` for the product and cut back after it. Empty groups are skipped (their w[e]
 // gradient is zero).
+// `x_cast` (may be undefined): x already cast to float8 per row (data [T, K], scale [T, 1]), handed
+// to each group's product as its input cast (alignment 1 only).
 at::Tensor grouped_linear(const at::Tensor& x, const at::Tensor& w, const std::vector<int64_t>& counts,
-                          LinearCompute& compute, int64_t alignment = 1);
+                          LinearCompute& compute, int64_t alignment = 1, const QuantizedOperand& x_cast = {});
 
 // The experts over rows sorted by expert (step 6): x [T, D] whose first counts[0] rows go to
 // expert 0, the next counts[1] to expert 1, ...; w1, w3 [E, H, D], w2 [E, D, H] -> [T, D].
 // Differentiable in x and the weights. With `computes` defined, each expert's projections through
 // them (Note [Low-precision experts]). Otherwise CUDA in bfloat16: LibTorch's grouped GEMM, one
 // kernel per projection (Note [Grouped GEMM] in moe.cpp); else one matmul chain per expert.
+// `x_cast`: x cast per row, for the gate and up projections (float8 dispatch; computes defined).
 at::Tensor grouped_experts(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& w2, const at::Tensor& w3,
-                           const std::vector<int64_t>& counts, const ExpertComputes& computes = {});
+                           const std::vector<int64_t>& counts, const ExpertComputes& computes = {},
+                           const QuantizedOperand& x_cast = {});
 
 // Note [Counted tokens]: tokens_per_expert is the load-balancing input of the training step, so
 // only a training forward counts. A forward under UncountedForward adds nothing: validation (its

@@ -3,6 +3,7 @@
 #include "model/param_path.h"
 
 #include <ATen/ops/argsort.h>
+#include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/tensor.h>
 #include <c10/util/Exception.h>
@@ -13,6 +14,7 @@
 #include <string>
 #include <utility>
 
+#include "float8/scaling.h"
 #include "model/activation_checkpoint_ops.h"
 #include "model/moe/moe.h"
 #include "model/transformer.h"
@@ -24,6 +26,10 @@ namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
+
+// The float8 dispatch's cast: the rowwise expert recipe's input cast (e4m3, one power-of-2 scale
+// per row), so the experts' output GEMMs read it as they would cast it.
+const float8::CastConfig kDispatchCast{float8::ScalingGranularity::Axiswise, at::kFloat8_e4m3fn};
 
 // Issues `sent`'s exchange; the output buffer is `landing` until `work` is waited for.
 void issue(comm::Comm& ep, const at::Tensor& input, const std::vector<int64_t>& out_splits,
@@ -47,19 +53,49 @@ at::Tensor exchange(const at::Tensor& input, const std::vector<int64_t>& out_spl
 }
 
 // Rows to the ranks that hold their experts (or back): the adjoint swaps the split sizes.
+// What a rows exchange keeps for its adjoint: the split sizes and the group.
+void save_exchange(AutogradContext* ctx, const std::vector<int64_t>& out_splits, const std::vector<int64_t>& in_splits,
+                   comm::Comm& ep) {
+  ctx->saved_data["out_splits"] = out_splits;
+  ctx->saved_data["in_splits"] = in_splits;
+  comm::save_comm(ctx, ep);
+}
+// The adjoint of a rows exchange: the gradient sent back with the split sizes swapped.
+variable_list exchange_back(AutogradContext* ctx, const at::Tensor& grad) {
+  const std::vector<int64_t> out_splits = ctx->saved_data.at("out_splits").toIntVector();
+  const std::vector<int64_t> in_splits = ctx->saved_data.at("in_splits").toIntVector();
+  return {exchange(grad, in_splits, out_splits, comm::saved_comm(ctx)), at::Tensor(), at::Tensor(), at::Tensor()};
+}
+
 struct RowsAllToAll : public torch::autograd::Function<RowsAllToAll> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& input, std::vector<int64_t> out_splits,
                                std::vector<int64_t> in_splits, comm::Comm* ep) {
-    ctx->saved_data["out_splits"] = out_splits;
-    ctx->saved_data["in_splits"] = in_splits;
-    comm::save_comm(ctx, *ep);
+    save_exchange(ctx, out_splits, in_splits, *ep);
     return {model::checkpointable_op("ep_all_to_all", [&] { return exchange(input, out_splits, in_splits, *ep); })};
   }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const std::vector<int64_t> out_splits = ctx->saved_data.at("out_splits").toIntVector();
-    const std::vector<int64_t> in_splits = ctx->saved_data.at("in_splits").toIntVector();
-    return {exchange(grads[0], in_splits, out_splits, comm::saved_comm(ctx)), at::Tensor(), at::Tensor(), at::Tensor()};
+  static variable_list backward(AutogradContext* ctx, variable_list grads) { return exchange_back(ctx, grads[0]); }
+};
+
+// See Note [Float8 dispatch]: the rows cast per row, their bytes and scales sent as one
+// [rows, D + 4] byte tensor; returns the arrived rows' dequantized values (differentiable: the
+// adjoint sends the gradient back in high precision, a straight-through cast), their float8 data
+// and their scales [rows, 1].
+struct Float8RowsAllToAll : public torch::autograd::Function<Float8RowsAllToAll> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& input, std::vector<int64_t> out_splits,
+                               std::vector<int64_t> in_splits, comm::Comm* ep) {
+    save_exchange(ctx, out_splits, in_splits, *ep);
+    const int64_t D = input.size(1);
+    const float8::Float8Tensor q = float8::to_float8(input, kDispatchCast, /*axis_dim=*/-1, /*round_scales_to_power_of_2=*/true);
+    const at::Tensor packed = at::cat({q.data.contiguous().view(at::kByte), q.scale.contiguous().view(at::kByte)}, 1);
+    const at::Tensor arrived =
+        model::checkpointable_op("ep_all_to_all", [&] { return exchange(packed, out_splits, in_splits, *ep); });
+    at::Tensor data = arrived.narrow(1, 0, D).contiguous().view(kDispatchCast.dtype);
+    at::Tensor scale = arrived.narrow(1, D, 4).contiguous().view(at::kFloat);  // [rows, 1]
+    const at::Tensor values = float8::dequantize({data, scale, input.scalar_type()});
+    ctx->mark_non_differentiable({data, scale});
+    return {values, data, scale};
   }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) { return exchange_back(ctx, grads[0]); }
 };
 
 // The combine split in two (See Note [Deferred collective results] in
@@ -152,8 +188,16 @@ at::Tensor expert_parallel_experts(const at::Tensor& rows, const std::vector<int
       in_splits[static_cast<size_t>(j)] += counts[static_cast<size_t>(j * local + e)];
       out_splits[static_cast<size_t>(j)] += got[j * local + e];
     }
-  // 2. Dispatch.
-  const at::Tensor arrived = RowsAllToAll::apply(rows, out_splits, in_splits, &ep)[0];  // by (source, expert)
+  // 2. Dispatch, in float8 when asked (See Note [Float8 dispatch]).
+  at::Tensor arrived;  // by (source, expert)
+  model::QuantizedOperand arrived_cast;
+  if (computes.float8_dispatch) {
+    const variable_list sent = Float8RowsAllToAll::apply(rows, out_splits, in_splits, &ep);
+    arrived = sent[0];
+    arrived_cast = {sent[1], sent[2]};
+  } else {
+    arrived = RowsAllToAll::apply(rows, out_splits, in_splits, &ep)[0];
+  }
   // 3. Group by local expert (then source), run the experts, undo the grouping.
   std::vector<int64_t> block_start(static_cast<size_t>(n * local));
   int64_t at_row = 0;
@@ -171,7 +215,12 @@ at::Tensor expert_parallel_experts(const at::Tensor& rows, const std::vector<int
       local_counts[static_cast<size_t>(e)] += got[b];
     }
   const at::Tensor by_expert = at::tensor(order, at::kLong).to(rows.device());
-  const at::Tensor computed = model::moe::grouped_experts(arrived.index_select(0, by_expert), w1, w2, w3, local_counts, computes);
+  const model::QuantizedOperand grouped_cast =
+      arrived_cast.defined() ? model::QuantizedOperand{arrived_cast.data.index_select(0, by_expert),
+                                                       arrived_cast.scale.index_select(0, by_expert)}
+                             : model::QuantizedOperand{};
+  const at::Tensor computed =
+      model::moe::grouped_experts(arrived.index_select(0, by_expert), w1, w2, w3, local_counts, computes, grouped_cast);
   const at::Tensor back = computed.index_select(0, at::argsort(by_expert));
   // 4. Combine: every row back to its source, in the order it left, with `while_combining` run
   // while the rows travel. Per-op AC keeps the exchange as one op, so there it runs whole.

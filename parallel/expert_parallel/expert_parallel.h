@@ -17,6 +17,19 @@
 //      gradient travels back. Autograd runs the exchanges in reverse (an all-to-all's adjoint is
 //      the all-to-all with the split sizes swapped); an expert's weight gradient sums every
 //      rank's rows.
+//
+// Note [Float8 dispatch] (quantize.grouped_mm.float8.float8_dispatch, beyond torchtitan 0.2.2; as
+// Megatron's float8 dispatch): with float8 rowwise experts, step 2 sends each routed row cast to
+// e4m3 with one power-of-2 float32 scale per row (the cast the experts' gate and up GEMMs make of
+// their input) as D + 4 bytes instead of 2 D (bf16) or 4 D (float32): about half a bf16 dispatch.
+// Those GEMMs read the arrived bytes and scales as their input cast, with no cast of their own;
+// the rows' dequantized values are what their backward re-casts per column for the weight
+// gradients. A row's cast depends on that row alone, so the forward is bit for bit a high-precision
+// dispatch cast on arrival; the weight gradients read the rows as their float8 values, so the
+// whole step is bit for bit a high-precision dispatch of the rows cast and dequantized at the
+// source (a straight-through cast: the experts' own cast of such values gives the same values).
+// The combine and every gradient travel in high precision. Per-op AC keeps the arrived bytes as
+// the exchange's output.
 // The router and everything outside the experts stay as they are on every rank. Per-op AC keeps
 // each exchange's output ("ep_all_to_all"), so a recompute repeats no communication; there the
 // combine runs whole (a kept op is one call) and the shared experts after it.

@@ -20,8 +20,6 @@ an empty one too, to a multiple of the alignment, 16 for float8 and 32 for MX, w
 the padding removed from the results, so torchao sees what torchtitan hands it; titan's groups are
 unpadded. Every input is generated here from fixed seeds and stored with its results.
 """
-import json
-import struct
 import sys
 
 import torch
@@ -36,12 +34,15 @@ from torchao.prototype.moe_training.utils import (
 from torchao.prototype.mx_formats.config import ScaleCalculationMode
 from torchao.quantization.quantize_.common.kernel_preference import KernelPreference
 
+from block_scaled_reference import write_safetensors  # this folder's one safetensors writer
+
 E4M3 = torch.float8_e4m3fn
 out = {}
 
 
 def put(name, t):
-    t = t.detach().contiguous().cpu()
+    # Dense row-major strides even for size-1 dims (which contiguous() leaves as they were).
+    t = t.detach().cpu().flatten().clone().view(t.shape)
     if t.dtype == E4M3:
         t = t.view(torch.uint8)
     out[name] = t
@@ -160,19 +161,7 @@ def main():
                 mx_case(f"{name}/{dtag}/mxfp8_floor", a, w, g, counts, ScaleCalculationMode.FLOOR)
         put(f"{name}/counts", counts_t)
 
-    header, blobs, offset = {}, [], 0
-    codes = {torch.float32: "F32", torch.bfloat16: "BF16", torch.uint8: "U8"}
-    for name, t in out.items():
-        raw = t.view(torch.uint8).numpy().tobytes() if t.dtype == torch.bfloat16 else t.numpy().tobytes()
-        header[name] = {"dtype": codes[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + len(raw)]}
-        blobs.append(raw)
-        offset += len(raw)
-    h = json.dumps(header).encode()
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)))
-        f.write(h)
-        for b in blobs:
-            f.write(b)
+    write_safetensors(path, out)
 
 
 if __name__ == "__main__":

@@ -225,6 +225,7 @@ struct MxSection {
 struct GroupedFloat8Section {
   std::vector<std::string> fqns;         // entries contained in "<moe>.experts" select that layer
   std::string recipe_name = "rowwise";   // rowwise | blockwise (float8/grouped_experts.h)
+  bool float8_dispatch = false;          // EP sends the routed rows in float8 (rowwise only)
 };
 struct GroupedMxSection {
   std::vector<std::string> fqns;

@@ -491,6 +491,11 @@ std::vector<SectionSpec> build_table() {
               "gradients, per expert column of the weights, per group column in the weight gradient) or "
               "blockwise (DeepSeek-V3's 1 x 128 / 128 x 128 tiles per expert; not in torchtitan).")
               .one_of(float8::grouped_float8_recipe_names()),
+          key("float8_dispatch", &GroupedFloat8Section::float8_dispatch,
+              "Expert parallelism with the rowwise recipe: each routed row travels to its expert's rank "
+              "cast to e4m3 with one power-of-2 scale (D + 4 bytes: about half a bf16 dispatch), which the "
+              "experts' gate and up GEMMs read as their input cast; the combine and the gradients stay in "
+              "high precision (not in torchtitan 0.2.2; docs/low_precision.md)."),
       }),
       section("quantize.grouped_mm.mx", &J::grouped_mx,
               "MXFP8 MoE experts (torchtitan's MXGroupedMMConverter, torchao's MXFP8 grouped GEMM numerics); on "

@@ -140,6 +140,19 @@ std::vector<std::pair<std::string, std::string>> check_key_relations(
                               std::string("model.converters lists ") + g.converter + ", but model " + cfg.model.name +
                                   " / " + cfg.model.flavor + " has no experts (no mixture-of-experts layer)");
     }
+    if (cfg.grouped_float8.float8_dispatch) {
+      const bool rowwise = std::find(converters.begin(), converters.end(), "quantize.grouped_mm.float8") !=
+                               converters.end() &&
+                           cfg.grouped_float8.recipe_name == "rowwise";
+      if (!rowwise)
+        problems.emplace_back(where("quantize.grouped_mm.float8.float8_dispatch"),
+                              "quantize.grouped_mm.float8.float8_dispatch needs the rowwise expert recipe (model.converters "
+                              "listing quantize.grouped_mm.float8 with recipe_name rowwise): the rows travel in its input cast");
+      else if (cfg.parallelism.expert_parallel_degree <= 1)
+        problems.emplace_back(where("quantize.grouped_mm.float8.float8_dispatch"),
+                              "quantize.grouped_mm.float8.float8_dispatch has no effect without expert parallelism "
+                              "(parallelism.expert_parallel_degree = 1 dispatches nothing): set the degree above 1 or the key to false");
+    }
     if (listed == 2)
       problems.emplace_back(where("model.converters"),
                             "model.converters lists both quantize.grouped_mm.float8 and quantize.grouped_mm.mx: an "
