@@ -14,6 +14,7 @@
 
 #ifdef TITAN_WITH_CUDA
 #include <c10/cuda/CUDAGuard.h>
+#include <cuda_runtime_api.h>
 #include <c10/cuda/CUDAStream.h>
 
 #include "float8/cublaslt_gemm.h"
@@ -110,6 +111,21 @@ const char* gemm_backend_name(GemmBackend backend) {
     case GemmBackend::CublasLt: return "cublaslt";
   }
   return "?";
+}
+
+int cuda_compute_capability(const c10::Device& device) {
+#ifdef TITAN_WITH_CUDA
+  if (!device.is_cuda()) return 0;
+  cudaDeviceProp p{};
+  if (cudaGetDeviceProperties(&p, device.has_index() ? device.index() : 0) != cudaSuccess) {
+    cudaGetLastError();  // consume it: the next CUDA call must not report it
+    return 0;
+  }
+  return p.major * 10 + p.minor;
+#else
+  (void)device;
+  return 0;
+#endif
 }
 
 bool float8_cuda_compiled() {

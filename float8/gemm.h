@@ -26,6 +26,10 @@ const char* gemm_backend_name(GemmBackend backend);
 // back ends exist).
 bool float8_cuda_compiled();
 
+// The CUDA device's compute capability as major * 10 + minor (90 for sm90); 0 for a non-CUDA
+// device, in a CPU-only build, or when the device cannot be read.
+int cuda_compute_capability(const c10::Device& device);
+
 // Auto -> Emulated for non-CUDA tensors, ScaledMm for CUDA tensors. `emulate` forces Emulated.
 // Throws std::invalid_argument for a CUDA back end on a non-CUDA device or in a CPU-only build.
 GemmBackend resolve_gemm_backend(GemmBackend requested, bool emulate, const c10::Device& device);

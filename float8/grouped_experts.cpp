@@ -7,6 +7,7 @@
 
 #include "float8/block_scaled_linear.h"
 #include "float8/float8_linear.h"
+#include "float8/gemm.h"
 #include "float8/recipe.h"
 
 namespace titan::float8 {
@@ -62,6 +63,16 @@ int64_t token_group_alignment(const ExpertRecipe& r) {
   check_recipe(r);
   if (r.kind == "mx") return 32;
   return is_rowwise(r) ? 16 : 128;
+}
+
+std::string expert_gemm_unavailable(const ExpertRecipe& r, const c10::Device& device) {
+  check_recipe(r);
+  if (!device.is_cuda()) return "";
+  const int needs = r.kind == "mx" ? 100 : is_rowwise(r) ? 89 : 90;
+  const int has = cuda_compute_capability(device);
+  if (has >= needs) return "";
+  return "its GEMMs need sm" + std::to_string(needs) + "+, this GPU is " +
+         (has > 0 ? "sm" + std::to_string(has) : std::string("unknown"));
 }
 
 model::moe::ExpertComputes expert_computes(const ExpertRecipe& r) {

@@ -23,6 +23,8 @@
 #include <utility>
 #include <vector>
 
+#include <c10/core/Device.h>
+
 #include "model/moe/moe.h"
 
 namespace titan::float8 {
@@ -45,6 +47,11 @@ struct ExpertRecipe {
 // quantize each group alone, so this is the group granularity a fused grouped-GEMM kernel would
 // pad to; the numbers are the same padded or not (Note [Low-precision experts]).
 int64_t token_group_alignment(const ExpertRecipe& recipe);
+
+// Why the recipe's GEMMs cannot run natively on `device` ("" when they can, and on the CPU, which
+// always emulates): float8 rowwise needs sm89+ (_scaled_mm), blockwise sm90+, MXFP8 sm100+
+// (cuBLASLt's block scales). The converter then emulates them and says so once.
+std::string expert_gemm_unavailable(const ExpertRecipe& recipe, const c10::Device& device);
 
 // The three per-expert computes of the recipe. Throws std::invalid_argument naming the recipe
 // and the valid names.

@@ -244,6 +244,9 @@ std::vector<std::string> Transformer::describe(const std::function<bool(const st
         add(index, layer_pattern(l->fqn(), "#") + ": " + l->compute()->describe());
       if (!layer->attention->sdpa_name.empty())
         add(index, layer_pattern(layer->attention->prefix, "#") + ".sdpa: " + layer->attention->sdpa_name);
+      if (layer->moe && layer->moe->expert_computes.defined())  // the routed experts, when in low precision
+        add(index, layer_pattern(layer->moe->prefix + ".experts", "#") + ": " + layer->moe->expert_computes.describe() +
+                       (layer->moe->expert_computes.float8_dispatch ? ", rows dispatched in float8" : ""));
     }
   std::string head = "output: " + output_.compute()->describe();
   if (!head_wrappers_.empty()) head = "norm+output: " + chain(head_wrappers_) + "; " + head;

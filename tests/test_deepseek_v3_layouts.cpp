@@ -104,6 +104,25 @@ TEST_CASE("DeepSeek-V3 under HSDP 2 x 2 and async TP 2 equals one process; float
     CHECK(got_validation[i] == Approx(want_validation[i]).epsilon(layout::kLossRelTol));
 }
 
+TEST_CASE("DeepSeek-V3 with float8 rowwise experts (EP 2 x TP 2, PP 2) and MXFP8 experts (EP 2) equals one process "
+          "with the same recipe",
+          "[moe][dist][deepseek_v3][float8]") {
+  // The routed experts in low precision (quantize.grouped_mm.*), everything else in float32: the
+  // float8 layout bounds above (a flipped e4m3 rounding may route a token elsewhere).
+  layout::Tolerance tol;
+  tol.loss = 5e-4;
+  tol.grad_norm = 2e-3;
+  const std::string rowwise =
+      kDeepSeek + " --model.converters quantize.grouped_mm.float8 --quantize.grouped_mm.float8.fqns experts";
+  layout::check_layout("ds3_ep2_tp2_rowwise_experts", 4,
+                       "--parallelism.expert_parallel_degree 2 --parallelism.tensor_parallel_degree 2", 8, rowwise, tol);
+  layout::check_layout("ds3_pp2_rowwise_experts", 2,
+                       "--parallelism.pipeline_parallel_degree 2 --parallelism.pipeline_parallel_schedule 1F1B", 8,
+                       rowwise, tol);
+  const std::string mx = kDeepSeek + " --model.converters quantize.grouped_mm.mx --quantize.grouped_mm.mx.fqns experts";
+  layout::check_layout("ds3_ep2_mxfp8_experts", 2, "--parallelism.expert_parallel_degree 2", 8, mx, tol);
+}
+
 TEST_CASE("DeepSeek-V3 with multi-token prediction (2 depths, block-causal) under FSDP 2, TP 2, EP 2 x TP 2 and "
           "FSDP 2 + per-op AC equals one process; PP and CP refuse it by name",
           "[moe][dist][deepseek_v3]") {

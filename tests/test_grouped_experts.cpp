@@ -247,6 +247,7 @@ TEST_CASE("expert conversion: fqns select MoE layers as torchtitan's filter does
                     Catch::Contains("hidden dim 40") && Catch::Contains("divisible by 32"));
   CHECK_THROWS_WITH(float8::expert_computes({"float8", "tensorwise", true}), Catch::Contains("rowwise, blockwise"));
   CHECK(float8::token_group_alignment(rowwise) == 16);
+  CHECK(float8::expert_gemm_unavailable(rowwise, c10::Device(c10::kCPU)).empty());  // the CPU always emulates
   CHECK(float8::token_group_alignment({"mx", "mxfp8", true}) == 32);
   // Under tensor parallelism the hidden shard must hold whole blocks.
   model::moe::MoE tp("layers.0.moe", args, 64, 64);

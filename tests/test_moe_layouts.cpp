@@ -136,7 +136,8 @@ TEST_CASE("Qwen3-MoE with float8 dense linears: rowwise at EP 2 x FSDP 2, tensor
 }
 
 TEST_CASE("Qwen3-MoE with float8 rowwise and MXFP8 experts: EP 2 x FSDP 2 (and with float8 dispatch), EP 2 x TP 2, TP 2 "
-          "(experts sharded on their hidden dim), PP 2, EP 2, EP 2 x ETP 2 equal one process with the same recipe",
+          "(experts sharded on their hidden dim), PP 2, EP 2 x CP 2, EP 2, EP 2 x ETP 2, EP 2 x TP 2 with per-op AC equal "
+          "one process with the same recipe",
           "[moe][dist][float8]") {
   // The routed experts in low precision (quantize.grouped_mm.*), the dense linears in float32. A
   // group's scales come from the same set of rows in every layout (EP orders a group's rows by
@@ -147,9 +148,10 @@ TEST_CASE("Qwen3-MoE with float8 rowwise and MXFP8 experts: EP 2 x FSDP 2 (and w
   const std::string rowwise = " --model.converters quantize.grouped_mm.float8 --quantize.grouped_mm.float8.fqns experts";
   const std::string mxfp8 = " --model.converters quantize.grouped_mm.mx --quantize.grouped_mm.mx.fqns experts";
   for (const auto& [name, nproc, overrides] : kLayouts) {
-    if (name == "ep2_fsdp2" || name == "ep2_tp2" || name == "tp2" || name == "pp2")
+    if (name == "ep2_fsdp2" || name == "ep2_tp2" || name == "tp2" || name == "pp2" || name == "ep2_cp2")
       check_moe_layout(name + "_rowwise_experts", nproc, overrides, rowwise, f8, true);
-    if (name == "ep2" || name == "ep2_etp2") check_moe_layout(name + "_mxfp8_experts", nproc, overrides, mxfp8, f8, true);
+    if (name == "ep2" || name == "ep2_etp2" || name == "ep2_tp2_op_ac")
+      check_moe_layout(name + "_mxfp8_experts", nproc, overrides, mxfp8, f8, true);
     // Float8 dispatch (EP only: one process has nothing to dispatch) against one process with the
     // same rowwise experts: the forward is the same bits; the weight gradients read the rows as
     // their float8 values (Note [Float8 dispatch]), a difference of the recipe's own size.

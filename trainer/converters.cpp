@@ -114,6 +114,12 @@ ConvertedModel apply_model_converters(model::Transformer& model, const config::J
     for (model::TransformerBlock* block : model.blocks())
       if (block->moe) layers.push_back(&*block->moe);
     float8::ExpertRecipe recipe{kind, name, (std::string(kind) == "mx" ? cfg.mx.emulate : cfg.float8.emulate) || device.is_cpu()};
+    // A GPU without the recipe's GEMMs emulates them (the dense linears' recipes stop instead).
+    const std::string unavailable = recipe.emulate ? "" : float8::expert_gemm_unavailable(recipe, device);
+    if (!unavailable.empty()) {
+      util::log_warn(std::string(converter) + " " + name + ": " + unavailable + "; the experts' GEMMs are emulated");
+      recipe.emulate = true;
+    }
     float8::ExpertConversionReport report;
     try {
       report = float8::convert_experts(layers, fqns, recipe, std::string(converter) + ".fqns");
