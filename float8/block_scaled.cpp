@@ -31,6 +31,8 @@
 #include <stdexcept>
 
 #include "float8/gemm.h"
+#include "float8/kernels/fused_cast.h"
+#include "util/cpu_features.h"
 #ifdef TITAN_WITH_CUDA
 #include "float8/block_scaled_cublaslt.h"
 #endif
@@ -53,6 +55,28 @@ int element_max_pow2(BlockElement e) { return e == BlockElement::E4M3 ? 8 : 2; }
 double element_max(BlockElement e) { return e == BlockElement::E4M3 ? kE4M3Max : kE2M1Max; }
 
 [[noreturn]] void fail(const std::string& what) { throw std::invalid_argument(what); }
+
+// Whether x's casts can take float8/kernels' CPU loops (Note [AVX2 kernel files]).
+bool cpu_kernels_for(const at::Tensor& x) {
+  return x.device().is_cpu() && fused_casts_enabled() && titan::util::cpu_has_avx2_kernels();
+}
+
+// e4m3 bytes of float32 values already clamped to the format's range. On the CPU the vectorized
+// cast (multiplying by 1 is exact, and its clamp changes nothing here), bit for bit ATen's
+// conversion, which is a scalar loop: it was half of an emulated MX step.
+at::Tensor to_e4m3(const at::Tensor& in_range) {
+  if (cpu_kernels_for(in_range))
+    return fused_cast_cpu(in_range, at::scalar_tensor(1.0, in_range.options().dtype(at::kFloat)), at::kFloat8_e4m3fn);
+  return in_range.to(at::kFloat8_e4m3fn);
+}
+
+// e4m3 elements as `dtype` values (exact: every e4m3 value is a bfloat16 and a float32). On the
+// CPU a table lookup per byte instead of ATen's scalar conversion.
+at::Tensor e4m3_values(const at::Tensor& data, at::ScalarType dtype) {
+  if (cpu_kernels_for(data) && data.dim() == 2)
+    return dequantize_to_float_cpu(data, at::scalar_tensor(1.0, data.options().dtype(at::kFloat))).to(dtype);
+  return data.to(dtype);
+}
 
 void check_input(const at::Tensor& x, const BlockLayout& layout) {
   std::ostringstream os;
@@ -123,7 +147,7 @@ BlockScaledTensor quantize_mx(const at::Tensor& x, const BlockLayout& layout) {
   out.orig_dtype = x.scalar_type();
   out.scale = scale.reshape({R, C / bc});
   if (layout.element == BlockElement::E4M3) {
-    out.data = data.to(at::kFloat8_e4m3fn).reshape({R, C});
+    out.data = to_e4m3(data).reshape({R, C});
   } else {
     out.data = pack_e2m1(float_to_e2m1_codes(data.reshape({R, C})));
   }
@@ -142,7 +166,7 @@ BlockScaledTensor quantize_blockwise(const at::Tensor& x, const BlockLayout& lay
   at::Tensor amax = at::amax(at::abs(tiles), {1, 3}, /*keepdim=*/true);  // [tr, 1, tc, 1]
   amax = at::clamp(amax, kBlockwiseEps).to(at::kDouble);
   at::Tensor scale = (kE4M3Max / amax).to(at::kFloat);
-  at::Tensor data = at::clamp(tiles * scale, -kE4M3Max, kE4M3Max).to(at::kFloat8_e4m3fn);
+  at::Tensor data = to_e4m3(at::clamp(tiles * scale, -kE4M3Max, kE4M3Max));
   BlockScaledTensor out;
   out.layout = layout;
   out.rows = R;
@@ -204,40 +228,52 @@ at::Tensor dequantize_blocks(const BlockScaledTensor& t, at::ScalarType dtype) {
   const BlockLayout& l = t.layout;
   if (l.e8m0_scales) {
     // torchao's to_dtype: elements and scales both in `dtype`, multiplied there.
-    at::Tensor hp = l.element == BlockElement::E4M3 ? t.data.to(dtype)
+    at::Tensor hp = l.element == BlockElement::E4M3 ? e4m3_values(t.data, dtype)
                                                     : e2m1_codes_to_float(unpack_e2m1(t.data)).to(dtype);
     hp = hp.reshape({-1, l.block_cols}) * block_scales_as_float(t).reshape({-1, 1}).to(dtype);
     return hp.reshape({R, C});
   }
   const int64_t tr = t.scale.size(0), tc = t.scale.size(1);
-  at::Tensor data = at::constant_pad_nd(t.data.to(at::kFloat), {0, tc * l.block_cols - C, 0, tr * l.block_rows - R}, 0.0);
+  at::Tensor data = at::constant_pad_nd(e4m3_values(t.data, at::kFloat), {0, tc * l.block_cols - C, 0, tr * l.block_rows - R}, 0.0);
   at::Tensor hp = data.reshape({tr, l.block_rows, tc, l.block_cols}) * t.scale.reshape({tr, 1, tc, 1});
   return hp.reshape({tr * l.block_rows, tc * l.block_cols}).narrow(0, 0, R).narrow(1, 0, C).to(dtype);
 }
 
-// torchao's _f32_to_floatx_unpacked for e2m1 (2 exponent bits, 1 mantissa bit) as tensor ops on
-// the float32 bit patterns, so it runs where x lives (MXFP4 is emulated on every GPU titan runs
-// on; a host loop made each CUDA cast a round trip through the CPU: 8.9 s per 8192^3 linear
-// fwd+bwd on an H100). The integer steps are torchao's, so even a NaN gets its code;
-// tests/test_block_scaled.cpp holds the same steps one element at a time as the reference.
+namespace {
+// torchao's _f32_to_floatx_unpacked steps for e2m1 (2 exponent bits, 1 mantissa bit) on float32
+// bit patterns (the CPU loop, e2m1_codes_cpu, takes the same steps eight lanes at a time).
+constexpr int32_t kE2m1Mbits = 1, kE2m1ExpBias = 1, kF32Mbits = 23, kF32Bias = 127;
+constexpr int32_t kE2m1MagicAdder = (1 << (kF32Mbits - kE2m1Mbits - 1)) - 1;
+constexpr int32_t kE2m1DenormMaskInt = ((kF32Bias - kE2m1ExpBias) + (kF32Mbits - kE2m1Mbits) + 1) << kF32Mbits;
+// (kE2m1ExpBias - kF32Bias) << kF32Mbits + kE2m1MagicAdder: negative, so adding it to a
+// magnitude's bits never overflows int32.
+constexpr int32_t kE2m1ValToAdd = (kE2m1ExpBias - kF32Bias) * (1 << kF32Mbits) + kE2m1MagicAdder;
+
+float e2m1_denorm_mask_float() {
+  float f;
+  std::memcpy(&f, &kE2m1DenormMaskInt, 4);
+  return f;
+}
+}  // namespace
+
+// torchao's _f32_to_floatx_unpacked for e2m1. Off the CPU as tensor ops on the float32 bit
+// patterns, so it runs where x lives (MXFP4 is emulated on every GPU titan runs on; a host loop
+// made each CUDA cast a round trip through the CPU: 8.9 s per 8192^3 linear fwd+bwd on an H100);
+// on the CPU the same steps as one loop. The integer steps are torchao's, so even a NaN gets its
+// code; tests/test_block_scaled.cpp holds them one element at a time as the reference, and
+// compares the CUDA form with the CPU's.
 at::Tensor float_to_e2m1_codes(const at::Tensor& x) {
-  constexpr int32_t kMbits = 1, kExpBias = 1, kF32Mbits = 23, kF32Bias = 127;
-  constexpr int32_t kMagicAdder = (1 << (kF32Mbits - kMbits - 1)) - 1;
-  constexpr int32_t kDenormMaskInt = ((kF32Bias - kExpBias) + (kF32Mbits - kMbits) + 1) << kF32Mbits;
-  // (kExpBias - kF32Bias) << kF32Mbits + kMagicAdder: negative, so adding it to a magnitude's bits
-  // never overflows int32.
-  constexpr int32_t kValToAdd = (kExpBias - kF32Bias) * (1 << kF32Mbits) + kMagicAdder;
-  float denorm_mask_float;
-  std::memcpy(&denorm_mask_float, &kDenormMaskInt, 4);
   const at::Tensor bits = x.to(at::kFloat).contiguous().view(at::kInt);
+  if (cpu_kernels_for(bits)) return e2m1_codes_cpu(bits.view(at::kFloat));
   const at::Tensor sign = at::bitwise_and(bits, std::numeric_limits<int32_t>::min());
   const at::Tensor magnitude_bits = at::bitwise_xor(bits, sign);
   const at::Tensor magnitude = magnitude_bits.view(at::kFloat);
   // Denormal (and the round up to 1.0): the float adder rounds to a multiple of 0.5.
-  const at::Tensor denormal = (magnitude + denorm_mask_float).view(at::kInt) - kDenormMaskInt;
+  const at::Tensor denormal = (magnitude + e2m1_denorm_mask_float()).view(at::kInt) - kE2m1DenormMaskInt;
   // Normal (and NaN, which fails both comparisons): rebias the exponent, round half to even.
-  const at::Tensor mantissa_odd = at::bitwise_and(at::bitwise_right_shift(magnitude_bits, kF32Mbits - kMbits), 1);
-  const at::Tensor normal = at::bitwise_right_shift(magnitude_bits + kValToAdd + mantissa_odd, kF32Mbits - kMbits);
+  const at::Tensor mantissa_odd = at::bitwise_and(at::bitwise_right_shift(magnitude_bits, kF32Mbits - kE2m1Mbits), 1);
+  const at::Tensor normal =
+      at::bitwise_right_shift(magnitude_bits + kE2m1ValToAdd + mantissa_odd, kF32Mbits - kE2m1Mbits);
   // >= 6 saturates to 7 (all exponent and mantissa bits set); the low byte is kept, as a cast to
   // uint8 of the int32 code, before the sign goes into bit 3.
   at::Tensor code = at::where(magnitude >= 6.0, at::scalar_tensor(7, bits.options()),

@@ -74,6 +74,9 @@ std::optional<Float8Tensor> try_fused_to_float8_cpu(const at::Tensor& x, const C
 at::Tensor fused_amax_cpu(const at::Tensor& x, ScalingGranularity granularity, int64_t axis);
 // cast_to_float8(x, scale, dtype) for float32 / bf16 CPU x; scale 0-dim, per row or (1, C).
 at::Tensor fused_cast_cpu(const at::Tensor& x, const at::Tensor& scale, at::ScalarType dtype);
+// float_to_e2m1_codes (float8/block_scaled.h) for contiguous float32 CPU x: torchao's integer
+// steps eight lanes at a time, bit for bit the tensor form (tests/test_block_scaled.cpp).
+at::Tensor e2m1_codes_cpu(const at::Tensor& x);
 // data.to(float32) / scale in one pass: 2-D float8 CPU data (either memory order; the result
 // keeps it), scale 0-dim or broadcastable (Note [Scale follows data]).
 at::Tensor dequantize_to_float_cpu(const at::Tensor& data, const at::Tensor& scale);

@@ -187,6 +187,30 @@ void cast_2d(const T* x, int64_t rows, int64_t cols, const float* scale, int64_t
   });
 }
 
+// torchao's f32 -> e2m1 steps (float8/block_scaled.cpp's float_to_e2m1_codes) on 8 lanes: the
+// denormal candidate by a float32 addition of 2^22 (the FPU rounds to a multiple of 0.5), the
+// normal one rebiased with round-half-to-even, >= 6 (and inf) saturating to 7, NaN taking the
+// normal path as there (it fails both comparisons); the low byte, OR the sign into bit 3.
+inline __m256i e2m1_codes8(__m256 v) {
+  constexpr int32_t kDenormMask = 149 << 23;                       // 2^22 as float32 bits
+  constexpr int32_t kRebias = -(126 << 23) + ((1 << 21) - 1);      // (1 - 127) << 23, + half - 1
+  const __m256i bits = _mm256_castps_si256(v);
+  const __m256i sign = _mm256_and_si256(bits, _mm256_set1_epi32(static_cast<int>(0x80000000u)));
+  const __m256i a = _mm256_xor_si256(bits, sign);
+  const __m256 magnitude = _mm256_castsi256_ps(a);
+  const __m256i denorm = _mm256_set1_epi32(kDenormMask);
+  const __m256i sub = _mm256_sub_epi32(_mm256_castps_si256(_mm256_add_ps(magnitude, _mm256_castsi256_ps(denorm))), denorm);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(a, 22), _mm256_set1_epi32(1));
+  // Arithmetic shift as the int32 tensor form's; only lanes >= 1.0 (positive sums) keep it.
+  const __m256i normal = _mm256_srai_epi32(_mm256_add_epi32(_mm256_add_epi32(a, _mm256_set1_epi32(kRebias)), odd), 22);
+  const __m256 below_one = _mm256_cmp_ps(magnitude, _mm256_set1_ps(1.0f), _CMP_LT_OQ);
+  const __m256 saturates = _mm256_cmp_ps(magnitude, _mm256_set1_ps(6.0f), _CMP_GE_OQ);
+  __m256i code = _mm256_blendv_epi8(normal, sub, _mm256_castps_si256(below_one));
+  code = _mm256_blendv_epi8(code, _mm256_set1_epi32(7), _mm256_castps_si256(saturates));
+  code = _mm256_and_si256(code, _mm256_set1_epi32(0xff));
+  return _mm256_or_si256(code, _mm256_and_si256(_mm256_srai_epi32(sign, 28), _mm256_set1_epi32(0x8)));
+}
+
 bool supported_source(const at::Tensor& x) {
   return x.device().is_cpu() && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16);
 }
@@ -280,6 +304,33 @@ std::optional<Float8Tensor> try_fused_to_float8_cpu(const at::Tensor& x, const C
   Float8Tensor t{fused_cast_cpu(x, scale, config.dtype), scale, x.scalar_type()};
   check_float8_tensor(t, "to_float8");
   return t;
+}
+
+at::Tensor e2m1_codes_cpu(const at::Tensor& x_in) {
+  TORCH_CHECK(x_in.device().is_cpu() && x_in.scalar_type() == at::kFloat, "e2m1_codes_cpu: needs float32 CPU data");
+  const at::Tensor x = x_in.contiguous();
+  at::Tensor out = at::empty(x.sizes(), x.options().dtype(at::kByte));
+  const float* src = x.data_ptr<float>();
+  uint8_t* dst = out.data_ptr<uint8_t>();
+  const int64_t n = x.numel();
+  at::parallel_for(0, (n + 7) / 8, kGrainSize / 8, [&](int64_t b, int64_t e) {
+    alignas(32) int32_t lanes[8];
+    alignas(32) float tail[8];
+    for (int64_t g = b; g < e; ++g) {
+      const int64_t i = g * 8, k = std::min<int64_t>(8, n - i);
+      __m256 v;
+      if (k == 8) {
+        v = _mm256_loadu_ps(src + i);
+      } else {
+        std::fill(tail, tail + 8, 0.f);
+        std::copy(src + i, src + i + k, tail);
+        v = _mm256_load_ps(tail);
+      }
+      _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), e2m1_codes8(v));
+      for (int64_t j = 0; j < k; ++j) dst[i + j] = static_cast<uint8_t>(lanes[j]);
+    }
+  });
+  return out;
 }
 
 at::Tensor dequantize_to_float_cpu(const at::Tensor& data, const at::Tensor& scale) {
