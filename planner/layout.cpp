@@ -55,9 +55,12 @@ std::vector<std::string> Layout::overrides(bool has_experts) const {
   if (tp > 1 && async_tp) o.push_back("--parallelism.enable_async_tensor_parallel");
   if (precision != "bf16") o.insert(o.end(), {"--float8.enable_float8_linear", "--float8.recipe_name", precision});
   // The MoE experts' own float8 recipe is rowwise (torchao's); the time model counts them in
-  // float8 only then (predict.cpp).
-  if (precision == "rowwise" && has_experts)
+  // float8 only then (predict.cpp). Under EP their rows travel in float8 too (D + 4 bytes a row
+  // instead of 2 D; the experts' input cast, bit for bit the one at the destination).
+  if (precision == "rowwise" && has_experts) {
     o.insert(o.end(), {"--model.converters", "quantize.grouped_mm.float8", "--quantize.grouped_mm.float8.fqns", "experts"});
+    if (ep > 1) o.push_back("--quantize.grouped_mm.float8.float8_dispatch");
+  }
   return o;
 }
 

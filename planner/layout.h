@@ -28,7 +28,8 @@ struct Layout {
   // "dp_shard=8,tp=1,...": every field; what the table prints and plan.explain takes.
   std::string name() const;
   // The command-line overrides that run it (on top of the user's config); a model with experts
-  // (`has_experts`) at precision rowwise trains them in float8 rowwise too.
+  // (`has_experts`) at precision rowwise trains them in float8 rowwise too (and, under EP,
+  // dispatches their rows in float8).
   std::vector<std::string> overrides(bool has_experts = false) const;
 };
 

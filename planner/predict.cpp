@@ -49,7 +49,8 @@
 //     HSDP: the gradient shard all-reduced across replicas once per step, in buckets of 64 MiB
 //       (2 (r - 1) / r of the bytes, a ring's 2 (r - 1) messages per bucket: reduce-scatter
 //       then all-gather; the copies into the kept bucket and back at the memory's rate).
-//     EP: the MoE dispatch and combine all-to-alls, forward and backward. Exposed.
+//     EP: the MoE dispatch and combine all-to-alls, forward and backward; at precision
+//       rowwise the forward dispatch carries e4m3 rows + a scale each (D + 4 bytes). Exposed.
 //     PP: one activation (or its gradient) per micro-batch and stage boundary, inside the
 //       pipeline simulation: in flight beside the compute on GPUs; where transfers run on the
 //       compute's cores, its bytes are work on the sending and the receiving rank (added to the
@@ -85,7 +86,8 @@ struct LayerWork {
   double tp_comm = 0;        // one direction
   double cp_comm = 0;        // forward
   double cp_comm_b = 0;      // backward
-  double ep_comm = 0;        // one direction
+  double ep_comm = 0;        // forward: dispatch + combine
+  double ep_comm_b = 0;      // backward: their adjoints (high precision)
   double fsdp_gather = 0;
   double fsdp_reduce_scatter = 0;
 };
@@ -221,9 +223,18 @@ Prediction predict(const trainer::config::JobConfig& cfg, const trainer::config:
     }
   }
   if (dims.ep > 1 && args.moe) {
-    const double routed = tokens * static_cast<double>(args.moe->top_k) * dim * bytes;
-    w.ep_comm = 2.0 * routed * (dims.ep - 1.0) / dims.ep / bus(Collective::kAllGather, dims.tp, dims.ep, routed) +
-                2.0 * messages(static_cast<double>(dims.ep));
+    // Each routed row to its expert's rank and back, forward and backward. Rowwise experts
+    // dispatch forward in float8 (the layout's command turns it on): e4m3 + a float32 scale per
+    // row; the combine and both adjoints stay in the compute dtype.
+    const double routed_rows = tokens * static_cast<double>(args.moe->top_k);
+    auto all_to_all = [&](double row_bytes) {
+      const double moved = routed_rows * row_bytes;
+      return moved * (dims.ep - 1.0) / dims.ep / bus(Collective::kAllGather, dims.tp, dims.ep, moved) +
+             messages(static_cast<double>(dims.ep));
+    };
+    const double dispatch_row = L.precision == "rowwise" ? dim + 4.0 : dim * bytes;
+    w.ep_comm = all_to_all(dispatch_row) + all_to_all(dim * bytes);
+    w.ep_comm_b = 2.0 * all_to_all(dim * bytes);
   }
   // FSDP's gather (compute dtype) and gradient reduce-scatter (float32) of `params` parameters.
   const int64_t fsdp_ranks = dims.dp_shard_cp();
@@ -270,7 +281,7 @@ Prediction predict(const trainer::config::JobConfig& cfg, const trainer::config:
   const double layer_f = w.gemm_fwd + w.attention_fwd + w.memory_fwd + dispatch / 3.0;
   const double layer_b = 2.0 * w.gemm_fwd + 2.0 * w.attention_fwd + w.memory_bwd + recompute + 2.0 * dispatch / 3.0;
   const double layer_f_comm = tp_exposed + w.cp_comm + w.ep_comm;
-  const double layer_b_comm = tp_b_exposed + w.cp_comm_b + w.ep_comm;
+  const double layer_b_comm = tp_b_exposed + w.cp_comm_b + w.ep_comm_b;
   // FSDP exposed over one micro-batch of `n` layers (prefetch: see the Note), the embedding's
   // and norm + output's groups included: forward gathers the embedding (first: exposed), then
   // each block while the previous one computes, then norm + output during the last block;
@@ -364,7 +375,7 @@ Prediction predict(const trainer::config::JobConfig& cfg, const trainer::config:
     sum_dispatch = m * per_rank_layers * dispatch;
     sum_tp = m * per_rank_layers * (tp_exposed + tp_b_exposed);
     sum_cp = m * per_rank_layers * (w.cp_comm + w.cp_comm_b);
-    sum_ep = m * per_rank_layers * 2.0 * w.ep_comm;
+    sum_ep = m * per_rank_layers * (w.ep_comm + w.ep_comm_b);
     fsdp_once = *std::max_element(fsdp_of_rank.begin(), fsdp_of_rank.end());
   } else {
     const auto [ff, fb] = fsdp_exposed(layers);
@@ -374,7 +385,7 @@ Prediction predict(const trainer::config::JobConfig& cfg, const trainer::config:
     sum_dispatch = layers * dispatch;
     sum_tp = layers * (tp_exposed + tp_b_exposed);
     sum_cp = layers * (w.cp_comm + w.cp_comm_b);
-    sum_ep = layers * 2.0 * w.ep_comm;
+    sum_ep = layers * (w.ep_comm + w.ep_comm_b);
     sum_fsdp = ff + fb;
     pass_seconds = sum_compute + sum_memory + sum_recompute + sum_dispatch + sum_tp + sum_cp + sum_ep + sum_fsdp;
   }

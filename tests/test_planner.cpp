@@ -479,6 +479,42 @@ TEST_CASE("attention runs at the device's attention efficiency; device cpu measu
   CHECK_THAT(lines, Contains("attention at"));
 }
 
+TEST_CASE("rowwise experts under EP dispatch their rows in float8: the command says so, the EP term shrinks",
+          "[planner]") {
+  // Qwen3-MoE's small flavor (dim 256) on 4 GPUs: at precision rowwise each routed row goes out
+  // as 256 e4m3 bytes + a float32 scale instead of 512 bf16 bytes; the combine and both
+  // adjoints stay bf16, so the EP term is (3 + 260 / 512) / 4 = 0.877 of bf16's or a little
+  // more (a smaller message never moves at a higher bus bandwidth), and less than bf16's.
+  const tc::JobConfig cfg = debug_job({"--model.name", "qwen3", "--model.flavor", "debugmodel_moe_small",
+                                       "--plan.exhaustive", "true", "--plan.precisions", "bf16,rowwise",
+                                       "--plan.ac_modes", "none"});
+  const auto ep_term = term_by_layout(cfg, tp::cluster_from_config(tp::planning_config(cfg)), "EP exposed");
+  int compared = 0;
+  for (const auto& [name, seconds] : ep_term) {
+    tp::Layout l = tp::parse_layout(name);
+    if (l.ep == 1 || l.precision != "rowwise") continue;
+    INFO(name);
+    const std::vector<std::string> o = l.overrides(/*has_experts=*/true);
+    CHECK(std::count(o.begin(), o.end(), "--quantize.grouped_mm.float8.float8_dispatch") == 1);
+    // The command runs: the trainer's checks accept the dispatch with this layout.
+    std::vector<std::string> args = {"--model.name", "qwen3", "--model.flavor", "debugmodel_moe_small"};
+    args.insert(args.end(), o.begin(), o.end());
+    CHECK(check_error(tc::parse_job_config(args), l.world()).empty());
+    l.precision = "bf16";
+    REQUIRE(ep_term.count(l.name()) == 1);
+    const double bf16 = ep_term.at(l.name());
+    CHECK(seconds < bf16);
+    CHECK(seconds >= 0.877 * bf16);
+    ++compared;
+  }
+  CHECK(compared > 0);
+  // Without EP there is no dispatch to quantize.
+  tp::Layout dense;
+  dense.precision = "rowwise";
+  const std::vector<std::string> o = dense.overrides(true);
+  CHECK(std::count(o.begin(), o.end(), "--quantize.grouped_mm.float8.float8_dispatch") == 0);
+}
+
 TEST_CASE("plan.explain reads back the table's layout names and refuses what it cannot read", "[planner]") {
   tp::Layout l;
   l.dp_shard = 2, l.tp = 2, l.pp = 2, l.schedule = "Interleaved1F1B", l.microbatch_size = 2, l.local_batch = 4;
