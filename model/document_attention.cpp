@@ -3,6 +3,7 @@
 
 #include <ATen/ops/_flash_attention_backward.h>
 #include <ATen/ops/_flash_attention_forward.h>
+#include <ATen/ops/arange.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/cumsum.h>
 #include <ATen/ops/empty.h>
@@ -96,6 +97,15 @@ at::Tensor document_ids(const at::Tensor& tokens, int64_t eos_id) {
   at::Tensor ids = at::zeros_like(eos);
   if (tokens.size(1) > 1) ids.narrow(1, 1, tokens.size(1) - 1).copy_(at::cumsum(eos, 1).narrow(1, 0, tokens.size(1) - 1));
   return ids;
+}
+
+at::Tensor chunked_documents(const at::Tensor& doc_ids, int64_t chunk) {
+  TORCH_CHECK(doc_ids.dim() == 2 && chunk > 0, "chunked_documents: doc_ids must be [B, S] and the chunk positive, got ",
+              doc_ids.sizes(), " and ", chunk);
+  const int64_t S = doc_ids.size(1), chunks = (S + chunk - 1) / chunk;
+  // (document, chunk) numbered in row order: non-decreasing, equal exactly where both are.
+  const at::Tensor chunk_of = at::arange(S, doc_ids.options().dtype(at::kLong)).div(chunk, "floor");
+  return doc_ids.to(at::kLong) * chunks + chunk_of;
 }
 
 std::vector<std::vector<DocumentSpan>> document_spans(const at::Tensor& doc_ids) {

@@ -33,6 +33,13 @@ namespace titan::model {
 // tokens [B, S] (any integer dtype) -> document ids [B, S] int64 (See Note [Documents of a row]).
 at::Tensor document_ids(const at::Tensor& tokens, int64_t eos_id);
 
+// doc_ids [B, S] split further at every multiple of `chunk` along the row: positions share an id
+// exactly when they share a document and a chunk [c chunk, (c + 1) chunk) of the row (Llama 4's
+// chunked attention, torchtitan's get_fixed_block_mask_mod and-ed with the document mask). Ids of
+// whole rows: under context parallelism each rank's positions are picked from them as from
+// document_ids'.
+at::Tensor chunked_documents(const at::Tensor& doc_ids, int64_t chunk);
+
 // One document's positions in a row: [start, start + length).
 struct DocumentSpan {
   int64_t start = 0;

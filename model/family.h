@@ -92,6 +92,11 @@ class Family {
   virtual std::vector<ShardedSize> tp_sharded_sizes(const ModelArgs& args) const = 0;
   // Parameter `fqn`'s initial distribution (what Transformer::init_weights draws it from).
   virtual InitSpec init_spec(const ModelArgs& args, const std::string& fqn) const = 0;
+  // Block `layer`'s attention confined to fixed chunks of this many positions of the row (block-
+  // causal within each chunk, and within each document where the model is block-causal: Llama 4's
+  // iRoPE layers); 0 (default): no chunks. Any layer's chunk makes the rows' documents an input of
+  // every block (model/attention_masks.h).
+  virtual int64_t attention_chunk(const ModelArgs&, int64_t) const { return 0; }
   // The rotary frequencies of the rotated part of a head (its size / 2 of them), position 0's
   // angle step each. Default: theta^(-2i / head_dim) through Llama 3.1's scaling when on.
   virtual std::vector<double> rope_frequencies(const ModelArgs& args) const;

@@ -18,7 +18,8 @@ GroupedQueryAttention::GroupedQueryAttention(const std::string& prefix, const Mo
       wk(prefix + ".wk", args.dim, args.kv_heads() * args.head_dim()),
       wv(prefix + ".wv", args.dim, args.kv_heads() * args.head_dim()),
       wo(prefix + ".wo", args.n_heads * args.head_dim(), args.dim),
-      rope_rotate_half(args.rope_rotate_half) {
+      rope_rotate_half(args.rope_rotate_half),
+      block_causal(args.block_causal) {
   TORCH_CHECK(args.explicit_head_dim > 0 || args.dim % args.n_heads == 0, "dim ", args.dim,
               " is not divisible by n_heads ", args.n_heads);
   if (args.qk_norm) {
@@ -41,18 +42,26 @@ at::Tensor GroupedQueryAttention::forward(const at::Tensor& x_in, const RotaryTa
     q = q_norm->forward(q);
     k = k_norm->forward(k);
   }
-  const auto rotate = rope_rotate_half ? apply_rotary_half : apply_rotary;
-  q = rotate(q, rope).transpose(1, 2);  // [B, H, S, hd]
-  k = rotate(k, rope).transpose(1, 2);
+  if (use_rope) {
+    const auto rotate = rope_rotate_half ? apply_rotary_half : apply_rotary;
+    q = rotate(q, rope);
+    k = rotate(k, rope);
+  }
+  q = q.transpose(1, 2);  // [B, H, S, hd]
+  k = k.transpose(1, 2);
   v = v.transpose(1, 2);
   // Causal SDPA through the op layer, so per-op selective AC can keep its output; under context
   // parallelism, attention over the whole sequence with keys and values from the other ranks;
-  // block-causal: per document (See Note [Document-masked attention]). The scale is SDPA's
-  // default 1/sqrt(head_dim), as torchtitan's Llama 3 and Qwen3 (whose head_dim**-0.5 is the same).
+  // block-causal or chunked: per document, or per chunk of a document (See Note
+  // [Document-masked attention]; model/attention_masks.h). The scale is SDPA's default
+  // 1/sqrt(head_dim), as torchtitan's Llama 3, Llama 4 and Qwen3 (whose head_dim**-0.5 is the same).
   const std::optional<double> scale;
-  at::Tensor out = sdpa                  ? sdpa(q, k, v, documents, scale)
-                   : documents.defined() ? document_causal_attention(q, k, v, documents, scale)
-                                         : attention_op(q, k, v, scale);  // [B, H, S, hd]
+  const at::Tensor spans = attention_chunk > 0 ? chunked_documents(documents, attention_chunk)
+                           : block_causal      ? documents
+                                               : at::Tensor();
+  at::Tensor out = sdpa              ? sdpa(q, k, v, spans, scale)
+                   : spans.defined() ? document_causal_attention(q, k, v, spans, scale)
+                                     : attention_op(q, k, v, scale);  // [B, H, S, hd]
   return wo.forward(out.transpose(1, 2).reshape({batch, seq, -1}));  // [B, S, D]
 }
 

@@ -1,7 +1,7 @@
 // model/grouped_query_attention.h — grouped-query attention (Llama 3's, Qwen3's): wq, wk, wv,
 // wo, with n_kv_heads <= n_heads key/value heads shared by groups of query heads, optionally an
 // RMSNorm on each head of q and k before RoPE (Qwen3's qk_norm), RoPE over interleaved pairs or
-// over halves (rope_rotate_half).
+// over halves (rope_rotate_half); optionally without RoPE or within fixed chunks (Llama 4's iRoPE).
 #pragma once
 
 #include <optional>
@@ -37,6 +37,11 @@ class GroupedQueryAttention final : public AttentionModule {
   Linear wq, wk, wv, wo;  // wq [H*hd, D], wk/wv [KV*hd, D], wo [D, H*hd]
   std::optional<RMSNorm> q_norm, k_norm;  // [head_dim] each, "<prefix>.q_norm.weight" (qk_norm)
   bool rope_rotate_half = false;           // ModelArgs::rope_rotate_half
+  // Llama 4's iRoPE (set by its family per layer): a layer without RoPE (NoPE), and a layer whose
+  // attention stays within chunks of the row (Family::attention_chunk; 0: none).
+  bool use_rope = true;
+  int64_t attention_chunk = 0;
+  bool block_causal = false;               // ModelArgs::block_causal: attention within documents
 };
 
 }  // namespace titan::model

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <vector>
 
+#include "model/attention_masks.h"
 #include "model/document_attention.h"
 #include "model/scope.h"
 
@@ -281,8 +282,8 @@ bool ModelPart::holds(const std::string& module) const {
 }
 
 at::Tensor Transformer::forward(const at::Tensor& tokens, const RotaryTable& rope, const at::Tensor& documents) {
-  const bool find = args_.block_causal && !documents.defined() && tokens.dim() == 2;
-  return forward_part(tokens, rope, {}, find ? document_ids(tokens, args_.eos_id) : documents);
+  const bool find = uses_row_documents(args_) && !documents.defined() && tokens.dim() == 2;
+  return forward_part(tokens, rope, {}, find ? row_documents(args_, tokens) : documents);
 }
 
 at::Tensor Transformer::forward_part(const at::Tensor& input, const RotaryTable& rope, const ModelPart& part,
@@ -291,12 +292,14 @@ at::Tensor Transformer::forward_part(const at::Tensor& input, const RotaryTable&
   TORCH_CHECK(part.first_layer >= 0 && part.first_layer <= end_layer && end_layer <= args_.n_layers,
               "Transformer::forward_part: layers [", part.first_layer, ", ", end_layer, ") of ", args_.n_layers);
   at::Tensor h = input;
-  // Block-causal: each position's document (found from the rows' EOS by the caller); causal: none.
-  TORCH_CHECK(!args_.block_causal || (documents_in.defined() && documents_in.dim() == 2 &&
-                                      documents_in.size(0) == input.size(0)),
-              "Transformer::forward_part: a block-causal model needs the documents of the rows [batch, seq] (document_ids), got ",
+  // Block-causal or chunked: each position's document (row_documents, found from the rows' EOS by
+  // the caller); causal: none.
+  const bool uses_documents = uses_row_documents(args_);
+  TORCH_CHECK(!uses_documents || (documents_in.defined() && documents_in.dim() == 2 &&
+                                  documents_in.size(0) == input.size(0)),
+              "Transformer::forward_part: a block-causal or chunked model needs the documents of the rows [batch, seq] (row_documents), got ",
               documents_in.defined() ? documents_in.sizes() : at::IntArrayRef{}, " for input ", input.sizes());
-  const at::Tensor documents = args_.block_causal ? documents_in : at::Tensor();
+  const at::Tensor documents = uses_documents ? documents_in : at::Tensor();
   if (part.embedding) {
     TORCH_CHECK(input.dim() == 2, "Transformer::forward expects tokens [batch, seq], got shape ", input.sizes());
     TORCH_CHECK(rope.cos.size(0) >= input.size(1), "Transformer::forward: the RoPE table has ", rope.cos.size(0),

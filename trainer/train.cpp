@@ -2,7 +2,7 @@
 // trainer/build.cpp), the step and the loop.
 #include "trainer/train.h"
 
-#include "model/document_attention.h"
+#include "model/attention_masks.h"
 
 #include <c10/util/Exception.h>
 
@@ -55,13 +55,13 @@ std::pair<double, double> Trainer::train_step(int64_t step) {
   data::Batch batch = loader_->next_batch();  // this rank's rows of the global batch, [rows, S]
   const double loss_sum = forward_backward(batch);  // schedule + gradient finish (FSDP, TP, HSDP, dp x cp)
   if (after_backward_hook_) after_backward_hook_(step);  // training.debug_nonfinite_at_step only
-  // Block-causal steps compute part of attention's square: the mfu counts what was done.
+  // Block-causal and chunked steps compute part of attention's square: the mfu counts what was done.
   const model::ModelArgs& args = model_->args();
   last_mtp_loss_ = args.mtp_layers > 0 ? parallel_->take_mtp_loss_sum() /
                                              (static_cast<double>(global_batch_size_) * t.seq_len)
                                        : -1;
   metrics_->add_tokens(batch.inputs.numel(),
-                       args.block_causal ? model::attention_work_fraction(model::document_ids(batch.inputs, args.eos_id)) : 1.0);
+                       model::attention_work(args, batch.inputs));
   model::NamedScope scope("optimizer", model::MemoryCategory::kOptimizerState);
   const double global_tokens = static_cast<double>(global_batch_size_) * t.seq_len;
   const parallel::ParallelModel::ClippedNorm clipped = parallel_->clip_grad_norm(t.max_norm);  // one all-reduce

@@ -52,6 +52,13 @@ ModelArgs qwen3_moe(ModelArgs a, int64_t num_experts, int64_t moe_hidden_dim) {
   return a;
 }
 
+// debugmodel's tied embedding at small_moe's size (4 layers of width 128, 4 heads of 32), dense.
+ModelArgs small_tied() {
+  ModelArgs a = qwen3(128, 4, 4, 2, 2048, 384, true);
+  a.explicit_head_dim = 32;
+  return a;
+}
+
 ModelArgs small_moe() {
   ModelArgs a = qwen3_moe(qwen3(128, 4, 4, 2, 2048, 384, false), 8, 64);
   a.explicit_head_dim = 32;
@@ -87,6 +94,9 @@ const std::vector<NamedFlavor>& qwen3_flavor_table() {
       // through in a fraction of a second (debugmodel_moe holds 315M parameters): 4 layers of
       // 8 experts of which each token takes 2, head_dim 32.
       {"debugmodel_moe_small", small_moe()},
+      // Not a torchtitan flavor: debugmodel's tied embedding at that size (debugmodel holds 31.5M
+      // parameters, 8 layers with q 2048 wide): what the tied-embedding layout and resume tests run.
+      {"debugmodel_small", small_tied()},
       // Not a torchtitan flavor either: the MoE benchmark's larger case (scripts/bench_moe.sh), as
       // titan's Llama "100M" is bench_train.sh's.
       {"moe_100M_active", moe_100m_active()},

@@ -4,7 +4,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "model/document_attention.h"
+#include "model/attention_masks.h"
 #include "parallel/context_parallel/context_parallel.h"
 #include "parallel/comm/mesh.h"
 
@@ -20,7 +20,7 @@ SequenceShard shard_sequence(const comm::DeviceMesh& mesh, const at::Tensor& inp
   const int cp = mesh.size(comm::MeshDim::kCp), rank = mesh.local_rank(comm::MeshDim::kCp);
   return {cp_shard(inputs, 1, cp, rank), cp_shard(labels, 1, cp, rank),
           {cp_shard(rope.cos.narrow(0, 0, seq_len), 0, cp, rank), cp_shard(rope.sin.narrow(0, 0, seq_len), 0, cp, rank)},
-          args.block_causal ? model::document_ids(inputs, args.eos_id) : at::Tensor()};
+          model::row_documents(args, inputs)};
 }
 
 }  // namespace titan::parallel::context_parallel
