@@ -7,6 +7,8 @@
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -60,18 +62,26 @@ inline const std::map<std::string, at::Tensor>* torchao_reference(const std::str
     const char* src = std::getenv("TITAN_SOURCE_DIR");
     if (src && fs::exists(fs::path(src) / ".deps/torchao/torchao")) {
       // Each test case is its own process under ctest: the file is made once per version of the
-      // script (named by its modification time) and shared; written to a temporary name and
-      // renamed, so concurrent cases never read half a file.
+      // script (named by its modification time) and shared by every process, in .deps/ (each
+      // test process's temp folder is its own and removed: Note [One scratch folder per test
+      // process]; one torchao run is ~9 s, which every case paid when the file lived there);
+      // written to a temporary name and renamed, so concurrent cases never read half a file.
       const fs::path script = fs::path(src) / "scripts/reference" / script_name;
       const auto stamp = fs::last_write_time(script).time_since_epoch().count();
-      const fs::path out = fs::temp_directory_path() /
-                           ("titan_" + fs::path(script_name).stem().string() + "_" + std::to_string(stamp) + ".safetensors");
+      const fs::path cache = fs::path(src) / ".deps" / "reference_cache";
+      fs::create_directories(cache);
+      const fs::path out =
+          cache / ("titan_" + fs::path(script_name).stem().string() + "_" + std::to_string(stamp) + ".safetensors");
+      // One process makes it while the others wait on the lock (then find it made).
+      const int lock = ::open((out.string() + ".lock").c_str(), O_CREAT | O_RDWR, 0644);
+      if (lock >= 0) ::flock(lock, LOCK_EX);
       if (!fs::exists(out)) {
         const fs::path tmp = out.string() + "." + std::to_string(::getpid());
         const std::string cmd = "PYTHONPATH=" + std::string(src) + "/.deps/torchao " + std::string(src) +
                                 "/.deps/venv/bin/python " + script.string() + " " + tmp.string() + " > /dev/null 2>&1";
         if (std::system(cmd.c_str()) == 0 && fs::exists(tmp)) fs::rename(tmp, out);
       }
+      if (lock >= 0) ::close(lock);  // releases the lock
       ok[script_name] = fs::exists(out);
       if (ok[script_name]) loaded[script_name] = load_reference(out.string());
     }
