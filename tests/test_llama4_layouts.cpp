@@ -32,7 +32,8 @@ std::vector<std::vector<double>> expert_loads(const fs::path& metrics) {
 
 }  // namespace
 
-TEST_CASE("Llama 4 (iRoPE chunks, interleaved MoE) under FSDP 2, TP 2, EP 2, PP 2 and CP 2 equals one process",
+TEST_CASE("Llama 4 (iRoPE chunks, interleaved MoE) under FSDP 2, TP 2, EP 2, PP 2, CP 2, HSDP 2 x 2, EP 2 x TP 2 and "
+          "FSDP 2 + per-op AC equals one process",
           "[moe][dist][llama4]") {
   const layout::Reference& ref = layout::reference_run(8, kLlama4);
   const auto want = expert_loads(ref.dump / "metrics.jsonl");
@@ -43,6 +44,9 @@ TEST_CASE("Llama 4 (iRoPE chunks, interleaved MoE) under FSDP 2, TP 2, EP 2, PP 
       {"l4_ep2", 2, "--parallelism.expert_parallel_degree 2"},
       {"l4_pp2", 2, "--parallelism.pipeline_parallel_degree 2 --parallelism.pipeline_parallel_schedule 1F1B"},
       {"l4_cp2", 2, "--parallelism.context_parallel_degree 2"},
+      {"l4_hsdp", 4, "--parallelism.data_parallel_replicate_degree 2 --parallelism.data_parallel_shard_degree 2"},
+      {"l4_ep2_tp2", 4, "--parallelism.expert_parallel_degree 2 --parallelism.tensor_parallel_degree 2"},
+      {"l4_fsdp2_op_ac", 2, "--activation_checkpoint.mode selective --activation_checkpoint.selective_ac_option op"},
   };
   for (const auto& [name, nproc, overrides] : layouts) {
     layout::check_layout(name, nproc, overrides, 8, kLlama4);
@@ -53,4 +57,23 @@ TEST_CASE("Llama 4 (iRoPE chunks, interleaved MoE) under FSDP 2, TP 2, EP 2, PP 
       CHECK(got[s] == want[s]);
     }
   }
+}
+
+TEST_CASE("Llama 4 with float8 rowwise dense linears and rowwise experts (EP 2 x FSDP 2 with float8 dispatch, TP 2) "
+          "equals one process with the same recipes",
+          "[moe][dist][llama4][float8]") {
+  // One process runs the same recipes, so only the reduction order differs, which can flip an
+  // element's e4m3 rounding and a token's routing: the float8 layout bounds of the other MoE
+  // families (5e-4 loss, 2e-3 grad norm), no load comparison.
+  layout::Tolerance tol;
+  tol.loss = 5e-4;
+  tol.grad_norm = 2e-3;
+  const std::string float8 = kLlama4 +
+                             " --float8.enable_float8_linear --float8.recipe_name rowwise --model.converters "
+                             "quantize.grouped_mm.float8 --quantize.grouped_mm.float8.fqns experts";
+  layout::check_layout("l4_ep2_fsdp2_float8", 4,
+                       "--parallelism.expert_parallel_degree 2 --parallelism.data_parallel_shard_degree 4 "
+                       "--quantize.grouped_mm.float8.float8_dispatch",
+                       8, float8, tol);
+  layout::check_layout("l4_tp2_float8", 2, "--parallelism.tensor_parallel_degree 2", 8, float8, tol);
 }
