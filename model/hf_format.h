@@ -54,6 +54,14 @@ struct HfConfigCheck {
   std::vector<std::string> optional_keys;
 };
 
+// Stacked expert weights HF keeps as one tensor of every expert (Llama 4's
+// "feed_forward.experts.gate_up_proj" [E, D, 2H] and "down_proj" [E, H, D]): each of titan's
+// [E, N, K] tensors `titan` transposed to [E, K, N], concatenated along the last dim in order.
+struct HfFusedExperts {
+  std::string hf;                  // after block_folder + "<i>."
+  std::vector<std::string> titan;  // after "layers.<i>.": {"moe.experts.w1", "moe.experts.w3"}
+};
+
 struct HfFormat {
   std::string architecture;  // config.json's architectures[0]: "LlamaForCausalLM"
   std::string model_type;    // "llama"
@@ -62,6 +70,7 @@ struct HfFormat {
   std::vector<HfNamePair> block_names;  // after "layers.<i>." <-> after block_folder + "<i>."
   std::string expert_folder;            // after block_folder + "<i>.": "mlp.experts."
   std::vector<HfNamePair> expert_names;  // after "layers.<i>." <-> after ... expert_folder + "<j>."
+  std::vector<HfFusedExperts> fused_experts;  // stacked experts HF holds whole, transposed and fused
   // A block's persistent buffers, only where the Hub's checkpoints hold the tensor; HF's format
   // leaves every other buffer out (an import starts it at its initial value).
   std::vector<HfNamePair> block_buffer_names;

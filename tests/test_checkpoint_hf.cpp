@@ -245,6 +245,77 @@ TEST_CASE("Hugging Face export of DeepSeek-V3 with multi-token prediction loads 
   }
 }
 
+TEST_CASE("Llama 4's Hugging Face format: Llama4ForCausalLM's text names, fused experts, its config, refusals",
+          "[checkpoint][llama4]") {
+  using titan::model::model_flavor;
+  const titan::model::ModelArgs l4 = model_flavor("llama4", "debugmodel_small_irope");
+  CHECK(hf_architecture(l4) == std::make_pair(std::string("Llama4ForCausalLM"), std::string("llama4_text")));
+  // w1 and w3 [E, H, D] go out as one gate_up_proj [E, D, 2H]; w2 [E, D, H] as down_proj [E, H, D].
+  CHECK(hf_names("layers.1.moe.experts.w1", l4) ==
+        std::vector<std::string>{"model.layers.1.feed_forward.experts.gate_up_proj"});
+  CHECK(hf_names("layers.1.moe.experts.w3", l4) == hf_names("layers.1.moe.experts.w1", l4));
+  CHECK(hf_names("layers.3.moe.experts.w2", l4) ==
+        std::vector<std::string>{"model.layers.3.feed_forward.experts.down_proj"});
+  CHECK(hf_names("layers.0.feed_forward.w1.weight", l4) ==
+        std::vector<std::string>{"model.layers.0.feed_forward.gate_proj.weight"});
+  CHECK(hf_names("layers.1.moe.shared_experts.w2.weight", l4) ==
+        std::vector<std::string>{"model.layers.1.feed_forward.shared_expert.down_proj.weight"});
+  CHECK(hf_names("layers.1.moe.router.gate.weight", l4) ==
+        std::vector<std::string>{"model.layers.1.feed_forward.router.weight"});
+  CHECK_FALSE(hf_buffer_name("layers.1.moe.expert_bias", l4));  // HF routes by the logits alone
+  const at::Tensor w1 = at::randn({8, 192, 128});
+  CHECK(to_hf_layout("layers.1.moe.experts.w1", w1, l4).sizes().vec() == std::vector<int64_t>{8, 128, 192});
+  CHECK(at::equal(from_hf_layout("layers.1.moe.experts.w1", to_hf_layout("layers.1.moe.experts.w1", w1, l4), l4), w1));
+  const at::Tensor wq = at::randn({l4.n_heads * l4.head_dim(), l4.dim});
+  CHECK(at::equal(to_hf_layout("layers.1.attention.wq.weight", wq, l4), wq));  // interleaved pairs in HF too
+  const nlohmann::json config = hf_config(l4, at::kBFloat16);
+  CHECK(config.at("no_rope_layers") == nlohmann::json::array({0, 1, 0, 1}));  // NoPE blocks 0 and 2
+  CHECK(config.at("moe_layers") == nlohmann::json::array({1, 3}));
+  CHECK(config.at("attention_chunk_size") == 12);
+  CHECK(config.at("intermediate_size") == l4.moe_hidden_dim);
+  CHECK(config.at("intermediate_size_mlp") == l4.ffn_hidden_dim());
+  CHECK(config.at("use_qk_norm") == false);
+  // Meta's checkpoints normalize q and k: refused on load, naming the key.
+  const fs::path dir = root() / "llama4_config";
+  fs::create_directories(dir);
+  nlohmann::json meta = config;
+  meta["use_qk_norm"] = true;
+  std::ofstream(dir / "config.json") << meta.dump();
+  CHECK_THROWS_WITH(read_hf_checkpoint(dir.string(), l4, [](const auto&, const auto&) {}),
+                    Contains("has use_qk_norm = true, but titan's model has use_qk_norm = false"));
+  titan::model::ModelArgs softmax = l4;
+  softmax.moe->score_func = "softmax";
+  CHECK_THROWS_WITH(hf_architecture(softmax), Contains("score_func 'softmax'"));
+}
+
+TEST_CASE("Hugging Face export of Llama 4 (fused experts, iRoPE) loads back bitwise", "[checkpoint][slow][moe]") {
+  auto job = [](const fs::path& dump, std::vector<std::string> extra) {
+    std::vector<std::string> args = {"--model.name", "llama4", "--model.flavor", "debugmodel_small_irope",
+                                     "--training.seq_len", "32", "--training.local_batch_size", "2",
+                                     "--training.num_threads", "1", "--metrics.peak_flops", "1e12",
+                                     "--job.dump_folder", dump.string()};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return parse_job_config(args);
+  };
+  const fs::path dump = root() / "hf_llama4", step3 = dump / "checkpoint" / "step-3";
+  Trainer saver(job(dump, {"--training.steps", "3", "--checkpoint.enable", "--checkpoint.interval", "100",
+                           "--checkpoint.last_save_in_hf"}));
+  saver.train();
+  const auto tensors = load_safetensors((step3 / "model-00001-of-00001.safetensors").string());
+  CHECK(tensors.at("model.layers.1.feed_forward.experts.gate_up_proj").sizes().vec() ==
+        std::vector<int64_t>{8, 128, 2 * 192});
+  CHECK(tensors.at("model.layers.3.feed_forward.experts.down_proj").sizes().vec() == std::vector<int64_t>{8, 192, 128});
+  CHECK(tensors.count("model.layers.0.feed_forward.gate_proj.weight") == 1);  // a dense block
+  CHECK(tensors.count("model.layers.1.feed_forward.experts.0.gate_proj.weight") == 0);
+  Trainer loaded(job(dump / "load", {"--training.steps", "1", "--checkpoint.initial_load_path", step3.string(),
+                                     "--checkpoint.initial_load_in_hf"}));
+  REQUIRE(saver.master_params().size() == loaded.master_params().size());
+  for (size_t i = 0; i < saver.master_params().size(); ++i) {
+    INFO(saver.param_names()[i]);
+    CHECK(at::equal(saver.master_params()[i], loaded.master_params()[i]));
+  }
+}
+
 TEST_CASE("Hugging Face export loads back bitwise and gives HF Llama's logits", "[checkpoint][slow]") {
   const fs::path dump = root() / "hf", hf = dump / "hf_export";
   std::vector<std::string> args = {"--training.seq_len", "32", "--training.local_batch_size", "2",

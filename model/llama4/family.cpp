@@ -14,6 +14,7 @@
 #include "model/grouped_query_attention.h"
 #include "model/grouped_query_family.h"
 #include "model/llama4/args.h"
+#include "model/llama4/hf_format.h"
 
 namespace titan::model::llama4 {
 namespace {
@@ -108,6 +109,7 @@ class Llama4Family final : public GroupedQueryFamily {
   int64_t attention_chunk(const ModelArgs& args, int64_t layer) const override {
     return args.family_args_as<Llama4Args>().attention_chunk(layer);
   }
+  HfFormat hugging_face(const ModelArgs& args) const override { return hugging_face_format(args); }
 };
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "trainer/checkpoint/hf_weights.h"
 
+#include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/stack.h>
 
@@ -58,6 +59,27 @@ std::optional<HfBlock> hf_block_of(const std::string& fqn, const model::ModelArg
     return HfBlock{args.n_layers + depth->layer, depth->rest, true};
   return std::nullopt;
 }
+// The fused entry (HfFormat::fused_experts) holding titan parameter `fqn`, and its place in it.
+struct FusedPart {
+  const model::HfFusedExperts* entry = nullptr;
+  size_t index = 0;
+  int64_t layer = 0;
+};
+FusedPart fused_part(const HfFormat& f, const std::string& fqn, const model::ModelArgs& args) {
+  const std::optional<HfBlock> block = hf_block_of(fqn, args);
+  if (!block || !args.moe) return {};
+  for (const model::HfFusedExperts& e : f.fused_experts)
+    for (size_t i = 0; i < e.titan.size(); ++i)
+      if (e.titan[i] == block->rest) return {&e, i, block->layer};
+  return {};
+}
+// The fused entry HF tensor `rest` (after block_folder + "<i>.") is, or none.
+const model::HfFusedExperts* fused_entry(const HfFormat& f, const std::string& rest) {
+  const auto it = std::find_if(f.fused_experts.begin(), f.fused_experts.end(),
+                               [&](const model::HfFusedExperts& e) { return e.hf == rest; });
+  return it == f.fused_experts.end() ? nullptr : &*it;
+}
+
 // The titan path of HF block `layer`'s `rest`: a layer's, or a depth's past n_layers.
 std::string titan_block_path(int64_t layer, const std::string& rest, const model::ModelArgs& args) {
   return layer < args.n_layers ? model::layer_path(layer, rest)
@@ -80,6 +102,8 @@ std::vector<std::string> names_of(const HfFormat& f, const std::string& fqn, con
       return {model::layer_path(block->layer, p->hf, f.block_folder)};
     if (const HfNamePair* p = with_titan_name(f.block_names, block->rest))
       return {model::layer_path(block->layer, p->hf, f.block_folder)};
+    if (const FusedPart part = fused_part(f, fqn, args); part.entry)
+      return {model::layer_path(block->layer, part.entry->hf, f.block_folder)};
     if (const HfNamePair* p = with_titan_name(f.expert_names, block->rest); p && args.moe) {
       std::vector<std::string> names;
       for (int64_t j = 0; j < args.moe->num_experts; ++j)
@@ -105,6 +129,8 @@ TitanSlot slot_of(const HfFormat& f, const std::string& hf, const model::ModelAr
     if (const HfNamePair* p = with_hf_name(f.block_names, rest)) return {titan(p->titan)};
     if (const HfNamePair* p = with_hf_name(f.block_buffer_names, rest)) return {titan(p->titan)};
     if (listed(f.ignored_block_names, rest)) return {};
+    // A fused experts tensor holds several parameters (read_hf_checkpoint splits it): its first.
+    if (const model::HfFusedExperts* e = fused_entry(f, rest)) return {titan(e->titan.front())};
     // Expert j's slice of a stacked experts tensor.
     if (const std::optional<model::LayerPath> expert = model::parse_layer_path(rest, f.expert_folder))
       if (const HfNamePair* p = with_hf_name(f.expert_names, expert->rest)) {
@@ -135,6 +161,7 @@ const model::HfRotaryRows* rotary_rows(const HfFormat& f, const std::string& fqn
 }
 
 at::Tensor to_layout(const HfFormat& f, const std::string& fqn, const at::Tensor& w, const model::ModelArgs& args) {
+  if (fused_part(f, fqn, args).entry) return w.transpose(-1, -2).contiguous();  // [E, N, K] -> [E, K, N]
   const model::HfRotaryRows* r = rotary_rows(f, fqn, args);
   if (!r) return w;
   const int64_t dim = w.size(1);
@@ -143,6 +170,7 @@ at::Tensor to_layout(const HfFormat& f, const std::string& fqn, const at::Tensor
 }
 
 at::Tensor from_layout(const HfFormat& f, const std::string& fqn, const at::Tensor& w, const model::ModelArgs& args) {
+  if (fused_part(f, fqn, args).entry) return w.transpose(-1, -2).contiguous();  // [E, K, N] -> [E, N, K]
   const model::HfRotaryRows* r = rotary_rows(f, fqn, args);
   if (!r) return w;
   const int64_t dim = w.size(1);
@@ -287,6 +315,9 @@ int64_t write_hf_folder(const std::string& dir, const std::vector<std::string>& 
   if (writer) fs::create_directories(dir);
   nlohmann::json weight_map = nlohmann::json::object();
   std::vector<std::pair<std::string, at::Tensor>> pending;
+  // A fused experts tensor's parts until the last arrives (HfFormat::fused_experts); it goes into
+  // that part's shard.
+  std::map<std::string, std::vector<at::Tensor>> fused;
   int64_t written = 0;
   for (size_t i = 0; i < fqns.size(); ++i) {
     at::Tensor full = fetch(fqns[i]);  // every rank: may be a collective
@@ -296,9 +327,20 @@ int64_t write_hf_folder(const std::string& dir, const std::vector<std::string>& 
     if (stacked && hf.size(0) != static_cast<int64_t>(names[i].size()))
       throw std::runtime_error("titan parameter '" + fqns[i] + "' stacks " + std::to_string(hf.size(0)) +
                                " experts, but the model has " + std::to_string(names[i].size()));
-    for (size_t j = 0; j < names[i].size(); ++j) {
-      pending.emplace_back(names[i][j], stacked ? hf.select(0, static_cast<int64_t>(j)).contiguous() : hf);
-      weight_map[names[i][j]] = file_name(shard_of[i]);
+    if (const FusedPart part = fused_part(format, fqns[i], args); part.entry) {
+      std::vector<at::Tensor>& parts = fused[names[i][0]];
+      parts.resize(part.entry->titan.size());
+      parts[part.index] = hf;
+      if (std::all_of(parts.begin(), parts.end(), [](const at::Tensor& t) { return t.defined(); })) {
+        pending.emplace_back(names[i][0], at::cat(parts, -1));
+        weight_map[names[i][0]] = file_name(shard_of[i]);
+        fused.erase(names[i][0]);
+      }
+    } else {
+      for (size_t j = 0; j < names[i].size(); ++j) {
+        pending.emplace_back(names[i][j], stacked ? hf.select(0, static_cast<int64_t>(j)).contiguous() : hf);
+        weight_map[names[i][j]] = file_name(shard_of[i]);
+      }
     }
     if (i + 1 == fqns.size() || shard_of[i + 1] != shard_of[i]) {
       save_safetensors((fs::path(dir) / file_name(shard_of[i])).string(), pending, {{"format", "pt"}});
@@ -307,6 +349,9 @@ int64_t write_hf_folder(const std::string& dir, const std::vector<std::string>& 
     }
   }
   if (!writer) return 0;
+  if (!fused.empty())
+    throw std::logic_error("write_hf_folder: Hugging Face tensor '" + fused.begin()->first +
+                           "' fuses parameters that are not all among the exported ones");
   write_json_atomic(fs::path(dir) / "model.safetensors.index.json",
                     {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}});
   write_json_atomic(fs::path(dir) / "config.json", config);
@@ -367,6 +412,8 @@ void read_hf_checkpoint(const std::string& path, const model::ModelArgs& args,
     for (const std::string& name : names) {
       const TitanSlot slot = slot_of(format, name, args);
       if (slot.fqn.empty()) continue;
+      const std::optional<model::LayerPath> block = model::parse_layer_path(name, format.block_folder);
+      const model::HfFusedExperts* fused = block ? fused_entry(format, block->rest) : nullptr;
       const auto e = entries.find(name);
       if (e == entries.end())
         throw std::runtime_error("Hugging Face shard '" + file_path + "' lacks tensor '" + name + "' (the index names it)");
@@ -374,6 +421,18 @@ void read_hf_checkpoint(const std::string& path, const model::ModelArgs& args,
       in.seekg(e->second.begin);
       in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(t.nbytes()));
       if (!in) throw std::runtime_error("Hugging Face shard '" + file_path + "': tensor '" + name + "' is truncated");
+      if (fused) {  // one tensor of several parameters: split along its last dim, equal parts
+        const int64_t parts = static_cast<int64_t>(fused->titan.size());
+        if (t.dim() != 3 || t.size(-1) % parts != 0)
+          throw std::runtime_error("Hugging Face shard '" + file_path + "': tensor '" + name + "' has shape " +
+                                   shape_text(t) + ", not [experts, in, " + std::to_string(parts) + " x out]");
+        const std::vector<at::Tensor> split = t.to(at::kFloat).chunk(parts, -1);
+        for (int64_t i = 0; i < parts; ++i) {
+          const std::string fqn = titan_block_path(block->layer, fused->titan[static_cast<size_t>(i)], args);
+          visit(fqn, from_layout(format, fqn, split[static_cast<size_t>(i)], args));
+        }
+        continue;
+      }
       if (slot.expert < 0) {
         visit(slot.fqn, from_layout(format, slot.fqn, t.to(at::kFloat), args));
         continue;

@@ -3,7 +3,8 @@
 // the rows stored permuted (Note [HF rotary permutation]), config.json and what of it must match
 // on load all come from that declaration; this file knows none of them.
 //
-// A titan stacked expert weight ([E, ...]) is E tensors in HF, expert j's being row j. A
+// A titan stacked expert weight ([E, ...]) is E tensors in HF, expert j's being row j, or, where
+// the format fuses them (HfFormat::fused_experts: Llama 4), part of one [E, ...] tensor. A
 // persistent buffer (the load-balancing layers.<i>.moe.expert_bias) goes out and in, in float32,
 // where the family's format has a tensor for it (hf_buffer_name); where it has none, an export
 // leaves the buffer out and an import starts it at zero.
