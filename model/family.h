@@ -41,7 +41,9 @@ enum class FeedForwardKind {
 // norm and the normed input the projections share are the estimator's, as is the feed-forward.
 struct AttentionActivations {
   // Compute-dtype tensors kept after the normed input (rotated q and k, v, low-rank latents).
-  std::vector<std::pair<std::string, double>> saved;
+  // Names are string literals: the planner asks for these terms of every candidate layout, and a
+  // std::string per term was most of its search time.
+  std::vector<std::pair<const char*, double>> saved;
   // RMSNorms inside the attention (widths): each keeps what the estimator's norm model says.
   std::vector<double> norm_widths;
   // Its projections' outputs, in forward order: per-op AC keeps every second matrix product of

@@ -30,7 +30,7 @@ constexpr double kNormSaved = 1.0;
 constexpr double kBackwardTransient = 1.0;
 
 struct BlockTerms {
-  std::vector<std::pair<std::string, double>> full;  // bytes per token, nothing checkpointed
+  std::vector<std::pair<const char*, double>> full;  // bytes per token, nothing checkpointed (names: literals)
   double input = 0;                                   // bytes per token, the block's input
   double kept_op = 0;                                 // bytes per token per-op AC keeps (+input)
   double backward_transient = 0;                      // bytes per token
@@ -84,6 +84,7 @@ BlockTerms block_terms(const EstimateInputs& in, int64_t layer) {
   BlockTerms t;
   t.input = d * e * seq_share;
   auto& full = t.full;
+  full.reserve(12 + att.saved.size());  // one allocation (the planner estimates every candidate)
   full.push_back({"block input (residual, kept by attention_norm)", t.input});
   full.push_back({"attention_norm internals", norm_internals(d, seq_share)});
   full.push_back({"normed input of the attention's projections", d * gathered});
@@ -115,6 +116,7 @@ BlockTerms block_terms(const EstimateInputs& in, int64_t layer) {
 // and hidden state it concatenates, the two norms' internals, eh_proj's output) and mtp_norm's.
 std::vector<BlockTerms> all_block_terms(const EstimateInputs& in) {
   std::vector<BlockTerms> blocks;
+  blocks.reserve(static_cast<size_t>(in.args.n_layers + in.args.mtp_layers));
   for (int64_t i = 0; i < in.args.n_layers; ++i) blocks.push_back(block_terms(in, i));
   const double e = static_cast<double>(in.compute_bytes), share = 1.0 / static_cast<double>(in.tp);
   const double d = static_cast<double>(in.args.dim);
@@ -129,7 +131,7 @@ std::vector<BlockTerms> all_block_terms(const EstimateInputs& in) {
   return blocks;
 }
 
-double sum_terms(const std::vector<std::pair<std::string, double>>& terms) {
+double sum_terms(const std::vector<std::pair<const char*, double>>& terms) {
   double s = 0;
   for (const auto& [name, v] : terms) s += v;
   return s;
