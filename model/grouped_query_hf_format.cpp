@@ -7,20 +7,6 @@
 #include "model/hf_format.h"
 
 namespace titan::model {
-namespace {
-
-// HF's spelling of titan's RoPE scaling (Llama 3.1's, "rope_type": "llama3", which HF's rotary
-// code reads for any model), or null.
-nlohmann::json hf_rope_scaling(const RopeScaling& r) {
-  if (!r.enabled) return nullptr;
-  return {{"rope_type", "llama3"},
-          {"factor", r.factor},
-          {"low_freq_factor", r.low_freq_factor},
-          {"high_freq_factor", r.high_freq_factor},
-          {"original_max_position_embeddings", r.original_max_position_embeddings}};
-}
-
-}  // namespace
 
 HfFormat GroupedQueryFamily::hf_format_of(const ModelArgs& args, std::string architecture,
                                           std::string model_type) const {

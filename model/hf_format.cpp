@@ -7,6 +7,15 @@
 
 namespace titan::model {
 
+nlohmann::json hf_rope_scaling(const RopeScaling& r) {
+  if (!r.enabled) return nullptr;
+  return {{"rope_type", "llama3"},
+          {"factor", r.factor},
+          {"low_freq_factor", r.low_freq_factor},
+          {"high_freq_factor", r.high_freq_factor},
+          {"original_max_position_embeddings", r.original_max_position_embeddings}};
+}
+
 void refuse_hugging_face(const ModelArgs& args, const std::string& why) {
   throw std::invalid_argument("titan's " + args.family + " model has no Hugging Face counterpart: " + why);
 }

@@ -102,6 +102,10 @@ inline HfConfigCheck hf_value_check(std::string key, nlohmann::json ours, std::s
   return check;
 }
 
+// HF's spelling of titan's RoPE scaling (Llama 3.1's, "rope_type": "llama3", which HF's rotary
+// code reads for any model), or null when off.
+nlohmann::json hf_rope_scaling(const RopeScaling& r);
+
 // Throws std::invalid_argument: "titan's <family> model has no Hugging Face counterpart: <why>".
 [[noreturn]] void refuse_hugging_face(const ModelArgs& args, const std::string& why);
 

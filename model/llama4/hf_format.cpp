@@ -21,18 +21,6 @@
 #include "model/llama4/args.h"
 
 namespace titan::model::llama4 {
-namespace {
-
-nlohmann::json hf_rope_scaling(const RopeScaling& r) {
-  if (!r.enabled) return nullptr;
-  return {{"rope_type", "llama3"},
-          {"factor", r.factor},
-          {"low_freq_factor", r.low_freq_factor},
-          {"high_freq_factor", r.high_freq_factor},
-          {"original_max_position_embeddings", r.original_max_position_embeddings}};
-}
-
-}  // namespace
 
 HfFormat hugging_face_format(const ModelArgs& args) {
   const Llama4Args& l4 = args.family_args_as<Llama4Args>();
