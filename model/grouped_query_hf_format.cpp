@@ -76,15 +76,7 @@ HfFormat GroupedQueryFamily::hf_format_of(const ModelArgs& args, std::string arc
       hf_value_check("rope_theta", args.rope_theta, "rope_theta"),
       hf_value_check("rms_norm_eps", args.norm_eps, "norm_eps"),
   };
-  // The scaling as a whole; no scaling is null, and older configs spell Llama 3.1's without its
-  // rope_type.
-  HfConfigCheck scaling;
-  scaling.key = "rope_scaling";
-  scaling.ours = hf_rope_scaling(args.rope_scaling);
-  scaling.choose = "model.flavor";
-  scaling.absent_is_null = true;
-  scaling.optional_keys = {"rope_type"};
-  f.config_checks.push_back(scaling);
+  f.config_checks.push_back(hf_rope_scaling_check(args.rope_scaling));
   return f;
 }
 

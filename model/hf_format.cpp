@@ -16,6 +16,16 @@ nlohmann::json hf_rope_scaling(const RopeScaling& r) {
           {"original_max_position_embeddings", r.original_max_position_embeddings}};
 }
 
+HfConfigCheck hf_rope_scaling_check(const RopeScaling& r) {
+  HfConfigCheck scaling;
+  scaling.key = "rope_scaling";
+  scaling.ours = hf_rope_scaling(r);
+  scaling.choose = "model.flavor";
+  scaling.absent_is_null = true;
+  scaling.optional_keys = {"rope_type"};
+  return scaling;
+}
+
 void refuse_hugging_face(const ModelArgs& args, const std::string& why) {
   throw std::invalid_argument("titan's " + args.family + " model has no Hugging Face counterpart: " + why);
 }

@@ -106,6 +106,10 @@ inline HfConfigCheck hf_value_check(std::string key, nlohmann::json ours, std::s
 // code reads for any model), or null when off.
 nlohmann::json hf_rope_scaling(const RopeScaling& r);
 
+// The check of config.json's rope_scaling as a whole: no scaling is null (or absent), and older
+// configs spell Llama 3.1's without its rope_type.
+HfConfigCheck hf_rope_scaling_check(const RopeScaling& r);
+
 // Throws std::invalid_argument: "titan's <family> model has no Hugging Face counterpart: <why>".
 [[noreturn]] void refuse_hugging_face(const ModelArgs& args, const std::string& why);
 

@@ -121,13 +121,7 @@ HfFormat hugging_face_format(const ModelArgs& args) {
   };
   if (l4.every_n_layers_nope > 0)
     f.config_checks.push_back(hf_value_check("attention_chunk_size", chunk, "fixed_attn_block_size"));
-  HfConfigCheck scaling;
-  scaling.key = "rope_scaling";
-  scaling.ours = hf_rope_scaling(args.rope_scaling);
-  scaling.choose = "model.flavor";
-  scaling.absent_is_null = true;
-  scaling.optional_keys = {"rope_type"};
-  f.config_checks.push_back(scaling);
+  f.config_checks.push_back(hf_rope_scaling_check(args.rope_scaling));
   return f;
 }
 
