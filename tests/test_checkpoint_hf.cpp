@@ -42,6 +42,15 @@ fs::path root() {
   return dir;
 }
 
+// Every master weight of `loaded` (from `saver`'s Hugging Face export) equals `saver`'s, bitwise.
+void check_same_masters(Trainer& saver, Trainer& loaded) {
+  REQUIRE(saver.master_params().size() == loaded.master_params().size());
+  for (size_t i = 0; i < saver.master_params().size(); ++i) {
+    INFO(saver.param_names()[i]);
+    CHECK(at::equal(saver.master_params()[i], loaded.master_params()[i]));
+  }
+}
+
 // Logits: `trainer`'s forward on fixed tokens vs the HF folder `hf`'s model computed by
 // scripts/hf_llama_check.py (transformers when it is installed, else the script's own
 // re-implementation of HF's modeling code; its docstring gives the tolerance).
@@ -238,11 +247,7 @@ TEST_CASE("Hugging Face export of DeepSeek-V3 with multi-token prediction loads 
   CHECK(tensors.at("model.layers.4.eh_proj.weight").sizes().vec() == std::vector<int64_t>{128, 256});
   Trainer loaded(job(dump / "load", {"--training.steps", "1", "--checkpoint.initial_load_path", step3.string(),
                                      "--checkpoint.initial_load_in_hf"}));
-  REQUIRE(saver.master_params().size() == loaded.master_params().size());
-  for (size_t i = 0; i < saver.master_params().size(); ++i) {
-    INFO(saver.param_names()[i]);
-    CHECK(at::equal(saver.master_params()[i], loaded.master_params()[i]));
-  }
+  check_same_masters(saver, loaded);
 }
 
 TEST_CASE("Llama 4's Hugging Face format: Llama4ForCausalLM's text names, fused experts, its config, refusals",
@@ -309,11 +314,7 @@ TEST_CASE("Hugging Face export of Llama 4 (fused experts, iRoPE) loads back bitw
   CHECK(tensors.count("model.layers.1.feed_forward.experts.0.gate_proj.weight") == 0);
   Trainer loaded(job(dump / "load", {"--training.steps", "1", "--checkpoint.initial_load_path", step3.string(),
                                      "--checkpoint.initial_load_in_hf"}));
-  REQUIRE(saver.master_params().size() == loaded.master_params().size());
-  for (size_t i = 0; i < saver.master_params().size(); ++i) {
-    INFO(saver.param_names()[i]);
-    CHECK(at::equal(saver.master_params()[i], loaded.master_params()[i]));
-  }
+  check_same_masters(saver, loaded);
 }
 
 TEST_CASE("Hugging Face export loads back bitwise and gives HF Llama's logits", "[checkpoint][slow]") {
