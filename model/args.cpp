@@ -31,9 +31,10 @@ int64_t ModelArgs::ffn_hidden_dim() const {
 
 ParamCount count_params(const ModelArgs& a) {
   const Family& family = model::family(a.family);
-  // An MoE layer: the router (and its bias), every routed expert and the shared experts, each
-  // expert a SwiGLU of moe_hidden_dim.
-  const int64_t expert = a.moe ? FeedForward::param_count(a.dim, a.moe_hidden_dim) : 0;
+  // An MoE layer: the router (and its bias), every routed expert (as its family declares them) and
+  // the shared experts, each a SwiGLU of moe_hidden_dim.
+  const int64_t expert = a.moe ? family.routed_expert_params(a) : 0;
+  const int64_t shared_expert = a.moe ? FeedForward::param_count(a.dim, a.moe_hidden_dim) : 0;
   ParamCount count;
   count.embedding = a.vocab_size * a.dim;
   count.total = count.embedding + a.dim /* norm */ + (a.tie_embeddings ? 0 : a.vocab_size * a.dim) /* output */;
@@ -54,7 +55,7 @@ ParamCount count_params(const ModelArgs& a) {
         break;
       case FeedForwardKind::kMoE:
         block += a.dim * a.moe->num_experts + (a.moe->gate_bias ? a.moe->num_experts : 0) +
-                 (a.moe->num_experts + a.moe->num_shared_experts) * expert + a.dim /* ffn_norm */;
+                 a.moe->num_experts * expert + a.moe->num_shared_experts * shared_expert + a.dim /* ffn_norm */;
         // torchtitan's get_moe_model_nparams_and_flops: the experts count top_k / num_experts.
         inactive = (a.moe->num_experts - a.moe->top_k) * expert;
         break;

@@ -129,13 +129,21 @@ std::vector<std::vector<DocumentSpan>> document_spans(const at::Tensor& doc_ids)
   return rows;
 }
 
-double attention_work_fraction(const at::Tensor& doc_ids) {
+double attention_work_fraction(const at::Tensor& doc_ids, int64_t window) {
   const std::vector<std::vector<DocumentSpan>> rows = document_spans(doc_ids);
   if (rows.empty() || doc_ids.size(1) == 0) return 1.0;
   const double S = static_cast<double>(doc_ids.size(1)), square = S * (S + 1);
+  // 2 x the (query, key) pairs of a document of n positions: n (n + 1) causal; with a window
+  // w < n, w (w + 1) for its first w queries and 2 w for each later one.
+  auto pairs = [window](int64_t n) {
+    const double len = static_cast<double>(n);
+    if (window <= 0 || window >= n) return len * (len + 1);
+    const double w = static_cast<double>(window);
+    return w * (w + 1) + 2 * w * (len - w);
+  };
   double sum = 0;
   for (const auto& spans : rows)
-    for (const DocumentSpan& d : spans) sum += static_cast<double>(d.length) * static_cast<double>(d.length + 1) / square;
+    for (const DocumentSpan& d : spans) sum += pairs(d.length) / square;
   return sum / static_cast<double>(rows.size());
 }
 

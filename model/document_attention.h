@@ -51,8 +51,9 @@ std::vector<std::vector<DocumentSpan>> document_spans(const at::Tensor& doc_ids)
 // The fraction of the causal square's (query, key) pairs that block-causal attention computes over
 // the rows of `doc_ids` [B, S]: the mean over rows of sum_d len_d (len_d + 1) / (S (S + 1)); 1 for
 // rows of one document. What the mfu scales attention's FLOPs by (See Note [Document-masked
-// attention]).
-double attention_work_fraction(const at::Tensor& doc_ids);
+// attention]). `window` > 0: each query sees at most that many keys of its document (a sliding
+// window, model/sink_attention.h).
+double attention_work_fraction(const at::Tensor& doc_ids, int64_t window = 0);
 
 // q [B, H, S, qk_hd], k [B, KV, S, qk_hd], v [B, KV, S, v_hd], doc_ids [B, S] -> [B, H, S, v_hd]:
 // causal attention within each document of each row (See Note [Document-masked attention]);

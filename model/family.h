@@ -27,6 +27,9 @@ namespace titan::model {
 
 class AttentionModule;
 struct HfFormat;  // model/hf_format.h
+namespace moe {
+class RoutedExperts;  // model/moe/experts.h
+}
 
 // What a block's feed-forward is.
 enum class FeedForwardKind {
@@ -83,6 +86,12 @@ class Family {
   // Block `layer`'s attention, its parameters on the meta device under `prefix` ("layers.<i>.attention").
   virtual std::unique_ptr<AttentionModule> make_attention(const std::string& prefix, const ModelArgs& args,
                                                           int64_t layer) const = 0;
+  // Block `layer`'s routed experts under `prefix` ("layers.<i>.moe.experts"), on the meta device,
+  // and one routed expert's parameter count. Default: SwiGLU experts of moe_hidden_dim
+  // (moe::SwiGluExperts).
+  virtual std::unique_ptr<moe::RoutedExperts> make_experts(const std::string& prefix, const ModelArgs& args,
+                                                           int64_t layer) const;
+  virtual int64_t routed_expert_params(const ModelArgs& args) const;
   // One block's attention parameters, and its score and value products' training FLOPs per
   // token when every query meets seq_len keys (the square: torchtitan's convention).
   virtual int64_t attention_params(const ModelArgs& args, int64_t layer) const = 0;
@@ -99,6 +108,9 @@ class Family {
   // iRoPE layers); 0 (default): no chunks. Any layer's chunk makes the rows' documents an input of
   // every block (model/attention_masks.h).
   virtual int64_t attention_chunk(const ModelArgs&, int64_t) const { return 0; }
+  // Block `layer`'s sliding window: a query at position p sees keys at p - window + 1 .. p (within
+  // its document where block-causal); 0 (default): every earlier key (gpt-oss's even layers: 128).
+  virtual int64_t attention_window(const ModelArgs&, int64_t) const { return 0; }
   // The rotary frequencies of the rotated part of a head (its size / 2 of them), position 0's
   // angle step each. Default: theta^(-2i / head_dim) through Llama 3.1's scaling when on.
   virtual std::vector<double> rope_frequencies(const ModelArgs& args) const;

@@ -41,7 +41,8 @@ TransformerBlock::TransformerBlock(int64_t id, std::string path_, int64_t like, 
       break;
     case FeedForwardKind::kMoE:
       TORCH_CHECK(args.moe, path, " is an MoE block, but the model arguments hold no MoE layer (ModelArgs::moe)");
-      moe = std::make_unique<moe::MoE>(path + ".moe", *args.moe, args.dim, args.moe_hidden_dim);
+      moe = std::make_unique<moe::MoE>(path + ".moe", *args.moe, args.dim, args.moe_hidden_dim,
+                                       family.make_experts(path + ".moe.experts", args, like));
       break;
     case FeedForwardKind::kNone:
       break;

@@ -177,6 +177,7 @@ TensorParallelPlan apply_tp(model::Transformer& model, comm::Comm& tp, const Par
                     "' is not an MoE layer (the one module that gathers its input and reduces its output)");
         block->moe->gather_input = [&tp](const at::Tensor& x) { return tensor_parallel::all_gather_seq(x, tp); };
         block->moe->reduce_output = [&tp](const at::Tensor& y) { return tensor_parallel::reduce_scatter_seq(y, tp); };
+        block->moe->experts->output_summed_over = tp.size();  // a term every rank adds whole (See RoutedExperts)
         // Low-precision experts sharded on their hidden dim: float8 amaxes over the group too.
         block->moe->expert_computes = float8::expert_computes_under_tp(
             *block->moe, tp.size(), [&tp](at::Tensor& amax) { tp.all_reduce(amax, comm::ReduceOp::kMax); });

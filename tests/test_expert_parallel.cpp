@@ -17,6 +17,7 @@
 
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -38,6 +39,16 @@ namespace tmod = titan::model;
 using Catch::Matchers::Contains;
 
 namespace {
+
+// SwiGLU experts holding the given (this rank's) stacked weights.
+std::unique_ptr<tmod::moe::SwiGluExperts> swiglu_experts(const at::Tensor& w1, const at::Tensor& w2, const at::Tensor& w3) {
+  auto experts = std::make_unique<tmod::moe::SwiGluExperts>("layers.0.moe.experts", w1.size(0), w1.size(2), w1.size(1));
+  experts->w1 = w1;
+  experts->w2 = w2;
+  experts->w3 = w3;
+  return experts;
+}
+tmod::moe::SwiGluExperts& swiglu(tmod::moe::MoE& layer) { return dynamic_cast<tmod::moe::SwiGluExperts&>(*layer.experts); }
 
 constexpr int64_t kExperts = 8, kDim = 16, kHidden = 12;
 
@@ -94,6 +105,8 @@ TEST_CASE("expert parallel dispatch, experts and combine over EP 2 and 4 equal a
           const int64_t first = tp::expert_parallel::local_experts_begin(kExperts, n, rank), local = kExperts / n;
           auto shard = [&](const at::Tensor& w) { return w.narrow(0, first, local).clone().requires_grad_(true); };
           at::Tensor a = shard(w1), b = shard(w2), c = shard(w3);
+          const auto experts_held = swiglu_experts(a, b, c);
+          const tmod::moe::SwiGluExperts& experts = *experts_held;
           const std::vector<int64_t> counts = counts_of(rank);
           // Per-op AC's record (no grad) then replay: the replay must exchange nothing.
           tmod::OpCheckpointStore store_ops(tp::selective_ac_save_list());
@@ -102,14 +115,14 @@ TEST_CASE("expert parallel dispatch, experts and combine over EP 2 and 4 equal a
             at::NoGradGuard no_grad;
             tmod::OpCheckpointScope record(&store_ops, tmod::OpCheckpointPhase::kRecord);
             recorded = tp::expert_parallel::expert_parallel_experts(normal({total(counts), kDim}, 100 + rank), counts,
-                                                                     a, b, c, ep);
+                                                                     experts, ep);
           }
           const uint64_t collectives = ep.sequence_number();
           at::Tensor rows = normal({total(counts), kDim}, 100 + rank).requires_grad_(true);
           at::Tensor out;
           {
             tmod::OpCheckpointScope replay(&store_ops, tmod::OpCheckpointPhase::kReplay);
-            out = tp::expert_parallel::expert_parallel_experts(rows, counts, a, b, c, ep);
+            out = tp::expert_parallel::expert_parallel_experts(rows, counts, experts, ep);
           }
           if (ep.sequence_number() != collectives) throw std::runtime_error("the per-op AC replay communicated");
           torch::autograd::backward({out}, {normal(out.sizes().vec(), 200 + rank)});
@@ -145,9 +158,10 @@ TEST_CASE("a whole MoE layer under EP 2 equals the layer with every expert on ea
   auto build = [&](tmod::moe::MoE& layer, int64_t first, int64_t count) {
     auto leaf = [](const at::Tensor& t) { return t.clone().requires_grad_(true); };
     layer.gate.weight = leaf(normal({kExperts, kDim}, 4, 0.5));
-    layer.w1 = leaf(normal({kExperts, kHidden, kDim}, 1, 0.3).narrow(0, first, count));
-    layer.w2 = leaf(normal({kExperts, kDim, kHidden}, 2, 0.3).narrow(0, first, count));
-    layer.w3 = leaf(normal({kExperts, kHidden, kDim}, 3, 0.3).narrow(0, first, count));
+    auto& experts = swiglu(layer);
+    experts.w1 = leaf(normal({kExperts, kHidden, kDim}, 1, 0.3).narrow(0, first, count));
+    experts.w2 = leaf(normal({kExperts, kDim, kHidden}, 2, 0.3).narrow(0, first, count));
+    experts.w3 = leaf(normal({kExperts, kHidden, kDim}, 3, 0.3).narrow(0, first, count));
     layer.shared_w1->weight = leaf(normal({kHidden, kDim}, 5, 0.3));
     layer.shared_w2->weight = leaf(normal({kDim, kHidden}, 6, 0.3));
     layer.shared_w3->weight = leaf(normal({kHidden, kDim}, 7, 0.3));
@@ -165,8 +179,8 @@ TEST_CASE("a whole MoE layer under EP 2 equals the layer with every expert on ea
     at::Tensor x = normal({2, 6, kDim}, 300 + r).requires_grad_(true);
     const at::Tensor out = layer.forward(x);
     torch::autograd::backward({out}, {normal({2, 6, kDim}, 400 + r)});
-    want.push_back({out.detach(), x.grad(), layer.gate.weight.grad(), layer.w1.grad()});
-    dw1_sum += layer.w1.grad();
+    want.push_back({out.detach(), x.grad(), layer.gate.weight.grad(), swiglu(layer).w1.grad()});
+    dw1_sum += swiglu(layer).w1.grad();
   }
   const auto errors = titan::testing::run_ranks_on_threads(
       n, std::chrono::seconds(60), [&](int rank, const c10::intrusive_ptr<c10d::Store>& store) {
@@ -180,9 +194,9 @@ TEST_CASE("a whole MoE layer under EP 2 equals the layer with every expert on ea
         // after the combine's gradient was issued (4th) and before the dispatch's (5th).
         uint64_t issued_when_shared_ran = 0, issued_when_shared_grad = 0;
         layer.experts_compute = [&, comm](const at::Tensor& rows, const std::vector<int64_t>& counts,
-                                          const at::Tensor& w1, const at::Tensor& w2, const at::Tensor& w3,
+                                          const tmod::moe::RoutedExperts& experts,
                                           const tmod::moe::ExpertComputes&, const std::function<void()>& shared) {
-          return tp::expert_parallel::expert_parallel_experts(rows, counts, w1, w2, w3, *comm, [&] {
+          return tp::expert_parallel::expert_parallel_experts(rows, counts, experts, *comm, [&] {
             issued_when_shared_ran = comm->sequence_number();
             shared();
           });
@@ -207,7 +221,7 @@ TEST_CASE("a whole MoE layer under EP 2 equals the layer with every expert on ea
         expect(out, w.out, "output");
         expect(x.grad(), w.dx, "d x");
         expect(layer.gate.weight.grad(), w.dgate, "d gate");
-        expect(layer.w1.grad(), dw1_sum.narrow(0, first, local), "d w1 (summed over the ranks' tokens)");
+        expect(swiglu(layer).w1.grad(), dw1_sum.narrow(0, first, local), "d w1 (summed over the ranks' tokens)");
         if (!bad.str().empty()) throw std::runtime_error(bad.str());
       });
   for (size_t r = 0; r < errors.size(); ++r)
@@ -241,6 +255,8 @@ TEST_CASE("float8 dispatch over EP 2: the rows travel as e4m3 + a scale each, an
           const int64_t first = tp::expert_parallel::local_experts_begin(kExperts, n, rank), local = kExperts / n;
           auto shard = [&](const at::Tensor& w) { return w.narrow(0, first, local).clone().requires_grad_(true); };
           at::Tensor a = shard(w1), b = shard(w2), c = shard(w3);
+          const auto experts_held = swiglu_experts(a, b, c);
+          const tmod::moe::SwiGluExperts& experts = *experts_held;
           const std::vector<int64_t> counts = counts_of(rank);
           tmod::moe::ExpertComputes computes = titan::float8::expert_computes({"float8", "rowwise", true});
           computes.float8_dispatch = float8_dispatch;
@@ -251,7 +267,7 @@ TEST_CASE("float8 dispatch over EP 2: the rows travel as e4m3 + a scale each, an
                 rows.detach(), {titan::float8::ScalingGranularity::Axiswise, at::kFloat8_e4m3fn}, -1, true);
             sent = rows + (titan::float8::dequantize(q) - rows).detach();
           }
-          const at::Tensor out = tp::expert_parallel::expert_parallel_experts(sent, counts, a, b, c, ep, {}, computes);
+          const at::Tensor out = tp::expert_parallel::expert_parallel_experts(sent, counts, experts, ep, {}, computes);
           torch::autograd::backward({out}, {normal(out.sizes().vec(), 200 + rank)});
           results[mode][static_cast<size_t>(rank)] = {out.detach(), rows.grad(), a.grad(), b.grad(), c.grad()};
         });

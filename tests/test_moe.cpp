@@ -41,6 +41,11 @@ using Catch::Matchers::Contains;
 
 namespace {
 
+// The layer's SwiGLU experts (every MoE layer built without a family's own experts has them).
+titan::model::moe::SwiGluExperts& swiglu(titan::model::moe::MoE& layer) {
+  return dynamic_cast<titan::model::moe::SwiGluExperts&>(*layer.experts);
+}
+
 constexpr int64_t kDim = 16, kHidden = 12, kExperts = 8;
 
 // The layer's parameters, float64 leaves (the reference) and their float32 copies (the layer).
@@ -182,9 +187,9 @@ TEST_CASE("MoE layer equals a per-token float64 reference, forward and backward,
     auto f32 = [&](const std::string& name) { return p.f64.at(name).detach().to(at::kFloat).requires_grad_(true); };
     layer.gate.weight = f32("gate");
     if (a.gate_bias) layer.gate_bias = f32("gate_bias");
-    layer.w1 = f32("w1");
-    layer.w2 = f32("w2");
-    layer.w3 = f32("w3");
+    swiglu(layer).w1 = f32("w1");
+    swiglu(layer).w2 = f32("w2");
+    swiglu(layer).w3 = f32("w3");
     if (a.num_shared_experts > 0) {
       layer.shared_w1->weight = f32("shared_w1");
       layer.shared_w2->weight = f32("shared_w2");
@@ -210,7 +215,7 @@ TEST_CASE("MoE layer equals a per-token float64 reference, forward and backward,
     CHECK(at::equal(layer.tokens_per_expert, at::tensor(counts)));
     CHECK(worst(x32.grad(), x64.grad()) < 1e-5);
     const std::vector<std::pair<std::string, at::Tensor>> grads = {
-        {"gate", layer.gate.weight.grad()}, {"w1", layer.w1.grad()}, {"w2", layer.w2.grad()}, {"w3", layer.w3.grad()}};
+        {"gate", layer.gate.weight.grad()}, {"w1", swiglu(layer).w1.grad()}, {"w2", swiglu(layer).w2.grad()}, {"w3", swiglu(layer).w3.grad()}};
     for (const auto& [name, grad] : grads) {
       INFO(name);
       REQUIRE(grad.defined());
@@ -308,9 +313,9 @@ TEST_CASE("MoE layer equals torchtitan 0.2.2's own MoE module on the same weight
     MoE layer("moe", a, D, H);
     auto leaf = [](at::Tensor t) { return t.requires_grad_(true); };
     layer.gate.weight = leaf(values({E, D}, 1, 0.5));
-    layer.w1 = leaf(values({E, H, D}, 2, 0.4));
-    layer.w2 = leaf(values({E, D, H}, 3, 0.4));
-    layer.w3 = leaf(values({E, H, D}, 4, 0.4));
+    swiglu(layer).w1 = leaf(values({E, H, D}, 2, 0.4));
+    swiglu(layer).w2 = leaf(values({E, D, H}, 3, 0.4));
+    swiglu(layer).w3 = leaf(values({E, H, D}, 4, 0.4));
     if (a.gate_bias) layer.gate_bias = leaf(values({E}, 5, 0.5));
     if (a.num_shared_experts > 0) {
       const int64_t sh = H * a.num_shared_experts;
@@ -328,8 +333,8 @@ TEST_CASE("MoE layer equals torchtitan 0.2.2's own MoE module on the same weight
     CHECK(at::equal(layer.tokens_per_expert, as_tensor(c.at("tokens_per_expert"))));
     const nlohmann::json& grads = c.at("grads");
     std::vector<std::pair<std::string, at::Tensor>> mine = {
-        {"x", x.grad()}, {"router.gate.weight", layer.gate.weight.grad()}, {"experts.w1", layer.w1.grad()},
-        {"experts.w2", layer.w2.grad()}, {"experts.w3", layer.w3.grad()}};
+        {"x", x.grad()}, {"router.gate.weight", layer.gate.weight.grad()}, {"experts.w1", swiglu(layer).w1.grad()},
+        {"experts.w2", swiglu(layer).w2.grad()}, {"experts.w3", swiglu(layer).w3.grad()}};
     if (a.gate_bias) mine.push_back({"router.gate.bias", layer.gate_bias.grad()});
     if (a.num_shared_experts > 0) {
       mine.push_back({"shared_experts.w1.weight", layer.shared_w1->weight.grad()});

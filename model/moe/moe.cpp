@@ -138,6 +138,29 @@ at::Tensor grouped_linear(const at::Tensor& x, const at::Tensor& w, const std::v
   return outputs.size() == 1 ? outputs[0] : at::cat(outputs, 0);
 }
 
+at::Tensor grouped_projection(const at::Tensor& x, const at::Tensor& w, const std::vector<int64_t>& counts) {
+  TORCH_CHECK(x.dim() == 2 && w.dim() == 3 && static_cast<int64_t>(counts.size()) == w.size(0) && x.size(1) == w.size(2),
+              "grouped projection: x ", x.sizes(), ", w ", w.sizes(), ", ", counts.size(), " group sizes");
+  if (x.is_cuda() && x.scalar_type() == at::kBFloat16 && w.scalar_type() == at::kBFloat16 && grouped_mm_usable()) {
+    try {  // See Note [Grouped GEMM]
+      std::vector<int32_t> ends(counts.size());
+      int64_t end = 0;
+      for (size_t e = 0; e < counts.size(); ++e) ends[e] = static_cast<int32_t>(end += counts[e]);
+      return at::_grouped_mm(x, w.transpose(-2, -1), at::tensor(ends, at::kInt).to(x.device()));
+    } catch (const c10::Error& e) {
+      disable_grouped_mm(e.what_without_backtrace());
+    }
+  }
+  // Split and unbind: one cat and one stack in backward (See grouped_experts below).
+  const std::vector<at::Tensor> xs = x.split_with_sizes(counts, 0);
+  const std::vector<at::Tensor> ws = w.unbind(0);
+  std::vector<at::Tensor> outputs;
+  for (size_t e = 0; e < counts.size(); ++e)
+    if (counts[e] > 0) outputs.push_back(xs[e].matmul(ws[e].t()));
+  if (outputs.empty()) return at::zeros({0, w.size(1)}, x.options());
+  return outputs.size() == 1 ? outputs[0] : at::cat(outputs, 0);
+}
+
 at::Tensor grouped_experts(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& w2, const at::Tensor& w3,
                            const std::vector<int64_t>& counts, const ExpertComputes& computes,
                            const QuantizedOperand& x_cast) {
@@ -204,16 +227,43 @@ void update_expert_bias(at::Tensor& expert_bias, const at::Tensor& tokens_per_ex
   expert_bias.add_(delta.to(expert_bias.device()));
 }
 
-MoE::MoE(const std::string& prefix_, const MoEArgs& args_, int64_t dim_, int64_t hidden_dim_)
+SwiGluExperts::SwiGluExperts(const std::string& prefix_, int64_t num_experts, int64_t dim, int64_t hidden_dim)
+    : RoutedExperts(prefix_),
+      w1(meta_tensor({num_experts, hidden_dim, dim})),
+      w2(meta_tensor({num_experts, dim, hidden_dim})),
+      w3(meta_tensor({num_experts, hidden_dim, dim})) {}
+
+void SwiGluExperts::visit_params(const ParamVisitor& visit) {
+  visit(prefix + ".w1", w1);
+  visit(prefix + ".w2", w2);
+  visit(prefix + ".w3", w3);
+}
+
+std::vector<std::string> SwiGluExperts::param_names() const { return {prefix + ".w1", prefix + ".w2", prefix + ".w3"}; }
+
+std::vector<TpRule> SwiGluExperts::tp_plan() const {
+  // The hidden rows (w1, w3 [E, H, D]) and columns (w2 [E, D, H]: a partial output) sharded.
+  return {{prefix + ".w1", TpStyle::kShardTensor, {}, 1},
+          {prefix + ".w3", TpStyle::kShardTensor, {}, 1},
+          {prefix + ".w2", TpStyle::kShardTensor, {}, 2}};
+}
+
+at::Tensor SwiGluExperts::forward(const at::Tensor& rows, const std::vector<int64_t>& counts,
+                                  const ExpertComputes& computes, const QuantizedOperand& x_cast) const {
+  return grouped_experts(rows, w1, w2, w3, counts, computes, x_cast);
+}
+
+MoE::MoE(const std::string& prefix_, const MoEArgs& args_, int64_t dim_, int64_t hidden_dim_,
+         std::unique_ptr<RoutedExperts> routed)
     : prefix(prefix_), args(args_), dim(dim_), hidden_dim(hidden_dim_), gate(prefix_ + ".router.gate", dim_, args_.num_experts) {
   check_moe_args(args);
   const int64_t E = args.num_experts;
   make_linear_meta(gate);
   gate.keeps_precision = true;  // routing decisions in the parameters' dtype, whatever the converters
   if (args.gate_bias) gate_bias = meta_tensor({E});
-  w1 = meta_tensor({E, hidden_dim, dim});
-  w2 = meta_tensor({E, dim, hidden_dim});
-  w3 = meta_tensor({E, hidden_dim, dim});
+  experts = routed ? std::move(routed) : std::make_unique<SwiGluExperts>(prefix + ".experts", E, dim, hidden_dim);
+  TORCH_CHECK(experts->prefix == prefix + ".experts", "moe ", prefix, ": its experts are named '", experts->prefix,
+              "', expected '", prefix, ".experts'");
   if (args.num_shared_experts > 0) {
     const int64_t shared_hidden = hidden_dim * args.num_shared_experts;
     shared_w1.emplace(prefix + ".shared_experts.w1", dim, shared_hidden);
@@ -257,9 +307,9 @@ at::Tensor MoE::forward(const at::Tensor& x_in) {
   };
   at::Tensor routed;
   if (experts_compute) {
-    routed = experts_compute(rows, counts, w1, w2, w3, expert_computes, shared_experts);
+    routed = experts_compute(rows, counts, *experts, expert_computes, shared_experts);
   } else {
-    routed = grouped_experts(rows, w1, w2, w3, counts, expert_computes);
+    routed = experts->forward(rows, counts, expert_computes, {});
     shared_experts();
   }
   // Back to (token, choice) order: the inverse permutation of `order`.
@@ -274,9 +324,7 @@ at::Tensor MoE::forward(const at::Tensor& x_in) {
 void MoE::visit_params(const std::function<void(const std::string& fqn, at::Tensor& param)>& visit) {
   visit(gate.fqn() + ".weight", gate.weight);
   if (gate_bias.defined()) visit(gate.fqn() + ".bias", gate_bias);
-  visit(prefix + ".experts.w1", w1);
-  visit(prefix + ".experts.w2", w2);
-  visit(prefix + ".experts.w3", w3);
+  experts->visit_params(visit);
   if (shared_w1)
     for (Linear* l : {&*shared_w1, &*shared_w2, &*shared_w3}) visit(l->fqn() + ".weight", l->weight);
 }
@@ -288,20 +336,15 @@ std::vector<Linear*> MoE::linears() {
   return all;
 }
 
-std::vector<std::string> MoE::expert_params() const {
-  return {prefix + ".experts.w1", prefix + ".experts.w2", prefix + ".experts.w3"};
-}
+std::vector<std::string> MoE::expert_params() const { return experts->param_names(); }
 
 std::vector<TpRule> MoE::tp_plan() const {
   // torchtitan's apply_moe_ep_tp with the experts sharded on their hidden dimension: the router
   // replicated (its gradient a partial sum on every rank, summed over TP), the routed experts'
-  // hidden rows (w1, w3 [E, H, D]) and columns (w2 [E, D, H]: a partial output) sharded, the
-  // shared experts column- then row-sharded with the partial output left to the layer's reduce.
-  std::vector<TpRule> rules = {{prefix, TpStyle::kGatherInputReduceOutput},
-                               {gate.fqn(), TpStyle::kReplicated},
-                               {prefix + ".experts.w1", TpStyle::kShardTensor, {}, 1},
-                               {prefix + ".experts.w3", TpStyle::kShardTensor, {}, 1},
-                               {prefix + ".experts.w2", TpStyle::kShardTensor, {}, 2}};
+  // hidden dim sharded (their rules: a partial output), the shared experts column- then
+  // row-sharded with the partial output left to the layer's reduce.
+  std::vector<TpRule> rules = {{prefix, TpStyle::kGatherInputReduceOutput}, {gate.fqn(), TpStyle::kReplicated}};
+  for (TpRule& r : experts->tp_plan()) rules.push_back(std::move(r));
   if (shared_w1) {
     rules.push_back({shared_w1->fqn(), TpStyle::kColwise});
     rules.push_back({shared_w3->fqn(), TpStyle::kColwise});

@@ -15,7 +15,8 @@
 //   4. counts: a histogram of the choices, added to tokens_per_expert (the load balancing input);
 //   5. reorder: the N * top_k (token, choice) pairs sorted by expert, stably; the rows gathered;
 //      with score_before_experts the rows are multiplied by their weight in float32 first;
-//   6. experts: per expert e, w2[e] (silu(w1[e] x) * w3[e] x) over its contiguous rows;
+//   6. experts: the family's routed experts (model/moe/experts.h) over each expert's contiguous
+//      rows: w2[e] (silu(w1[e] x) * w3[e] x) for the SwiGLU experts;
 //   7. combine: rows scattered back to [N, top_k, D]; a sum over the choices (weights already
 //      applied) or a float32 weighted sum (score after experts); plus the shared experts, one
 //      SwiGLU of hidden * num_shared_experts, when there are any.
@@ -39,6 +40,7 @@
 
 #include "model/layers.h"
 #include "model/linear.h"
+#include "model/moe/experts.h"
 #include "model/moe/moe_args.h"
 
 namespace titan::model::moe {
@@ -90,6 +92,12 @@ struct ExpertComputes {
 at::Tensor grouped_linear(const at::Tensor& x, const at::Tensor& w, const std::vector<int64_t>& counts,
                           LinearCompute& compute, int64_t alignment = 1, const QuantizedOperand& x_cast = {});
 
+// One projection of every expert in high precision: x [T, K] sorted by expert (counts[e] rows for
+// expert e), w [E, N, K] -> [T, N], each group times its expert's w[e]^T. CUDA in bfloat16:
+// LibTorch's grouped GEMM, one kernel (Note [Grouped GEMM] in moe.cpp); else one matmul per
+// non-empty group. Differentiable in x and w (an empty group's w[e] gradient is zero).
+at::Tensor grouped_projection(const at::Tensor& x, const at::Tensor& w, const std::vector<int64_t>& counts);
+
 // The experts over rows sorted by expert (step 6): x [T, D] whose first counts[0] rows go to
 // expert 0, the next counts[1] to expert 1, ...; w1, w3 [E, H, D], w2 [E, D, H] -> [T, D].
 // Differentiable in x and the weights. With `computes` defined, each expert's projections through
@@ -118,22 +126,23 @@ class UncountedForward {
 // tokens_per_expert [E] (already summed over the ranks).
 void update_expert_bias(at::Tensor& expert_bias, const at::Tensor& tokens_per_expert, double coeff);
 
-// The experts of one layer over rows sorted by expert (grouped_experts' arguments): expert
-// parallelism installs one that sends the rows to the ranks holding their experts
-// (parallel/expert_parallel/expert_parallel.h); empty: grouped_experts on this rank.
+// The experts of one layer over rows sorted by expert: expert parallelism installs one that sends
+// the rows to the ranks holding their experts and runs `experts` (this rank's) there
+// (parallel/expert_parallel/expert_parallel.h); empty: `experts` on this rank.
 // `while_combining` is the layer's work that does not need the routed rows (the shared experts):
 // it must be called exactly once, and an implementation that sends the rows back asynchronously
 // calls it while they travel.
 using ExpertsCompute = std::function<at::Tensor(const at::Tensor& rows, const std::vector<int64_t>& counts,
-                                                const at::Tensor& w1, const at::Tensor& w2, const at::Tensor& w3,
-                                                const ExpertComputes& computes,
+                                                const RoutedExperts& experts, const ExpertComputes& computes,
                                                 const std::function<void()>& while_combining)>;
 
-// One MoE layer. Parameters ("<prefix>.router.gate.weight", "<prefix>.experts.w1", ...,
+// One MoE layer. Parameters ("<prefix>.router.gate.weight", the experts' "<prefix>.experts.w1", ...,
 // "<prefix>.shared_experts.w1.weight", ...) and the buffer "<prefix>.expert_bias" are torchtitan's
 // names; tensors start on the meta device as the model's do.
 struct MoE {
-  MoE(const std::string& prefix, const MoEArgs& args, int64_t dim, int64_t hidden_dim);
+  // `routed`: the family's experts under "<prefix>.experts" (null: SwiGLU experts of hidden_dim).
+  MoE(const std::string& prefix, const MoEArgs& args, int64_t dim, int64_t hidden_dim,
+      std::unique_ptr<RoutedExperts> routed = nullptr);
   // x [B, S, D] -> [B, S, D] (See Note [MoE forward]); adds this forward's counts to
   // tokens_per_expert (no gradient).
   at::Tensor forward(const at::Tensor& x_in);
@@ -153,11 +162,11 @@ struct MoE {
   int64_t dim, hidden_dim;
   Linear gate;                        // [E, D] (+ gate_bias: [E])
   at::Tensor gate_bias;               // [E] or undefined
-  at::Tensor w1, w2, w3;              // experts: [E, H, D], [E, D, H], [E, H, D]
+  std::unique_ptr<RoutedExperts> experts;  // "<prefix>.experts.*" (See Note [Stacked expert parameters])
   std::optional<Linear> shared_w1, shared_w2, shared_w3;  // shared experts: hidden * num_shared
   at::Tensor expert_bias;             // [E] float32 (load balancing on), else undefined
   at::Tensor tokens_per_expert;       // [E] float32, summed over forwards until the bias update
-  ExpertsCompute experts_compute;     // empty: grouped_experts (w1/w2/w3 then hold every expert)
+  ExpertsCompute experts_compute;     // empty: experts->forward (which then holds every expert)
   ExpertComputes expert_computes;     // the experts' low-precision products; undefined: high precision
   // Tensor parallelism installs these when the layer runs on the whole sequence: the input's
   // sequence shards gathered before the router, the partial output reduce-scattered back

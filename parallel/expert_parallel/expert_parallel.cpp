@@ -161,14 +161,15 @@ int64_t local_experts_begin(int64_t num_experts, int ep_size, int ep_rank) {
   return ep_rank * (num_experts / ep_size);
 }
 
-at::Tensor expert_parallel_experts(const at::Tensor& rows, const std::vector<int64_t>& counts, const at::Tensor& w1,
-                                   const at::Tensor& w2, const at::Tensor& w3, comm::Comm& ep,
+at::Tensor expert_parallel_experts(const at::Tensor& rows, const std::vector<int64_t>& counts,
+                                   const model::moe::RoutedExperts& experts, comm::Comm& ep,
                                    const std::function<void()>& while_combining,
                                    const model::moe::ExpertComputes& computes) {
   const int n = ep.size();
   const int64_t E = static_cast<int64_t>(counts.size()), local = E / n;
   local_experts_begin(E, n, ep.rank());
-  TORCH_CHECK(w1.size(0) == local, "expert parallel: this rank holds ", w1.size(0), " experts' weights, expected ",
+  TORCH_CHECK(experts.local_experts() == local, "expert parallel: this rank holds ", experts.local_experts(),
+              " experts' weights, expected ",
               local, " (", E, " experts over ", n, " ranks)");
   // 1. How many rows every source sends to each of this rank's experts: [n, local].
   at::Tensor received;
@@ -220,7 +221,7 @@ at::Tensor expert_parallel_experts(const at::Tensor& rows, const std::vector<int
                                                        arrived_cast.scale.index_select(0, by_expert)}
                              : model::QuantizedOperand{};
   const at::Tensor computed =
-      model::moe::grouped_experts(arrived.index_select(0, by_expert), w1, w2, w3, local_counts, computes, grouped_cast);
+      experts.forward(arrived.index_select(0, by_expert), local_counts, computes, grouped_cast);
   const at::Tensor back = computed.index_select(0, at::argsort(by_expert));
   // 4. Combine: every row back to its source, in the order it left, with `while_combining` run
   // while the rows travel. Per-op AC keeps the exchange as one op, so there it runs whole.
@@ -246,10 +247,10 @@ ExpertParallelPlan apply_ep(model::Transformer& model, comm::Comm& ep, int efsdp
     model::moe::MoE& moe = *block->moe;
     num_experts = moe.args.num_experts;
     local_experts_begin(num_experts, ep.size(), ep.rank());  // the degree divides the experts
-    moe.experts_compute = [&ep](const at::Tensor& rows, const std::vector<int64_t>& counts, const at::Tensor& w1,
-                                const at::Tensor& w2, const at::Tensor& w3, const model::moe::ExpertComputes& computes,
+    moe.experts_compute = [&ep](const at::Tensor& rows, const std::vector<int64_t>& counts,
+                                const model::moe::RoutedExperts& experts, const model::moe::ExpertComputes& computes,
                                 const std::function<void()>& meanwhile) {
-      return expert_parallel_experts(rows, counts, w1, w2, w3, ep, meanwhile, computes);
+      return expert_parallel_experts(rows, counts, experts, ep, meanwhile, computes);
     };
     for (const std::string& w : moe.expert_params()) plan.sharded_experts.push_back(w);
     ++layers;

@@ -55,13 +55,13 @@ namespace titan::parallel::expert_parallel {
 
 // The experts of one MoE layer over the EP group `ep` (See Note [Expert parallelism]): rows
 // [T, D] sorted by global expert with counts[e] rows for expert e (E = counts.size(), a multiple of
-// ep.size()); w1, w3 [E/n, H, D], w2 [E/n, D, H]: this rank's experts. Returns [T, D], each row the
+// ep.size()); `experts`: this rank's E/n experts (model/moe/experts.h). Returns [T, D], each row the
 // output of its expert, in the order of `rows`. Differentiable in rows and the local weights.
 // `while_combining` (may be empty) runs once, while the combine's all-to-all is in flight.
 // `computes`: the experts' low-precision products (Note [Low-precision experts] in model/moe/moe.h),
 // applied to each local expert's rows from every source rank as one group.
-at::Tensor expert_parallel_experts(const at::Tensor& rows, const std::vector<int64_t>& counts, const at::Tensor& w1,
-                                   const at::Tensor& w2, const at::Tensor& w3, comm::Comm& ep,
+at::Tensor expert_parallel_experts(const at::Tensor& rows, const std::vector<int64_t>& counts,
+                                   const model::moe::RoutedExperts& experts, comm::Comm& ep,
                                    const std::function<void()>& while_combining = {},
                                    const model::moe::ExpertComputes& computes = {});
 
