@@ -321,3 +321,16 @@ TEST_CASE("CUDA: the flash kernels take a v head size other than q/k's (padded) 
     }
   }
 }
+
+TEST_CASE("the attention work of a sliding window: each query's pairs capped at the window", "[model][attention]") {
+  // Row 0: documents of 6 and 6 positions; row 1: one of 12. Of the causal square's 12 x 13 pairs,
+  // a window of 4 leaves 4 x 5 / 2 + 4 (n - 4) per document of n: 18 for each of row 0's, 42 for
+  // row 1's; a window at least as long as every document is the causal count.
+  const at::Tensor docs = at::tensor(std::vector<int64_t>{0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0,
+                                                          0, 0, 0, 0, 0})
+                              .view({2, 12});
+  const double square = 12.0 * 13.0 / 2;
+  CHECK(attention_work_fraction(docs, 4) == Approx(((18.0 + 18.0) / square + 42.0 / square) / 2).epsilon(1e-12));
+  CHECK(attention_work_fraction(docs, 12) == attention_work_fraction(docs));
+  CHECK(attention_work_fraction(docs, 0) == attention_work_fraction(docs));
+}
