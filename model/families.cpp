@@ -1,6 +1,7 @@
 // model/families.cpp — the registry: every family titan trains, one line each. Adding a family
 // is its folder (model/<family>/) and its line here (See Note [A family is a declaration]).
 #include "model/family.h"
+#include "model/layers.h"
 #include "model/moe/experts.h"
 
 #include <cmath>
@@ -33,13 +34,12 @@ FeedForwardKind Family::feed_forward(const ModelArgs& args, int64_t) const {
   return args.moe ? FeedForwardKind::kMoE : FeedForwardKind::kDense;
 }
 
-std::unique_ptr<moe::RoutedExperts> Family::make_experts(const std::string& prefix, const ModelArgs& args,
-                                                        int64_t) const {
-  return std::make_unique<moe::SwiGluExperts>(prefix, args.moe->num_experts, args.dim, args.moe_hidden_dim);
+std::unique_ptr<moe::RoutedExperts> Family::make_experts(const std::string&, const ModelArgs&, int64_t) const {
+  return nullptr;  // the MoE layer's own SwiGLU experts
 }
 
 int64_t Family::routed_expert_params(const ModelArgs& args) const {
-  return moe::SwiGluExperts::expert_param_count(args.dim, args.moe_hidden_dim);
+  return FeedForward::param_count(args.dim, args.moe_hidden_dim);  // one SwiGLU of moe_hidden_dim
 }
 
 std::vector<double> Family::rope_frequencies(const ModelArgs& args) const {

@@ -87,8 +87,8 @@ class Family {
   virtual std::unique_ptr<AttentionModule> make_attention(const std::string& prefix, const ModelArgs& args,
                                                           int64_t layer) const = 0;
   // Block `layer`'s routed experts under `prefix` ("layers.<i>.moe.experts"), on the meta device,
-  // and one routed expert's parameter count. Default: SwiGLU experts of moe_hidden_dim
-  // (moe::SwiGluExperts).
+  // and one routed expert's parameter count. Default: null, the MoE layer's SwiGLU experts of
+  // moe_hidden_dim (moe::SwiGluExperts).
   virtual std::unique_ptr<moe::RoutedExperts> make_experts(const std::string& prefix, const ModelArgs& args,
                                                            int64_t layer) const;
   virtual int64_t routed_expert_params(const ModelArgs& args) const;

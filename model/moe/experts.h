@@ -33,8 +33,8 @@ class RoutedExperts {
 
   // Every stacked parameter ("<prefix>.w1", ...) in torchtitan's order.
   virtual void visit_params(const ParamVisitor& visit) = 0;
-  // Their names, in that order.
-  virtual std::vector<std::string> param_names() const = 0;
+  // Their names, in that order (what visit_params visits).
+  std::vector<std::string> param_names() const;
   // The rules that shard them on their hidden dimension (kShardTensor; See Note [Stacked expert
   // parameters]).
   virtual std::vector<TpRule> tp_plan() const = 0;
@@ -63,13 +63,10 @@ class SwiGluExperts final : public RoutedExperts {
  public:
   SwiGluExperts(const std::string& prefix, int64_t num_experts, int64_t dim, int64_t hidden_dim);
   void visit_params(const ParamVisitor& visit) override;
-  std::vector<std::string> param_names() const override;
   std::vector<TpRule> tp_plan() const override;
   at::Tensor forward(const at::Tensor& rows, const std::vector<int64_t>& counts, const ExpertComputes& computes,
                      const QuantizedOperand& x_cast) const override;
   int64_t local_experts() const override { return w1.size(0); }
-  // One expert's parameters (a SwiGLU of hidden_dim): what the parameter counts use.
-  static int64_t expert_param_count(int64_t dim, int64_t hidden_dim) { return 3 * dim * hidden_dim; }
 
   at::Tensor w1, w2, w3;
 };

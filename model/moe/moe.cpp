@@ -216,7 +216,12 @@ void SwiGluExperts::visit_params(const ParamVisitor& visit) {
   visit(prefix + ".w3", w3);
 }
 
-std::vector<std::string> SwiGluExperts::param_names() const { return {prefix + ".w1", prefix + ".w2", prefix + ".w3"}; }
+std::vector<std::string> RoutedExperts::param_names() const {
+  std::vector<std::string> names;
+  // Visiting hands out each slot without changing it.
+  const_cast<RoutedExperts*>(this)->visit_params([&](const std::string& fqn, at::Tensor&) { names.push_back(fqn); });
+  return names;
+}
 
 std::vector<TpRule> SwiGluExperts::tp_plan() const {
   // The hidden rows (w1, w3 [E, H, D]) and columns (w2 [E, D, H]: a partial output) sharded.
