@@ -62,12 +62,13 @@ Times time_flash(const Shape& s, at::ScalarType dtype, int iters) {
 Times time_titan(const Shape& s, int iters, titan::model::kernels::AttentionProducts products) {
   const at::Tensor q = operand(s, s.heads, at::kBFloat16), g = operand(s, s.heads, at::kBFloat16);
   const at::Tensor k = operand(s, s.kv_heads, at::kBFloat16), v = operand(s, s.kv_heads, at::kBFloat16);
-  auto [out, lse] = titan::model::cpu_attention_forward(q, k, v, true, std::nullopt, products);
-  return {titan::bench::time_ms([&] { titan::model::cpu_attention_forward(q, k, v, true, std::nullopt, products); },
-                                iters, false),
+  auto [out, lse] = titan::model::cpu_attention_forward(q, k, v, true, std::nullopt, 0, 0, products);
+  return {titan::bench::time_ms(
+              [&] { titan::model::cpu_attention_forward(q, k, v, true, std::nullopt, 0, 0, products); }, iters, false),
           titan::bench::time_ms(
               [&] {
-                titan::model::cpu_attention_backward(g, q, k, v, out, lse, true, at::kBFloat16, std::nullopt, products);
+                titan::model::cpu_attention_backward(g, q, k, v, out, lse, true, at::kBFloat16, std::nullopt, 0, 0,
+                                                     products);
               },
               iters, false)};
 }

@@ -35,29 +35,66 @@ struct AttentionBlockResult {
   at::Tensor lse;  // [B, H, Sq] float32, contiguous
 };
 
+// Note [Banded attention masks]: a block's mask is three numbers. Query row i of the block sits
+// `key_offset` positions after key row 0 (its position minus key 0's: q_start - k_start of the
+// two ranges in the sequence), and
+//   query i sees key j  iff  (!causal || j <= i + key_offset) && (window == 0 || i + key_offset - j < window)
+// So causal, 0, 0 is the causal square (the diagonal block of a causal sequence); !causal, 0, 0
+// no mask; causal, window W: a sliding window of W keys, the query's own included (gpt-oss's even
+// layers; torchtitan's get_sliding_window_mask_mod, kv_idx <= q_idx && q_idx - kv_idx < W); a ring
+// block of context parallelism (parallel/context_parallel/attention.h) passes its ranges'
+// offset, and its window masks the part of it too far behind. Shapes need no relation: a causal
+// block with Sq != Sk is the formula's (only the old causal square needed Sq == Sk). A query row
+// that sees no key at all gets lse = -inf and out = 0, and zero gradients; merge_attention_block
+// takes such rows (either side at -inf). Before choosing a kernel the mask is reduced to what it
+// masks in this block: a window longer than the farthest pair (Sq - 1 + key_offset < window) is
+// none, and a causal mask whose first query already sees the last key (key_offset >= Sk - 1, for
+// an offset) is none, so those blocks run today's fastest path with today's bits.
+// Which kernel takes which mask:
+// - titan's CPU bf16 kernel: any (AttentionDims' window / key_offset; each tile multiplies over
+//   only the keys its rows see, Note [CPU attention by query tiles]);
+// - LibTorch's CPU flash kernel (float32 / float16, and bf16 where titan's kernel is off): no
+//   window and no offset only (causal square or none); any other mask takes the math form (bf16:
+//   titan's kernel whenever it can run at all, cpu_attention_kernel_runs);
+// - CUDA flash (Note [Attention blocks on CUDA]): its masks align causality bottom-right (query i
+//   sees key j <= i + Sk - Sq) and its window as i + Sk - Sq - window_left <= j <= i + Sk - Sq +
+//   window_right. So it takes a mask exactly when that is the block's: no mask, or key_offset ==
+//   Sk - Sq with causal (window_right 0) and/or a window (window_left = window - 1, window_right
+//   unbounded when not causal), and every row sees a key (flash-attention writes +inf, not -inf,
+//   as the log-sum-exp of an empty row). Anything else takes the math form;
+// - the math form: the mask built from aranges over [Sq, Sk].
+
 // q [B, H, Sq, qk_hd]; k [B, KV, Sk, qk_hd], v [B, KV, Sk, v_hd] with H a multiple of KV
 // (grouped-query heads are repeated here, their gradients summed back in the backward).
-// `causal`: query i sees keys 0..i (square blocks only: the diagonal block of a causal
-// sequence). `scale`: of q . k, unset 1 / sqrt(qk_hd).
+// `causal`, `window` (>= 0 keys, 0: none), `key_offset`: the mask (See Note [Banded attention
+// masks]); causal alone is the diagonal block of a causal sequence. `scale`: of q . k, unset
+// 1 / sqrt(qk_hd).
 AttentionBlockResult attention_block_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                             bool causal, std::optional<double> scale = std::nullopt);
+                                             bool causal, std::optional<double> scale = std::nullopt,
+                                             int64_t window = 0, int64_t key_offset = 0);
 
 // The gradients of one block given the merged `out` [B, H, Sq, v_hd] and `lse` [B, H, Sq] of the
-// query rows (See Note [Attention by blocks]). Returns dq [B, H, Sq, qk_hd], dk [B, KV, Sk, qk_hd],
-// dv [B, KV, Sk, v_hd], all float32 (the callers accumulate them over blocks).
+// query rows (See Note [Attention by blocks]; any (out, lse) at all: the backward forms only
+// P = exp(scale q k^T - lse) and rowsum(dout * out) from them). The mask as the forward's. Returns
+// dq [B, H, Sq, qk_hd], dk [B, KV, Sk, qk_hd], dv [B, KV, Sk, v_hd], all float32 (the callers
+// accumulate them over blocks).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_block_backward(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-    const at::Tensor& out, const at::Tensor& lse, bool causal, std::optional<double> scale = std::nullopt);
+    const at::Tensor& out, const at::Tensor& lse, bool causal, std::optional<double> scale = std::nullopt,
+    int64_t window = 0, int64_t key_offset = 0);
 
 // The explicit-softmax forms (the reference of the tests; what non-CPU devices run).
 AttentionBlockResult attention_block_forward_math(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                                  bool causal, std::optional<double> scale = std::nullopt);
+                                                  bool causal, std::optional<double> scale = std::nullopt,
+                                                  int64_t window = 0, int64_t key_offset = 0);
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_block_backward_math(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-    const at::Tensor& out, const at::Tensor& lse, bool causal, std::optional<double> scale = std::nullopt);
+    const at::Tensor& out, const at::Tensor& lse, bool causal, std::optional<double> scale = std::nullopt,
+    int64_t window = 0, int64_t key_offset = 0);
 
 // Merges a block's (out, lse) into the float32 accumulators `acc_out` [B, H, Sq, v_hd] and
-// `acc_lse` [B, H, Sq] in place (acc_lse starts at -inf, acc_out at 0).
+// `acc_lse` [B, H, Sq] in place (acc_lse starts at -inf, acc_out at 0). Rows at -inf on both
+// sides stay at -inf with out 0.
 void merge_attention_block(at::Tensor& acc_out, at::Tensor& acc_lse, const AttentionBlockResult& block);
 
 // Note [Equal head sizes for LibTorch's flash kernels]: LibTorch's flash-attention kernels (the

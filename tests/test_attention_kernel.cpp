@@ -1,7 +1,9 @@
 // The bfloat16 CPU attention kernel (model/kernels/attention.h) against the explicit softmax in
-// float64 on the same bf16 inputs, forward and backward, causal and not, grouped-query heads,
-// strided operands, a v head size other than q's and k's with an explicit scale (Note [Attention
-// head sizes and scale]); its wiring into attention_op's autograd; thread-count independence.
+// float64 on the same bf16 inputs (tests/attention_reference.h), forward and backward, causal and
+// not, sliding windows and key offsets (Note [Banded attention masks] in model/attention_blocks.h)
+// with rows that see no key, grouped-query heads, strided operands, a v head size other than q's
+// and k's with an explicit scale (Note [Attention head sizes and scale]); its key ranges; its
+// wiring into attention_op's autograd; thread-count independence.
 //
 // Tolerances come from float32 rounding (u = 2^-24) and the bf16 output rounding (2^-8
 // relative), bounded by the terms themselves (absolute values of every operand, in float64):
@@ -17,19 +19,15 @@
 //   rounds P): each such product gains 2^-8 times the sum of its terms' magnitudes.
 // Observed: the float32 parts stay 25x or more inside their bounds; the bf16 roundings of the
 // outputs reach up to their 2^-8 bound, as rounding to nearest does. An index, a mask or a scale
-// gone wrong gives O(1) errors.
+// gone wrong gives O(1) errors. Under a mask the same bounds hold row by row over the keys the
+// row sees (the reference's terms of hidden keys are 0).
 #include <ATen/Parallel.h>
 #include <ATen/ops/abs.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/equal.h>
-#include <ATen/ops/exp.h>
 #include <ATen/ops/full.h>
-#include <ATen/ops/logsumexp.h>
 #include <ATen/ops/matmul.h>
-#include <ATen/ops/ones.h>
 #include <ATen/ops/randn.h>
-#include <ATen/ops/repeat_interleave.h>
-#include <ATen/ops/triu.h>
 #include <ATen/ops/zeros.h>
 #include <torch/csrc/autograd/autograd.h>
 
@@ -42,59 +40,13 @@
 #include "model/activation_checkpoint_ops.h"
 #include "model/attention_blocks.h"
 #include "model/kernels/attention.h"
+#include "tests/attention_reference.h"
 #include "util/cpu_features.h"
 
 using namespace titan::model;
+using namespace titan::testing;
 
 namespace {
-
-constexpr double kU = 1.0 / (1 << 24);    // float32 unit roundoff
-constexpr double kBf16 = 1.0 / (1 << 8);  // bfloat16 unit roundoff (8 significant bits)
-
-void check_within(const at::Tensor& actual, const at::Tensor& expected, const at::Tensor& bound, const char* what) {
-  const at::Tensor diff = (actual.to(at::kDouble) - expected).abs();
-  const at::Tensor excess = diff - bound;
-  INFO(what << ": max |diff| " << diff.max().item<double>() << ", max |diff| / bound "
-            << (diff / bound).max().item<double>());
-  CHECK(excess.max().item<double>() <= 0.0);
-}
-
-at::Tensor repeat_heads(const at::Tensor& kv, int64_t heads) { return kv.repeat_interleave(heads / kv.size(1), 1); }
-at::Tensor sum_groups(const at::Tensor& g, int64_t kv_heads) {
-  const auto s = g.sizes();
-  return g.view({s[0], kv_heads, s[1] / kv_heads, s[2], s[3]}).sum(2);
-}
-
-// Everything of the float64 reference one case needs: the result, and the magnitudes the bounds
-// are built from.
-struct Reference {
-  at::Tensor out, lse, p;  // [B, H, Sq, v_hd], [B, H, Sq], [B, H, Sq, Sk]
-  at::Tensor row_error;    // E per row [B, H, Sq, 1]
-  at::Tensor k, v, q;      // float64, k/v repeated to H heads
-};
-
-Reference reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
-                    std::optional<double> scale_in = std::nullopt) {
-  Reference r;
-  const int64_t heads = q.size(1), qk_hd = q.size(3), sk = k.size(2);
-  const double scale = scale_in.value_or(1.0 / std::sqrt(static_cast<double>(qk_hd)));
-  r.q = q.to(at::kDouble);
-  r.k = repeat_heads(k, heads).to(at::kDouble);
-  r.v = repeat_heads(v, heads).to(at::kDouble);
-  at::Tensor s = at::matmul(r.q, r.k.transpose(-1, -2)) * scale;
-  at::Tensor s_abs = at::matmul(r.q.abs(), r.k.abs().transpose(-1, -2)) * scale;
-  if (causal) {
-    const at::Tensor above = at::triu(at::ones({s.size(2), s.size(3)}, s.options().dtype(at::kBool)), 1);
-    s.masked_fill_(above, -std::numeric_limits<double>::infinity());
-    s_abs.masked_fill_(above, 0.0);
-  }
-  r.lse = at::logsumexp(s, {-1});
-  r.p = at::exp(s - r.lse.unsqueeze(-1));
-  r.out = at::matmul(r.p, r.v);
-  r.row_error = (2.0 * (qk_hd + 2) * kU) * std::get<0>(s_abs.max(-1, true)) +
-                (r.lse.abs().unsqueeze(-1) + static_cast<double>(sk + 24)) * kU;
-  return r;
-}
 
 struct Case {
   int64_t batch, heads, kv_heads, q_len, kv_len, head_dim;
@@ -102,6 +54,7 @@ struct Case {
   bool strided;  // q/k/v as transposes of [B, S, heads, hd] (what the model hands over)
   int64_t v_head_dim = 0;        // 0: head_dim
   std::optional<double> scale;   // unset: 1 / sqrt(head_dim)
+  int64_t window = 0, key_offset = 0;  // the band (Note [Banded attention masks] in model/attention_blocks.h)
   int64_t v_dim() const { return v_head_dim > 0 ? v_head_dim : head_dim; }
 };
 
@@ -133,19 +86,21 @@ void check_case(const Case& c, AttentionProducts products) {
   INFO((products == AttentionProducts::kBf16Dot ? "bf16 dot products" : "float32 products"));
   INFO("B " << c.batch << " H " << c.heads << " KV " << c.kv_heads << " Sq " << c.q_len << " Sk " << c.kv_len << " hd "
             << c.head_dim << " v_hd " << c.v_dim() << (c.causal ? " causal" : "") << (c.strided ? " strided" : "")
-            << (c.scale ? " explicit scale" : ""));
+            << (c.scale ? " explicit scale" : "") << " window " << c.window << " key_offset " << c.key_offset);
   const at::Tensor q = operand(c, c.heads, c.q_len, c.head_dim), k = operand(c, c.kv_heads, c.kv_len, c.head_dim),
                    v = operand(c, c.kv_heads, c.kv_len, c.v_dim()), grad_out = operand(c, c.heads, c.q_len, c.v_dim());
-  const Reference r = reference(q, k, v, c.causal, c.scale);
+  const Reference r = reference(q, k, v, c.causal, c.scale, c.window, c.key_offset);
   const int64_t group = c.heads / c.kv_heads;
 
-  auto [out, lse] = cpu_attention_forward(q, k, v, c.causal, c.scale, products);
+  auto [out, lse] = cpu_attention_forward(q, k, v, c.causal, c.scale, c.window, c.key_offset, products);
   REQUIRE(out.sizes() == at::IntArrayRef({c.batch, c.heads, c.q_len, c.v_dim()}));
   REQUIRE(out.scalar_type() == at::kBFloat16);
   const at::Tensor p_abs_v = at::matmul(r.p, r.v.abs());
   const at::Tensor out_err = r.row_error + static_cast<double>(c.kv_len + 2) * kU;
   check_within(out, r.out, kBf16 * r.out.abs() + (2.0 * out_err + p_rounding) * p_abs_v, "out");
-  check_within(lse, r.lse, r.row_error.squeeze(-1), "lse");
+  // A row that sees no key: lse exactly -inf (its out 0 is checked above: bound 0).
+  CHECK(at::equal(lse.isneginf(), r.lse.isneginf()));
+  check_within(finite_lse(lse), finite_lse(r.lse), r.row_error.squeeze(-1), "lse");
 
   // The backward from the reference's lse (float32) and the kernel's own bf16 out.
   const at::Tensor o = out.to(at::kDouble), dout = grad_out.to(at::kDouble);
@@ -166,7 +121,8 @@ void check_case(const Case& c, AttentionProducts products) {
   for (const auto grad_dtype : {at::kFloat, at::kBFloat16}) {
     INFO((grad_dtype == at::kFloat ? "float32" : "bfloat16") << " gradients");
     auto [dq, dk, dv] =
-        cpu_attention_backward(grad_out, q, k, v, out, lse.copy_(r.lse), c.causal, grad_dtype, c.scale, products);
+        cpu_attention_backward(grad_out, q, k, v, out, lse.copy_(r.lse), c.causal, grad_dtype, c.scale, c.window,
+                               c.key_offset, products);
     REQUIRE(dq.scalar_type() == grad_dtype);
     REQUIRE(dq.sizes() == q.sizes());
     REQUIRE(dk.sizes() == k.sizes());
@@ -213,6 +169,81 @@ TEST_CASE("bf16 CPU attention equals the float64 softmax up to its float32 and b
   }
 }
 
+TEST_CASE("bf16 CPU attention with a window or a key offset equals the float64 masked softmax", "[attention]") {
+  if (!kernel_builds_here()) return;
+  at::manual_seed(17);
+  // The same bounds as the unmasked cases: each row's are built from its visible keys only (the
+  // reference's hidden terms are 0), and a row that sees no key must give lse -inf, out 0 and
+  // zero gradients exactly. Tiles of 32 rows over key ranges that start past key 0 (rounded
+  // down to a panel: 16 or 32 keys), so the masked head of a range is exercised too.
+  const std::optional<double> unset;
+  for (const AttentionProducts products : products_here()) {
+    // gpt-oss's sliding window (W < S) with grouped-query heads, q/k head 32 and v head 16
+    check_case({2, 4, 2, 100, 100, 32, true, false, 16, unset, 24, 0}, products);
+    check_case({1, 2, 2, 70, 70, 16, true, true, 0, unset, 1, 0}, products);    // window 1: the key itself
+    check_case({1, 2, 1, 40, 40, 16, true, false, 0, unset, 64, 0}, products);  // window >= S: causal
+    // a past ring block (the key chunk just before the query chunk): queries 48 positions after
+    // key 0, no causality, W 40: row i sees keys i + 9 .. 47, rows 39 on see none
+    check_case({1, 4, 2, 40, 48, 16, false, true, 0, unset, 40, 48}, products);
+    // the last queries of a causal sequence (positions 36..59) with a window of 20
+    check_case({1, 2, 1, 24, 60, 40, true, false, 24, 0.7 / std::sqrt(40.0), 20, 36}, products);
+    check_case({1, 2, 2, 30, 20, 16, true, false, 0, unset, 0, -5}, products);  // rows 0..4 see no key
+  }
+}
+
+TEST_CASE("bf16 CPU attention: a window as long as the block is the causal attention, bit for bit",
+          "[attention]") {
+  if (!kernel_builds_here()) return;
+  at::manual_seed(19);
+  const at::Tensor q = at::randn({1, 4, 70, 32}).to(at::kBFloat16), k = at::randn({1, 2, 70, 32}).to(at::kBFloat16),
+                   v = at::randn({1, 2, 70, 32}).to(at::kBFloat16), g = at::randn({1, 4, 70, 32}).to(at::kBFloat16);
+  for (const AttentionProducts products : products_here()) {
+    // Every row's range starts at key 0 when window >= S: the same tiles, the same products.
+    auto [out, lse] = cpu_attention_forward(q, k, v, true, std::nullopt, 0, 0, products);
+    auto [out_w, lse_w] = cpu_attention_forward(q, k, v, true, std::nullopt, 70, 0, products);
+    CHECK(at::equal(out, out_w));
+    CHECK(at::equal(lse, lse_w));
+    auto grads = cpu_attention_backward(g, q, k, v, out, lse, true, at::kFloat, std::nullopt, 0, 0, products);
+    auto grads_w = cpu_attention_backward(g, q, k, v, out, lse, true, at::kFloat, std::nullopt, 70, 0, products);
+    CHECK(at::equal(std::get<0>(grads), std::get<0>(grads_w)));
+    CHECK(at::equal(std::get<1>(grads), std::get<1>(grads_w)));
+    CHECK(at::equal(std::get<2>(grads), std::get<2>(grads_w)));
+  }
+}
+
+TEST_CASE("the CPU kernel's key ranges: each row's band, each tile's span from its first row to its last",
+          "[attention]") {
+  using titan::model::kernels::AttentionDims;
+  using titan::model::kernels::tile_keys;
+  using titan::model::kernels::visible_keys;
+  // batch, heads, kv heads, Sq, Sk, head sizes, causal, scale, window, key_offset
+  const AttentionDims sliding{1, 1, 1, 2048, 2048, 64, 64, true, 0.125f, 128, 0};
+  CHECK(visible_keys(sliding, 0).begin == 0);
+  CHECK(visible_keys(sliding, 0).end == 1);
+  CHECK(visible_keys(sliding, 1000).begin == 873);  // 128 keys: 873 .. 1000
+  CHECK(visible_keys(sliding, 1000).end == 1001);
+  // A tile of 32 rows from 1000 multiplies over keys 864 (873 rounded down to 32) .. 1032: 168
+  // keys, not the 1032 of the causal prefix.
+  CHECK(tile_keys(sliding, 1000, 32, 32).begin == 864);
+  CHECK(tile_keys(sliding, 1000, 32, 32).end == 1032);
+  const AttentionDims causal{1, 1, 1, 64, 64, 16, 16, true, 0.25f};
+  CHECK(tile_keys(causal, 32, 32, 16).begin == 0);  // no window: the prefix, as before
+  CHECK(tile_keys(causal, 32, 32, 16).end == 64);
+  // A past ring block (queries 48 positions after key 0, W 40): row i sees i + 9 .. 47; rows
+  // from 39 on see nothing, a tile of only such rows is empty.
+  const AttentionDims past{1, 1, 1, 64, 48, 16, 16, false, 0.25f, 40, 48};
+  CHECK(visible_keys(past, 0).begin == 9);
+  CHECK(visible_keys(past, 0).end == 48);
+  CHECK(visible_keys(past, 39).begin == 48);
+  CHECK(tile_keys(past, 0, 32, 16).begin == 0);  // 9 rounded down
+  CHECK(tile_keys(past, 40, 24, 16).end - tile_keys(past, 40, 24, 16).begin == 0);
+  // Causal with a negative offset: the first rows see nothing, the range starts at key 0.
+  const AttentionDims late{1, 1, 1, 30, 20, 16, 16, true, 0.25f, 0, -5};
+  CHECK(visible_keys(late, 4).end == 0);
+  CHECK(visible_keys(late, 5).end == 1);
+  CHECK(tile_keys(late, 0, 4, 16).end == 0);
+}
+
 TEST_CASE("bf16 CPU attention is the same bits on 1 and 2 threads", "[attention]") {
   if (!kernel_builds_here()) return;
   at::manual_seed(3);
@@ -221,8 +252,8 @@ TEST_CASE("bf16 CPU attention is the same bits on 1 and 2 threads", "[attention]
   const int threads = at::get_num_threads();
   auto run = [&](int n, AttentionProducts products) {
     at::set_num_threads(n);
-    auto [out, lse] = cpu_attention_forward(q, k, v, true, std::nullopt, products);
-    auto grads = cpu_attention_backward(g, q, k, v, out, lse, true, at::kFloat, std::nullopt, products);
+    auto [out, lse] = cpu_attention_forward(q, k, v, true, std::nullopt, 0, 0, products);
+    auto grads = cpu_attention_backward(g, q, k, v, out, lse, true, at::kFloat, std::nullopt, 0, 0, products);
     return std::make_tuple(out, lse, std::get<0>(grads), std::get<1>(grads), std::get<2>(grads));
   };
   for (const AttentionProducts products : products_here()) {
@@ -297,34 +328,6 @@ TEST_CASE("ring attention's bf16 blocks through the CPU kernel merge to the whol
 // ---------------------------------------------------------------- unequal head sizes, explicit scale
 
 namespace {
-
-// The float64 gradients of the reference `r` for the output gradient `dout` (float64).
-struct ReferenceGrads {
-  at::Tensor dq, dk, dv;
-};
-ReferenceGrads reference_grads(const Reference& r, const at::Tensor& dout, double scale, int64_t kv_heads) {
-  const at::Tensor dp = at::matmul(dout, r.v.transpose(-1, -2));
-  const at::Tensor ds = r.p * (dp - (dout * r.out).sum(-1, true)) * scale;
-  return {at::matmul(ds, r.k), sum_groups(at::matmul(ds.transpose(-1, -2), r.q), kv_heads),
-          sum_groups(at::matmul(r.p.transpose(-1, -2), dout), kv_heads)};
-}
-
-// Tolerances relative to the largest magnitude of the float64 result. float32 (LibTorch's flash
-// kernel, v padded to q's head size; the math form): every result is a float32 sum of at most
-// Sk x hd (here <= 520 x 192) rounded products, its error a few hundred u = 2^-24 of the largest
-// term at worst, the softmax weights summing to 1: 1e-5 holds with a wide margin and an index,
-// mask or scale gone wrong is off by O(0.1). bfloat16 over short key ranges (the blocks below, at
-// most 24 keys each): the outputs and gradients are rounded to bf16 (2^-9 relative), and P / dS
-// are rounded to bf16 before their products in LibTorch's kernel and in bf16 dot products (2^-9
-// of each of at most 24 terms): within 1e-2 of the largest magnitude (measured: up to 2e-3).
-double relative_tolerance(at::ScalarType dtype) { return dtype == at::kFloat ? 1e-5 : 1e-2; }
-
-void check_close(const at::Tensor& got, const at::Tensor& want, double relative, const char* what) {
-  const double diff = (got.to(at::kDouble) - want).abs().max().item<double>();
-  const double largest = want.abs().max().item<double>();
-  INFO(what << ": max |diff| " << diff << ", largest |value| " << largest << ", relative tolerance " << relative);
-  CHECK(diff <= relative * largest);
-}
 
 at::Tensor normal_of(at::IntArrayRef shape, at::ScalarType dtype) { return at::randn(shape).to(dtype); }
 
@@ -410,14 +413,14 @@ TEST_CASE("attention blocks with a v head size other than q/k's and an explicit 
         const at::Tensor k_past = kd.narrow(2, 0, 24), v_past = vd.narrow(2, 0, 24);
         const at::Tensor k_diag = kd.narrow(2, 24, 24), v_diag = vd.narrow(2, 24, 24);
         at::Tensor out = at::zeros({1, 4, 24, v_hd}), lse = at::full({1, 4, 24}, -INFINITY);
-        merge_attention_block(out, lse, fwd(q2, k_past, v_past, false, scale));
-        merge_attention_block(out, lse, fwd(q2, k_diag, v_diag, true, scale));
+        merge_attention_block(out, lse, fwd(q2, k_past, v_past, false, scale, 0, 0));
+        merge_attention_block(out, lse, fwd(q2, k_diag, v_diag, true, scale, 0, 0));
         const double tol = relative_tolerance(dtype);
         check_close(out, r.out.narrow(2, 24, 24), tol, "merged out");
         check_close(lse, r.lse.narrow(2, 24, 24), 1e-5, "merged lse");  // float32 in both dtypes
         const at::Tensor o2 = out.to(dtype);
-        auto [dq_past, dk_past, dv_past] = bwd(g2, q2, k_past, v_past, o2, lse, false, scale);
-        auto [dq_diag, dk_diag, dv_diag] = bwd(g2, q2, k_diag, v_diag, o2, lse, true, scale);
+        auto [dq_past, dk_past, dv_past] = bwd(g2, q2, k_past, v_past, o2, lse, false, scale, 0, 0);
+        auto [dq_diag, dk_diag, dv_diag] = bwd(g2, q2, k_diag, v_diag, o2, lse, true, scale, 0, 0);
         REQUIRE(dk_past.sizes() == k_past.sizes());
         REQUIRE(dv_past.sizes() == v_past.sizes());
         check_close(dq_past + dq_diag, want.dq.narrow(2, 24, 24), tol, "dq");

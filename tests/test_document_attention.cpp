@@ -184,10 +184,12 @@ TEST_CASE("CUDA: attention blocks through the flash kernels equal the explicit-s
   auto run = [&](auto to, auto fwd, auto bwd) {
     at::Tensor out = at::zeros({2, 4, 128, 64}).to(to(q2).device()), lse = at::full({2, 4, 128}, -INFINITY).to(out.device());
     const std::optional<double> scale;  // the default, 1 / sqrt(hd)
-    merge_attention_block(out, lse, fwd(to(q2), to(k.narrow(2, 0, 128)), to(v.narrow(2, 0, 128)), false, scale));
-    merge_attention_block(out, lse, fwd(to(q2), to(k.narrow(2, 128, 128)), to(v.narrow(2, 128, 128)), true, scale));
-    auto past = bwd(to(dout), to(q2), to(k.narrow(2, 0, 128)), to(v.narrow(2, 0, 128)), out, lse, false, scale);
-    auto diag = bwd(to(dout), to(q2), to(k.narrow(2, 128, 128)), to(v.narrow(2, 128, 128)), out, lse, true, scale);
+    const at::Tensor k_past = to(k.narrow(2, 0, 128)), v_past = to(v.narrow(2, 0, 128));
+    const at::Tensor k_diag = to(k.narrow(2, 128, 128)), v_diag = to(v.narrow(2, 128, 128));
+    merge_attention_block(out, lse, fwd(to(q2), k_past, v_past, false, scale, 0, 0));
+    merge_attention_block(out, lse, fwd(to(q2), k_diag, v_diag, true, scale, 0, 0));
+    auto past = bwd(to(dout), to(q2), k_past, v_past, out, lse, false, scale, 0, 0);
+    auto diag = bwd(to(dout), to(q2), k_diag, v_diag, out, lse, true, scale, 0, 0);
     return std::vector<at::Tensor>{out, lse, std::get<0>(past) + std::get<0>(diag), std::get<1>(past),
                                    std::get<2>(past), std::get<1>(diag), std::get<2>(diag)};
   };
@@ -304,10 +306,12 @@ TEST_CASE("CUDA: the flash kernels take a v head size other than q/k's (padded) 
       auto bwd = flash ? attention_block_backward : attention_block_backward_math;
       auto on = [&](const at::Tensor& t) { return t.to(to); };
       at::Tensor out = at::zeros({B, H, 64, v_hd}, to.dtype(at::kFloat)), lse = at::full({B, H, 64}, -INFINITY, out.options());
-      merge_attention_block(out, lse, fwd(on(q2), on(k0.narrow(2, 0, 64)), on(v0.narrow(2, 0, 64)), false, scale));
-      merge_attention_block(out, lse, fwd(on(q2), on(k0.narrow(2, 64, 64)), on(v0.narrow(2, 64, 64)), true, scale));
-      auto past = bwd(on(dout), on(q2), on(k0.narrow(2, 0, 64)), on(v0.narrow(2, 0, 64)), out, lse, false, scale);
-      auto diag = bwd(on(dout), on(q2), on(k0.narrow(2, 64, 64)), on(v0.narrow(2, 64, 64)), out, lse, true, scale);
+      const at::Tensor k_past = on(k0.narrow(2, 0, 64)), v_past = on(v0.narrow(2, 0, 64));
+      const at::Tensor k_diag = on(k0.narrow(2, 64, 64)), v_diag = on(v0.narrow(2, 64, 64));
+      merge_attention_block(out, lse, fwd(on(q2), k_past, v_past, false, scale, 0, 0));
+      merge_attention_block(out, lse, fwd(on(q2), k_diag, v_diag, true, scale, 0, 0));
+      auto past = bwd(on(dout), on(q2), k_past, v_past, out, lse, false, scale, 0, 0);
+      auto diag = bwd(on(dout), on(q2), k_diag, v_diag, out, lse, true, scale, 0, 0);
       return std::vector<at::Tensor>{out, lse, std::get<0>(past) + std::get<0>(diag), std::get<1>(past),
                                      std::get<2>(past), std::get<1>(diag), std::get<2>(diag)};
     };

@@ -24,20 +24,19 @@ at::Tensor rows_contiguous(const at::Tensor& t) { return t.stride(3) == 1 ? t : 
 RowStrides strides_of(const at::Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
 
 AttentionDims dims_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
-                      std::optional<double> scale) {
+                      std::optional<double> scale, int64_t window, int64_t key_offset) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && v.sizes().slice(0, 3) == k.sizes().slice(0, 3) &&
                   q.size(0) == k.size(0) && q.size(3) == k.size(3),
               "cpu attention: q [B, H, Sq, qk_hd], k [B, KV, Sk, qk_hd], v [B, KV, Sk, v_hd] expected, got ", q.sizes(),
               ", ", k.sizes(), ", ", v.sizes());
   TORCH_CHECK(k.size(1) > 0 && q.size(1) % k.size(1) == 0, "cpu attention: ", q.size(1),
               " query heads are not a multiple of ", k.size(1), " kv heads");
-  TORCH_CHECK(!causal || q.size(2) == k.size(2), "cpu attention: causal attention needs as many queries as keys, got ",
-              q.size(2), " and ", k.size(2));
+  TORCH_CHECK(window >= 0, "cpu attention: the window must be >= 0 keys (0: none), got ", window);
   TORCH_CHECK(q.scalar_type() == at::kBFloat16 && k.scalar_type() == at::kBFloat16 && v.scalar_type() == at::kBFloat16,
               "cpu attention: bfloat16 operands expected, got ", q.scalar_type(), ", ", k.scalar_type(), ", ",
               v.scalar_type());
   return {q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), v.size(3), causal,
-          static_cast<float>(attention_softmax_scale(q.size(3), scale))};
+          static_cast<float>(attention_softmax_scale(q.size(3), scale)), window, key_offset};
 }
 
 const at::BFloat16* bf16(const at::Tensor& t) { return t.const_data_ptr<at::BFloat16>(); }
@@ -50,8 +49,12 @@ double attention_softmax_scale(int64_t qk_head_dim, std::optional<double> scale)
   return scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(qk_head_dim));
 }
 
+bool cpu_attention_kernel_runs(at::ScalarType dtype) {
+  return dtype == at::kBFloat16 && fused_ops_enabled() && util::cpu_has_avx2_kernels();
+}
+
 bool cpu_attention_kernel_applies(at::ScalarType dtype, int64_t qk_head_dim, int64_t v_head_dim, int64_t kv_len) {
-  return dtype == at::kBFloat16 && fused_ops_enabled() && util::cpu_has_avx2_kernels() &&
+  return cpu_attention_kernel_runs(dtype) &&
          (kv_len <= kCpuAttentionMaxKeys ||
           kernels::default_attention_products(qk_head_dim, v_head_dim) == kernels::AttentionProducts::kBf16Dot);
 }
@@ -62,9 +65,10 @@ bool cpu_attention_kernel_applies(const at::Tensor& q, const at::Tensor& v) {
 
 std::tuple<at::Tensor, at::Tensor> cpu_attention_forward(const at::Tensor& q_in, const at::Tensor& k_in,
                                                          const at::Tensor& v_in, bool causal,
-                                                         std::optional<double> scale,
+                                                         std::optional<double> scale, int64_t window,
+                                                         int64_t key_offset,
                                                          std::optional<kernels::AttentionProducts> products) {
-  const AttentionDims d = dims_of(q_in, k_in, v_in, causal, scale);
+  const AttentionDims d = dims_of(q_in, k_in, v_in, causal, scale, window, key_offset);
   const at::Tensor q = rows_contiguous(q_in), k = rows_contiguous(k_in), v = rows_contiguous(v_in);
   at::Tensor out = at::empty({d.batch, d.heads, d.q_len, d.v_head_dim}, q.options());
   at::Tensor lse = at::empty({d.batch, d.heads, d.q_len}, q.options().dtype(at::kFloat));
@@ -77,8 +81,9 @@ std::tuple<at::Tensor, at::Tensor> cpu_attention_forward(const at::Tensor& q_in,
 std::tuple<at::Tensor, at::Tensor, at::Tensor> cpu_attention_backward(
     const at::Tensor& grad_out_in, const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
     const at::Tensor& out_in, const at::Tensor& lse_in, bool causal, at::ScalarType grad_dtype,
-    std::optional<double> scale, std::optional<kernels::AttentionProducts> products) {
-  const AttentionDims d = dims_of(q_in, k_in, v_in, causal, scale);
+    std::optional<double> scale, int64_t window, int64_t key_offset,
+    std::optional<kernels::AttentionProducts> products) {
+  const AttentionDims d = dims_of(q_in, k_in, v_in, causal, scale, window, key_offset);
   const std::vector<int64_t> out_shape = {d.batch, d.heads, d.q_len, d.v_head_dim};
   TORCH_CHECK(grad_out_in.sizes() == out_shape && out_in.sizes() == out_shape,
               "cpu attention backward: grad_out and out must be [B, H, Sq, v_hd] ", at::IntArrayRef(out_shape),

@@ -47,7 +47,33 @@ struct AttentionDims {
   int64_t v_head_dim;   // of v, out and dout (See Note [Attention head sizes and scale])
   bool causal;
   float scale;  // of q . k (attention_softmax_scale)
+  // The band (See Note [Banded attention masks] in model/attention_blocks.h): query row i sits
+  // key_offset positions after key row 0's position, and sees keys at most window - 1 behind it
+  // (0: no window).
+  int64_t window = 0;
+  int64_t key_offset = 0;
 };
+
+// Keys [begin, end) of the head; empty when begin >= end.
+struct KeyRange {
+  int64_t begin, end;
+};
+// The keys query row i sees: hi = causal ? min(Sk, i + key_offset + 1) : Sk, lo = window ?
+// max(0, i + key_offset - window + 1) : 0, both clamped to [0, Sk]. Both ends are non-decreasing
+// in i, so a tile of consecutive rows sees [lo(first), hi(last)).
+inline KeyRange visible_keys(const AttentionDims& d, int64_t i) {
+  const auto clamp = [&](int64_t x) { return x < 0 ? int64_t{0} : x > d.kv_len ? d.kv_len : x; };
+  return {d.window > 0 ? clamp(i + d.key_offset - d.window + 1) : 0,
+          d.causal ? clamp(i + d.key_offset + 1) : d.kv_len};
+}
+// The keys a tile of `rows` rows from `first` multiplies over: [lo(first), hi(last)) with its
+// start rounded down to a multiple of `alignment` (what the packed key panels need); the keys
+// outside a row's own range get p = 0 and dS = 0 exactly. Empty when no row sees a key.
+inline KeyRange tile_keys(const AttentionDims& d, int64_t first, int64_t rows, int64_t alignment) {
+  const KeyRange lo = visible_keys(d, first), hi = visible_keys(d, first + rows - 1);
+  if (hi.end <= lo.begin) return {0, 0};
+  return {lo.begin / alignment * alignment, hi.end};
+}
 // Element strides of a [B, heads, S, hd] operand whose last dim is contiguous.
 struct RowStrides {
   int64_t batch, head, row;
@@ -106,23 +132,34 @@ constexpr int64_t kCpuAttentionMaxKeys = 512;
 bool cpu_attention_kernel_applies(const at::Tensor& q, const at::Tensor& v);
 bool cpu_attention_kernel_applies(at::ScalarType dtype, int64_t qk_head_dim, int64_t v_head_dim, int64_t kv_len);
 
+// Whether titan's kernel can run at all for this dtype (bfloat16, the AVX2 kernels present, the
+// fused ops on): what the block layer asks where LibTorch's kernel cannot take the mask (a
+// window or a key offset), whatever the length.
+bool cpu_attention_kernel_runs(at::ScalarType dtype);
+
 // q [B, H, Sq, qk_hd]; k [B, KV, Sk, qk_hd], v [B, KV, Sk, v_hd], H a multiple of KV, any strides
-// with the last dim contiguous. `causal`: query i sees keys 0..i (Sq == Sk). `scale`: of q . k
-// (See Note [Attention head sizes and scale]). Returns out [B, H, Sq, v_hd] (q's dtype,
-// contiguous) and lse [B, H, Sq] float32: log sum_j exp(scale q_i . k_j). `products`: how the
-// kernel multiplies (unset: kernels::default_attention_products; tests and titan-bench-attention
-// pass each).
+// with the last dim contiguous. `causal`, `window`, `key_offset`: query i sees key j iff
+// (!causal || j <= i + key_offset) && (window == 0 || i + key_offset - j < window) (See Note
+// [Banded attention masks] in model/attention_blocks.h; 0, 0: the causal square or no mask); a
+// tile of queries multiplies only over the keys its rows see (kernels::tile_keys). `scale`: of
+// q . k (See Note [Attention head sizes and scale]). Returns out [B, H, Sq, v_hd] (q's dtype,
+// contiguous) and lse [B, H, Sq] float32: log sum_j exp(scale q_i . k_j) over the visible keys,
+// -inf (and out 0) for a row that sees none. `products`: how the kernel multiplies (unset:
+// kernels::default_attention_products; tests and titan-bench-attention pass each).
 std::tuple<at::Tensor, at::Tensor> cpu_attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                                          bool causal, std::optional<double> scale = std::nullopt,
+                                                         int64_t window = 0, int64_t key_offset = 0,
                                                          std::optional<kernels::AttentionProducts> products = {});
 
 // The gradients given the rows' final `out` and `lse` (those of the whole attention, which may
-// span more keys than k/v: ring attention's merged results). dq [B, H, Sq, qk_hd], dk
-// [B, KV, Sk, qk_hd], dv [B, KV, Sk, v_hd] (each group's query heads summed) in `grad_dtype`:
-// q's dtype or float32.
+// span more keys than k/v: ring attention's merged results; any (out, lse) at all: the backward
+// only forms P = exp(scale q k^T - lse) and rowsum(dout * out) from them). dq [B, H, Sq, qk_hd],
+// dk [B, KV, Sk, qk_hd], dv [B, KV, Sk, v_hd] (each group's query heads summed) in `grad_dtype`:
+// q's dtype or float32. The mask as the forward's; masked pairs add exact zeros, a row that sees
+// no key gets dq 0.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> cpu_attention_backward(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
     const at::Tensor& lse, bool causal, at::ScalarType grad_dtype, std::optional<double> scale = std::nullopt,
-    std::optional<kernels::AttentionProducts> products = {});
+    int64_t window = 0, int64_t key_offset = 0, std::optional<kernels::AttentionProducts> products = {});
 
 }  // namespace titan::model

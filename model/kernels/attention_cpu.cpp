@@ -28,7 +28,12 @@ constexpr int64_t kV = Vec::size();
 // as fast per FLOP as 128 (the debug model's backward: 0.9 ms per layer against LibTorch's bf16
 // flash kernel's 8.3). Tiles of 32 rows bound the causal waste (the masked upper triangle
 // inside a tile) to 1/(2 x tiles); the score rows of a tile stay within kScoreBudget floats, so
-// very long key ranges take thinner tiles.
+// very long key ranges take thinner tiles. A tile multiplies only over the keys its rows see
+// (kernels::tile_keys: from its first row's first key, rounded down to a panel, to its last row's
+// last), so a sliding window of W keys costs each tile about W + 32 + a panel of keys, not the
+// whole prefix; the keys of that range a row does not see get p = 0 and dS = 0, as the causal
+// tail does. An unmasked block and the causal square start at key 0 and end where they did, so
+// they give the bits they gave before windows existed.
 constexpr int64_t kTileRows = 32;
 constexpr int64_t kScoreBudget = int64_t{1} << 19;  // floats: 2 MiB per thread for scores, 2 for their gradient
 
@@ -164,24 +169,28 @@ float dot(const float* a, const float* b, int64_t n) {
   return s;
 }
 
-// p[j] = exp(s[j] * scale - shift) for j < valid, 0 for valid <= j < n; returns their sum. The
-// tail goes through the same vector exp (masked), so a key's p does not depend on where it sits
-// in the block: a ring step's blocks give the whole attention's bits for each key.
-float exp_row(float* s, int64_t valid, int64_t n, float scale, float shift) {
+// p[j] = exp(s[j] * scale - shift) for begin <= j < end, 0 elsewhere in [0, n); returns their
+// sum. The tail goes through the same vector exp (masked), so a key's p does not depend on where
+// it sits in the block: a ring step's blocks give the whole attention's bits for each key.
+float exp_row(float* s, int64_t begin, int64_t end, int64_t n, float scale, float shift) {
   const Vec vscale(scale), vshift(shift);
   Vec acc(0.f);
-  for (int64_t j = 0; j < valid; j += kV) {
-    const int64_t count = std::min(kV, valid - j);
+  std::fill(s, s + begin, 0.f);
+  for (int64_t j = begin; j < end; j += kV) {
+    const int64_t count = std::min(kV, end - j);
     const Vec p = (Vec::loadu(s + j, count) * vscale - vshift).exp_u20();
     p.store(s + j, count);
     acc = acc + (count == kV ? p : Vec::set(Vec(0.f), p, count));
   }
-  std::fill(s + valid, s + n, 0.f);
+  std::fill(s + end, s + n, 0.f);
   return at::vec::vec_reduce_all<float>([](Vec& u, Vec& w) { return u + w; }, acc);
 }
 
-// Keys query row i of a tile may see: all of them, or (causal, square) keys 0..i.
-int64_t visible_keys(const AttentionDims& d, int64_t i) { return d.causal ? i + 1 : d.kv_len; }
+// Query row i's visible keys (kernels::visible_keys) relative to its tile's range `t`.
+KeyRange row_keys(const AttentionDims& d, int64_t i, KeyRange t) {
+  const KeyRange r = visible_keys(d, i);
+  return {r.begin - t.begin, std::max(r.begin, r.end) - t.begin};
+}
 
 // Note [CPU attention products]: the tile loop below asks a HeadProducts
 // (attention_cpu_products.h) for its seven products, so the loop, the softmax and the masks are
@@ -210,6 +219,7 @@ class Float32Products final : public HeadProducts {
         dotile_(static_cast<size_t>(tile_rows * v_head_dim)),
         kv_len_(kv_len) {}
 
+  int64_t key_alignment() const override { return kNr; }  // one panel of kt_ / vt_
   void load_kv(const at::BFloat16* k, int64_t k_stride, const at::BFloat16* v, int64_t v_stride) override {
     load_rows(k, k_stride, kv_len_, dqk_, krows_.data(), kt_.data());
     load_rows(v, v_stride, kv_len_, dv_, vrows_.data(), vt_.data());
@@ -220,24 +230,32 @@ class Float32Products final : public HeadProducts {
   void load_dout(const at::BFloat16* dout, int64_t stride, int64_t rows) override {
     load_rows(dout, stride, rows, dv_, dotile_.data(), nullptr);
   }
-  void scores(int64_t rows, int64_t keys, float* s) override {
-    gemm(rows, keys, dqk_, qtile_.data(), dqk_, 1, kt_.data(), panels_layout(dqk_), s, keys, false);
+  void scores(int64_t rows, int64_t key_begin, int64_t keys, float* s) override {
+    gemm(rows, keys, dqk_, qtile_.data(), dqk_, 1, panels_from(kt_, key_begin, dqk_), panels_layout(dqk_), s, keys,
+         false);
   }
-  void out(int64_t rows, int64_t keys, const float* p, float* o) override {
-    gemm(rows, dv_, keys, p, keys, 1, vrows_.data(), row_major(dv_), o, dv_, false);
+  void out(int64_t rows, int64_t key_begin, int64_t keys, const float* p, float* o) override {
+    gemm(rows, dv_, keys, p, keys, 1, vrows_.data() + key_begin * dv_, row_major(dv_), o, dv_, false);
   }
-  void grad_probs(int64_t rows, int64_t keys, float* dp) override {
-    gemm(rows, keys, dv_, dotile_.data(), dv_, 1, vt_.data(), panels_layout(dv_), dp, keys, false);
+  void grad_probs(int64_t rows, int64_t key_begin, int64_t keys, float* dp) override {
+    gemm(rows, keys, dv_, dotile_.data(), dv_, 1, panels_from(vt_, key_begin, dv_), panels_layout(dv_), dp, keys,
+         false);
   }
-  void grad_q(int64_t rows, int64_t keys, const float* ds, float* dq) override {
-    gemm(rows, dqk_, keys, ds, keys, 1, krows_.data(), row_major(dqk_), dq, dqk_, false);
+  void grad_q(int64_t rows, int64_t key_begin, int64_t keys, const float* ds, float* dq) override {
+    gemm(rows, dqk_, keys, ds, keys, 1, krows_.data() + key_begin * dqk_, row_major(dqk_), dq, dqk_, false);
   }
-  void grad_kv(int64_t rows, int64_t keys, const float* ds, const float* p, float* dk, float* dv) override {
-    gemm(keys, dqk_, rows, ds, 1, keys, qtile_.data(), row_major(dqk_), dk, dqk_, true);
-    gemm(keys, dv_, rows, p, 1, keys, dotile_.data(), row_major(dv_), dv, dv_, true);
+  void grad_kv(int64_t rows, int64_t key_begin, int64_t keys, const float* ds, const float* p, float* dk,
+               float* dv) override {
+    gemm(keys, dqk_, rows, ds, 1, keys, qtile_.data(), row_major(dqk_), dk + key_begin * dqk_, dqk_, true);
+    gemm(keys, dv_, rows, p, 1, keys, dotile_.data(), row_major(dv_), dv + key_begin * dv_, dv_, true);
   }
 
  private:
+  // The panels of keys from key_begin (a multiple of kNr) on.
+  static const float* panels_from(const std::vector<float>& panels, int64_t key_begin, int64_t hd) {
+    return panels.data() + key_begin / kNr * panels_layout(hd).block_stride;
+  }
+
   int64_t dqk_, dv_;  // q / k's head size, v's
   std::vector<float> krows_, vrows_, kt_, vt_, qtile_, dotile_;
   int64_t kv_len_;
@@ -271,21 +289,36 @@ void attention_forward_cpu(const AttentionDims& d, const BF16* q, RowStrides qs,
       BF16* oh = out + task * Sq * dv;
       float* lh = lse + task * Sq;
       for (int64_t i0 = 0; i0 < Sq; i0 += tile) {
-        const int64_t rows = std::min(tile, Sq - i0), keys = d.causal ? i0 + rows : Sk;
+        const int64_t rows = std::min(tile, Sq - i0);
+        const KeyRange t = tile_keys(d, i0, rows, products->key_alignment());
+        const int64_t keys = t.end - t.begin;
+        if (keys == 0) {  // no row of the tile sees a key
+          std::fill(otile.begin(), otile.end(), 0.f);
+          for (int64_t r = 0; r < rows; ++r) {
+            lh[i0 + r] = -std::numeric_limits<float>::infinity();
+            store_row(otile.data(), oh + (i0 + r) * dv, dv);
+          }
+          continue;
+        }
         products->load_q(qh + i0 * qs.row, qs.row, rows);
-        products->scores(rows, keys, scores.data());  // q_r . k_j, scaled in the exponent below
+        products->scores(rows, t.begin, keys, scores.data());  // q_r . k_j, scaled in the exponent below
         for (int64_t r = 0; r < rows; ++r) {
           float* s = scores.data() + r * keys;
-          const int64_t valid = visible_keys(d, i0 + r);
-          const float m = max_of(s, valid) * d.scale;
-          const float sum = exp_row(s, valid, keys, d.scale, m);
+          const KeyRange row = row_keys(d, i0 + r, t);
+          if (row.begin == row.end) {  // a row that sees no key: p 0, so out 0
+            std::fill(s, s + keys, 0.f);
+            lh[i0 + r] = -std::numeric_limits<float>::infinity();
+            continue;
+          }
+          const float m = max_of(s + row.begin, row.end - row.begin) * d.scale;
+          const float sum = exp_row(s, row.begin, row.end, keys, d.scale, m);
           lh[i0 + r] = m + std::log(sum);
           const Vec inv(1.f / sum);
-          int64_t j = 0;
-          for (; j + kV <= valid; j += kV) (Vec::loadu(s + j) * inv).store(s + j);
-          for (; j < valid; ++j) s[j] *= 1.f / sum;
+          int64_t j = row.begin;
+          for (; j + kV <= row.end; j += kV) (Vec::loadu(s + j) * inv).store(s + j);
+          for (; j < row.end; ++j) s[j] *= 1.f / sum;
         }
-        products->out(rows, keys, scores.data(), otile.data());
+        products->out(rows, t.begin, keys, scores.data(), otile.data());
         for (int64_t r = 0; r < rows; ++r) store_row(otile.data() + r * dv, oh + (i0 + r) * dv, dv);
       }
     }
@@ -318,29 +351,42 @@ void attention_backward_cpu(const AttentionDims& d, const BF16* dout, RowStrides
         const float* lh = lse + qhead * Sq;
         G* dqh = dq + qhead * Sq * dqk;
         for (int64_t i0 = 0; i0 < Sq; i0 += tile) {
-          const int64_t rows = std::min(tile, Sq - i0), keys = d.causal ? i0 + rows : Sk;
+          const int64_t rows = std::min(tile, Sq - i0);
+          const KeyRange t = tile_keys(d, i0, rows, products->key_alignment());
+          const int64_t keys = t.end - t.begin;
+          if (keys == 0) {  // no row of the tile sees a key: dq 0, nothing for dk / dv
+            std::fill(dqtile.begin(), dqtile.end(), 0.f);
+            for (int64_t r = 0; r < rows; ++r) store_row(dqtile.data(), dqh + (i0 + r) * dqk, dqk);
+            continue;
+          }
           products->load_q(qh + i0 * qs.row, qs.row, rows);
           products->load_dout(doh + i0 * dos.row, dos.row, rows);
           load_rows(doh + i0 * dos.row, dos.row, rows, dv, dotile.data(), nullptr);  // for rowsum(dO * O)
           load_rows(oh + i0 * os.row, os.row, rows, dv, otile.data(), nullptr);
-          products->scores(rows, keys, p.data());
-          products->grad_probs(rows, keys, ds.data());  // dP = dO V^T
+          products->scores(rows, t.begin, keys, p.data());
+          products->grad_probs(rows, t.begin, keys, ds.data());  // dP = dO V^T
           for (int64_t r = 0; r < rows; ++r) {
             float* pr = p.data() + r * keys;
             float* dsr = ds.data() + r * keys;
-            const int64_t valid = visible_keys(d, i0 + r);
-            exp_row(pr, valid, keys, d.scale, lh[i0 + r]);  // P = exp(s * scale - lse)
+            const KeyRange row = row_keys(d, i0 + r, t);
+            if (row.begin == row.end) {  // a row that sees no key: P 0, dS 0 (whatever its lse)
+              std::fill(pr, pr + keys, 0.f);
+              std::fill(dsr, dsr + keys, 0.f);
+              continue;
+            }
+            exp_row(pr, row.begin, row.end, keys, d.scale, lh[i0 + r]);  // P = exp(s * scale - lse)
             // dS = P * (dP - rowsum(dO * O)) * scale; the scale of s = scale * q k^T folded in here
             const float delta = dot(dotile.data() + r * dv, otile.data() + r * dv, dv);
             const Vec vdelta(delta), vscale(d.scale);
-            int64_t j = 0;
-            for (; j + kV <= valid; j += kV)
+            std::fill(dsr, dsr + row.begin, 0.f);
+            int64_t j = row.begin;
+            for (; j + kV <= row.end; j += kV)
               (Vec::loadu(pr + j) * (Vec::loadu(dsr + j) - vdelta) * vscale).store(dsr + j);
-            for (; j < valid; ++j) dsr[j] = pr[j] * (dsr[j] - delta) * d.scale;
-            std::fill(dsr + valid, dsr + keys, 0.f);
+            for (; j < row.end; ++j) dsr[j] = pr[j] * (dsr[j] - delta) * d.scale;
+            std::fill(dsr + row.end, dsr + keys, 0.f);
           }
-          products->grad_q(rows, keys, ds.data(), dqtile.data());
-          products->grad_kv(rows, keys, ds.data(), p.data(), dk_acc.data(), dv_acc.data());
+          products->grad_q(rows, t.begin, keys, ds.data(), dqtile.data());
+          products->grad_kv(rows, t.begin, keys, ds.data(), p.data(), dk_acc.data(), dv_acc.data());
           for (int64_t r = 0; r < rows; ++r) store_row(dqtile.data() + r * dqk, dqh + (i0 + r) * dqk, dqk);
         }
       }

@@ -82,8 +82,9 @@ void dot_block(int64_t kp, const uint32_t* a, const uint32_t* b, float* c, int64
   }
 }
 
-// C [M, N] (+)= A B over the first K rows of B: A packed by pack_a (K columns), B by pack_b from
-// b_rows >= K rows (its panels b_rows / 2 pairs apart; a causal tile multiplies a prefix).
+// C [M, N] (+)= A B over K rows of B: A packed by pack_a (K columns), B by pack_b from b_rows >= K
+// rows (its panels b_rows / 2 pairs apart; a tile multiplies over its key range, `b` then points
+// at the range's first pair: an even first key).
 void dot_gemm(int64_t M, int64_t N, int64_t K, const uint32_t* a, const uint32_t* b, int64_t b_rows, float* c,
               int64_t ldc, bool accumulate) {
   const int64_t kp = pairs_of(K);
@@ -128,30 +129,38 @@ class Bf16DotProducts final : public HeadProducts {
   void load_dout(const at::BFloat16* dout, int64_t stride, int64_t rows) override {
     pack_tile(dout, stride, rows, dv_, do_a_.data(), do_b_.data());
   }
-  void scores(int64_t rows, int64_t keys, float* s) override {
-    dot_gemm(rows, keys, dqk_, q_a_.data(), k_scores_.data(), dqk_, s, keys, false);
+  int64_t key_alignment() const override { return kNr; }  // one panel of k_scores_ / v_probs_
+  void scores(int64_t rows, int64_t key_begin, int64_t keys, float* s) override {
+    dot_gemm(rows, keys, dqk_, q_a_.data(), key_panels(k_scores_, key_begin, dqk_), dqk_, s, keys, false);
   }
-  void out(int64_t rows, int64_t keys, const float* p, float* o) override {
+  void out(int64_t rows, int64_t key_begin, int64_t keys, const float* p, float* o) override {
     pack_a(rows, keys, [&](int64_t r, int64_t j) { return p[r * keys + j]; }, lhs_.data());
-    dot_gemm(rows, dv_, keys, lhs_.data(), v_out_.data(), sk_, o, dv_, false);
+    dot_gemm(rows, dv_, keys, lhs_.data(), v_out_.data() + key_begin / 2 * kNr, sk_, o, dv_, false);
   }
-  void grad_probs(int64_t rows, int64_t keys, float* dp) override {
-    dot_gemm(rows, keys, dv_, do_a_.data(), v_probs_.data(), dv_, dp, keys, false);
+  void grad_probs(int64_t rows, int64_t key_begin, int64_t keys, float* dp) override {
+    dot_gemm(rows, keys, dv_, do_a_.data(), key_panels(v_probs_, key_begin, dv_), dv_, dp, keys, false);
   }
-  void grad_q(int64_t rows, int64_t keys, const float* ds, float* dq) override {
+  void grad_q(int64_t rows, int64_t key_begin, int64_t keys, const float* ds, float* dq) override {
     pack_a(rows, keys, [&](int64_t r, int64_t j) { return ds[r * keys + j]; }, lhs_.data());
-    dot_gemm(rows, dqk_, keys, lhs_.data(), k_grad_.data(), sk_, dq, dqk_, false);
+    dot_gemm(rows, dqk_, keys, lhs_.data(), k_grad_.data() + key_begin / 2 * kNr, sk_, dq, dqk_, false);
   }
-  void grad_kv(int64_t rows, int64_t keys, const float* ds, const float* p, float* dk, float* dv) override {
+  void grad_kv(int64_t rows, int64_t key_begin, int64_t keys, const float* ds, const float* p, float* dk,
+               float* dv) override {
     pack_a(
         keys, rows, [&](int64_t j, int64_t r) { return ds[r * keys + j]; }, lhs_.data());
-    dot_gemm(keys, dqk_, rows, lhs_.data(), q_b_.data(), rows, dk, dqk_, true);
+    dot_gemm(keys, dqk_, rows, lhs_.data(), q_b_.data(), rows, dk + key_begin * dqk_, dqk_, true);
     pack_a(
         keys, rows, [&](int64_t j, int64_t r) { return p[r * keys + j]; }, lhs_.data());
-    dot_gemm(keys, dv_, rows, lhs_.data(), do_b_.data(), rows, dv, dv_, true);
+    dot_gemm(keys, dv_, rows, lhs_.data(), do_b_.data(), rows, dv + key_begin * dv_, dv_, true);
   }
 
  private:
+  // The panels of keys as columns (q k^T, dO v^T: `depth` = the head size) from key_begin, a
+  // multiple of kNr, on.
+  static const uint32_t* key_panels(const std::vector<uint32_t>& panels, int64_t key_begin, int64_t depth) {
+    return panels.data() + key_begin / kNr * pairs_of(depth) * kNr;
+  }
+
   // A tile's rows (queries or their output gradients, `width` columns) as the left operand of
   // q k^T / dO v^T and the right one of ds^T q / p^T dO.
   void pack_tile(const at::BFloat16* src, int64_t stride, int64_t rows, int64_t width, uint32_t* as_a,
