@@ -1,6 +1,6 @@
 // model/attention_blocks.h — attention of one block of queries against one block of keys, with
 // the log-sum-exp that lets partial results be merged: the kernel layer of context parallelism's
-// ring attention (parallel/ring_attention.h).
+// ring attention (parallel/context_parallel/attention.h).
 //
 // Note [Attention by blocks]: softmax(scale q k^T) v over keys K = K1 u K2 is the merge of
 // the two blocks' results by their log-sum-exps (per query row, in float32):

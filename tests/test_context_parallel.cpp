@@ -56,18 +56,22 @@ struct Unsplit {
 };
 
 // The unsplit causal attention and its gradients (LibTorch's own SDPA autograd); with `documents`
-// [B, S], block-causal through a dense boolean mask (same document, key not after the query): an
-// independent form of what the ring evaluates by tiles.
+// [B, S], block-causal through a dense boolean mask (same document, key not after the query), and
+// with `window`, only the `window` keys up to the query's own (a band of the causal mask: tril
+// minus tril below diagonal -window): independent forms of what the ring evaluates by tiles.
 Unsplit unsplit_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& dout,
-                          const at::Tensor& documents = {}, std::optional<double> scale = std::nullopt) {
+                          const at::Tensor& documents = {}, std::optional<double> scale = std::nullopt,
+                          int64_t window = 0) {
   at::Tensor q1 = q.clone().requires_grad_(true), k1 = k.clone().requires_grad_(true), v1 = v.clone().requires_grad_(true);
   std::optional<at::Tensor> mask;
-  if (documents.defined()) {
+  if (documents.defined() || window > 0) {
     const int64_t S = q.size(2);
-    const at::Tensor causal = at::ones({S, S}, at::kBool).tril();
-    mask = (documents.unsqueeze(2) == documents.unsqueeze(1)).logical_and(causal).unsqueeze(1);  // [B, 1, S, S]
+    at::Tensor allowed = at::ones({S, S}, at::kBool).tril();
+    if (window > 0) allowed = allowed.logical_and(at::ones({S, S}, at::kBool).tril(-window).logical_not());
+    mask = documents.defined() ? (documents.unsqueeze(2) == documents.unsqueeze(1)).logical_and(allowed).unsqueeze(1)
+                               : allowed;  // [B, 1, S, S] or [S, S]
   }
-  at::Tensor out = at::scaled_dot_product_attention(q1, k1, v1, mask, 0.0, !documents.defined(), scale,
+  at::Tensor out = at::scaled_dot_product_attention(q1, k1, v1, mask, 0.0, !mask.has_value(), scale,
                                                     /*enable_gqa=*/q.size(1) != k.size(1));
   torch::autograd::backward({out}, {dout});
   return {out.detach(), q1.grad(), k1.grad(), v1.grad()};
@@ -154,7 +158,8 @@ namespace {
 // through per-op AC's record and replay. `label` names the group.
 void check_split_attention(int n, tp::context_parallel::CpRotateMethod method, const at::Tensor& q,
                            const at::Tensor& k, const at::Tensor& v, const at::Tensor& dout, const at::Tensor& docs,
-                           std::optional<double> scale, const Unsplit& want, const std::string& label) {
+                           std::optional<double> scale, const Unsplit& want, const std::string& label,
+                           int64_t window = 0) {
   const auto errors = titan::testing::run_ranks_on_threads(
       n, std::chrono::seconds(60), [&](int rank, const c10::intrusive_ptr<c10d::Store>& store) {
         tp::comm::CommOptions options;
@@ -167,7 +172,7 @@ void check_split_attention(int n, tp::context_parallel::CpRotateMethod method, c
           const auto exchange = method == tp::context_parallel::CpRotateMethod::kAllGather
                                     ? tp::context_parallel::KvExchange::kAllGather
                                     : tp::context_parallel::KvExchange::kRing;
-          return tp::context_parallel::ring_attention(a, b, c, docs, comm, exchange, tags, scale);
+          return tp::context_parallel::ring_attention(a, b, c, docs, comm, exchange, tags, scale, window);
         };
         auto share = [&](const at::Tensor& x) { return tp::context_parallel::cp_shard(x, 2, n, rank); };
         auto expect_close = [&](const at::Tensor& got, const at::Tensor& full, const char* what) {
@@ -231,6 +236,40 @@ TEST_CASE("ring and head-parallel attention over 2 and 4 ranks equal the unsplit
         INFO("cp " << n << ", " << name << (block_causal ? ", block-causal" : ", causal"));
         check_split_attention(n, method, q, k, v, dout, docs, std::nullopt, want,
                               "cp_" + std::to_string(n) + "_" + name + (block_causal ? "_docs" : ""));
+      }
+    }
+  }
+}
+
+TEST_CASE("ring attention with a sliding window over 2 and 4 ranks equals the unsplit windowed attention",
+          "[parallel][cp]") {
+  // 32 positions: chunks of 8 at cp 2, of 4 at cp 4. Window 3 lies within a chunk at both (each
+  // rank computes its diagonal squares and the chunk before each); window 11 crosses one chunk
+  // boundary at cp 2 and two at cp 4 (tiles partly masked, tiles skipped as wholly too far).
+  // Block-causal with a window (11; the tiles do not depend on the exchange: all-gather only):
+  // row 0's documents cut the bands further. The reference is SDPA with a dense band mask; the
+  // file comment's tolerance holds (fewer keys per row, the same sums).
+  const at::Tensor q = normal({2, 8, 32, 8}, 31), k = normal({2, 4, 32, 8}, 32), v = normal({2, 4, 32, 8}, 33);
+  const at::Tensor dout = normal({2, 8, 32, 8}, 34);
+  const at::Tensor documents = documents_of({{3, 9, 1, 14, 5}, {16, 16}});
+  using tp::context_parallel::CpRotateMethod;
+  for (const int64_t window : {3, 11}) {
+    for (bool block_causal : {false, true}) {
+      if (block_causal && window == 3) continue;
+      const at::Tensor docs = block_causal ? documents : at::Tensor();
+      const Unsplit want = unsplit_attention(q, k, v, dout, docs, std::nullopt, window);
+      const std::vector<CpRotateMethod> rings =
+          block_causal ? std::vector<CpRotateMethod>{CpRotateMethod::kAllGather}
+                       : std::vector<CpRotateMethod>{CpRotateMethod::kAllGather, CpRotateMethod::kAllToAll};
+      for (int n : {2, 4}) {
+        for (const CpRotateMethod method : rings) {
+          const std::string name = tp::context_parallel::cp_rotate_method_name(method);
+          INFO("cp " << n << ", " << name << ", window " << window << (block_causal ? ", block-causal" : ""));
+          check_split_attention(n, method, q, k, v, dout, docs, std::nullopt, want,
+                                "cp_" + std::to_string(n) + "_" + name + "_w" + std::to_string(window) +
+                                    (block_causal ? "_docs" : ""),
+                                window);
+        }
       }
     }
   }

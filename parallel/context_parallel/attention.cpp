@@ -29,19 +29,30 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// One rectangle of a block-causal ring block (See Note [Ring attention over documents]): queries
-// [q_start, q_start + q_len) of row `row` of this rank's share against keys [k_start, k_start +
-// k_len) of the block's share; `causal` on the diagonal (the same positions), else unmasked.
+// One rectangle of a ring block (See Notes [Ring attention over documents], [Ring attention with
+// a window]): queries [q_start, q_start + q_len) of row `row` (-1: every row) of this rank's share
+// against keys [k_start, k_start + k_len) of the block's share; `causal` on the diagonal (the same
+// positions), else unmasked but for the window; `key_offset`: the queries' first position minus
+// the keys' in the whole row (0 on the diagonal), the block's offset for the window.
 struct Tile {
   int64_t row, q_start, q_len, k_start, k_len;
   bool causal;
+  int64_t key_offset;
 };
+
+// Whether a tile of queries from global position q_begin against keys [k_begin, k_end) has any
+// pair inside a window of `window` keys (0: none): its nearest pair, the first query and the last
+// key, is q_begin - (k_end - 1) apart.
+bool within_window(int64_t q_begin, int64_t k_end, int64_t window) {
+  return window == 0 || q_begin - (k_end - 1) < window;
+}
 
 // Rank r's queries (chunks r and 2n-1-r of c positions) against rank j's keys (chunks j and
 // 2n-1-j) under the documents of `rows` (positions of the whole rows): for every pair of a query
-// chunk and a key chunk not in its future, every document they share gives one tile.
+// chunk and a key chunk not in its future, every document they share gives one tile, unless the
+// window leaves none of its pairs.
 std::vector<Tile> document_tiles(const std::vector<std::vector<model::DocumentSpan>>& rows, int r, int j, int n,
-                                 int64_t c) {
+                                 int64_t c, int64_t window) {
   std::vector<Tile> tiles;
   const int64_t q_chunks[2] = {r, 2 * n - 1 - r}, k_chunks[2] = {j, 2 * n - 1 - j};
   for (int qi = 0; qi < 2; ++qi) {
@@ -54,10 +65,26 @@ std::vector<Tile> document_tiles(const std::vector<std::vector<model::DocumentSp
           const int64_t qs = std::max(d.start, q_begin), qe = std::min(end, q_begin + c);
           const int64_t ks = std::max(d.start, k_begin), ke = std::min(end, k_begin + c);
           if (qs >= qe || ks >= ke) continue;  // the document is not in both chunks
+          if (!within_window(qs, ke, window)) continue;
           tiles.push_back({static_cast<int64_t>(b), qi * c + qs - q_begin, qe - qs, ki * c + ks - k_begin, ke - ks,
-                           k_begin == q_begin});
+                           k_begin == q_begin, qs - ks});
         }
       }
+    }
+  }
+  return tiles;
+}
+
+// The same pairs of chunks without documents under a window (See Note [Ring attention with a
+// window]): one tile of every row per pair not in the future and not wholly outside the window.
+std::vector<Tile> window_tiles(int r, int j, int n, int64_t c, int64_t window) {
+  std::vector<Tile> tiles;
+  const int64_t q_chunks[2] = {r, 2 * n - 1 - r}, k_chunks[2] = {j, 2 * n - 1 - j};
+  for (int qi = 0; qi < 2; ++qi) {
+    for (int ki = 0; ki < 2; ++ki) {
+      const int64_t q_begin = q_chunks[qi] * c, k_begin = k_chunks[ki] * c;
+      if (k_begin > q_begin || !within_window(q_begin, k_begin + c, window)) continue;
+      tiles.push_back({-1, qi * c, c, ki * c, c, k_begin == q_begin, q_begin - k_begin});
     }
   }
   return tiles;
@@ -83,14 +110,15 @@ struct RingState : torch::CustomClassHolder {
   KvExchange exchange = KvExchange::kRing;
   RingTags* tags = nullptr;
   std::optional<double> scale;  // of q . k (unset: 1 / sqrt(qk_hd))
-  // Block-causal only: the tiles of every rank j's block, by j (found once, used by the forward,
-  // any recompute and the backward); empty: causal (Note [Ring attention]).
+  int64_t window = 0;           // keys a query sees, itself included (0: every earlier one)
+  // Block-causal or windowed: the tiles of every rank j's block, by j (found once, used by the
+  // forward, any recompute and the backward); empty: causal (Note [Ring attention]).
   std::vector<std::vector<Tile>> tiles;
 };
 
-// Row `row`, positions [start, start + len) of a [B, X, L, ...] tensor.
+// Row `row` (-1: every row), positions [start, start + len) of a [B, X, L, ...] tensor.
 at::Tensor tile_of(const at::Tensor& t, int64_t row, int64_t start, int64_t len) {
-  return t.narrow(0, row, 1).narrow(2, start, len);
+  return (row < 0 ? t : t.narrow(0, row, 1)).narrow(2, start, len);
 }
 
 // A transfer's tag: unique per (call, purpose, ring step) among the transfers a pair has in
@@ -150,7 +178,8 @@ std::vector<at::Tensor> ring_forward(const at::Tensor& q, const at::Tensor& k, c
         model::merge_attention_block(
             out_tile, lse_tile,
             model::attention_block_forward(tile_of(q, t.row, t.q_start, t.q_len), tile_of(kj, t.row, t.k_start, t.k_len),
-                                           tile_of(vj, t.row, t.k_start, t.k_len), t.causal, scale));
+                                           tile_of(vj, t.row, t.k_start, t.k_len), t.causal, scale, state.window,
+                                           t.key_offset));
       }
     } else if (j == r) {
       model::merge_attention_block(acc_out, acc_lse, model::attention_block_forward(q, kj, vj, true, scale));
@@ -200,7 +229,8 @@ at::Tensor block_grads(int j, int r, const RingState& state, const KvPacking& pa
       auto [gq, gk, gv] = model::attention_block_backward(
           tile_of(dout, t.row, t.q_start, t.q_len), tile_of(q, t.row, t.q_start, t.q_len),
           tile_of(kj, t.row, t.k_start, t.k_len), tile_of(vj, t.row, t.k_start, t.k_len),
-          tile_of(out, t.row, t.q_start, t.q_len), tile_of(lse, t.row, t.q_start, t.q_len), t.causal, scale);
+          tile_of(out, t.row, t.q_start, t.q_len), tile_of(lse, t.row, t.q_start, t.q_len), t.causal, scale,
+          state.window, t.key_offset);
       tile_of(dq, t.row, t.q_start, t.q_len).add_(gq);
       tile_of(dk, t.row, t.k_start, t.k_len).add_(gk);
       tile_of(dv, t.row, t.k_start, t.k_len).add_(gv);
@@ -354,19 +384,24 @@ struct HeadReshard : public torch::autograd::Function<HeadReshard<kToHeads>> {
 }  // namespace
 
 at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& documents,
-                          comm::Comm& cp, KvExchange exchange, RingTags& tags, std::optional<double> scale) {
+                          comm::Comm& cp, KvExchange exchange, RingTags& tags, std::optional<double> scale,
+                          int64_t window) {
+  TORCH_CHECK(window >= 0, "ring attention: the window must be >= 0 keys (0: none), got ", window);
   auto state = c10::make_intrusive<RingState>();
   state->exchange = exchange;
   state->tags = &tags;
   state->scale = scale;
+  state->window = window;
+  const int n = cp.size();
+  const int64_t c = q.size(2) / 2;
   if (documents.defined()) {
-    const int n = cp.size();
-    const int64_t c = q.size(2) / 2;
     TORCH_CHECK(documents.dim() == 2 && documents.size(0) == q.size(0) && documents.size(1) == 2 * n * c,
                 "ring attention: documents must be [batch ", q.size(0), ", whole row ", 2 * n * c, "], got ",
                 documents.sizes());
     const auto rows = model::document_spans(documents);
-    for (int j = 0; j < n; ++j) state->tiles.push_back(document_tiles(rows, cp.rank(), j, n, c));
+    for (int j = 0; j < n; ++j) state->tiles.push_back(document_tiles(rows, cp.rank(), j, n, c, window));
+  } else if (window > 0) {
+    for (int j = 0; j < n; ++j) state->tiles.push_back(window_tiles(cp.rank(), j, n, c, window));
   }
   return RingAttention::apply(q, k, v, state, &cp)[0];
 }

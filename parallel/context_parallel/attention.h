@@ -46,6 +46,17 @@
 // from the merged out and lse. Each query meets at least itself (its diagonal tile), so no row is
 // left at -inf. Head-parallel mode gathers whole rows and runs the unsplit per-document form.
 //
+// Note [Ring attention with a window]: under a sliding window of W keys (a query sees the W
+// positions up to its own: Note [Banded attention masks] in model/attention_blocks.h) the two
+// concatenated chunks of a rank are not one band, so every ring block is cut into its (query
+// chunk, key chunk) pairs as above, one tile of every row per pair (or per shared document,
+// block-causal), each given causal (the diagonal), the window and its key_offset: the queries'
+// first position minus the keys' in the whole row. A pair whose nearest positions (its first
+// query, its last key) are W or more apart is skipped: at a window shorter than a chunk, a rank
+// computes its two diagonal squares and the chunk just before each query chunk, not n blocks of
+// L x c; the K/V still travel whole. The tiles merge as block-causal's do; each query still meets itself.
+// window 0 is the causal attention as above, bit for bit.
+//
 // Note [Head-parallel attention] (titan_ulysses): all-to-alls re-shard q, k, v from "every head,
 // this rank's positions" to "1/n of the heads, every position" (reordered into sequence order),
 // the local causal attention_op runs on whole sequences, and one all-to-all returns the output
@@ -76,13 +87,16 @@ struct RingTags {
 // q [B, H, L, qk_hd], k [B, KV, L, qk_hd], v [B, KV, L, v_hd] (H a multiple of KV), L even ->
 // [B, H, L, v_hd]. Differentiable in q, k, v. `documents`: undefined (causal) or the documents of
 // the whole rows [B, n L] (block-causal: See Note [Ring attention over documents]). `scale`: of
-// q . k, unset 1 / sqrt(qk_hd). `tags` must outlive the backward.
+// q . k, unset 1 / sqrt(qk_hd). `window`: a query sees only the `window` positions up to its own
+// (0: every earlier one; See Note [Ring attention with a window]), with documents or without.
+// `tags` must outlive the backward.
 at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& documents,
                           comm::Comm& cp, KvExchange exchange, RingTags& tags,
-                          std::optional<double> scale = std::nullopt);
+                          std::optional<double> scale = std::nullopt, int64_t window = 0);
 
 // The same result by head-parallel all-to-alls (See Note [Head-parallel attention]): H and, after
-// any repetition, the kv heads divisible by cp.size().
+// any repetition, the kv heads divisible by cp.size(). No window: it runs attention_op, which has
+// none.
 at::Tensor head_parallel_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                    const at::Tensor& documents, comm::Comm& cp,
                                    std::optional<double> scale = std::nullopt);
