@@ -14,10 +14,11 @@ namespace llama3 { const Family& family(); }  // model/llama3/family.cpp
 namespace qwen3 { const Family& family(); }   // model/qwen3/family.cpp
 namespace deepseek_v3 { const Family& family(); }  // model/deepseek_v3/family.cpp
 namespace llama4 { const Family& family(); }  // model/llama4/family.cpp
+namespace gpt_oss { const Family& family(); }  // model/gpt_oss/family.cpp
 
 const std::vector<const Family*>& families() {
   static const std::vector<const Family*> all = {&llama3::family(), &qwen3::family(), &deepseek_v3::family(),
-                                                   &llama4::family()};
+                                                   &llama4::family(), &gpt_oss::family()};
   return all;
 }
 

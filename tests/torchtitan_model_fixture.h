@@ -4,8 +4,9 @@
 // tokens and output gradient on both sides, the logits and every gradient compared.
 //
 // What both sides compute: parameter k of the fixture's name list (torchtitan's
-// named_parameters order) holds sin_values(shape, k + 1, 0.2) (the embedding at scale 1, every
-// norm weight 1 + 0.1 sin); each MoE layer's expert_bias sin_values({E}, 500 + layer, 0.2);
+// named_parameters order) holds sin_values(shape, k + 1, 0.2) (the embedding at scale 1, a name
+// ending in a suffix of the fixture's "parameter_scales" at that scale, every norm weight
+// 1 + 0.1 sin); each MoE layer's expert_bias sin_values({E}, 500 + layer, 0.2);
 // token i is (7 i + 3) mod vocab over batch x seq; the backward seeds the logits with
 // sin_values(shape, 99, 1). A gradient is compared by its norm and its projection on
 // sin_values(shape, 1000 + k + 1, 1) (the fixture holds two numbers per tensor, not the tensor).
@@ -49,10 +50,16 @@ inline FixtureRun check_model_against_fixture(model::Transformer& model, const n
     INFO(names[k]);
     REQUIRE(params.count(names[k]) == 1);
     at::Tensor& p = *params.at(names[k]);
-    const bool norm = names[k].size() >= 11 && names[k].compare(names[k].size() - 11, 11, "norm.weight") == 0;
+    const auto ends_with = [&](const std::string& suffix) {
+      return names[k].size() >= suffix.size() &&
+             names[k].compare(names[k].size() - suffix.size(), suffix.size(), suffix) == 0;
+    };
+    double scale = names[k] == "tok_embeddings.weight" ? 1.0 : 0.2;
+    for (const auto& [suffix, s] : fixture.value("parameter_scales", std::map<std::string, double>{}))
+      if (ends_with(suffix)) scale = s;
     const int seed = static_cast<int>(k) + 1;
-    p = (norm ? sin_values(p.sizes().vec(), seed, 0.1, 1.0)
-              : sin_values(p.sizes().vec(), seed, names[k] == "tok_embeddings.weight" ? 1.0 : 0.2))
+    p = (ends_with("norm.weight") ? sin_values(p.sizes().vec(), seed, 0.1, 1.0)
+                                  : sin_values(p.sizes().vec(), seed, scale))
             .requires_grad_(true);
   }
   model.materialize_buffers(c10::kCPU);

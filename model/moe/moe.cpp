@@ -138,6 +138,29 @@ at::Tensor grouped_linear(const at::Tensor& x, const at::Tensor& w, const std::v
   return outputs.size() == 1 ? outputs[0] : at::cat(outputs, 0);
 }
 
+at::Tensor grouped_projection(const at::Tensor& x, const at::Tensor& w, const std::vector<int64_t>& counts) {
+  TORCH_CHECK(x.dim() == 2 && w.dim() == 3 && static_cast<int64_t>(counts.size()) == w.size(0) && x.size(1) == w.size(2),
+              "grouped projection: x ", x.sizes(), ", w ", w.sizes(), ", ", counts.size(), " group sizes");
+  if (x.is_cuda() && x.scalar_type() == at::kBFloat16 && w.scalar_type() == at::kBFloat16 && grouped_mm_usable()) {
+    try {  // See Note [Grouped GEMM]
+      std::vector<int32_t> ends(counts.size());
+      int64_t end = 0;
+      for (size_t e = 0; e < counts.size(); ++e) ends[e] = static_cast<int32_t>(end += counts[e]);
+      return at::_grouped_mm(x, w.transpose(-2, -1), at::tensor(ends, at::kInt).to(x.device()));
+    } catch (const c10::Error& e) {
+      disable_grouped_mm(e.what_without_backtrace());
+    }
+  }
+  // Split and unbind: one cat and one stack in backward (See grouped_experts below).
+  const std::vector<at::Tensor> xs = x.split_with_sizes(counts, 0);
+  const std::vector<at::Tensor> ws = w.unbind(0);
+  std::vector<at::Tensor> outputs;
+  for (size_t e = 0; e < counts.size(); ++e)
+    if (counts[e] > 0) outputs.push_back(xs[e].matmul(ws[e].t()));
+  if (outputs.empty()) return at::zeros({0, w.size(1)}, x.options());
+  return outputs.size() == 1 ? outputs[0] : at::cat(outputs, 0);
+}
+
 at::Tensor grouped_experts(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& w2, const at::Tensor& w3,
                            const std::vector<int64_t>& counts, const ExpertComputes& computes,
                            const QuantizedOperand& x_cast) {

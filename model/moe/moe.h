@@ -92,6 +92,12 @@ struct ExpertComputes {
 at::Tensor grouped_linear(const at::Tensor& x, const at::Tensor& w, const std::vector<int64_t>& counts,
                           LinearCompute& compute, int64_t alignment = 1, const QuantizedOperand& x_cast = {});
 
+// One projection of every expert in high precision: x [T, K] sorted by expert (counts[e] rows for
+// expert e), w [E, N, K] -> [T, N], each group times its expert's w[e]^T. CUDA in bfloat16:
+// LibTorch's grouped GEMM, one kernel (Note [Grouped GEMM] in moe.cpp); else one matmul per
+// non-empty group. Differentiable in x and w (an empty group's w[e] gradient is zero).
+at::Tensor grouped_projection(const at::Tensor& x, const at::Tensor& w, const std::vector<int64_t>& counts);
+
 // The experts over rows sorted by expert (step 6): x [T, D] whose first counts[0] rows go to
 // expert 0, the next counts[1] to expert 1, ...; w1, w3 [E, H, D], w2 [E, D, H] -> [T, D].
 // Differentiable in x and the weights. With `computes` defined, each expert's projections through

@@ -87,12 +87,13 @@ def release_attention(attention_py):
     return module
 
 
-def load_release_model(family, args_class, model_py, moe_py, attention_py=None, fixes=()):
+def load_release_model(family, args_class, model_py, moe_py, attention_py=None, fixes=(), siblings=()):
     """torchtitan/models/<family>/model/model.py (model_py) of a release, with its MoE module
     (moe_py, torchtitan/models/moe/moe.py). Returns (the model module, the moe module).
     `args_class`: the name (or names) model.py imports from .args. `attention_py`: the release's
     torchtitan/models/attention.py, for a model that builds masks (release_attention); without
-    it the SDPA stand-ins. `fixes`: source replacements in model.py (_exec_into)."""
+    it the SDPA stand-ins. `fixes`: source replacements in model.py (_exec_into). `siblings`:
+    (name, path) of the family's other model files model.py imports (gpt-oss's moe.py), run first."""
     class SdpaWrapper(nn.Module):  # what torchtitan's ScaledDotProductAttentionWrapper computes
         def forward(self, q, k, v, *, scale=None, enable_gqa=False, is_causal=True):
             return F.scaled_dot_product_attention(q, k, v, scale=scale, is_causal=is_causal, enable_gqa=enable_gqa)
@@ -117,11 +118,13 @@ def load_release_model(family, args_class, model_py, moe_py, attention_py=None, 
              ScaledDotProductAttentionWrapper=SdpaWrapper, VarlenAttentionWrapper=SdpaWrapper, VarlenMetadata=object)
     else:
         release_attention(attention_py).ScaledDotProductAttentionWrapper = SdpaWrapper
-    stub("torchtitan.models.moe.utils", indices_padding_wrapper=lambda fn: fn)
+    stub("torchtitan.models.moe.utils", indices_padding_wrapper=lambda fn: fn, _permute=None, _unpermute=None)
     moe = stub("torchtitan.models.moe")
     moe_module = _exec_into("torchtitan.models.moe.moe", "torchtitan.models.moe", moe_py)
     for name in ("MoE", "MoEArgs", "FeedForward", "build_moe"):
         setattr(moe, name, getattr(moe_module, name))
     names = (args_class,) if isinstance(args_class, str) else tuple(args_class)
     stub(f"{package}.args", **{name: object for name in names})
+    for name, path in siblings:
+        _exec_into(f"{package}.{name}", package, path)
     return _exec_into(f"{package}.model", package, model_py, fixes), moe_module
