@@ -59,7 +59,7 @@ at::Tensor GroupedQueryAttention::forward(const at::Tensor& x_in, const RotaryTa
   const at::Tensor spans = attention_chunk > 0 ? chunked_documents(documents, attention_chunk)
                            : block_causal      ? documents
                                                : at::Tensor();
-  at::Tensor out = sdpa              ? sdpa(q, k, v, spans, scale)
+  at::Tensor out = sdpa              ? sdpa(q, k, v, spans, scale, 0, at::Tensor())
                    : spans.defined() ? document_causal_attention(q, k, v, spans, scale)
                                      : attention_op(q, k, v, scale);  // [B, H, S, hd]
   return wo.forward(out.transpose(1, 2).reshape({batch, seq, -1}));  // [B, S, D]

@@ -60,11 +60,14 @@ using ModuleInputHook = std::function<LinearOperand(const at::Tensor& x)>;
 // v [B, KV, S, v_hd] -> [B, H, S, v_hd]; `documents` (defined under block-causal attention) holds
 // the document of every position of the whole rows [B, S_row], also where this rank holds a share
 // of them; `scale` of q . k, unset 1 / sqrt(qk_hd) (See Note [Attention head sizes and scale] in
-// model/kernels/attention.h). Context parallelism installs one that exchanges keys and values with
-// the other ranks of its group (parallel/context_parallel/context_parallel.h); empty: attention_op
-// over the local sequence.
-using AttentionCompute = std::function<at::Tensor(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                                  const at::Tensor& documents, std::optional<double> scale)>;
+// model/kernels/attention.h); `window` the keys a query sees, itself included (0: every earlier
+// one), and `sinks` [H] a sink logit per head (undefined: none; Note [Attention sinks] in
+// model/sink_attention.h). Context parallelism installs one that exchanges keys and values with
+// the other ranks of its group (parallel/context_parallel/context_parallel.h); empty: the
+// module's own attention over the local sequence.
+using AttentionCompute =
+    std::function<at::Tensor(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& documents,
+                             std::optional<double> scale, int64_t window, const at::Tensor& sinks)>;
 
 // The dense SwiGLU feed-forward (torchtitan's FeedForward), "<prefix>.w1/w2/w3".
 struct FeedForward {

@@ -14,6 +14,8 @@
 #include <ATen/ops/ones.h>
 #include <ATen/ops/randn.h>
 #include <ATen/ops/stack.h>
+#include <ATen/ops/tensor.h>
+#include <ATen/ops/zeros_like.h>
 #include <ATen/ops/scaled_dot_product_attention.h>
 #include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -25,6 +27,7 @@
 #include <vector>
 
 #include "model/attention_blocks.h"
+#include "model/sink_attention.h"
 #include "model/activation_checkpoint_ops.h"
 #include "parallel/activation_checkpoint.h"
 #include "parallel/context_parallel/context_parallel.h"
@@ -159,20 +162,24 @@ namespace {
 void check_split_attention(int n, tp::context_parallel::CpRotateMethod method, const at::Tensor& q,
                            const at::Tensor& k, const at::Tensor& v, const at::Tensor& dout, const at::Tensor& docs,
                            std::optional<double> scale, const Unsplit& want, const std::string& label,
-                           int64_t window = 0) {
+                           int64_t window = 0, const at::Tensor& sinks = at::Tensor(),
+                           const at::Tensor& want_dsinks = at::Tensor()) {
+  // Each rank's part of the sinks' gradient (its rows'): their sum is the unsplit gradient.
+  std::vector<at::Tensor> dsinks(static_cast<size_t>(n));
   const auto errors = titan::testing::run_ranks_on_threads(
       n, std::chrono::seconds(60), [&](int rank, const c10::intrusive_ptr<c10d::Store>& store) {
         tp::comm::CommOptions options;
         options.timeout = std::chrono::seconds(60);
         tp::comm::Comm comm(store, rank, n, label, options);
         tp::context_parallel::RingTags tags;
+        const at::Tensor my_sinks = sinks.defined() ? sinks.detach().clone().requires_grad_(true) : at::Tensor();
         auto attend = [&](const at::Tensor& a, const at::Tensor& b, const at::Tensor& c) {
           if (method == tp::context_parallel::CpRotateMethod::kUlysses)
-            return tp::context_parallel::head_parallel_attention(a, b, c, docs, comm, scale);
+            return tp::context_parallel::head_parallel_attention(a, b, c, docs, comm, scale, window, my_sinks);
           const auto exchange = method == tp::context_parallel::CpRotateMethod::kAllGather
                                     ? tp::context_parallel::KvExchange::kAllGather
                                     : tp::context_parallel::KvExchange::kRing;
-          return tp::context_parallel::ring_attention(a, b, c, docs, comm, exchange, tags, scale, window);
+          return tp::context_parallel::ring_attention(a, b, c, docs, comm, exchange, tags, scale, window, my_sinks);
         };
         auto share = [&](const at::Tensor& x) { return tp::context_parallel::cp_shard(x, 2, n, rank); };
         auto expect_close = [&](const at::Tensor& got, const at::Tensor& full, const char* what) {
@@ -208,9 +215,16 @@ void check_split_attention(int n, tp::context_parallel::CpRotateMethod method, c
         expect_close(ql.grad(), want.dq, "dq");
         expect_close(kl.grad(), want.dk, "dk");
         expect_close(vl.grad(), want.dv, "dv");
+        if (my_sinks.defined()) dsinks[static_cast<size_t>(rank)] = my_sinks.grad();
       });
   for (size_t r = 0; r < errors.size(); ++r)
     if (!errors[r].empty()) FAIL_CHECK("rank " << r << ": " << errors[r]);
+  if (sinks.defined() && errors == std::vector<std::string>(errors.size())) {
+    at::Tensor sum = at::zeros_like(want_dsinks);
+    for (const at::Tensor& g : dsinks) sum += g;
+    INFO("dsinks " << sum << " want " << want_dsinks);
+    CHECK(max_abs_diff(sum, want_dsinks) < kAbsTol);
+  }
 }
 
 constexpr tp::context_parallel::CpRotateMethod kRotateMethods[] = {tp::context_parallel::CpRotateMethod::kAllGather,
@@ -269,6 +283,46 @@ TEST_CASE("ring attention with a sliding window over 2 and 4 ranks equals the un
                                 "cp_" + std::to_string(n) + "_" + name + "_w" + std::to_string(window) +
                                     (block_causal ? "_docs" : ""),
                                 window);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("ring and head-parallel attention with attention sinks (and a sliding window, documents) over 2 and 4 ranks "
+          "equal the unsplit sink attention",
+          "[parallel][cp][sinks]") {
+  // gpt-oss's attention: a sink per head joins the merged rows (Note [Attention sinks]); the
+  // reference is the unsplit model::sink_attention (itself checked against a dense float64
+  // softmax with a sink column in tests/test_sink_attention.cpp). Sinks near the rows' lse, so
+  // each takes a share of its rows; window 11 crosses chunk boundaries at cp 2 and 4; the
+  // documents cut windows further. The file comment's tolerance holds: the sink adds one
+  // logaddexp and a rescale per row, float32 on both sides.
+  const at::Tensor q = normal({2, 8, 32, 8}, 41), k = normal({2, 4, 32, 8}, 42), v = normal({2, 4, 32, 8}, 43);
+  const at::Tensor dout = normal({2, 8, 32, 8}, 44);
+  const at::Tensor sinks = at::tensor(std::vector<float>{0.5f, 2.0f, -1.0f, 3.0f, 1.0f, 0.0f, 1.5f, 2.5f});
+  const at::Tensor documents = documents_of({{3, 9, 1, 14, 5}, {16, 16}});
+  using tp::context_parallel::CpRotateMethod;
+  for (const int64_t window : {0, 11}) {
+    for (bool block_causal : {false, true}) {
+      const at::Tensor docs = block_causal ? documents : at::Tensor();
+      const at::Tensor qg = q.clone().requires_grad_(true), kg = k.clone().requires_grad_(true),
+                       vg = v.clone().requires_grad_(true), sg = sinks.clone().requires_grad_(true);
+      Unsplit want;
+      want.out = tmod::sink_attention(qg, kg, vg, docs, window, sg);
+      torch::autograd::backward({want.out}, {dout});
+      want.out = want.out.detach();
+      want.dq = qg.grad();
+      want.dk = kg.grad();
+      want.dv = vg.grad();
+      for (int n : {2, 4}) {
+        for (const CpRotateMethod method : kRotateMethods) {
+          const std::string name = tp::context_parallel::cp_rotate_method_name(method);
+          INFO("cp " << n << ", " << name << ", window " << window << (block_causal ? ", block-causal" : ""));
+          check_split_attention(n, method, q, k, v, dout, docs, std::nullopt, want,
+                                "cp_" + std::to_string(n) + "_" + name + "_sinks_w" + std::to_string(window) +
+                                    (block_causal ? "_docs" : ""),
+                                window, sinks, sg.grad());
         }
       }
     }

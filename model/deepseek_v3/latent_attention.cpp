@@ -59,7 +59,7 @@ at::Tensor LatentAttention::forward(const at::Tensor& x_in, const RotaryTable& r
   // As grouped-query attention's, through the op layer (per-op AC keeps its output), over
   // context-parallel ranks when installed, per document when block-causal; with the softmax
   // scale of the qk head (and YaRN's mscale), the output of the v head size.
-  at::Tensor out = sdpa                  ? sdpa(qt, kt, vt, documents, softmax_scale)
+  at::Tensor out = sdpa                  ? sdpa(qt, kt, vt, documents, softmax_scale, 0, at::Tensor())
                    : documents.defined() ? document_causal_attention(qt, kt, vt, documents, softmax_scale)
                                          : attention_op(qt, kt, vt, softmax_scale);  // [B, H, S, v]
   return wo.forward(out.transpose(1, 2).reshape({batch, seq, -1}));  // [B, S, D]

@@ -32,7 +32,6 @@ GptOssAttention::GptOssAttention(const std::string& prefix, const ModelArgs& arg
 }
 
 at::Tensor GptOssAttention::forward(const at::Tensor& x_in, const RotaryTable& rope, const at::Tensor& documents) const {
-  TORCH_CHECK(!sdpa, prefix, ": context parallelism does not run attention sinks and sliding windows yet");
   const LinearOperand x = prepare_input ? prepare_input(x_in) : LinearOperand(x_in);
   const int64_t batch = x.hp.size(0), seq = x.hp.size(1);
   const auto dt = x.hp.scalar_type();
@@ -44,8 +43,9 @@ at::Tensor GptOssAttention::forward(const at::Tensor& x_in, const RotaryTable& r
   k = apply_rotary_half(k, rope).transpose(1, 2);
   v = v.transpose(1, 2);
   // YaRN's mscale^2 in the softmax scale (See the header); the block's window and the sinks.
-  const at::Tensor out =
-      sink_attention(q, k, v, block_causal ? documents : at::Tensor(), window, sinks, softmax_scale);
+  const at::Tensor docs = block_causal ? documents : at::Tensor();
+  const at::Tensor out = sdpa ? sdpa(q, k, v, docs, softmax_scale, window, sinks)
+                              : sink_attention(q, k, v, docs, window, sinks, softmax_scale);
   return wo.forward(out.transpose(1, 2).reshape({batch, seq, -1})) + wo_bias.to(dt);  // [B, S, D]
 }
 

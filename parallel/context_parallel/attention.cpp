@@ -20,6 +20,7 @@
 #include "parallel/comm/autograd_comm.h"
 #include "model/attention_blocks.h"
 #include "model/document_attention.h"
+#include "model/sink_attention.h"
 #include "model/activation_checkpoint_ops.h"
 #include "parallel/comm/process_group.h"
 
@@ -257,15 +258,25 @@ at::Tensor block_grads(int j, int r, const RingState& state, const KvPacking& pa
 }
 
 struct RingAttention : public torch::autograd::Function<RingAttention> {
+  // `sinks` [H] (a stand-in of 0 elements when !has_sinks: a Function's tensor arguments must be
+  // defined): See Note [Attention sinks] in model/sink_attention.h.
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                               c10::intrusive_ptr<RingState> state, comm::Comm* cp) {
+                               const at::Tensor& sinks, bool has_sinks, c10::intrusive_ptr<RingState> state,
+                               comm::Comm* cp) {
     TORCH_CHECK(q.size(2) % 2 == 0 && k.size(2) == q.size(2), "ring attention: this rank's share must be two chunks of "
                 "equal length, got ", q.size(2), " queries and ", k.size(2), " keys");
     // out and lse kept or recomputed together (per-op AC keeps "sdpa": See Note [Ring attention]).
     auto r = model::checkpointable_op_multi("sdpa", [&] {
-      return ring_forward(q, k, v, *cp, *state, state->tags->calls++);
+      std::vector<at::Tensor> merged = ring_forward(q, k, v, *cp, *state, state->tags->calls++);
+      if (has_sinks) {  // the sink column joins the merged rows: (out', lse'), which the backward takes
+        const model::SinkRescale rescale = model::rescale_by_sinks(merged[1], sinks);
+        merged[0] = (merged[0].to(at::kFloat) * rescale.factor).to(q.scalar_type());
+        merged[1] = rescale.lse;
+      }
+      return merged;
     });
-    ctx->save_for_backward({q, k, v, r[0], r[1]});
+    ctx->save_for_backward({q, k, v, r[0], r[1], sinks});
+    ctx->saved_data["has_sinks"] = has_sinks;
     ctx->saved_data["state"] = c10::IValue::make_capsule(c10::intrusive_ptr<torch::CustomClassHolder>(state));
     comm::save_comm(ctx, *cp);
     return {r[0]};
@@ -275,6 +286,7 @@ struct RingAttention : public torch::autograd::Function<RingAttention> {
     auto state = c10::static_intrusive_pointer_cast<RingState>(ctx->saved_data.at("state").toCapsule());
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
+    const at::Tensor& sinks = saved[5];
     const at::Tensor dout = grads[0].contiguous();
     comm::Comm& comm = comm::saved_comm(ctx);
     const int r = comm.rank(), n = comm.size();
@@ -330,8 +342,13 @@ struct RingAttention : public torch::autograd::Function<RingAttention> {
         dkv_mine = acc_sent;
       }
     }
+    // This rank's rows' part of the sinks' gradient (the data-parallel reduction over dp_cp sums it).
+    const at::Tensor dsinks = ctx->saved_data["has_sinks"].toBool()
+                                  ? model::sinks_gradient(dout, out, lse, sinks).to(sinks.scalar_type())
+                                  : at::Tensor();
     return {dq.to(q.scalar_type()), packing.k_of(dkv_mine).to(k.scalar_type()),
-            packing.v_of(dkv_mine).to(v.scalar_type()), at::Tensor(), at::Tensor()};  // state, group
+            packing.v_of(dkv_mine).to(v.scalar_type()), dsinks, at::Tensor(), at::Tensor(),
+            at::Tensor()};  // has_sinks, state, group
   }
 };
 
@@ -385,7 +402,7 @@ struct HeadReshard : public torch::autograd::Function<HeadReshard<kToHeads>> {
 
 at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& documents,
                           comm::Comm& cp, KvExchange exchange, RingTags& tags, std::optional<double> scale,
-                          int64_t window) {
+                          int64_t window, const at::Tensor& sinks) {
   TORCH_CHECK(window >= 0, "ring attention: the window must be >= 0 keys (0: none), got ", window);
   auto state = c10::make_intrusive<RingState>();
   state->exchange = exchange;
@@ -403,11 +420,14 @@ at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
   } else if (window > 0) {
     for (int j = 0; j < n; ++j) state->tiles.push_back(window_tiles(cp.rank(), j, n, c, window));
   }
-  return RingAttention::apply(q, k, v, state, &cp)[0];
+  const bool has_sinks = sinks.defined();
+  return RingAttention::apply(q, k, v, has_sinks ? sinks : at::empty({0}, q.options().dtype(at::kFloat)), has_sinks,
+                              state, &cp)[0];
 }
 
 at::Tensor head_parallel_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                   const at::Tensor& documents, comm::Comm& cp, std::optional<double> scale) {
+                                   const at::Tensor& documents, comm::Comm& cp, std::optional<double> scale,
+                                   int64_t window, const at::Tensor& sinks) {
   const int64_t n = cp.size();
   TORCH_CHECK(q.size(1) % n == 0, "head-parallel attention: ", q.size(1), " local query heads are not divisible by ",
               "the context parallel degree ", n);
@@ -419,9 +439,18 @@ at::Tensor head_parallel_attention(const at::Tensor& q, const at::Tensor& k, con
   const at::Tensor qh = HeadReshard<true>::apply(q, &cp)[0];
   const at::Tensor kh = HeadReshard<true>::apply(kk, &cp)[0];
   const at::Tensor vh = HeadReshard<true>::apply(vv, &cp)[0];
-  // Whole rows in sequence order after the re-shard: block-causal is the unsplit per-document form.
-  const at::Tensor out = documents.defined() ? model::document_causal_attention(qh, kh, vh, documents, scale)
-                                             : model::attention_op(qh, kh, vh, scale);
+  // Whole rows in sequence order after the re-shard: block-causal is the unsplit per-document form,
+  // a window or sinks the unsplit sink attention over this rank's heads (rank r holds heads
+  // [r h, (r + 1) h) of the local H: sequence_to_heads), with their sinks.
+  at::Tensor out;
+  if (window > 0 || sinks.defined()) {
+    const int64_t h = q.size(1) / n;
+    const at::Tensor my_sinks = sinks.defined() ? sinks.narrow(0, cp.rank() * h, h) : at::Tensor();
+    out = model::sink_attention(qh, kh, vh, documents, window, my_sinks, scale);
+  } else {
+    out = documents.defined() ? model::document_causal_attention(qh, kh, vh, documents, scale)
+                              : model::attention_op(qh, kh, vh, scale);
+  }
   return HeadReshard<false>::apply(out, &cp)[0];
 }
 

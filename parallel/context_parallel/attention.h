@@ -89,16 +89,20 @@ struct RingTags {
 // the whole rows [B, n L] (block-causal: See Note [Ring attention over documents]). `scale`: of
 // q . k, unset 1 / sqrt(qk_hd). `window`: a query sees only the `window` positions up to its own
 // (0: every earlier one; See Note [Ring attention with a window]), with documents or without.
+// `sinks` [H] (undefined: none): a sink per head joins the merged rows (Note [Attention sinks] in
+// model/sink_attention.h), differentiable; the gradient is this rank's rows' part.
 // `tags` must outlive the backward.
 at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& documents,
                           comm::Comm& cp, KvExchange exchange, RingTags& tags,
-                          std::optional<double> scale = std::nullopt, int64_t window = 0);
+                          std::optional<double> scale = std::nullopt, int64_t window = 0,
+                          const at::Tensor& sinks = at::Tensor());
 
 // The same result by head-parallel all-to-alls (See Note [Head-parallel attention]): H and, after
-// any repetition, the kv heads divisible by cp.size(). No window: it runs attention_op, which has
-// none.
+// any repetition, the kv heads divisible by cp.size(). A window or sinks as ring_attention's: the
+// whole rows of this rank's heads through model/sink_attention.h.
 at::Tensor head_parallel_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                    const at::Tensor& documents, comm::Comm& cp,
-                                   std::optional<double> scale = std::nullopt);
+                                   std::optional<double> scale = std::nullopt, int64_t window = 0,
+                                   const at::Tensor& sinks = at::Tensor());
 
 }  // namespace titan::parallel::context_parallel

@@ -92,12 +92,15 @@ void apply_cp(model::Transformer& model, comm::Comm& cp, CpRotateMethod method,
     comm::Comm* comm = &cp;
     if (method == CpRotateMethod::kUlysses) {
       a.sdpa = [comm](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& documents,
-                      std::optional<double> scale) { return head_parallel_attention(q, k, v, documents, *comm, scale); };
+                      std::optional<double> scale, int64_t window, const at::Tensor& sinks) {
+        return head_parallel_attention(q, k, v, documents, *comm, scale, window, sinks);
+      };
     } else {
       const KvExchange exchange = method == CpRotateMethod::kAllGather ? KvExchange::kAllGather : KvExchange::kRing;
       a.sdpa = [comm, exchange, tags](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                      const at::Tensor& documents, std::optional<double> scale) {
-        return ring_attention(q, k, v, documents, *comm, exchange, *tags, scale);
+                                      const at::Tensor& documents, std::optional<double> scale, int64_t window,
+                                      const at::Tensor& sinks) {
+        return ring_attention(q, k, v, documents, *comm, exchange, *tags, scale, window, sinks);
       };
     }
   }
