@@ -1,0 +1,74 @@
+// gpt-oss (titan's small flavor: 4 blocks of width 64, sliding windows of 8 on blocks 0 and 2,
+// sinks on every head, 8 biased experts of hidden 32, top 2) in the layouts it composes with, as
+// real titan-train ranks under titan-run: every rank's losses and grad norms against one process
+// over 10 steps (tests/layout_check.h's tolerances: the same float32 math in another reduction
+// order), and each MoE layer's expert load every step equal (integer counts summed exactly).
+//
+// What each layout exercises of gpt-oss: TP shards the biases and sinks with their heads and
+// adds the experts' output bias once over the ranks that sum it (RoutedExperts::
+// output_summed_over); EP moves the biased experts whole; CP's chunks of 8 (32 positions at CP 2)
+// meet windows of 8 that cross every chunk boundary, with the sinks rescaling the merged rows, in
+// the ring and in head-parallel mode; block-causal documents cut the windows further.
+#include <catch2/catch.hpp>
+
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "tests/layout_check.h"
+
+namespace layout = titan::testing::layout;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kGptOss = "--model.name gpt_oss --model.flavor debugmodel_small";
+
+std::vector<std::vector<double>> expert_loads(const fs::path& metrics) {
+  std::vector<std::vector<double>> loads;
+  for (const auto& j : titan::testing::read_metrics_lines(metrics))
+    if (j.contains("expert_load")) loads.push_back(j.at("expert_load").get<std::vector<double>>());
+  return loads;
+}
+
+void check_layouts(const std::string& shared, const std::vector<std::tuple<std::string, int, std::string>>& layouts) {
+  const layout::Reference& ref = layout::reference_run(8, shared);
+  const auto want = expert_loads(ref.dump / "metrics.jsonl");
+  REQUIRE(want.size() == 10);
+  for (const auto& [name, nproc, overrides] : layouts) {
+    layout::check_layout(name, nproc, overrides, 8, shared);
+    const auto got = expert_loads(layout::root() / name / "metrics_rank0.jsonl");
+    REQUIRE(got.size() == want.size());
+    for (size_t s = 0; s < got.size(); ++s) {
+      INFO(name << " step " << s + 1);
+      CHECK(got[s] == want[s]);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("gpt-oss (sinks, sliding windows, biased experts) under FSDP 2, TP 2, EP 2, PP 2, CP 2, EP 2 x TP 2 and "
+          "FSDP 2 + per-op AC equals one process",
+          "[moe][dist][gpt_oss]") {
+  check_layouts(kGptOss,
+                {
+                    {"go_fsdp2", 2, ""},
+                    {"go_tp2", 2, "--parallelism.tensor_parallel_degree 2"},
+                    {"go_ep2", 2, "--parallelism.expert_parallel_degree 2"},
+                    {"go_pp2", 2, "--parallelism.pipeline_parallel_degree 2 --parallelism.pipeline_parallel_schedule 1F1B"},
+                    {"go_cp2", 2, "--parallelism.context_parallel_degree 2"},
+                    {"go_ep2_tp2", 4, "--parallelism.expert_parallel_degree 2 --parallelism.tensor_parallel_degree 2"},
+                    {"go_fsdp2_op_ac", 2,
+                     "--activation_checkpoint.mode selective --activation_checkpoint.selective_ac_option op"},
+                });
+}
+
+TEST_CASE("gpt-oss block-causal under CP 2 (ring and head-parallel) equals one process", "[moe][dist][gpt_oss]") {
+  check_layouts(kGptOss + " --model.attn_mask_type block_causal",
+                {
+                    {"go_docs_cp2", 2, "--parallelism.context_parallel_degree 2"},
+                    {"go_docs_cp2_ulysses", 2,
+                     "--parallelism.context_parallel_degree 2 --parallelism.context_parallel_rotate_method titan_ulysses"},
+                });
+}
