@@ -32,6 +32,12 @@ struct HfNamePair {
   std::string hf;
 };
 
+// An HF tensor name titan refuses, and why (what the user does instead).
+struct HfRefusedName {
+  std::string hf;
+  std::string why;
+};
+
 // A block weight whose rows HF holds permuted (Note [HF rotary permutation]): [heads * head_dim, dim].
 struct HfRotaryRows {
   std::string titan;  // after "layers.<i>."
@@ -79,6 +85,9 @@ struct HfFormat {
   // "<i>." (older exports' rotary buffer).
   std::vector<std::string> ignored_names;
   std::vector<std::string> ignored_block_names;
+  // HF tensors of a form titan does not read (after block_folder + "<i>."), each with what to do
+  // instead: gpt-oss's MXFP4 experts on the Hub, read dequantized.
+  std::vector<HfRefusedName> refused_block_names;
   // Multi-token prediction's depths (model/mtp.h): HF keeps depth k (from 0) as one more block,
   // block_folder + "<n_layers + k>.", with the block's names, these of its own (after that
   // folder), and its own copies of the embedding and the head (mtp_ignored_names: titan's depths

@@ -58,6 +58,12 @@ HfFormat hugging_face_format(const ModelArgs& args) {
       {"moe.experts.mlp1_bias", "mlp.experts.gate_up_proj_bias"},
       {"moe.experts.mlp2_bias", "mlp.experts.down_proj_bias"},
   };
+  const std::string dequantize =
+      "the Hub's MXFP4 form of gpt-oss's experts, which titan does not read: load the checkpoint with "
+      "transformers' Mxfp4Config(dequantize=True) and save_pretrained it, then point titan at that folder";
+  for (const char* t : {"mlp.experts.gate_up_proj_blocks", "mlp.experts.gate_up_proj_scales",
+                        "mlp.experts.down_proj_blocks", "mlp.experts.down_proj_scales"})
+    f.refused_block_names.push_back({t, dequantize});
   f.fused_experts = {
       {"mlp.experts.gate_up_proj", {"moe.experts.mlp1_weight"}},
       {"mlp.experts.down_proj", {"moe.experts.mlp2_weight"}},

@@ -141,6 +141,8 @@ TitanSlot slot_of(const HfFormat& f, const std::string& hf, const model::ModelAr
                                       ", but titan's model has " + std::to_string(experts) + " experts per layer");
         return {titan(p->titan), j};
       }
+    for (const model::HfRefusedName& refused : f.refused_block_names)
+      if (refused.hf == rest) throw std::invalid_argument("Hugging Face tensor '" + hf + "' is " + refused.why);
   }
   throw std::invalid_argument("Hugging Face tensor '" + hf + "' is not a " + f.model_type + " weight titan knows");
 }
