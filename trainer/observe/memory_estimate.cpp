@@ -336,7 +336,7 @@ MemoryEstimate estimate_memory(const EstimateInputs& in) {
   double comm = 0;
   // Under expert parallelism a block's gather holds this rank's experts only (1/ep of them).
   const double expert_params =
-      a.moe ? 3.0 * static_cast<double>(a.moe->num_experts) * d * static_cast<double>(a.moe_hidden_dim) : 0;
+      a.moe ? static_cast<double>(a.moe->num_experts * model::family(a.family).routed_expert_params(a)) : 0;
   const double gathered_params = block_params - expert_params * (1.0 - 1.0 / static_cast<double>(in.ep));
   if (in.dp_shard > 1) {
     const double norms = 2 * d;
