@@ -72,3 +72,22 @@ TEST_CASE("gpt-oss block-causal under CP 2 (ring and head-parallel) equals one p
                      "--parallelism.context_parallel_degree 2 --parallelism.context_parallel_rotate_method titan_ulysses"},
                 });
 }
+
+TEST_CASE("gpt-oss with float8 rowwise dense linears and rowwise experts (EP 2 x FSDP 2 with float8 dispatch, TP 2) "
+          "equals one process with the same recipes",
+          "[moe][dist][gpt_oss][float8]") {
+  // One process runs the same recipes, so only the reduction order differs, which can flip an
+  // element's e4m3 rounding and a token's routing: the float8 layout bounds of the other MoE
+  // families (5e-4 loss, 2e-3 grad norm), no load comparison.
+  layout::Tolerance tol;
+  tol.loss = 5e-4;
+  tol.grad_norm = 2e-3;
+  const std::string float8 = kGptOss +
+                             " --float8.enable_float8_linear --float8.recipe_name rowwise --model.converters "
+                             "quantize.grouped_mm.float8 --quantize.grouped_mm.float8.fqns experts";
+  layout::check_layout("go_ep2_fsdp2_float8", 4,
+                       "--parallelism.expert_parallel_degree 2 --parallelism.data_parallel_shard_degree 4 "
+                       "--quantize.grouped_mm.float8.float8_dispatch",
+                       8, float8, tol);
+  layout::check_layout("go_tp2_float8", 2, "--parallelism.tensor_parallel_degree 2", 8, float8, tol);
+}
