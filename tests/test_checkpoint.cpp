@@ -465,3 +465,19 @@ TEST_CASE("Qwen3 with a tied embedding at PP 2 resumes bitwise and reshards into
   pp2_fsdp2.insert(pp2_fsdp2.end(), {"--parallelism.data_parallel_shard_degree", "2"});
   resume_from(src, "tied_pp2_to_pp2_fsdp2", 4, pp2_fsdp2, reduction_order);
 }
+
+TEST_CASE("gpt-oss at TP 2 (sharded biases and sinks) resumes bitwise and reshards into 1 process and EP 2",
+          "[checkpoint][dist][slow][moe]") {
+  // TP shards the q/k/v biases and the sinks with their heads and the experts' hidden dim with
+  // mlp1's bias; the replicated output biases are saved once. Another layout continues in another
+  // reduction order: the layouts' bound (tests/test_gpt_oss_layouts.cpp measured 6e-8).
+  const std::vector<std::string> gpt_oss = {"--model.name", "gpt_oss", "--model.flavor", "debugmodel_small"};
+  std::vector<std::string> tp2 = gpt_oss;
+  tp2.insert(tp2.end(), {"--parallelism.tensor_parallel_degree", "2"});
+  const Source& src = source("gpt_oss_tp2", 2, tp2);
+  resume_from(src, "gpt_oss_tp2_resumed", 2, tp2, 0);
+  resume_from(src, "gpt_oss_tp2_to_1", 1, gpt_oss, 1e-5);
+  std::vector<std::string> ep2 = gpt_oss;
+  ep2.insert(ep2.end(), {"--parallelism.expert_parallel_degree", "2"});
+  resume_from(src, "gpt_oss_tp2_to_ep2", 2, ep2, 1e-5);
+}
