@@ -43,6 +43,8 @@ int64_t Family::routed_expert_params(const ModelArgs& args) const {
   return FeedForward::param_count(args.dim, args.moe_hidden_dim);  // one SwiGLU of moe_hidden_dim
 }
 
+int64_t Family::routed_expert_saved_per_row(const ModelArgs& args) const { return 4 * args.moe_hidden_dim; }
+
 std::vector<double> Family::rope_frequencies(const ModelArgs& args) const {
   const int64_t head_dim = args.head_dim();
   if (head_dim % 2 != 0) throw std::invalid_argument("RoPE needs an even head_dim, got " + std::to_string(head_dim));

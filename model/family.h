@@ -92,6 +92,10 @@ class Family {
   virtual std::unique_ptr<moe::RoutedExperts> make_experts(const std::string& prefix, const ModelArgs& args,
                                                            int64_t layer) const;
   virtual int64_t routed_expert_params(const ModelArgs& args) const;
+  // What one routed expert keeps for its backward per row it computes, in elements of the compute
+  // dtype (the memory estimate's term; its input row is counted with the MoE layer's). Default:
+  // SwiGLU's 4 moe_hidden_dim (the w1 and w3 outputs, silu(w1 x) and the product).
+  virtual int64_t routed_expert_saved_per_row(const ModelArgs& args) const;
   // One block's attention parameters, and its score and value products' training FLOPs per
   // token when every query meets seq_len keys (the square: torchtitan's convention).
   virtual int64_t attention_params(const ModelArgs& args, int64_t layer) const = 0;

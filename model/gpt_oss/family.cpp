@@ -98,6 +98,9 @@ class GptOssFamily final : public Family {
   int64_t routed_expert_params(const ModelArgs& args) const override {
     return GptOssExperts::expert_param_count(args.dim, args.moe_hidden_dim);
   }
+  // mlp1's biased output [2H] (the clamps keep views of it), the clamped gate, its sigmoid, their
+  // product, the shifted linear half and the product with it (mlp2's input): 7 H a row.
+  int64_t routed_expert_saved_per_row(const ModelArgs& args) const override { return 7 * args.moe_hidden_dim; }
   int64_t attention_params(const ModelArgs& args, int64_t) const override { return GptOssAttention::param_count(args); }
   // torchtitan's get_moe_model_nparams_and_flops with head_dims = 2 head_dim: the full square.
   double attention_flops_per_token(const ModelArgs& args, int64_t, int64_t seq_len) const override {

@@ -100,6 +100,14 @@ BlockTerms block_terms(const EstimateInputs& in, int64_t layer) {
     full.push_back({"normed input of w1/w3", d * gathered});
     full.push_back({"w1, w3 outputs", 2 * hid * e});
     full.push_back({"silu(w1 x) and the product (w2 input)", 2 * hid * e});
+    if (kind == model::FeedForwardKind::kMoE) {
+      // A family's experts that keep more (or less) per row than SwiGLU's 4 moe_hidden_dim.
+      const double beyond_swiglu =
+          static_cast<double>(model::family(a.family).routed_expert_saved_per_row(a) - 4 * a.moe_hidden_dim);
+      if (beyond_swiglu != 0)
+        full.push_back({"the routed experts' own saved tensors beyond SwiGLU's",
+                        static_cast<double>(a.moe->top_k) * beyond_swiglu / tp * e});
+    }
     matmuls.insert(matmuls.end(), {hid, hid, d});  // w1, w3, w2
   }
   // Per-op AC keeps every second matrix product of the block (the 1st, 3rd, ...: wq, wv, w1, w2
