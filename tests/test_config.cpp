@@ -396,3 +396,14 @@ TEST_CASE("model.name picks the family; a flavor must be one of its family's", "
   CHECK_THAT(dense.warnings[0], Contains("parallelism.expert_parallel_degree = 2 has no effect: model llama3 / "
                                           "debugmodel has no experts"));
 }
+
+TEST_CASE("titan-plan's help: the [plan] section alone, every key with its default and choices", "[config]") {
+  const std::string help = config_help_of("plan");
+  for (const char* key : {"--plan.nodes INT", "--plan.gpus_per_node INT", "--plan.device STRING", "--plan.precisions",
+                          "--plan.ac_modes", "--plan.explain STRING", "--plan.exhaustive, --plan.no_exhaustive"})
+    CHECK_THAT(help, Catch::Contains(key));
+  CHECK_THAT(help, Catch::Contains("one of: h100, h200, b200, a100, cpu"));
+  CHECK_THAT(help, !Catch::Contains("--training."));  // one section only
+  CHECK(config_help().find(help) != std::string::npos);  // as titan-train --help prints it
+  CHECK(config_help_of("no_such_section").empty());
+}

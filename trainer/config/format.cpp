@@ -181,8 +181,55 @@ std::string join(const std::vector<std::string>& items, const char* sep) {
 
 }  // namespace
 
-std::string config_help() {
+namespace {
+
+// The help of one section: each key with its type, default, range, choices and meaning.
+void section_help(std::ostream& os, const SectionSpec& section) {
   static JobConfig defaults{};  // not const: see equals_default
+  os << "\n[" << section.name << "]  " << section.help << "\n";
+  for (const auto& spec : section.keys) {
+    if (spec.kind == KeyKind::kAlias) {
+      os << "  --" << spec.dotted() << "  = --" << spec.alias_of << (spec.alias_negates ? " negated" : "")
+         << " (torchtitan " << spec.versions << ")\n";
+      continue;
+    }
+    if (spec.kind == KeyKind::kAccepted) {
+      os << "  --" << spec.dotted() << "  (torchtitan" << (spec.versions.empty() ? "" : " " + spec.versions)
+         << ", default " << format_config_value(*spec.default_value) << ")\n"
+         << wrap(spec.help, "      ", 96);
+      continue;
+    }
+    std::string flag = "--" + spec.dotted();
+    if (spec.type == ValueType::kBool) {
+      flag += ", --" + spec.section + ".no_" + spec.name;
+    } else {
+      flag += std::string(" ") + (spec.type == ValueType::kStringList ? "A,B,..." : "") +
+              (spec.type == ValueType::kInt ? "INT" : "") + (spec.type == ValueType::kFloat ? "FLOAT" : "") +
+              (spec.type == ValueType::kString ? "STRING" : "");
+    }
+    // The metavar already names the type of non-boolean keys.
+    std::string facts = (spec.type == ValueType::kBool ? "bool, default " : "default ") + format_value(spec, defaults);
+    if (spec.range) facts += "; " + spec.range->describe();
+    if (!spec.choices.empty()) {
+      facts += std::string(spec.type == ValueType::kStringList ? "; each of: " : "; one of: ") +
+               join(spec.choices, ", ");
+    }
+    if (spec.cli_only) facts += "; command line only";
+    if (!spec.ignored_reason.empty()) facts += "; accepted but ignored";
+    os << "  " << flag << "  (" << facts << ")\n" << wrap(spec.help, "      ", 96);
+  }
+}
+
+}  // namespace
+
+std::string config_help_of(const std::string& section_name) {
+  std::ostringstream os;
+  for (const auto& section : config_table())
+    if (section.name == section_name) section_help(os, section);
+  return os.str();
+}
+
+std::string config_help() {
   std::ostringstream os;
   os << "Usage: titan [--job.config_file FILE.toml] [--section.key VALUE ...]\n\n"
         "Each value comes from, later winning: the defaults below < the TOML file named by\n"
@@ -192,44 +239,7 @@ std::string config_help() {
         "            --section.key false turn it off\n"
         "  lists:    --section.key a,b,c\n"
         "  -h, --help prints this; --job.print_args prints the effective config as TOML.\n";
-  for (const auto& section : config_table()) {
-    os << "\n[" << section.name << "]  " << section.help << "\n";
-    for (const auto& spec : section.keys) {
-      if (spec.kind == KeyKind::kAlias) {
-        os << "  --" << spec.dotted() << "  = --" << spec.alias_of
-           << (spec.alias_negates ? " negated" : "") << " (torchtitan " << spec.versions
-           << ")\n";
-        continue;
-      }
-      if (spec.kind == KeyKind::kAccepted) {
-        os << "  --" << spec.dotted() << "  (torchtitan"
-           << (spec.versions.empty() ? "" : " " + spec.versions) << ", default "
-           << format_config_value(*spec.default_value) << ")\n"
-           << wrap(spec.help, "      ", 96);
-        continue;
-      }
-      std::string flag = "--" + spec.dotted();
-      if (spec.type == ValueType::kBool) {
-        flag += ", --" + spec.section + ".no_" + spec.name;
-      } else {
-        flag += std::string(" ") + (spec.type == ValueType::kStringList ? "A,B,..." : "")
-                + (spec.type == ValueType::kInt ? "INT" : "")
-                + (spec.type == ValueType::kFloat ? "FLOAT" : "")
-                + (spec.type == ValueType::kString ? "STRING" : "");
-      }
-      // The metavar already names the type of non-boolean keys.
-      std::string facts = (spec.type == ValueType::kBool ? "bool, default " : "default ")
-                          + format_value(spec, defaults);
-      if (spec.range) facts += "; " + spec.range->describe();
-      if (!spec.choices.empty()) {
-        facts += std::string(spec.type == ValueType::kStringList ? "; each of: " : "; one of: ")
-                 + join(spec.choices, ", ");
-      }
-      if (spec.cli_only) facts += "; command line only";
-      if (!spec.ignored_reason.empty()) facts += "; accepted but ignored";
-      os << "  " << flag << "  (" << facts << ")\n" << wrap(spec.help, "      ", 96);
-    }
-  }
+  for (const auto& section : config_table()) section_help(os, section);
   return os.str();
 }
 

@@ -330,5 +330,7 @@ std::vector<std::pair<std::string, std::string>> config_entries_for_agreement(co
 
 // The `--help` text: usage, then every key with its type, default, allowed values and help.
 std::string config_help();
+// The help of one section alone ("plan": what titan-plan --help prints of the cluster's keys).
+std::string config_help_of(const std::string& section_name);
 
 }  // namespace titan::trainer::config
