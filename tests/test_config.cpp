@@ -398,6 +398,8 @@ TEST_CASE("model.name picks the family; a flavor must be one of its family's", "
 }
 
 TEST_CASE("titan-plan's help: the [plan] section alone, every key with its default and choices", "[config]") {
+  using titan::trainer::config::config_help;
+  using titan::trainer::config::config_help_of;
   const std::string help = config_help_of("plan");
   for (const char* key : {"--plan.nodes INT", "--plan.gpus_per_node INT", "--plan.device STRING", "--plan.precisions",
                           "--plan.ac_modes", "--plan.explain STRING", "--plan.exhaustive, --plan.no_exhaustive"})
