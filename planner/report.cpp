@@ -1,8 +1,11 @@
 // planner/report.cpp — titan-plan's output: the table of the fastest layouts that fit, the
 // reasons for the rest, the command that runs the winner, and plan.explain's breakdown.
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <iomanip>
+#include <iostream>
 #include <ostream>
 #include <string>
 #include <utility>
@@ -70,8 +73,16 @@ int run_planner(const trainer::config::JobConfig& cfg, std::ostream& out, std::o
     print_explain(cfg, cluster, out);
     return 0;
   }
-  const PlanResult r = plan_layouts(cfg, cluster, [&err](int64_t done, int64_t total) {
-    err << "\rplanning: " << done << " / " << total << " layout families" << (done == total ? "\n" : "") << std::flush;
+  // Progress: one line redrawn on a terminal; elsewhere (a log, a pipe) a line at each quarter.
+  const bool terminal = &err == &std::cerr && isatty(STDERR_FILENO);
+  int64_t last_quarter = 0;
+  const PlanResult r = plan_layouts(cfg, cluster, [&](int64_t done, int64_t total) {
+    if (terminal) {
+      err << "\rplanning: " << done << " / " << total << " layout families" << (done == total ? "\n" : "") << std::flush;
+    } else if (total > 0 && 4 * done / total > last_quarter) {
+      last_quarter = 4 * done / total;
+      err << "planning: " << done << " / " << total << " layout families\n" << std::flush;
+    }
   });
   out << "titan layout planner: " << cfg.model.name << " " << cfg.model.flavor << ", seq_len " << cfg.training.seq_len
       << ", global batch " << r.global_batch << " rows\n";
