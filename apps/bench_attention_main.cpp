@@ -59,16 +59,18 @@ Times time_flash(const Shape& s, at::ScalarType dtype, int iters) {
           false)};
 }
 
-Times time_titan(const Shape& s, int iters, titan::model::kernels::AttentionProducts products) {
+// `window` > 0: a sliding window of that many keys (gpt-oss's even blocks), else causal.
+Times time_titan(const Shape& s, int iters, titan::model::kernels::AttentionProducts products, int64_t window = 0) {
   const at::Tensor q = operand(s, s.heads, at::kBFloat16), g = operand(s, s.heads, at::kBFloat16);
   const at::Tensor k = operand(s, s.kv_heads, at::kBFloat16), v = operand(s, s.kv_heads, at::kBFloat16);
-  auto [out, lse] = titan::model::cpu_attention_forward(q, k, v, true, std::nullopt, 0, 0, products);
+  auto [out, lse] = titan::model::cpu_attention_forward(q, k, v, true, std::nullopt, window, 0, products);
   return {titan::bench::time_ms(
-              [&] { titan::model::cpu_attention_forward(q, k, v, true, std::nullopt, 0, 0, products); }, iters, false),
+              [&] { titan::model::cpu_attention_forward(q, k, v, true, std::nullopt, window, 0, products); }, iters,
+              false),
           titan::bench::time_ms(
               [&] {
-                titan::model::cpu_attention_backward(g, q, k, v, out, lse, true, at::kBFloat16, std::nullopt, 0, 0,
-                                                     products);
+                titan::model::cpu_attention_backward(g, q, k, v, out, lse, true, at::kBFloat16, std::nullopt, window,
+                                                     0, products);
               },
               iters, false)};
 }
@@ -79,7 +81,12 @@ int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   CLI::App app{"titan-bench-attention: titan's bf16 CPU attention kernel vs LibTorch's flash kernel"};
   int threads = 0, iters = 10;
+  int64_t window = 0;
   app.add_option("--threads", threads, "intra-op threads (0: LibTorch's default)");
+  app.add_option("--window", window,
+                 "also time a sliding window of this many keys (gpt-oss: 128) against the causal square "
+                 "of titan's kernel and of LibTorch's flash kernel, which has no window")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--iters", iters, "timed calls per figure")->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
   if (threads > 0) at::set_num_threads(threads);
@@ -115,6 +122,25 @@ int main(int argc, char** argv) {
                 static_cast<long>(s.seq), static_cast<long>(s.head_dim), fma.forward_ms, fma.backward_ms, dot_cell,
                 bf16.forward_ms, bf16.backward_ms, fp32.forward_ms, fp32.backward_ms,
                 (bf16.forward_ms + bf16.backward_ms) / (mine.forward_ms + mine.backward_ms));
+  }
+  if (window > 0) {
+    // The windowed kernel visits only the keys each query tile sees: ~window / (S / 2) of the
+    // causal square's work at S >> window. LibTorch's CPU flash kernel takes no window, so a run
+    // without titan's kernel computes the square (or a dense masked softmax).
+    std::printf("\nsliding window of %ld keys, titan's default products, ms per call (forward / backward)\n\n",
+                static_cast<long>(window));
+    std::printf("| shape | S | titan, window | titan, causal | flash bf16, causal | window vs flash causal |\n");
+    std::printf("|---|---|---|---|---|---|\n");
+    for (const Shape& s : kShapes) {
+      if (s.seq <= window) continue;  // the window masks nothing: the causal rows above
+      const AttentionProducts p = dots ? titan::model::kernels::default_attention_products(s.head_dim, s.head_dim)
+                                       : AttentionProducts::kFloat32;
+      const Times w = time_titan(s, iters, p, window), c = time_titan(s, iters, p);
+      const Times bf16 = time_flash(s, at::kBFloat16, iters);
+      std::printf("| %s | %ld | %.3f / %.3f | %.3f / %.3f | %.3f / %.3f | %.2fx |\n", s.name,
+                  static_cast<long>(s.seq), w.forward_ms, w.backward_ms, c.forward_ms, c.backward_ms, bf16.forward_ms,
+                  bf16.backward_ms, (bf16.forward_ms + bf16.backward_ms) / (w.forward_ms + w.backward_ms));
+    }
   }
   return 0;
 }
