@@ -77,6 +77,14 @@ inline std::vector<double> validation_losses(const fs::path& path) {
   return losses;
 }
 
+// Each logged step's expert load of every MoE layer (metrics.jsonl's expert_load), in order.
+inline std::vector<std::vector<double>> expert_loads(const fs::path& path) {
+  std::vector<std::vector<double>> loads;
+  for (const auto& j : titan::testing::read_metrics_lines(path))
+    if (j.contains("expert_load")) loads.push_back(j.at("expert_load").get<std::vector<double>>());
+  return loads;
+}
+
 // Bit-identical runs: every step's loss and grad norm equal, not just close.
 inline void check_same_steps(const std::string& what, const std::vector<Step>& got, const std::vector<Step>& want) {
   REQUIRE(got.size() == want.size());

@@ -21,19 +21,12 @@ namespace {
 
 const std::string kDeepSeek = "--model.name deepseek_v3 --model.flavor debugmodel_small";
 
-std::vector<std::vector<double>> expert_loads(const fs::path& metrics) {
-  std::vector<std::vector<double>> loads;
-  for (const auto& j : titan::testing::read_metrics_lines(metrics))
-    if (j.contains("expert_load")) loads.push_back(j.at("expert_load").get<std::vector<double>>());
-  return loads;
-}
-
 // Layout `name` equals the one-process reference of `shared` (tests/layout_check.h), and its
 // rank 0 logged the reference's expert load in every MoE layer at every step.
 void check_layout_and_loads(const std::string& name, int nproc, const std::string& overrides, const std::string& shared,
                             const std::vector<std::vector<double>>& want) {
   layout::check_layout(name, nproc, overrides, 8, shared);
-  const auto got = expert_loads(layout::root() / name / "metrics_rank0.jsonl");
+  const auto got = layout::expert_loads(layout::root() / name / "metrics_rank0.jsonl");
   REQUIRE(got.size() == want.size());
   for (size_t s = 0; s < got.size(); ++s) {
     INFO(name << " step " << s + 1);
@@ -58,7 +51,7 @@ TEST_CASE("DeepSeek-V3 under FSDP 2, TP 2, EP 2, EP 2 x TP 2, PP 2 (1F1B, ZBV), 
       {"ds3_fsdp2_op_ac", 2, "--activation_checkpoint.mode selective --activation_checkpoint.selective_ac_option op"},
   };
   const layout::Reference& ref = layout::reference_run(8, kDeepSeek);
-  const auto want = expert_loads(ref.dump / "metrics.jsonl");
+  const auto want = layout::expert_loads(ref.dump / "metrics.jsonl");
   REQUIRE(want.size() == 10);
   for (const auto& [name, nproc, overrides] : layouts) check_layout_and_loads(name, nproc, overrides, kDeepSeek, want);
 }
@@ -69,7 +62,7 @@ TEST_CASE("DeepSeek-V3 under HSDP 2 x 2 and async TP 2 equals one process; float
   // HSDP: the replicas' gradient sums; async TP: MLA's gathered input and wo's reduce-scatter in
   // chunks. The layouts' tolerances; the loads exact as above.
   const layout::Reference& ref = layout::reference_run(8, kDeepSeek);
-  const auto want = expert_loads(ref.dump / "metrics.jsonl");
+  const auto want = layout::expert_loads(ref.dump / "metrics.jsonl");
   for (const auto& [name, nproc, overrides] : std::vector<std::tuple<std::string, int, std::string>>{
            {"ds3_hsdp", 4, "--parallelism.data_parallel_replicate_degree 2 --parallelism.data_parallel_shard_degree 2"},
            {"ds3_tp2_async", 2, "--parallelism.tensor_parallel_degree 2 --parallelism.enable_async_tensor_parallel"}})
@@ -139,7 +132,7 @@ TEST_CASE("DeepSeek-V3 with multi-token prediction (2 depths, block-causal) unde
        "--activation_checkpoint.mode selective --activation_checkpoint.selective_ac_option op"},
   };
   const layout::Reference& ref = layout::reference_run(8, mtp);
-  const auto want = expert_loads(ref.dump / "metrics.jsonl");
+  const auto want = layout::expert_loads(ref.dump / "metrics.jsonl");
   REQUIRE(want.size() == 10);
   REQUIRE(want[0].size() == 5);  // 3 MoE blocks + 2 depths
   for (const auto& [name, nproc, overrides] : layouts) check_layout_and_loads(name, nproc, overrides, mtp, want);

@@ -24,20 +24,13 @@ namespace {
 
 const std::string kGptOss = "--model.name gpt_oss --model.flavor debugmodel_small";
 
-std::vector<std::vector<double>> expert_loads(const fs::path& metrics) {
-  std::vector<std::vector<double>> loads;
-  for (const auto& j : titan::testing::read_metrics_lines(metrics))
-    if (j.contains("expert_load")) loads.push_back(j.at("expert_load").get<std::vector<double>>());
-  return loads;
-}
-
 void check_layouts(const std::string& shared, const std::vector<std::tuple<std::string, int, std::string>>& layouts) {
   const layout::Reference& ref = layout::reference_run(8, shared);
-  const auto want = expert_loads(ref.dump / "metrics.jsonl");
+  const auto want = layout::expert_loads(ref.dump / "metrics.jsonl");
   REQUIRE(want.size() == 10);
   for (const auto& [name, nproc, overrides] : layouts) {
     layout::check_layout(name, nproc, overrides, 8, shared);
-    const auto got = expert_loads(layout::root() / name / "metrics_rank0.jsonl");
+    const auto got = layout::expert_loads(layout::root() / name / "metrics_rank0.jsonl");
     REQUIRE(got.size() == want.size());
     for (size_t s = 0; s < got.size(); ++s) {
       INFO(name << " step " << s + 1);

@@ -23,20 +23,13 @@ namespace {
 
 const std::string kLlama4 = "--model.name llama4 --model.flavor debugmodel_small_irope";
 
-std::vector<std::vector<double>> expert_loads(const fs::path& metrics) {
-  std::vector<std::vector<double>> loads;
-  for (const auto& j : titan::testing::read_metrics_lines(metrics))
-    if (j.contains("expert_load")) loads.push_back(j.at("expert_load").get<std::vector<double>>());
-  return loads;
-}
-
 }  // namespace
 
 TEST_CASE("Llama 4 (iRoPE chunks, interleaved MoE) under FSDP 2, TP 2, EP 2, PP 2, CP 2, HSDP 2 x 2, EP 2 x TP 2 and "
           "FSDP 2 + per-op AC equals one process",
           "[moe][dist][llama4]") {
   const layout::Reference& ref = layout::reference_run(8, kLlama4);
-  const auto want = expert_loads(ref.dump / "metrics.jsonl");
+  const auto want = layout::expert_loads(ref.dump / "metrics.jsonl");
   REQUIRE(want.size() == 10);
   const std::vector<std::tuple<std::string, int, std::string>> layouts = {
       {"l4_fsdp2", 2, ""},
@@ -50,7 +43,7 @@ TEST_CASE("Llama 4 (iRoPE chunks, interleaved MoE) under FSDP 2, TP 2, EP 2, PP 
   };
   for (const auto& [name, nproc, overrides] : layouts) {
     layout::check_layout(name, nproc, overrides, 8, kLlama4);
-    const auto got = expert_loads(layout::root() / name / "metrics_rank0.jsonl");
+    const auto got = layout::expert_loads(layout::root() / name / "metrics_rank0.jsonl");
     REQUIRE(got.size() == want.size());
     for (size_t s = 0; s < got.size(); ++s) {
       INFO(name << " step " << s + 1);

@@ -29,13 +29,6 @@ const std::string kMoe =
     "--checkpoint.no_last_save_model_only";
 constexpr int kLayers = 4, kExperts = 8;
 
-std::vector<std::vector<double>> expert_loads(const fs::path& metrics) {
-  std::vector<std::vector<double>> loads;
-  for (const auto& j : titan::testing::read_metrics_lines(metrics))
-    if (j.contains("expert_load")) loads.push_back(j.at("expert_load").get<std::vector<double>>());
-  return loads;
-}
-
 std::vector<at::Tensor> expert_biases(const fs::path& dump) {
   titan::trainer::checkpoint::CheckpointReader reader((dump / "checkpoint" / "step-10").string());
   std::vector<at::Tensor> biases;
@@ -57,8 +50,8 @@ void check_moe_layout(const std::string& name, int nproc, const std::string& ove
   layout::check_layout(name, nproc, overrides, 8, shared, tol);
   if (float8) return;
   const layout::Reference& ref = layout::reference_run(8, shared);
-  const auto want = expert_loads(ref.dump / "metrics.jsonl");
-  const auto got = expert_loads(layout::root() / name / "metrics_rank0.jsonl");
+  const auto want = layout::expert_loads(ref.dump / "metrics.jsonl");
+  const auto got = layout::expert_loads(layout::root() / name / "metrics_rank0.jsonl");
   REQUIRE(want.size() == 10);
   REQUIRE(got.size() == want.size());
   for (size_t s = 0; s < got.size(); ++s) {
