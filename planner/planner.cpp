@@ -156,7 +156,7 @@ std::vector<Layout> enumerate_layouts(const trainer::config::JobConfig& cfg, int
 }
 
 double estimated_memory_bytes(const trainer::config::JobConfig& cfg, int64_t world, int64_t vocab_size,
-                              const parallel::pipeline::PipelinePlan* pipeline) {
+                              const parallel::pipeline::PipelinePlan* pipeline, trainer::observe::BlockTermsMemo* memo) {
   trainer::observe::EstimateInputs in = trainer::observe::estimate_inputs_from_config(cfg, world, vocab_size, pipeline);
   const int pp = static_cast<int>(cfg.parallelism.pipeline_parallel_degree);
   int64_t most = 0;
@@ -166,7 +166,7 @@ double estimated_memory_bytes(const trainer::config::JobConfig& cfg, int64_t wor
   for (int r = 0; r < std::max(1, pp); ++r) {
     if (r > 1 && r < pp - 2) continue;
     in.pp_rank = r;
-    most = std::max(most, trainer::observe::estimate_memory(in).total);
+    most = std::max(most, trainer::observe::estimate_memory(in, memo).total);
   }
   return static_cast<double>(most);
 }
@@ -175,14 +175,15 @@ namespace {
 
 // Parameters, optimizer state and the float32 gradient shards (all alive at the optimizer step)
 // of the busiest pipeline rank: what no batch shape or AC mode lowers.
-double state_bytes(const trainer::config::JobConfig& cfg, int64_t world, int64_t vocab_size) {
+double state_bytes(const trainer::config::JobConfig& cfg, int64_t world, int64_t vocab_size,
+                   trainer::observe::BlockTermsMemo& memo) {
   trainer::observe::EstimateInputs in = trainer::observe::estimate_inputs_from_config(cfg, world, vocab_size);
   int64_t most = 0;
   const int pp = std::max<int>(1, static_cast<int>(cfg.parallelism.pipeline_parallel_degree));
   for (int r = 0; r < pp; ++r) {
     if (r > 1 && r < pp - 2) continue;  // as estimated_memory_bytes
     in.pp_rank = r;
-    const trainer::observe::MemoryEstimate e = trainer::observe::estimate_memory(in);
+    const trainer::observe::MemoryEstimate e = trainer::observe::estimate_memory(in, &memo);
     most = std::max(most, e.parameters + e.optimizer_state + e.optimizer_state / 2);  // grads: 4 of AdamW's 8 bytes
   }
   return static_cast<double>(most);
@@ -218,6 +219,7 @@ PlanResult plan_layouts(const trainer::config::JobConfig& user_cfg, const Cluste
       n += n_candidates;
     };
     const std::vector<Layout> candidates = family_layouts(cfg, families[f], result.global_batch);
+    trainer::observe::BlockTermsMemo memo;  // the family's estimates share the blocks' terms
     const auto n = static_cast<int64_t>(candidates.size());
     result.considered += n;
     // The whole family at once where it can be decided at once: a refusal that is not about the
@@ -236,12 +238,12 @@ PlanResult plan_layouts(const trainer::config::JobConfig& user_cfg, const Cluste
       return;
     }
     // The state under either split: the family is out only if neither fits.
-    double light_state = family_error.empty() ? state_bytes(light_cfg, world, vocab) : 0.0;
+    double light_state = family_error.empty() ? state_bytes(light_cfg, world, vocab, memo) : 0.0;
     if (family_error.empty() && lightest.pp > 1) {
       Layout other = lightest;
       other.split = lightest.split == "flops" ? "layers" : "flops";
       const trainer::config::JobConfig other_cfg = apply_layout(cfg, other, result.global_batch);
-      if (check(other_cfg, nullptr).empty()) light_state = std::min(light_state, state_bytes(other_cfg, world, vocab));
+      if (check(other_cfg, nullptr).empty()) light_state = std::min(light_state, state_bytes(other_cfg, world, vocab, memo));
     }
     if (family_error.empty() && light_state > cluster.device.memory_bytes) {
       result.rejected_by_memory += n;
@@ -339,7 +341,7 @@ PlanResult plan_layouts(const trainer::config::JobConfig& user_cfg, const Cluste
       const std::string mem_key = mem_layout.name();
       auto m = memory.find(mem_key);
       if (m == memory.end())
-        m = memory.emplace(mem_key, estimated_memory_bytes(c, world, vocab, checked.pipeline ? &*checked.pipeline : nullptr))
+        m = memory.emplace(mem_key, estimated_memory_bytes(c, world, vocab, checked.pipeline ? &*checked.pipeline : nullptr, &memo))
                 .first;
       if (m->second > cluster.device.memory_bytes) {
         over_memory_from.emplace(without_local(l), l.local_batch);

@@ -17,6 +17,10 @@
 #include "planner/predict.h"
 #include "trainer/config/job_config.h"
 
+namespace titan::trainer::observe {
+class BlockTermsMemo;  // trainer/observe/memory_estimate.h
+}
+
 namespace titan::planner {
 
 struct PlannedLayout {
@@ -69,7 +73,8 @@ PlanResult plan_layouts(const trainer::config::JobConfig& cfg, const Cluster& cl
 
 // The memory estimate of `cfg` (a layout applied) for its busiest pipeline rank, in bytes.
 double estimated_memory_bytes(const trainer::config::JobConfig& cfg, int64_t world, int64_t vocab_size,
-                              const parallel::pipeline::PipelinePlan* pipeline = nullptr);
+                              const parallel::pipeline::PipelinePlan* pipeline = nullptr,
+                              trainer::observe::BlockTermsMemo* memo = nullptr);
 
 // The vocabulary the run trains: the tokenizer's (model.tokenizer_path), else the flavor's.
 int64_t vocab_of(const trainer::config::JobConfig& cfg);

@@ -181,10 +181,19 @@ TEST_CASE("the planner's memory figure is the memory estimate's, busiest pipelin
     for (in.pp_rank = 0; in.pp_rank < std::max<int>(1, static_cast<int>(p.layout.pp)); ++in.pp_rank)
       most = std::max(most, titan::trainer::observe::estimate_memory(in).total);
     INFO(p.layout.name());
-    CHECK(p.prediction.memory_bytes == static_cast<double>(most));
+    CHECK(p.prediction.memory_bytes == static_cast<double>(most));  // the memo's terms are the same numbers
     checked_pp += p.layout.pp > 1;
   }
   CHECK(checked_pp > 0);
+  // A memo holds one model's block terms: another model's inputs are refused, not served stale.
+  setenv("WORLD_SIZE", "1", 1);
+  titan::trainer::observe::EstimateInputs debug = titan::trainer::observe::estimate_inputs_from_config(tp::planning_config(cfg));
+  unsetenv("WORLD_SIZE");
+  titan::trainer::observe::EstimateInputs other = debug;
+  other.args.n_layers += 1;
+  titan::trainer::observe::BlockTermsMemo memo;
+  CHECK(titan::trainer::observe::estimate_memory(debug, &memo).total == titan::trainer::observe::estimate_memory(debug).total);
+  CHECK_THROWS_WITH(titan::trainer::observe::estimate_memory(other, &memo), Catch::Contains("serves one model"));
 }
 
 TEST_CASE("the pruned search keeps the exhaustive search's first choice and predictions", "[planner]") {

@@ -29,12 +29,23 @@ constexpr double kNormSaved = 1.0;
 // activations are being freed).
 constexpr double kBackwardTransient = 1.0;
 
+}  // namespace
+
+// What one block keeps (outside the anonymous namespace: BlockTermsMemo::Impl holds them).
 struct BlockTerms {
   std::vector<std::pair<const char*, double>> full;  // bytes per token, nothing checkpointed (names: literals)
   double input = 0;                                   // bytes per token, the block's input
   double kept_op = 0;                                 // bytes per token per-op AC keeps (+input)
   double backward_transient = 0;                      // bytes per token
+  // Read per layer by the other terms (the block's attention and feed-forward, once):
+  double ffn_width = 0;         // the feed-forward's width per token, all TP ranks' (ffn_width)
+  double kv_width = 0;          // the attention's k + v width per token (its CP exchange)
+  double q_and_output_width = 0;  // q's + the attention output's (Ulysses' re-shard)
+  double deferred_outputs = 0;  // elements per token a split I keeps for its W (Note [Pipeline memory])
 };
+
+namespace {
+
 
 // The feed-forward's width per token on one TP rank as the terms below model it: a dense
 // SwiGLU's hidden size; an MoE layer's token reaches top_k (+ shared) SwiGLUs of moe_hidden_dim,
@@ -116,6 +127,23 @@ BlockTerms block_terms(const EstimateInputs& in, int64_t layer) {
   for (size_t i = 0; i < matmuls.size(); i += 2) kept_products += matmuls[i];
   t.kept_op = t.input + kept_products * e + att.output * e + att.heads * f;
   t.backward_transient = kBackwardTransient * (d + hid) * e;
+  t.ffn_width = ffn_width(a, kind);
+  t.kv_width = att.kv_width;
+  t.q_and_output_width = att.q_width + att.output;
+  // A split I defers every high-precision linear's weight GEMM with its output gradient (its
+  // input is saved already): the attention's projections' outputs, w1, w3, w2 (an MoE block:
+  // its gate, its shared experts') (Note [Deferred weight gradients]).
+  for (double width : att.matmul_outputs) t.deferred_outputs += width;
+  switch (kind) {
+    case model::FeedForwardKind::kDense: t.deferred_outputs += (2.0 * static_cast<double>(a.ffn_hidden_dim()) + d) / tp; break;
+    case model::FeedForwardKind::kMoE:
+      t.deferred_outputs += (static_cast<double>(a.moe->num_experts) +
+                             (a.moe->num_shared_experts > 0
+                                  ? 2.0 * static_cast<double>(a.moe_hidden_dim * a.moe->num_shared_experts) + d
+                                  : 0.0)) / tp;
+      break;
+    case model::FeedForwardKind::kNone: break;
+  }
   return t;
 }
 
@@ -194,15 +222,15 @@ double replica_bucket_bytes(const EstimateInputs& in, double gradient_bytes) {
 //   alltoall:  two K/V blocks (the current and the arriving one) and float32 gradient
 //              accumulators (the own, the outgoing and the incoming);
 //   titan_ulysses: q, k, v and the output re-sharded (sent and received copies).
-double context_parallel_buffers(const EstimateInputs& in, double tokens) {
+double context_parallel_buffers(const EstimateInputs& in, const std::vector<BlockTerms>& blocks, double tokens) {
   if (in.cp <= 1) return 0;
   const double e = static_cast<double>(in.compute_bytes), cp = static_cast<double>(in.cp);
   // The widest attention's exchange (every block's attention runs alone).
   double kv = 0, q_and_out = 0;
   for (int64_t i = 0; i < in.args.n_layers; ++i) {
-    const model::AttentionActivations att = attention_activations(in, i);
-    kv = std::max(kv, tokens * att.kv_width * e);
-    q_and_out = std::max(q_and_out, tokens * (att.q_width + att.output) * e);
+    const BlockTerms& bt = blocks[static_cast<size_t>(i)];
+    kv = std::max(kv, tokens * bt.kv_width * e);
+    q_and_out = std::max(q_and_out, tokens * bt.q_and_output_width * e);
   }
   switch (in.cp_rotate_method) {
     case parallel::context_parallel::CpRotateMethod::kAllGather: return cp * kv * (1 + 4 / e);
@@ -212,10 +240,10 @@ double context_parallel_buffers(const EstimateInputs& in, double tokens) {
   return 0;
 }
 
-MemoryEstimate estimate_pipeline_rank(const EstimateInputs& in, const std::vector<BlockTerms>& blocks) {
+MemoryEstimate estimate_pipeline_rank(const EstimateInputs& in, const model::ParamCount& pc,
+                                      const std::vector<BlockTerms>& blocks) {
   const auto& a = in.args;
   const parallel::pipeline::PipelinePlan& plan = *in.pipeline;
-  const model::ParamCount pc = model::count_params(a);
   const double e = static_cast<double>(in.compute_bytes), tp = static_cast<double>(in.tp);
   const double shard = static_cast<double>(in.dp_shard) * tp;
   const double d = static_cast<double>(a.dim), vocab = static_cast<double>(a.vocab_size);
@@ -247,24 +275,10 @@ MemoryEstimate estimate_pipeline_rank(const EstimateInputs& in, const std::vecto
     if (!part.embedding) keep += tokens * d * e / tp;  // the received hidden states (a leaf)
     saved[s] = keep;
     transient[s] = back;
-    // A split I defers every high-precision linear's weight GEMM with its output gradient (its
-    // input is saved already): per block the attention's projections' outputs, w1, w3, w2 (an
-    // MoE block: its gate, its shared experts'), per head the logits (Note [Deferred weight
-    // gradients]).
+    // What a split I keeps for its W: each block's deferred outputs (BlockTerms), the head's
+    // logits (Note [Deferred weight gradients]).
     double outputs = 0;
-    for (int64_t i = part.first_layer; i < part.end_layer; ++i) {
-      for (double width : attention_activations(in, i).matmul_outputs) outputs += width;
-      switch (model::family(a.family).feed_forward(a, i)) {
-        case model::FeedForwardKind::kDense: outputs += (2.0 * static_cast<double>(a.ffn_hidden_dim()) + d) / tp; break;
-        case model::FeedForwardKind::kMoE:
-          outputs += (static_cast<double>(a.moe->num_experts) +
-                      (a.moe->num_shared_experts > 0
-                           ? 2.0 * static_cast<double>(a.moe_hidden_dim * a.moe->num_shared_experts) + d
-                           : 0.0)) / tp;
-          break;
-        case model::FeedForwardKind::kNone: break;
-      }
-    }
+    for (int64_t i = part.first_layer; i < part.end_layer; ++i) outputs += blocks[static_cast<size_t>(i)].deferred_outputs;
     if (part.head) outputs += vocab / tp;
     deferred[s] = tokens * outputs * e;
   }
@@ -296,7 +310,7 @@ MemoryEstimate estimate_pipeline_rank(const EstimateInputs& in, const std::vecto
   // FSDP: the stages' gathered parameters and their unsharded gradients, all step long.
   est.communication = static_cast<int64_t>(in.dp_shard > 1 ? params * e / tp + params * 4 / tp : 0) +
                       static_cast<int64_t>(in.tp > 1 ? 2 * tokens * d * e : 0) +
-                      static_cast<int64_t>(context_parallel_buffers(in, tokens)) +
+                      static_cast<int64_t>(context_parallel_buffers(in, blocks, tokens)) +
                       static_cast<int64_t>(replica_bucket_bytes(in, params * 4 / shard));
   est.activations = static_cast<int64_t>(peak_acts);
   est.total = est.parameters + est.optimizer_state + est.gradients + est.communication + est.activations;
@@ -309,9 +323,61 @@ MemoryEstimate estimate_pipeline_rank(const EstimateInputs& in, const std::vecto
 
 }  // namespace
 
-MemoryEstimate estimate_memory(const EstimateInputs& in) {
+// See Note [Block terms memo]: per model, its parameter count and, per (tp, compute dtype,
+// device, seq_len, float8 TP gather), every block's terms.
+struct BlockTermsMemo::Impl {
+  struct Key {
+    int64_t tp, compute_bytes, seq_len;
+    bool cuda, float8_tp_input_all_gather;
+    bool operator==(const Key& o) const {
+      return tp == o.tp && compute_bytes == o.compute_bytes && seq_len == o.seq_len && cuda == o.cuda &&
+             float8_tp_input_all_gather == o.float8_tp_input_all_gather;
+    }
+  };
+  model::ModelArgs args;  // the model it serves (the first estimate's)
+  bool bound = false;
+  model::ParamCount params;
+  std::vector<std::pair<Key, std::shared_ptr<const std::vector<BlockTerms>>>> blocks;
+
+  // The memo's model is `a`: the fields the terms read.
+  bool serves(const model::ModelArgs& a) const {
+    return a.family == args.family && a.n_layers == args.n_layers && a.dim == args.dim &&
+           a.vocab_size == args.vocab_size && a.mtp_layers == args.mtp_layers && a.n_heads == args.n_heads &&
+           a.n_kv_heads == args.n_kv_heads && a.moe_hidden_dim == args.moe_hidden_dim &&
+           a.ffn_hidden_dim() == args.ffn_hidden_dim() && a.tie_embeddings == args.tie_embeddings;
+  }
+};
+
+BlockTermsMemo::BlockTermsMemo() : impl(std::make_unique<Impl>()) {}
+BlockTermsMemo::~BlockTermsMemo() = default;
+
+namespace {
+
+// The parameter count and block terms of `in`, from `memo` when it holds them.
+std::pair<model::ParamCount, std::shared_ptr<const std::vector<BlockTerms>>> params_and_blocks(
+    const EstimateInputs& in, BlockTermsMemo* memo) {
+  if (!memo) return {model::count_params(in.args), std::make_shared<const std::vector<BlockTerms>>(all_block_terms(in))};
+  BlockTermsMemo::Impl& m = *memo->impl;
+  if (!m.bound) {
+    m.args = in.args, m.params = model::count_params(in.args), m.bound = true;
+  } else if (!m.serves(in.args)) {
+    throw std::invalid_argument("memory estimate: a block terms memo serves one model (" + m.args.family + ", " +
+                                std::to_string(m.args.n_layers) + " layers), not " + in.args.family + " with " +
+                                std::to_string(in.args.n_layers) + " layers");
+  }
+  const BlockTermsMemo::Impl::Key key{in.tp, in.compute_bytes, in.seq_len, in.cuda, in.float8_tp_input_all_gather};
+  for (const auto& [k, blocks] : m.blocks)
+    if (k == key) return {m.params, blocks};
+  m.blocks.emplace_back(key, std::make_shared<const std::vector<BlockTerms>>(all_block_terms(in)));
+  return {m.params, m.blocks.back().second};
+}
+
+}  // namespace
+
+MemoryEstimate estimate_memory(const EstimateInputs& in, BlockTermsMemo* memo) {
   const auto& a = in.args;
-  const model::ParamCount pc = model::count_params(a);
+  const auto [pc, blocks_memo] = params_and_blocks(in, memo);
+  const std::vector<BlockTerms>& blocks = *blocks_memo;
   if (in.local_batch_size < 1 || in.seq_len < 1 || in.grad_accumulation_steps < 1 || in.dp_shard < 1 || in.tp < 1 ||
       in.cp < 1)
     throw std::invalid_argument("memory estimate: batch size, seq_len, gradient accumulation steps and parallel "
@@ -355,11 +421,10 @@ MemoryEstimate estimate_memory(const EstimateInputs& in) {
   // and returned, in the compute dtype, while the layer runs.
   if (in.ep > 1 && a.moe) comm += 4 * tokens * static_cast<double>(a.moe->top_k) * d * e;
   if (in.tp > 1) comm += 2 * tokens * d * e;
-  comm += context_parallel_buffers(in, tokens);  // See Note [Context parallel memory]
+  comm += context_parallel_buffers(in, blocks, tokens);  // See Note [Context parallel memory]
   comm += replica_bucket_bytes(in, grads_all);
 
-  const std::vector<BlockTerms> blocks = all_block_terms(in);
-  if (in.pipeline) return estimate_pipeline_rank(in, blocks);
+  if (in.pipeline) return estimate_pipeline_rank(in, pc, blocks);
   // Block `layer`'s activations, whole (nothing checkpointed) and as its AC mode keeps them.
   auto full_block = [&](int64_t layer) { return sum_terms(blocks[static_cast<size_t>(layer)].full) * tokens; };
   auto saved = [&](int64_t layer) { return block_saved_bytes(in, blocks, layer, tokens); };
@@ -379,7 +444,7 @@ MemoryEstimate estimate_memory(const EstimateInputs& in) {
   double float8_transient = 0;
   if (!in.float8_recipe.empty()) {
     double hid = 0;  // the widest feed-forward
-    for (int64_t i = 0; i < a.n_layers; ++i) hid = std::max(hid, ffn_width(a, model::family(a.family).feed_forward(a, i)));
+    for (int64_t i = 0; i < a.n_layers; ++i) hid = std::max(hid, blocks[static_cast<size_t>(i)].ffn_width);
     const double act = tokens * std::max(hid, d) / tp, weight = hid * d / tp;
     float8_transient = act + weight;
     if (!in.cuda) {  // two tiles: >= 512 KiB and >= 256 rows of the longest contraction (d, hidden, tokens)

@@ -67,7 +67,22 @@ struct MemoryEstimate {
   std::vector<std::pair<std::string, int64_t>> activation_detail;  // per-block terms
 };
 
-MemoryEstimate estimate_memory(const EstimateInputs& in);
+// Note [Block terms memo]: what each block keeps per token depends on the model and on few of
+// the inputs (tp, the compute dtype, the device, seq_len, the float8 TP gather), not on the
+// batch, the AC mode or the other degrees; the layout planner estimates millions of candidates
+// of one model, and computing every block's terms for each was most of its search. A memo serves
+// one model (estimate_memory refuses another's inputs) on one thread.
+class BlockTermsMemo {
+ public:
+  BlockTermsMemo();
+  ~BlockTermsMemo();
+  BlockTermsMemo(const BlockTermsMemo&) = delete;
+  BlockTermsMemo& operator=(const BlockTermsMemo&) = delete;
+  struct Impl;
+  std::unique_ptr<Impl> impl;
+};
+
+MemoryEstimate estimate_memory(const EstimateInputs& in, BlockTermsMemo* memo = nullptr);
 
 // Reads the inputs from a parsed config: model flavor (vocab from the configured tokenizer),
 // batch shape, AC, dtype, float8 recipe, parallel degrees (WORLD_SIZE
