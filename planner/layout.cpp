@@ -64,28 +64,35 @@ std::vector<std::string> Layout::overrides(bool has_experts) const {
   return o;
 }
 
-trainer::config::JobConfig apply_layout(const trainer::config::JobConfig& base, const Layout& l, int64_t global_batch) {
-  trainer::config::JobConfig c = base;
+void apply_layout_into(trainer::config::JobConfig& c, const trainer::config::JobConfig& base, const Layout& l,
+                       int64_t global_batch) {
   auto& p = c.parallelism;
+  const auto& b = base.parallelism;
   p.data_parallel_replicate_degree = l.dp_replicate;
   p.data_parallel_shard_degree = l.dp_shard;
   p.tensor_parallel_degree = l.tp;
   p.context_parallel_degree = l.cp;
   p.pipeline_parallel_degree = l.pp;
   p.expert_parallel_degree = l.ep;
-  if (l.pp > 1) {
-    p.pipeline_parallel_schedule = l.schedule;
-    p.pipeline_parallel_microbatch_size = l.microbatch_size;
-    p.pipeline_parallel_stage_balance = l.split;
-  }
-  if (l.cp > 1) p.context_parallel_rotate_method = l.cp_method;
+  // Every key the layout can set is set, from the layout or else from `base`: `c` may hold an
+  // earlier layout's.
+  p.pipeline_parallel_schedule = l.pp > 1 ? l.schedule : b.pipeline_parallel_schedule;
+  p.pipeline_parallel_microbatch_size = l.pp > 1 ? l.microbatch_size : b.pipeline_parallel_microbatch_size;
+  p.pipeline_parallel_stage_balance = l.pp > 1 ? l.split : b.pipeline_parallel_stage_balance;
+  p.context_parallel_rotate_method = l.cp > 1 ? l.cp_method : b.context_parallel_rotate_method;
   p.enable_async_tensor_parallel = l.tp > 1 && l.async_tp;
   c.training.local_batch_size = l.local_batch;
   c.training.global_batch_size = global_batch;
   c.activation_checkpoint.mode = l.ac;
-  if (l.ac == "selective") c.activation_checkpoint.selective_ac_option = "op";
+  c.activation_checkpoint.selective_ac_option =
+      l.ac == "selective" ? "op" : base.activation_checkpoint.selective_ac_option;
   c.float8.enable_float8_linear = l.precision != "bf16";
-  if (l.precision != "bf16") c.float8.recipe_name = l.precision;
+  c.float8.recipe_name = l.precision != "bf16" ? l.precision : base.float8.recipe_name;
+}
+
+trainer::config::JobConfig apply_layout(const trainer::config::JobConfig& base, const Layout& l, int64_t global_batch) {
+  trainer::config::JobConfig c = base;
+  apply_layout_into(c, base, l, global_batch);
   return c;
 }
 

@@ -36,6 +36,10 @@ struct Layout {
 // `base` with the layout's keys set; training.global_batch_size = `global_batch`.
 trainer::config::JobConfig apply_layout(const trainer::config::JobConfig& base, const Layout& layout,
                                         int64_t global_batch);
+// The same into `c`, a copy of `base` that may hold another layout's keys (the planner applies
+// millions of candidates: a config copy each was a tenth of its search).
+void apply_layout_into(trainer::config::JobConfig& c, const trainer::config::JobConfig& base, const Layout& layout,
+                       int64_t global_batch);
 
 // The inverse of Layout::name(); fields left out keep their defaults. Throws ConfigError naming
 // the field and the valid ones.

@@ -17,6 +17,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <deque>
+#include <memory>
 #include <functional>
 #include <queue>
 #include <stdexcept>
@@ -90,37 +92,134 @@ std::logic_error cannot_finish(const parallel::pipeline::PipelinePlan& plan, int
                           " waits at " + a.str());
 }
 
-// A device per rank: every rank advanced as far as its inputs allow, until none can move.
-PipelineTiming simulate_devices(const parallel::pipeline::PipelinePlan& plan, const std::vector<StageCosts>& costs,
-                                double transfer_seconds) {
+// Note [Device simulation compiled]: with a device per rank, an action ends at
+// max(its rank free, each input's end + its transfer) + its cost: a longest path over the order's
+// dependencies, whose values do not depend on the order they are computed in. So an order is
+// walked once without times (every rank advanced as far as its inputs allow, until none can move:
+// the same walk finds an order that cannot finish), and what the walk visited, in that sequence,
+// is kept as flat steps (the end slots it reads and writes); a layout's simulation is then one
+// pass over them with its costs. The planner simulates the same order for many layouts (another
+// local batch of the same micro-batches, another split, CP method or precision): the compiled
+// steps are kept per thread, by order, up to kKeptSteps steps.
+struct CompiledStep {
+  int32_t out;         // its end's slot
+  int32_t input[2];    // the slots it waits for (kNoInput: the slot that stays 0)
+  int32_t rank;
+  int32_t cost;        // stage * 4 + 0 F, 1 B, 2 I, 3 W
+  uint8_t remote[2];   // whether each input arrives from another rank (its transfer added)
+};
+struct CompiledOrder {
+  std::shared_ptr<const parallel::pipeline::PipelineOrder> order;  // the key, kept alive
+  std::vector<int> stage_rank;
+  int64_t microbatches = 0;
+  std::vector<CompiledStep> steps;
+  size_t slots = 0;  // end slots, the last one kNoInput's
+};
+constexpr size_t kKeptSteps = size_t{4} << 20;
+
+std::shared_ptr<const CompiledOrder> compile_order(const parallel::pipeline::PipelinePlan& plan) {
   const int ranks = static_cast<int>(plan.order->size());
+  const int stages = plan.num_stages();
   const std::vector<std::vector<Action>> queue = rank_queues(plan);
-  EndTimes ends(plan.num_stages(), plan.microbatches);
-  PipelineTiming t;
-  t.busy_seconds.assign(static_cast<size_t>(ranks), 0.0);
-  std::vector<double> free_at(static_cast<size_t>(ranks), 0.0);
+  auto compiled = std::make_shared<CompiledOrder>();
+  compiled->order = plan.order, compiled->stage_rank = plan.stage_rank, compiled->microbatches = plan.microbatches;
+  const size_t m = static_cast<size_t>(plan.microbatches);
+  const size_t no_input = static_cast<size_t>(stages) * 3 * m;
+  if (no_input >= static_cast<size_t>(INT32_MAX)) throw std::logic_error("pipeline simulation: order too large to compile");
+  compiled->slots = no_input + 1;
+  auto slot = [m](int stage, int k, int64_t mb) {
+    return static_cast<int32_t>((static_cast<size_t>(stage) * 3 + static_cast<size_t>(k)) * m + static_cast<size_t>(mb));
+  };
+  std::vector<uint8_t> ended(compiled->slots, 0);
+  ended[no_input] = 1;
   std::vector<size_t> next(static_cast<size_t>(ranks), 0);
+  size_t total = 0;
+  for (const auto& q : queue) total += q.size();
+  compiled->steps.reserve(total);
   for (bool progress = true; progress;) {
     progress = false;
     for (int r = 0; r < ranks; ++r) {
       const auto& q = queue[static_cast<size_t>(r)];
-      size_t& i = next[static_cast<size_t>(r)];
-      for (; i < q.size(); ++i) {
-        double ready = free_at[static_cast<size_t>(r)];
-        Step step;
-        if (!inputs_ended(plan, costs, ends, transfer_seconds, r, q[i], ready, step)) break;
-        free_at[static_cast<size_t>(r)] = ready + step.cost;
-        t.busy_seconds[static_cast<size_t>(r)] += step.cost;
-        ends.at(q[i].stage, step.kind, q[i].microbatch) = ready + step.cost;
+      for (size_t& i = next[static_cast<size_t>(r)]; i < q.size(); ++i) {
+        const Action& a = q[i];
+        CompiledStep step{};
+        step.rank = r;
+        step.input[0] = step.input[1] = static_cast<int32_t>(no_input);
+        auto wait_for = [&](int n, int stage, int k) {
+          step.input[n] = slot(stage, k, a.microbatch);
+          step.remote[n] = plan.stage_rank[static_cast<size_t>(stage)] != r;
+        };
+        if (a.type == ActionType::kForward) {
+          if (a.stage > 0) wait_for(0, a.stage - 1, 0);
+          step.out = slot(a.stage, 0, a.microbatch), step.cost = a.stage * 4;
+        } else if (a.type == ActionType::kBackwardWeight) {
+          wait_for(0, a.stage, 1);
+          step.out = slot(a.stage, 2, a.microbatch), step.cost = a.stage * 4 + 3;
+        } else {
+          wait_for(0, a.stage, 0);
+          if (a.stage + 1 < stages) wait_for(1, a.stage + 1, 1);
+          step.out = slot(a.stage, 1, a.microbatch);
+          step.cost = a.stage * 4 + (a.type == ActionType::kBackward ? 1 : 2);
+        }
+        if (!ended[static_cast<size_t>(step.input[0])] || !ended[static_cast<size_t>(step.input[1])]) break;
+        ended[static_cast<size_t>(step.out)] = 1;
+        compiled->steps.push_back(step);
         progress = true;
       }
     }
   }
-  for (int r = 0; r < ranks; ++r) {
+  for (int r = 0; r < ranks; ++r)
     if (next[static_cast<size_t>(r)] != queue[static_cast<size_t>(r)].size())
       throw cannot_finish(plan, r, queue[static_cast<size_t>(r)][next[static_cast<size_t>(r)]]);
-    t.step_seconds = std::max(t.step_seconds, free_at[static_cast<size_t>(r)]);
+  return compiled;
+}
+
+// The compiled order of `plan`, from this thread's kept ones when it is there.
+std::shared_ptr<const CompiledOrder> compiled_order(const parallel::pipeline::PipelinePlan& plan) {
+  thread_local std::deque<std::shared_ptr<const CompiledOrder>> kept;  // most recent first
+  thread_local size_t kept_steps = 0;
+  for (auto it = kept.begin(); it != kept.end(); ++it)
+    if ((*it)->order == plan.order && (*it)->microbatches == plan.microbatches && (*it)->stage_rank == plan.stage_rank) {
+      std::shared_ptr<const CompiledOrder> hit = *it;
+      kept.erase(it);
+      kept.push_front(hit);
+      return hit;
+    }
+  std::shared_ptr<const CompiledOrder> compiled = compile_order(plan);
+  if (compiled->steps.size() > kKeptSteps) return compiled;
+  kept.push_front(compiled);
+  kept_steps += compiled->steps.size();
+  while (kept_steps > kKeptSteps) {
+    kept_steps -= kept.back()->steps.size();
+    kept.pop_back();
   }
+  return compiled;
+}
+
+// A device per rank (Note [Device simulation compiled]).
+PipelineTiming simulate_devices(const parallel::pipeline::PipelinePlan& plan, const std::vector<StageCosts>& costs,
+                                double transfer_seconds) {
+  const int ranks = static_cast<int>(plan.order->size());
+  const std::shared_ptr<const CompiledOrder> compiled = compiled_order(plan);
+  std::vector<double> cost(costs.size() * 4);
+  for (size_t s = 0; s < costs.size(); ++s)
+    cost[s * 4] = costs[s].forward, cost[s * 4 + 1] = costs[s].backward, cost[s * 4 + 2] = costs[s].backward_input,
+             cost[s * 4 + 3] = costs[s].backward_weight;
+  std::vector<double> ends(compiled->slots, 0.0);  // the last slot (no input) stays 0
+  const double transfer[2] = {0.0, transfer_seconds};
+  PipelineTiming t;
+  t.busy_seconds.assign(static_cast<size_t>(ranks), 0.0);
+  std::vector<double> free_at(static_cast<size_t>(ranks), 0.0);
+  for (const CompiledStep& step : compiled->steps) {
+    double& free = free_at[static_cast<size_t>(step.rank)];
+    const double ready = std::max({free, ends[static_cast<size_t>(step.input[0])] + transfer[step.remote[0]],
+                                   ends[static_cast<size_t>(step.input[1])] + transfer[step.remote[1]]});
+    const double c = cost[static_cast<size_t>(step.cost)];
+    free = ready + c;
+    t.busy_seconds[static_cast<size_t>(step.rank)] += c;
+    ends[static_cast<size_t>(step.out)] = free;
+  }
+  for (int r = 0; r < ranks; ++r) t.step_seconds = std::max(t.step_seconds, free_at[static_cast<size_t>(r)]);
   return t;
 }
 

@@ -8,6 +8,9 @@
 #include <exception>
 #include <atomic>
 #include <iomanip>
+#include <map>
+#include <string_view>
+#include <tuple>
 #include <optional>
 #include <ostream>
 #include <sstream>
@@ -141,7 +144,7 @@ std::vector<Layout> family_layouts(const trainer::config::JobConfig& cfg, const 
                 l.local_batch = local;
                 l.ac = ac;
                 l.precision = precision;
-                out.push_back(l);
+                out.push_back(std::move(l));
               }
   return out;
 }
@@ -255,7 +258,15 @@ PlanResult plan_layouts(const trainer::config::JobConfig& user_cfg, const Cluste
     // Memory grows with the local batch when nothing else changes (more rows, or more
     // micro-batches of the same rows in flight): past the smallest local batch over memory, the
     // larger ones are counted over memory without estimating them.
-    std::map<std::string, int64_t> over_memory_from;
+    // The caches below are keyed by the fields that vary inside a family, as views of the
+    // candidates' own strings (alive for the family): naming every candidate was a tenth of the
+    // 16,384-GPU search. Everything but the local batch:
+    using WithoutLocal = std::tuple<std::string_view, int64_t, std::string_view, std::string_view, bool,
+                                    std::string_view, std::string_view>;
+    auto without_local = [](const Layout& l) {
+      return WithoutLocal{l.schedule, l.microbatch_size, l.split, l.cp_method, l.async_tp, l.ac, l.precision};
+    };
+    std::map<WithoutLocal, int64_t> over_memory_from;
     // check_layout and the memory estimate depend on fewer fields than the prediction: cached
     // for the family (a pipeline plan holds every rank's order: not kept beyond it).
     // The trainer's verdict on a structure: its error ("" = accepted: then in `accepted`), and
@@ -265,21 +276,24 @@ PlanResult plan_layouts(const trainer::config::JobConfig& user_cfg, const Cluste
       std::string error;
       std::pair<int64_t, std::string>* reason = nullptr;
     };
-    std::map<std::string, Verdict> refused;                          // structural key -> verdict
-    std::map<std::string, trainer::config::CheckedLayout> accepted;  // structural key -> what the checks made
-    std::map<std::string, double> memory;        // + ac + precision -> bytes
-    std::map<std::string, bool> same_as_layers;  // structural key (split=flops) -> stages as split=layers
-    // What check_layout reads of a layout (the AC mode, precision and async TP do not change it).
-    auto structural_of = [](Layout l) {
-      l.ac = "none", l.precision = "bf16", l.async_tp = false;
-      return l;
+    // What check_layout reads of a layout (the AC mode, precision and async TP do not change it):
+    // local batch, schedule, micro-batch, split, CP method.
+    using Structure = std::tuple<int64_t, std::string_view, int64_t, std::string_view, std::string_view>;
+    auto structure_of = [](const Layout& l, std::string_view split) {
+      return Structure{l.local_batch, l.schedule, l.microbatch_size, split, l.cp_method};
     };
+    std::map<Structure, Verdict> refused;                          // structure -> verdict
+    std::map<Structure, trainer::config::CheckedLayout> accepted;  // structure -> what the checks made
+    std::map<std::tuple<Structure, std::string_view, std::string_view>, double> memory;  // + ac, precision -> bytes
+    std::map<Structure, bool> same_as_layers;  // structure (split=flops) -> stages as split=layers
+    trainer::config::JobConfig work = cfg;     // the candidate at hand's config (apply_layout_into)
     // The verdict on the structure `key` names, checked on `candidate`'s config once.
-    auto verdict_of = [&](const std::string& key, const Layout& candidate) -> Verdict& {
+    auto verdict_of = [&](const Structure& key, const Layout& candidate) -> Verdict& {
       auto found = refused.find(key);
       if (found == refused.end()) {
         trainer::config::CheckedLayout made;
-        Verdict verdict{check(apply_layout(cfg, candidate, result.global_batch), &made)};
+        apply_layout_into(work, cfg, candidate, result.global_batch);
+        Verdict verdict{check(work, &made)};
         if (verdict.error.empty()) accepted.emplace(key, std::move(made));
         found = refused.emplace(key, std::move(verdict)).first;
       }
@@ -290,10 +304,6 @@ PlanResult plan_layouts(const trainer::config::JobConfig& user_cfg, const Cluste
       if (!verdict.reason) verdict.reason = &result.reasons["rules: " + reason_of(verdict.error)];
       if (verdict.reason->first == 0) verdict.reason->second = l.family();
       ++verdict.reason->first;
-    };
-    auto without_local = [](Layout l) {
-      l.local_batch = 0;
-      return l.name();
     };
     const std::string over_memory =
         "memory: the estimate exceeds the " + gib(cluster.device.memory_bytes) + " GiB of one GPU";
@@ -313,7 +323,7 @@ PlanResult plan_layouts(const trainer::config::JobConfig& user_cfg, const Cluste
           return std::nullopt;
         }
       }
-      const std::string key = structural_of(l).name();
+      const Structure key = structure_of(l, l.split);
       if (Verdict& verdict = verdict_of(key, l); !verdict.error.empty()) {
         count_refused(verdict, l);
         return std::nullopt;
@@ -324,9 +334,9 @@ PlanResult plan_layouts(const trainer::config::JobConfig& user_cfg, const Cluste
       if (l.pp > 1 && l.split == "flops") {
         auto [same, fresh] = same_as_layers.emplace(key, false);
         if (fresh) {
-          Layout twin = structural_of(l);
-          twin.split = "layers";
-          const std::string twin_key = twin.name();
+          Layout twin = l;
+          twin.ac = "none", twin.precision = "bf16", twin.async_tp = false, twin.split = "layers";
+          const Structure twin_key = structure_of(l, "layers");
           same->second = verdict_of(twin_key, twin).error.empty() &&
                          accepted.at(twin_key).pipeline->stage_modules == checked.pipeline->stage_modules;
         }
@@ -335,13 +345,12 @@ PlanResult plan_layouts(const trainer::config::JobConfig& user_cfg, const Cluste
           return std::nullopt;
         }
       }
-      trainer::config::JobConfig c = apply_layout(cfg, l, result.global_batch);
-      Layout mem_layout = l;
-      mem_layout.async_tp = false;
-      const std::string mem_key = mem_layout.name();
-      auto m = memory.find(mem_key);
+      apply_layout_into(work, cfg, l, result.global_batch);
+      auto m = memory.find({key, l.ac, l.precision});
       if (m == memory.end())
-        m = memory.emplace(mem_key, estimated_memory_bytes(c, world, vocab, checked.pipeline ? &*checked.pipeline : nullptr, &memo))
+        m = memory
+                .emplace(std::make_tuple(key, std::string_view(l.ac), std::string_view(l.precision)),
+                         estimated_memory_bytes(work, world, vocab, checked.pipeline ? &*checked.pipeline : nullptr, &memo))
                 .first;
       if (m->second > cluster.device.memory_bytes) {
         over_memory_from.emplace(without_local(l), l.local_batch);
@@ -349,7 +358,7 @@ PlanResult plan_layouts(const trainer::config::JobConfig& user_cfg, const Cluste
         reject(over_memory, l, 1);
         return std::nullopt;
       }
-      return Admitted{std::move(c), &checked, m->second};
+      return Admitted{work, &checked, m->second};
     };
     auto list = [&](const Layout& l, const Admitted& a) {
       PlannedLayout planned{l, predict(a.config, *a.checked, args, l, cluster)};
@@ -361,18 +370,28 @@ PlanResult plan_layouts(const trainer::config::JobConfig& user_cfg, const Cluste
         if (const auto a = admit(l)) list(l, *a);
       return;
     }
-    // See Note [Dominated layouts]. Groups: everything but the local batch and the AC mode.
-    std::map<std::string, std::vector<const Layout*>> groups;
+    // See Note [Dominated layouts]. Groups: everything but the local batch and the AC mode, in
+    // the order of their names (the listing's order among equal step times).
+    std::map<std::tuple<std::string_view, int64_t, std::string_view, std::string_view, bool, std::string_view>,
+             std::vector<const Layout*>>
+        by_fields;
     for (const Layout& l : candidates) {
       if (l.tp > 1 && !l.async_tp) {
         ++result.dominated;  // its async twin is a candidate too
         continue;
       }
-      Layout g = l;
-      g.local_batch = 0, g.ac = "";
-      groups[g.name()].push_back(&l);
+      by_fields[{l.schedule, l.microbatch_size, l.split, l.cp_method, l.async_tp, l.precision}].push_back(&l);
     }
-    for (auto& [name, members] : groups) {
+    std::vector<std::pair<std::string, std::vector<const Layout*>*>> groups;
+    groups.reserve(by_fields.size());
+    for (auto& [fields, members] : by_fields) {
+      Layout g = *members.front();
+      g.local_batch = 0, g.ac = "";
+      groups.emplace_back(g.name(), &members);
+    }
+    std::sort(groups.begin(), groups.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    for (auto& [name, group] : groups) {
+      std::vector<const Layout*>& members = *group;
       // Lightest AC first, then the smallest local batch first (past the first over memory, the
       // larger ones are counted over memory without an estimate).
       std::sort(members.begin(), members.end(), [](const Layout* a, const Layout* b) {

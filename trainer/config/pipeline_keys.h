@@ -51,7 +51,20 @@ inline parallel::pipeline::PipelineConfig pipeline_config(const JobConfig& cfg) 
   pc.first_stage_less_layers = p.pipeline_parallel_first_stage_less_layers;
   pc.last_stage_less_layers = p.pipeline_parallel_last_stage_less_layers;
   pc.stage_balance = p.pipeline_parallel_stage_balance;
-  pc.module_flops = module_flops(model::model_flavor(cfg.model.name, cfg.model.flavor), cfg.training.seq_len);
+  // Only the FLOP split reads them (a block's costs: the layout planner builds this config for
+  // every pipeline candidate it checks).
+  if (pc.stage_balance == "flops") {
+    // The last model's, per thread: the same model's costs for every candidate of a search.
+    thread_local std::string last_model;
+    thread_local int64_t last_seq_len = -1;
+    thread_local parallel::pipeline::ModuleFlops last_flops;
+    const std::string model = cfg.model.name + '\x1f' + cfg.model.flavor;
+    if (model != last_model || cfg.training.seq_len != last_seq_len) {
+      last_flops = module_flops(model::model_flavor(cfg.model.name, cfg.model.flavor), cfg.training.seq_len);
+      last_model = model, last_seq_len = cfg.training.seq_len;
+    }
+    pc.module_flops = last_flops;
+  }
   pc.split_points = p.pipeline_parallel_split_points;
   for (const std::string& stage : p.module_fqns_per_model_part) {  // "tok_embeddings layers.0"
     std::vector<std::string> modules;
