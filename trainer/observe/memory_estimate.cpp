@@ -250,9 +250,11 @@ MemoryEstimate estimate_pipeline_rank(const EstimateInputs& in, const model::Par
   const double tokens = static_cast<double>(plan.microbatch_rows) * static_cast<double>(in.seq_len / in.cp);
   const std::vector<int> stages = plan.stages_of(in.pp_rank);
   double params = 0;
-  std::map<int, double> saved;      // per stage: bytes one micro-batch keeps
-  std::map<int, double> transient;  // per stage: what its backward adds while it runs
-  std::map<int, double> deferred;   // per stage: the output gradients a split I keeps for its W
+  // By stage (the rank's own set; the order below looks them up for every action).
+  const size_t n_stages = static_cast<size_t>(plan.num_stages());
+  std::vector<double> saved(n_stages, 0.0);      // per stage: bytes one micro-batch keeps
+  std::vector<double> transient(n_stages, 0.0);  // per stage: what its backward adds while it runs
+  std::vector<double> deferred(n_stages, 0.0);   // per stage: the output gradients a split I keeps for its W
   const HeadBytes head = head_bytes(in, tokens);
   // A tied embedding is one tensor where this rank holds the embedding's stage; the output's
   // stage elsewhere holds a copy of it.
@@ -273,31 +275,32 @@ MemoryEstimate estimate_pipeline_rank(const EstimateInputs& in, const model::Par
       back = std::max(back, head.backward);
     }
     if (!part.embedding) keep += tokens * d * e / tp;  // the received hidden states (a leaf)
-    saved[s] = keep;
-    transient[s] = back;
+    saved[static_cast<size_t>(s)] = keep;
+    transient[static_cast<size_t>(s)] = back;
     // What a split I keeps for its W: each block's deferred outputs (BlockTerms), the head's
     // logits (Note [Deferred weight gradients]).
     double outputs = 0;
     for (int64_t i = part.first_layer; i < part.end_layer; ++i) outputs += blocks[static_cast<size_t>(i)].deferred_outputs;
     if (part.head) outputs += vocab / tp;
-    deferred[s] = tokens * outputs * e;
+    deferred[static_cast<size_t>(s)] = tokens * outputs * e;
   }
   double live = 0, peak_acts = 0;
   const bool split = in.ac.mode == parallel::AcMode::kNone;  // I defers the weight GEMMs (build_schedule)
   for (const auto& slot : (*plan.order)[static_cast<size_t>(in.pp_rank)]) {
     if (!slot) continue;
     const parallel::pipeline::Action& act = *slot;
+    const size_t st = static_cast<size_t>(act.stage);
     if (act.type == parallel::pipeline::ActionType::kForward) {
-      live += saved[act.stage];
+      live += saved[st];
       peak_acts = std::max(peak_acts, live);
     } else if (act.type == parallel::pipeline::ActionType::kBackwardWeight) {
-      peak_acts = std::max(peak_acts, live + transient[act.stage]);
-      live -= saved[act.stage] + (split ? deferred[act.stage] : 0);
+      peak_acts = std::max(peak_acts, live + transient[st]);
+      live -= saved[st] + (split ? deferred[st] : 0);
     } else {
-      peak_acts = std::max(peak_acts, live + transient[act.stage]);
-      if (act.type == parallel::pipeline::ActionType::kBackward) live -= saved[act.stage];
+      peak_acts = std::max(peak_acts, live + transient[st]);
+      if (act.type == parallel::pipeline::ActionType::kBackward) live -= saved[st];
       if (act.type == parallel::pipeline::ActionType::kBackwardInput && split) {
-        live += deferred[act.stage];
+        live += deferred[st];
         peak_acts = std::max(peak_acts, live);
       }
     }
@@ -317,7 +320,7 @@ MemoryEstimate estimate_pipeline_rank(const EstimateInputs& in, const model::Par
   est.peak_phase = "pp rank " + std::to_string(in.pp_rank) + ": the most micro-batches in flight on its stages";
   for (int s : stages)
     est.activation_detail.push_back({"stage " + std::to_string(s) + ", one micro-batch in flight",
-                                     static_cast<int64_t>(saved[s])});
+                                     static_cast<int64_t>(saved[static_cast<size_t>(s)])});
   return est;
 }
 
