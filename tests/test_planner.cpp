@@ -3,9 +3,11 @@
 // simulation reproduces the schedules' known bubbles.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstdlib>
 #include <functional>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
@@ -261,6 +263,45 @@ TEST_CASE("the pipeline simulation gives 1F1B's and GPipe's bubble (p - 1) / (m 
       }
     }
   }
+}
+
+TEST_CASE("the compiled device simulation: uneven stages agree with the event simulation; a stuck order is named",
+          "[planner]") {
+  // Note [Device simulation compiled]: the steps are compiled once per order and kept; each
+  // layout's costs then go through one pass. Uneven stage costs and a transfer, every schedule,
+  // asked twice (the second from the kept steps): the by-events simulation, whose sharing never
+  // speeds anyone up, computes the same longest path (1e-9: the two add the same costs in other
+  // groupings only through the re-timing's subtraction).
+  for (const char* schedule : {"1F1B", "GPipe", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble"}) {
+    titan::parallel::pipeline::PipelineConfig pc;
+    pc.schedule = schedule;
+    pc.first_stage_less_layers = pc.last_stage_less_layers = 0;
+    const auto plan = titan::parallel::pipeline::plan_pipeline(pc, 4, 16, 8);
+    std::vector<tp::StageCosts> costs;
+    for (int s = 0; s < plan.num_stages(); ++s) {
+      const double f = 1.0 + 0.37 * s;
+      costs.push_back({f, 2.1 * f, 1.2 * f, 0.9 * f});
+    }
+    const tp::PipelineTiming events = tp::simulate_pipeline(plan, costs, 0.3, 1.0 + 1e-12);
+    for (int ask = 0; ask < 2; ++ask) {
+      const tp::PipelineTiming devices = tp::simulate_pipeline(plan, costs, 0.3);
+      INFO(schedule << " ask " << ask);
+      CHECK(devices.step_seconds == Approx(events.step_seconds).epsilon(1e-9));
+      REQUIRE(devices.busy_seconds.size() == events.busy_seconds.size());
+      for (size_t r = 0; r < devices.busy_seconds.size(); ++r)
+        CHECK(devices.busy_seconds[r] == Approx(events.busy_seconds[r]).epsilon(1e-9));
+    }
+  }
+  // Rank 0's order reversed: its first action is a backward whose forward comes after it.
+  titan::parallel::pipeline::PipelineConfig pc;
+  pc.schedule = "1F1B";
+  pc.first_stage_less_layers = pc.last_stage_less_layers = 0;
+  auto stuck = titan::parallel::pipeline::plan_pipeline(pc, 2, 4, 4);
+  auto order = *stuck.order;
+  std::reverse(order[0].begin(), order[0].end());
+  stuck.order = std::make_shared<const titan::parallel::pipeline::PipelineOrder>(order);
+  const std::vector<tp::StageCosts> costs(static_cast<size_t>(stuck.num_stages()), {1.0, 2.0, 1.0, 1.0});
+  CHECK_THROWS_WITH(tp::simulate_pipeline(stuck, costs, 0.0), Catch::Contains("cannot finish: pp rank 0 waits at 0B"));
 }
 
 TEST_CASE("ranks sharing cores: a waiting rank's share goes to the ranks that compute", "[planner]") {
