@@ -32,7 +32,7 @@ RUNS=(
   "Llama 3 paper, 405B, 8,192 H100|llama3_405b|1024|2048|dp_shard=64,tp=8,pp=16,schedule=Interleaved1F1B,microbatch=1,local_batch=32,ac=none,precision=bf16|177"
   "Llama 3 paper, 405B, 16,384 H100|llama3_405b|2048|2048|dp_shard=128,tp=8,pp=16,schedule=Interleaved1F1B,microbatch=1,local_batch=16,ac=none,precision=bf16|165"
 )
-predict() {  # config nodes global layout [extra keys...] -> tokens/s per GPU, or "failed: why"
+predict() {  # config nodes global layout [extra keys...] -> "tokens/s per GPU|memory", or "failed: why|"
   local config=$1 nodes=$2 global=$3 layout=$4 out predicted
   shift 4
   out=$("$PLAN" --job.config_file "$ROOT/configs/$config.toml" --model.tokenizer_path "$VOCAB" \
@@ -40,18 +40,21 @@ predict() {  # config nodes global layout [extra keys...] -> tokens/s per GPU, o
     --plan.precisions bf16,tensorwise --plan.ac_modes none,selective,full \
     --training.global_batch_size "$global" --plan.explain "$layout" "$@" 2>&1) || true
   predicted=$(sed -n 's/^tokens\/s per GPU \([0-9.]*\),.*/\1/p' <<<"$out")
-  [[ -n "$predicted" ]] && echo "$predicted" || echo "failed: $(tail -1 <<<"$out")"
+  # The memory estimate beside it (the busiest pipeline rank): "251.8 of 74.5 GiB, does NOT fit".
+  memory=$(sed -n 's/.*memory \([0-9.]* of [0-9.]* GiB\) (the memory estimate.*/\1/p' <<<"$out")
+  if grep -q 'does NOT fit' <<<"$out"; then memory="$memory, does NOT fit"; elif [[ -n "$memory" ]]; then memory="$memory, fits"; fi
+  [[ -n "$predicted" ]] && echo "$predicted|$memory" || echo "failed: $(tail -1 <<<"$out")|"
 }
 ratio() { [[ $1 == failed* ]] && echo "-" || python3 -c "print(f'{$1 / $2:.2f}')"; }
-printf '| run | layout | published tok/s/GPU | predicted (H100 SXM) | ratio | predicted (96 GB, 2.4 TB/s) | ratio |\n'
-printf '|---|---|---|---|---|---|---|\n'
+printf '| run | layout | published tok/s/GPU | predicted (H100 SXM) | ratio | memory estimate (H100 SXM) | predicted (96 GB, 2.4 TB/s) | ratio |\n'
+printf '|---|---|---|---|---|---|---|---|\n'
 for run in "${RUNS[@]}"; do
   IFS='|' read -r name config nodes global layout published <<<"$run"
-  sxm=$(predict "$config" "$nodes" "$global" "$layout")
+  IFS='|' read -r sxm sxm_memory <<<"$(predict "$config" "$nodes" "$global" "$layout")"
   if [[ $name == Llama* ]]; then hbm2e="" hbm2e_ratio=""; else
-    hbm2e=$(predict "$config" "$nodes" "$global" "$layout" --plan.memory_gib 89.4 --plan.hbm_tbps 2.4)
+    IFS='|' read -r hbm2e _ <<<"$(predict "$config" "$nodes" "$global" "$layout" --plan.memory_gib 89.4 --plan.hbm_tbps 2.4)"
     hbm2e_ratio=$(ratio "$hbm2e" "$published")
   fi
-  printf '| %s | %s | %s | %s | %s | %s | %s |\n' "$name" "$layout" "$published" "$sxm" \
-    "$(ratio "$sxm" "$published")" "$hbm2e" "$hbm2e_ratio"
+  printf '| %s | %s | %s | %s | %s | %s | %s | %s |\n' "$name" "$layout" "$published" "$sxm" \
+    "$(ratio "$sxm" "$published")" "$sxm_memory" "$hbm2e" "$hbm2e_ratio"
 done
