@@ -471,10 +471,10 @@ TEST_CASE("a sequence one rank cannot hold under the memory limit trains at CP 4
           "[parallel][dist][cp][memory]") {
   // debugmodel, one row of 4096 tokens, no AC: one process peaks at ~0.49 GiB (measured), so a
   // 0.3 GiB limit stops it at its first step; CP 4 ranks each compute 1024 positions (~0.14 GiB).
-  // The estimate's per-block terms over-count debugmodel's activations by ~22-26% at this shape
-  // (see the pipeline memory test), so it must lie between 0.95x (allocator rounding: an
-  // estimate that says "fits" must fit) and 1.30x the measured peak, and the fall from 1 to 4
-  // ranks must follow it: measured and estimated ratios within 15% of each other.
+  // The estimate must lie between 0.95x (allocator rounding: an estimate that says "fits" must
+  // fit) and 1.15x (the estimator's own accuracy, docs/memory.md) the measured peak (measured
+  // 2026-12-07: -1.1% on one rank), and the fall from 1 to 4 ranks must follow it: measured and
+  // estimated ratios within 15% of each other.
   const fs::path dump = root() / "cp_long";
   const std::string args = "--training.seq_len 4096 --training.local_batch_size 1 --training.steps 2"
                            " --metrics.log_freq 1 --training.num_threads 1 --training.seed 3"
@@ -487,7 +487,7 @@ TEST_CASE("a sequence one rank cannot hold under the memory limit trains at CP 4
     REQUIRE(r.exit_code == 0);
     const size_t at = r.log.find("total (peak)");
     REQUIRE(at != std::string::npos);
-    return std::stod(r.log.substr(at + 12));
+    return std::stod(r.log.substr(r.log.find('(', at + 12) + 1)) / double(1 << 30);  // its bytes
   };
   const double estimated_one = estimate_gib("", 1);
   const double estimated_cp4 = estimate_gib(cp_args(4, "alltoall"), 4);
@@ -524,7 +524,7 @@ TEST_CASE("a sequence one rank cannot hold under the memory limit trains at CP 4
   CHECK(estimated_one > 0.3);  // the estimate, too, says one rank does not fit under the limit
   for (auto [estimated, measured] : {std::pair{estimated_one, measured_one}, std::pair{estimated_cp4, measured_cp4}}) {
     CHECK(estimated >= 0.95 * measured);
-    CHECK(estimated <= 1.30 * measured);
+    CHECK(estimated <= 1.15 * measured);
   }
   const double estimated_ratio = estimated_cp4 / estimated_one, measured_ratio = measured_cp4 / measured_one;
   CHECK(measured_ratio == Approx(estimated_ratio).epsilon(0.15));

@@ -27,6 +27,10 @@ bool fused_ops_enabled() {
   return enabled;
 }
 
+bool fused_ops_run_on(bool cuda) {
+  return fused_ops_enabled() && (cuda ? fused_ops_cuda_requested() : util::cpu_has_avx2_kernels());
+}
+
 namespace {
 
 using torch::autograd::AutogradContext;

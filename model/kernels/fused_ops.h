@@ -41,6 +41,15 @@ at::Tensor fused_swiglu(const at::Tensor& gate, const at::Tensor& up);
 // Whether the fused path is on (TITAN_FUSED_OPS, read once; default on).
 bool fused_ops_enabled();
 
+// Note [What the fused ops keep]: for its backward the fused RMSNorm keeps x, the weight and
+// rstd (one float32 a row); ATen's composite also keeps x * rstd and, in bf16, a float32 copy
+// of x. The fused SwiGLU keeps gate and up and recomputes silu(gate); the composite also keeps
+// silu(gate). The memory estimate (trainer/observe/memory_estimate.cpp) counts by which runs.
+// Whether the fused kernels run for float32 / bf16 activations on CUDA (`cuda`) or the CPU:
+// TITAN_FUSED_OPS, then on CUDA TITAN_FUSED_OPS_CUDA (asked in any build, since a CPU-only build
+// plans CUDA runs), on the CPU the AVX2 kernels.
+bool fused_ops_run_on(bool cuda);
+
 
 // The sum of the squares of a bfloat16 tensor's elements, without a float32 copy of it (the
 // gradient norm of bf16 gradients): float32 sums over fixed blocks of 4096 elements, added in

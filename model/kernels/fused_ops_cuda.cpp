@@ -15,15 +15,17 @@
 
 namespace titan::model {
 
-#ifdef TITAN_WITH_CUDA
-
-bool fused_ops_cuda_enabled() {
-  static const bool enabled = [] {
+bool fused_ops_cuda_requested() {
+  static const bool requested = [] {
     const char* env = std::getenv("TITAN_FUSED_OPS_CUDA");
     return env == nullptr || std::string(env) != "0";
   }();
-  return enabled;
+  return requested;
 }
+
+#ifdef TITAN_WITH_CUDA
+
+bool fused_ops_cuda_enabled() { return fused_ops_cuda_requested(); }
 
 namespace cuda_ops {
 namespace {

@@ -13,7 +13,9 @@
 
 namespace titan::model {
 
-// A CUDA build and not TITAN_FUSED_OPS_CUDA=0 in the environment (read once).
+// Not TITAN_FUSED_OPS_CUDA=0 in the environment (read once), in any build.
+bool fused_ops_cuda_requested();
+// A CUDA build and fused_ops_cuda_requested().
 bool fused_ops_cuda_enabled();
 
 namespace cuda_ops {

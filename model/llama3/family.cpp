@@ -45,6 +45,9 @@ const std::vector<NamedFlavor>& llama3_flavor_table() {
       // that single-GPU training (float32 master weights + AdamW: 16 bytes per parameter) of
       // 8B-shaped GEMMs fits one 80 GB GPU; scripts/gpu_check.sh measures tokens/s and MFU on it.
       {"8B_4layers", make_args(4096, 4, 32, 8, 128256, 1024, 1.3)},
+      // Not a torchtitan flavor: debugmodel's shapes with 16 layers, so that 8 pipeline ranks
+      // of two virtual stages each hold a block per stage (the deep pipeline memory checks).
+      {"debugmodel_16layers", make_args(256, 16, 16, 0, 2048, 256, 0.0)},
       // torchtitan 0.2.2's block-causal flavors: their base flavor's shapes, attention confined
       // to each document (flex and varlen are torchtitan's two kernels for the same mask).
       {"debugmodel_flex_attn", block_causal(make_args(256, 6, 16, 0, 2048, 256, 0.0))},

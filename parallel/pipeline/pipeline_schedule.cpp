@@ -46,6 +46,8 @@ struct PipelineSchedule::Pass {
     Action from;
     int to_stage;
     bool gradient;
+    int to_rank;
+    size_t consumed_at;  // the receiving action's index in to_rank's order (Note [Retiring sends])
   };
   const std::vector<Action>* actions = nullptr;  // what this pass runs: the schedule's, or validation's
   bool evaluate = false;      // forward only, no autograd: nothing is kept for a backward
@@ -56,6 +58,16 @@ struct PipelineSchedule::Pass {
   std::vector<Outgoing> outgoing;
   std::vector<double> losses;  // per micro-batch, on the last stage
 };
+
+// Note [Retiring sends]: a send completes once its receiver took the tensor, and until then it
+// holds the tensor: a stage's output after its backward freed the rest of the micro-batch, an
+// input gradient after the stage is done with it. Kept to the end of the pass, those are two
+// [rows, seq, dim] tensors per micro-batch on every middle stage (torch's schedules keep theirs
+// so too): at 32 micro-batches more than a stage's saved activations under 1F1B. A rank cannot
+// ask Gloo whether a send is done without waiting on it, but it can know: when a tensor arrives
+// from the peer made by an action at or after the one that takes this rank's tensor in the
+// peer's order, that action has taken it, and waiting on the send returns at once. Each received
+// tensor retires the sends it proves taken; the rest are waited for at the end of the pass.
 
 PipelineSchedule::PipelineSchedule(model::Transformer& model, MicrobatchHooks& hooks, comm::DeviceMesh& mesh,
                                    PipelinePlan plan, c10::Device device, at::ScalarType boundary_dtype,
@@ -73,6 +85,34 @@ PipelineSchedule::PipelineSchedule(model::Transformer& model, MicrobatchHooks& h
               mesh.size(comm::MeshDim::kPp));
   for (const auto& slot : (*plan_.order)[static_cast<size_t>(pp_rank_)])
     if (slot) actions_.push_back(*slot);
+  for (const auto& rank_order : *plan_.order) {
+    size_t index = 0;
+    for (const auto& slot : rank_order) {
+      if (!slot) continue;
+      if (slot->type != ActionType::kBackwardWeight)
+        position_.emplace(std::make_tuple(slot->stage, slot->microbatch, slot->type != ActionType::kForward), index);
+      ++index;
+    }
+  }
+}
+
+size_t PipelineSchedule::position(int stage, int64_t microbatch, bool backward) const {
+  auto it = position_.find(std::make_tuple(stage, microbatch, backward));
+  TORCH_CHECK(it != position_.end(), "pipeline: no ", backward ? "backward" : "forward", " of micro-batch ", microbatch,
+              " on stage ", stage, " in the plan's order");
+  return it->second;
+}
+
+void PipelineSchedule::wait_send(Pass& pass, size_t index) const {
+  Pass::Outgoing& out = pass.outgoing[index];
+  try {
+    out.work.wait();
+  } catch (const comm::CommError& e) {
+    throw comm::CommError(where(out.from) + ": sending the " + (out.gradient ? "input gradient" : "activations") +
+                          " of micro-batch " + std::to_string(out.from.microbatch) + " to stage " +
+                          std::to_string(out.to_stage) + " (pp rank " + std::to_string(out.to_rank) +
+                          ") failed: " + e.what());
+  }
 }
 
 std::string PipelineSchedule::describe() const {
@@ -211,16 +251,8 @@ void PipelineSchedule::run_pass(Pass& pass) {
     timings_.push_back({a, seconds_between(step_start_, start) + waited_seconds_,
                         seconds_between(step_start_, Clock::now())});
   }
-  for (auto& out : pass.outgoing) {
-    try {
-      out.work.wait();
-    } catch (const comm::CommError& e) {
-      throw comm::CommError(where(out.from) + ": sending the " + (out.gradient ? "input gradient" : "activations") +
-                      " of micro-batch " + std::to_string(out.from.microbatch) + " to stage " +
-                      std::to_string(out.to_stage) + " (pp rank " +
-                      std::to_string(plan_.stage_rank[static_cast<size_t>(out.to_stage)]) + ") failed: " + e.what());
-    }
-  }
+  for (size_t i = 0; i < pass.outgoing.size(); ++i) wait_send(pass, i);
+  pass.outgoing.clear();
   TORCH_CHECK(pass.states.empty() && pass.incoming.empty(), "pipeline: pp rank ", pp_rank_, " ended a pass with ",
               pass.states.size(), " micro-batches not run backward and ", pass.incoming.size(),
               " tensors not consumed: the schedule is not complete");
@@ -273,7 +305,23 @@ at::Tensor PipelineSchedule::take_input(Pass& pass, const Action& a, bool gradie
                     std::to_string(plan_.stage_rank[static_cast<size_t>(peer_stage)]) + ") failed: " + e.what());
   }
   waited_seconds_ += seconds_between(wait_start, Clock::now());
+  const int peer = plan_.stage_rank[static_cast<size_t>(peer_stage)];
   pass.incoming.erase(it);
+  // Validation runs its own order, not the plan's: its sends wait for the end of its pass.
+  if (peer != pp_rank_ && !pass.evaluate) {
+    const size_t produced_at = position(peer_stage, a.microbatch, gradient);  // the peer's action that sent it
+    auto& sends = pass.outgoing;
+    size_t kept = 0;
+    for (size_t i = 0; i < sends.size(); ++i) {
+      if (sends[i].to_rank == peer && sends[i].consumed_at <= produced_at)
+        wait_send(pass, i);
+      else if (kept != i)
+        sends[kept++] = std::move(sends[i]);
+      else
+        ++kept;
+    }
+    sends.resize(kept);
+  }
   return buffer;
 }
 
@@ -291,7 +339,7 @@ void PipelineSchedule::hand_over(Pass& pass, const at::Tensor& tensor, int to_st
               to_stage, " expects ", boundary_dtype_, " ", c10::IntArrayRef(expected));
   t = t.contiguous();
   Pass::Outgoing out{mesh_.comm(comm::MeshDim::kPp)->send_async(t, dest, tag(to_stage, microbatch, gradient)), t, from,
-                     to_stage, gradient};
+                     to_stage, gradient, dest, pass.evaluate ? 0 : position(to_stage, microbatch, gradient)};
   pass.outgoing.push_back(std::move(out));
 }
 

@@ -5,7 +5,8 @@
 // the idle slots dropped). Transfers are point-to-point over the mesh's pp group (Note
 // [Point-to-point] in process_group.h), tagged by (stage, micro-batch, direction), so a send and
 // its receive meet whatever else is in flight; sends are posted as soon as a stage's output (or
-// input gradient) exists and waited for at the end of the pass, and each rank posts the
+// input gradient) exists and waited for once the receiver is known to have taken them (Note
+// [Retiring sends] in pipeline_schedule.cpp) or at the end of the pass, and each rank posts the
 // receives of its next two actions that need one before it computes, so a neighbour's tensor
 // arrives while this stage works. Shapes and dtypes follow from the config on both sides
 // (micro-batch rows x seq_len / tp under sequence parallel x dim, in the compute dtype): no
@@ -33,7 +34,9 @@
 #include <c10/core/Device.h>
 
 #include <chrono>
+#include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "parallel/pipeline/plan.h"
@@ -80,6 +83,11 @@ class PipelineSchedule : public Schedule {
   void hand_over(Pass& pass, const at::Tensor& tensor, int to_stage, int64_t microbatch, bool gradient,
                  const Action& from);
   int tag(int stage, int64_t microbatch, bool gradient) const;
+  // The index in its rank's order of the action running stage `stage`'s forward (or its
+  // backward: B or I) of `microbatch` (See Note [Retiring sends] in pipeline_schedule.cpp).
+  size_t position(int stage, int64_t microbatch, bool backward) const;
+  // Waits for pass.outgoing[index]'s send; a failure names the action, micro-batch and peer.
+  void wait_send(Pass& pass, size_t index) const;
   std::string where(const Action& a) const;
 
   model::Transformer& model_;
@@ -91,6 +99,7 @@ class PipelineSchedule : public Schedule {
   int64_t boundary_seq_;
   bool split_backward_weights_;
   int pp_rank_;
+  std::map<std::tuple<int, int64_t, bool>, size_t> position_;  // (stage, micro-batch, backward) -> index
   std::vector<ActionTiming> timings_;
   std::chrono::steady_clock::time_point step_start_;
   double step_seconds_ = 0;

@@ -11,6 +11,7 @@
 #include "float8/recipe.h"
 #include "model/flavors.h"
 #include "model/kernels/attention.h"
+#include "model/kernels/fused_ops.h"
 #include "parallel/parallel_model.h"
 #include "trainer/config/pipeline_keys.h"
 #include "float8/block_scaled_linear.h"
@@ -21,8 +22,8 @@ namespace {
 
 // Calibrated constants (See docs/memory.md "The estimator"): measured on the CPU with the
 // tracked allocator, debug model and 100M model, float32.
-// kNormSaved: tensors an RMSNorm keeps besides its input and output (x * rstd, kept by the
-// product with the weight), in units of its input's size.
+// kNormSaved: tensors ATen's composite RMSNorm keeps besides its input and output (x * rstd,
+// kept by the product with the weight), in units of its input's size.
 constexpr double kNormSaved = 1.0;
 // kBackwardTransient: activation gradients alive at once inside a block's backward, in units
 // of (D + ffn hidden) x compute bytes per token (measured: ~1 while the block's own
@@ -61,6 +62,16 @@ double ffn_width(const model::ModelArgs& a, model::FeedForwardKind kind) {
   return 0;
 }
 
+// What an RMSNorm over `width` keeps per token besides its input and its output (each kept by
+// whoever reads it), `share` of the tokens on this rank: the fused kernel (model/kernels/
+// fused_ops.h) keeps rstd, one float32 a row; ATen's composite also keeps x * rstd and,
+// computing in bf16, the float32 copy of x.
+double rms_norm_internals(const EstimateInputs& in, double width, double share) {
+  const double e = static_cast<double>(in.compute_bytes), f = 4.0;
+  if (in.fused_ops) return f;
+  return kNormSaved * width * e * share + f + (in.compute_bytes != 4 ? width * f * share : 0);
+}
+
 model::AttentionActivations attention_activations(const EstimateInputs& in, int64_t layer) {
   model::AttentionActivationsQuery where;
   where.tp = in.tp;
@@ -82,11 +93,7 @@ BlockTerms block_terms(const EstimateInputs& in, int64_t layer) {
   const model::AttentionActivations att = attention_activations(in, layer);
   // Sequence parallel: norms and residuals hold 1/tp of the sequence.
   const double seq_share = 1.0 / tp;
-  const bool low_precision = in.compute_bytes != 4;
-  // RMSNorm keeps x * rstd (and rstd); computing in bf16 it also keeps the float32 copy of x.
-  const auto norm_internals = [&](double width, double share) {
-    return kNormSaved * width * e * share + f + (low_precision ? width * f * share : 0);
-  };
+  const auto norm_internals = [&](double width, double share) { return rms_norm_internals(in, width, share); };
   // The gathered input of the attention's projections and of w1/w3: kept in float8 (1 byte) when
   // TP gathers it so (Note [Float8 operands from the producer] in float8/float8_linear.h), else in
   // the compute dtype.
@@ -110,7 +117,21 @@ BlockTerms block_terms(const EstimateInputs& in, int64_t layer) {
     full.push_back({"ffn_norm internals", norm_internals(d, seq_share)});
     full.push_back({"normed input of w1/w3", d * gathered});
     full.push_back({"w1, w3 outputs", 2 * hid * e});
-    full.push_back({"silu(w1 x) and the product (w2 input)", 2 * hid * e});
+    // silu(w1 x) * w3 x: the fused kernel (model/kernels/fused_ops.h) keeps only its inputs and
+    // recomputes silu in its backward; the composite also keeps silu's output. The product is
+    // w2's input. An MoE block's routed experts multiply by the composite (their grouped GEMM
+    // path), its shared experts by the fused kernel.
+    if (kind == model::FeedForwardKind::kDense) {
+      if (in.fused_ops)
+        full.push_back({"the product silu(w1 x) * w3 x (w2 input)", hid * e});
+      else
+        full.push_back({"silu(w1 x) and the product (w2 input)", 2 * hid * e});
+    } else {
+      const double routed = static_cast<double>(a.moe->top_k * a.moe_hidden_dim) / tp;
+      const double shared = hid - routed;
+      full.push_back({"silu(w1 x) and the products (w2 input; shared experts fused: the product)",
+                      (2 * routed + (in.fused_ops ? 1 : 2) * shared) * e});
+    }
     if (kind == model::FeedForwardKind::kMoE) {
       // A family's experts that keep more (or less) per row than SwiGLU's 4 moe_hidden_dim.
       const double beyond_swiglu =
@@ -158,7 +179,7 @@ std::vector<BlockTerms> all_block_terms(const EstimateInputs& in) {
   const double d = static_cast<double>(in.args.dim);
   for (int64_t k = 0; k < in.args.mtp_layers; ++k) {
     BlockTerms t = blocks.back();
-    const double norms = 3 * (kNormSaved * d * e * share + 4.0 + (in.compute_bytes != 4 ? d * 4.0 * share : 0));
+    const double norms = 3 * rms_norm_internals(in, d, share);
     t.full.push_back({"multi-token prediction's fuse (its input, eh_proj's output) and norms", 3 * d * e * share + norms});
     t.input = 2 * d * e * share;  // what full AC keeps: the concatenated input
     t.kept_op += t.input;
@@ -275,6 +296,7 @@ MemoryEstimate estimate_pipeline_rank(const EstimateInputs& in, const model::Par
       back = std::max(back, head.backward);
     }
     if (!part.embedding) keep += tokens * d * e / tp;  // the received hidden states (a leaf)
+    if (!part.head) keep += tokens * d * e / tp;       // its output, kept for the backward's start
     saved[static_cast<size_t>(s)] = keep;
     transient[static_cast<size_t>(s)] = back;
     // What a split I keeps for its W: each block's deferred outputs (BlockTerms), the head's
@@ -313,6 +335,7 @@ MemoryEstimate estimate_pipeline_rank(const EstimateInputs& in, const model::Par
   // FSDP: the stages' gathered parameters and their unsharded gradients, all step long.
   est.communication = static_cast<int64_t>(in.dp_shard > 1 ? params * e / tp + params * 4 / tp : 0) +
                       static_cast<int64_t>(in.tp > 1 ? 2 * tokens * d * e : 0) +
+                      static_cast<int64_t>(2 * tokens * d * e / tp) +  // the two posted receives (Note [Pipeline execution])
                       static_cast<int64_t>(context_parallel_buffers(in, blocks, tokens)) +
                       static_cast<int64_t>(replica_bucket_bytes(in, params * 4 / shard));
   est.activations = static_cast<int64_t>(peak_acts);
@@ -331,10 +354,10 @@ MemoryEstimate estimate_pipeline_rank(const EstimateInputs& in, const model::Par
 struct BlockTermsMemo::Impl {
   struct Key {
     int64_t tp, compute_bytes, seq_len;
-    bool cuda, float8_tp_input_all_gather;
+    bool cuda, float8_tp_input_all_gather, fused_ops;
     bool operator==(const Key& o) const {
       return tp == o.tp && compute_bytes == o.compute_bytes && seq_len == o.seq_len && cuda == o.cuda &&
-             float8_tp_input_all_gather == o.float8_tp_input_all_gather;
+             float8_tp_input_all_gather == o.float8_tp_input_all_gather && fused_ops == o.fused_ops;
     }
   };
   model::ModelArgs args;  // the model it serves (the first estimate's)
@@ -368,7 +391,8 @@ std::pair<model::ParamCount, std::shared_ptr<const std::vector<BlockTerms>>> par
                                 std::to_string(m.args.n_layers) + " layers), not " + in.args.family + " with " +
                                 std::to_string(in.args.n_layers) + " layers");
   }
-  const BlockTermsMemo::Impl::Key key{in.tp, in.compute_bytes, in.seq_len, in.cuda, in.float8_tp_input_all_gather};
+  const BlockTermsMemo::Impl::Key key{in.tp, in.compute_bytes, in.seq_len, in.cuda, in.float8_tp_input_all_gather,
+                                      in.fused_ops};
   for (const auto& [k, blocks] : m.blocks)
     if (k == key) return {m.params, blocks};
   m.blocks.emplace_back(key, std::make_shared<const std::vector<BlockTerms>>(all_block_terms(in)));
@@ -630,6 +654,7 @@ EstimateInputs estimate_inputs_from_config(const config::JobConfig& cfg, int64_t
                                                             : cfg.training.local_batch_size * dp;
   in.grad_accumulation_steps = std::max<int64_t>(1, global / (cfg.training.local_batch_size * dp));
   in.cuda = cfg.training.device == "cuda";
+  in.fused_ops = model::fused_ops_run_on(in.cuda);
   return in;
 }
 
@@ -656,7 +681,7 @@ std::string format_memory_estimate(const EstimateInputs& in, const MemoryEstimat
      << "  optimizer state  " << gib(e.optimizer_state) << "\n"
      << "  activations      " << gib(e.activations) << "   (at the peak: " << e.peak_phase << ")\n"
      << "  communication    " << gib(e.communication) << "\n"
-     << "  total (peak)     " << gib(e.total) << "\n";
+     << "  total (peak)     " << gib(e.total) << "   (" << e.total << " bytes)\n";
   os << "  activation terms (one block unless stated):\n";
   for (const auto& [name, bytes] : e.activation_detail)
     os << "    " << gib(bytes) << "  " << name << "\n";

@@ -51,6 +51,9 @@ struct EstimateInputs {
   std::shared_ptr<const parallel::pipeline::PipelinePlan> pipeline;
   int pp_rank = 0;
   bool cuda = false;
+  // The fused RMSNorm / SwiGLU kernels run (model::fused_ops_run_on): they keep less than ATen's
+  // composites (Note [What the fused ops keep] in model/kernels/fused_ops.h).
+  bool fused_ops = false;
   int64_t device_capacity = 0;    // bytes; 0 = unknown
   std::string device_name = "cpu";
   std::vector<std::string> notes;  // assumptions the report should state
