@@ -338,7 +338,7 @@ PlanResult plan_layouts(const trainer::config::JobConfig& user_cfg, const Cluste
           twin.ac = "none", twin.precision = "bf16", twin.async_tp = false, twin.split = "layers";
           const Structure twin_key = structure_of(l, "layers");
           same->second = verdict_of(twin_key, twin).error.empty() &&
-                         accepted.at(twin_key).pipeline->stage_modules == checked.pipeline->stage_modules;
+                         *accepted.at(twin_key).pipeline->stage_modules == *checked.pipeline->stage_modules;
         }
         if (same->second) {
           ++result.same_split;

@@ -331,12 +331,12 @@ Prediction predict(const trainer::config::JobConfig& cfg, const trainer::config:
     std::vector<double> fsdp_of_rank(static_cast<size_t>(dims.pp), 0.0);
     std::vector<bool> rank_embeds(static_cast<size_t>(dims.pp), false);
     for (int s = 0; s < plan.num_stages(); ++s)
-      for (const std::string& m : plan.stage_modules[static_cast<size_t>(s)])
+      for (const std::string& m : (*plan.stage_modules)[static_cast<size_t>(s)])
         if (m == "tok_embeddings") rank_embeds[static_cast<size_t>(plan.stage_rank[static_cast<size_t>(s)])] = true;
     for (int s = 0; s < plan.num_stages(); ++s) {
       double n = 0;
       bool output = false, embedding = false;
-      for (const std::string& m : plan.stage_modules[static_cast<size_t>(s)]) {
+      for (const std::string& m : (*plan.stage_modules)[static_cast<size_t>(s)]) {
         if (model::parse_layer_path(m)) n += 1;
         output |= m == "output";
         embedding |= m == "tok_embeddings";

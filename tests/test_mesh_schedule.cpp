@@ -457,7 +457,7 @@ TEST_CASE("the FLOP-balanced split: every rank's stages cost the least possible 
   tp::pipeline::PipelineConfig zbv4;
   zbv4.schedule = "ZBVZeroBubble", zbv4.stage_balance = "flops", zbv4.module_flops = debug;
   const tp::pipeline::PipelinePlan plan4 = tp::pipeline::plan_pipeline(zbv4, 4, 6, 8);
-  CHECK(plan4.stage_modules == v4);
+  CHECK(*plan4.stage_modules == v4);
   CHECK(plan4.stage_parts.size() == 8);
   CHECK_THROWS_WITH(tp::pipeline::module_fqns_balanced({0, 1, 2, 3, 3, 2, 1, 0}, 5, debug),
                     Contains("needs a block on every stage between the first and the last: 8 stages for 5 layers"));

@@ -69,7 +69,7 @@ GeneratedOrder generated_order(PipelineScheduleKind kind, int pp, int per_rank, 
 void set_stage_parts(PipelinePlan& plan) {
   plan.stage_parts.clear();
   for (int s = 0; s < plan.num_stages(); ++s)
-    plan.stage_parts.push_back(model_part_of(plan.stage_modules[static_cast<size_t>(s)], s));
+    plan.stage_parts.push_back(model_part_of((*plan.stage_modules)[static_cast<size_t>(s)], s));
 }
 
 // Runs `f`, adding `context` (the keys the numbers came from) in front of its error.
@@ -130,7 +130,7 @@ std::vector<std::string> PipelinePlan::describe() const {
   for (int r = 0; r < pp; ++r) {
     std::string line = "  pp rank " + std::to_string(r) + ":";
     for (int s : stages_of(r)) {
-      const auto& mods = stage_modules[static_cast<size_t>(s)];
+      const auto& mods = (*stage_modules)[static_cast<size_t>(s)];
       line += " stage " + std::to_string(s) + " [" + (mods.size() > 4 ? mods.front() + " .. " + mods.back() : join(mods)) + "]";
     }
     size_t slots = 0, busy = 0;
@@ -200,15 +200,16 @@ PipelinePlan make_plan(const PipelineConfig& c, int pp, int64_t n_layers, int64_
       return stages;
     }
     if (!c.module_fqns.empty()) {
-      plan.stage_modules = c.module_fqns;
+      plan.stage_modules = std::make_shared<const StageModules>(c.module_fqns);
     } else if (!c.split_points.empty()) {
-      plan.stage_modules = module_fqns_from_split_points(c.split_points, n_layers);
+      plan.stage_modules = std::make_shared<const StageModules>(module_fqns_from_split_points(c.split_points, n_layers));
     } else {
       const int stages = pipeline_stage_count(plan.kind, pp, n_layers, c.layers_per_stage, c.first_stage_less_layers,
                                               c.last_stage_less_layers);
-      plan.stage_modules = module_fqns_per_stage(stages, n_layers, c.first_stage_less_layers, c.last_stage_less_layers);
+      plan.stage_modules = std::make_shared<const StageModules>(
+          module_fqns_per_stage(stages, n_layers, c.first_stage_less_layers, c.last_stage_less_layers));
     }
-    check_stage_modules(plan.stage_modules, n_layers);
+    check_stage_modules(*plan.stage_modules, n_layers);
     set_stage_parts(plan);
     return plan.num_stages();
   });
@@ -243,8 +244,8 @@ PipelinePlan make_plan(const PipelineConfig& c, int pp, int64_t n_layers, int64_
                });
   if (by_flops)  // Note [Stage split by FLOPs]: the blocks placed by the ranks that hold the stages
     with_context(split_keys, [&] {
-      plan.stage_modules = module_fqns_balanced(plan.stage_rank, n_layers, c.module_flops);
-      check_stage_modules(plan.stage_modules, n_layers);
+      plan.stage_modules = std::make_shared<const StageModules>(module_fqns_balanced(plan.stage_rank, n_layers, c.module_flops));
+      check_stage_modules(*plan.stage_modules, n_layers);
       set_stage_parts(plan);
       return 0;
     });

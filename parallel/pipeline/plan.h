@@ -37,7 +37,9 @@ struct PipelinePlan {
   std::string schedule_name;       // "1F1B", or "CSV <path>"
   PipelineScheduleKind kind = PipelineScheduleKind::k1F1B;
   int pp = 1;
-  StageModules stage_modules;      // per stage, its modules in order
+  // Per stage, its modules in order. Shared and immutable like the order: the layout planner
+  // copies plans by the million, and a plan of 126 blocks names them all.
+  std::shared_ptr<const StageModules> stage_modules = std::make_shared<const StageModules>();
   std::vector<model::ModelPart> stage_parts;  // the same as model parts
   std::vector<int> stage_rank;     // per stage, the pp rank that holds it
   int64_t microbatches = 1;        // per pipeline pass (one local batch)
@@ -46,7 +48,7 @@ struct PipelinePlan {
   // rank, micro-batches) share one generated order (the layout planner builds thousands).
   std::shared_ptr<const PipelineOrder> order;
 
-  int num_stages() const { return static_cast<int>(stage_modules.size()); }
+  int num_stages() const { return static_cast<int>(stage_modules->size()); }
   std::vector<int> stages_of(int pp_rank) const;  // ascending
   // The start-up plan: one line per rank (its stages and modules), the schedule, the bubble.
   std::vector<std::string> describe() const;
