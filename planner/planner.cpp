@@ -116,7 +116,7 @@ std::vector<Layout> layout_families(const trainer::config::JobConfig& cfg, int64
   return out;
 }
 
-std::vector<Layout> family_layouts(const trainer::config::JobConfig& cfg, const Layout& family, int64_t global_batch) {
+std::vector<Layout> family_structures(const trainer::config::JobConfig& cfg, const Layout& family, int64_t global_batch) {
   std::vector<Layout> out;
   const int64_t dp = family.dp();
   std::vector<int64_t> locals = {std::max<int64_t>(1, global_batch / dp)};  // not a whole share: refused
@@ -129,23 +129,37 @@ std::vector<Layout> family_layouts(const trainer::config::JobConfig& cfg, const 
         if (family.pp > 1 && local / mb > kMaxMicrobatchesPerStage * family.pp) continue; else
         for (const char* split : family.pp > 1 ? std::vector<const char*>{"layers", "flops"}
                                                : std::vector<const char*>{"layers"})
-        for (size_t mi = 0; mi < (family.cp > 1 ? methods.size() : 1); ++mi)
-          for (bool async : family.tp > 1 ? std::vector<bool>{false, true} : std::vector<bool>{false})
-            for (const std::string& ac : cfg.plan.ac_modes)
-              for (const std::string& precision : cfg.plan.precisions) {
-                Layout l = family;
-                if (family.pp > 1) {
-                  l.schedule = parallel::pipeline::pipeline_schedule_name(schedules[si]);
-                  l.microbatch_size = mb;
-                  l.split = split;
-                }
-                if (family.cp > 1) l.cp_method = methods[mi];
-                l.async_tp = async;
-                l.local_batch = local;
-                l.ac = ac;
-                l.precision = precision;
-                out.push_back(std::move(l));
-              }
+        for (size_t mi = 0; mi < (family.cp > 1 ? methods.size() : 1); ++mi) {
+          Layout l = family;
+          if (family.pp > 1) {
+            l.schedule = parallel::pipeline::pipeline_schedule_name(schedules[si]);
+            l.microbatch_size = mb;
+            l.split = split;
+          }
+          if (family.cp > 1) l.cp_method = methods[mi];
+          l.async_tp = false;
+          l.local_batch = local;
+          out.push_back(std::move(l));
+        }
+  return out;
+}
+
+void add_structure_candidates(const trainer::config::JobConfig& cfg, const Layout& structure, std::vector<Layout>& out) {
+  for (bool async : structure.tp > 1 ? std::vector<bool>{false, true} : std::vector<bool>{false})
+    for (const std::string& ac : cfg.plan.ac_modes)
+      for (const std::string& precision : cfg.plan.precisions) {
+        Layout l = structure;
+        l.async_tp = async;
+        l.ac = ac;
+        l.precision = precision;
+        out.push_back(std::move(l));
+      }
+}
+
+std::vector<Layout> family_layouts(const trainer::config::JobConfig& cfg, const Layout& family, int64_t global_batch) {
+  std::vector<Layout> out;
+  for (const Layout& structure : family_structures(cfg, family, global_batch))
+    add_structure_candidates(cfg, structure, out);
   return out;
 }
 
@@ -214,6 +228,15 @@ PlanResult plan_layouts(const trainer::config::JobConfig& user_cfg, const Cluste
     }
     return "";
   };
+  // Note [Pipeline refusals shared]: check_layout reads the family's degrees (which the family's
+  // representative passed), then plans the pipeline from the pipeline keys, pp, the model and
+  // the local batch alone, and throws that plan's refusal first. So a structure whose (pp, local
+  // batch, schedule, micro-batch, split) the pipeline refused in any family gets the same error
+  // in every family, without running the checks again (the 405B search on 16k GPUs refused 618k
+  // structures so, of 1.3M checks; each refusal an exception).
+  using PipelineKey = std::tuple<int64_t, int64_t, std::string, int64_t, std::string>;
+  std::map<PipelineKey, std::string> pipeline_refusals;
+  std::mutex pipeline_refusals_mu;
   // One family into its own result (families run on several threads, merged in order below).
   auto run_family = [&](size_t f, PlanResult& result) {
     auto reject = [&result](const std::string& why, const Layout& l, int64_t n_candidates) {
@@ -221,38 +244,62 @@ PlanResult plan_layouts(const trainer::config::JobConfig& user_cfg, const Cluste
       if (n == 0) family = l.family();
       n += n_candidates;
     };
-    const std::vector<Layout> candidates = family_layouts(cfg, families[f], result.global_batch);
+    const std::vector<Layout> structures = family_structures(cfg, families[f], result.global_batch);
     trainer::observe::BlockTermsMemo memo;  // the family's estimates share the blocks' terms
-    const auto n = static_cast<int64_t>(candidates.size());
+    std::vector<Layout> candidates;
+    add_structure_candidates(cfg, structures.front(), candidates);
+    const auto per_structure = static_cast<int64_t>(candidates.size());
+    candidates.clear();
+    const auto n = static_cast<int64_t>(structures.size()) * per_structure;
     result.considered += n;
-    // The whole family at once where it can be decided at once: a refusal that is not about the
-    // pipeline's micro-batches (degrees, splits, the global batch: no candidate of the family
-    // passes), and parameters + optimizer state that alone exceed the GPU (no batch shape helps).
-    // The representative: the largest local batch in micro-batches of one row, so that a
-    // pipeline has the most micro-batches any candidate of the family can give it.
-    Layout lightest = candidates.back();
-    lightest.ac = "full";
-    if (lightest.pp > 1) lightest.schedule = "1F1B", lightest.microbatch_size = 1;
-    const trainer::config::JobConfig light_cfg = apply_layout(cfg, lightest, result.global_batch);
-    const std::string family_error = check(light_cfg, nullptr);
-    if (!family_error.empty() && family_error.rfind("pipeline parallel:", 0) != 0) {
-      result.rejected_by_rules += n;
-      reject("rules: " + reason_of(family_error), lightest, n);
-      return;
+    // The whole family at once where it can be decided at once, for each CP method: a refusal
+    // that is not about the pipeline's micro-batches (degrees, splits, the global batch, the CP
+    // method: no candidate of the family with that method passes), and parameters + optimizer
+    // state that alone exceed the GPU (no batch shape helps). The representative: the largest
+    // local batch in micro-batches of one row, so that a pipeline has the most micro-batches
+    // any candidate of the family can give it.
+    std::vector<std::string> refused_methods;  // CP methods no candidate of the family passes with
+    int64_t undecided = n;
+    double light_state = 0;
+    std::optional<Layout> lightest;  // the first representative the checks accept
+    const std::vector<std::string> methods =
+        families[f].cp > 1 ? parallel::context_parallel::cp_rotate_method_names() : std::vector<std::string>{""};
+    for (const std::string& method : methods) {
+      Layout representative = structures.back();
+      representative.cp_method = method;
+      representative.ac = "full";
+      representative.precision = cfg.plan.precisions.back();
+      representative.async_tp = representative.tp > 1;
+      if (representative.pp > 1) representative.schedule = "1F1B", representative.microbatch_size = 1;
+      const trainer::config::JobConfig light_cfg = apply_layout(cfg, representative, result.global_batch);
+      const std::string family_error = check(light_cfg, nullptr);
+      if (!family_error.empty() && family_error.rfind("pipeline parallel:", 0) != 0) {
+        int64_t with_method = 0;
+        for (const Layout& st : structures) with_method += st.cp_method == method ? per_structure : 0;
+        result.rejected_by_rules += with_method;
+        reject("rules: " + reason_of(family_error), representative, with_method);
+        undecided -= with_method;
+        refused_methods.push_back(method);
+        continue;
+      }
+      if (!family_error.empty() || lightest) continue;
+      // The state under either split (the CP method does not change it): the family is out only
+      // if neither fits.
+      lightest = representative;
+      light_state = state_bytes(light_cfg, world, vocab, memo);
+      if (representative.pp > 1) {
+        Layout other = representative;
+        other.split = representative.split == "flops" ? "layers" : "flops";
+        const trainer::config::JobConfig other_cfg = apply_layout(cfg, other, result.global_batch);
+        if (check(other_cfg, nullptr).empty()) light_state = std::min(light_state, state_bytes(other_cfg, world, vocab, memo));
+      }
     }
-    // The state under either split: the family is out only if neither fits.
-    double light_state = family_error.empty() ? state_bytes(light_cfg, world, vocab, memo) : 0.0;
-    if (family_error.empty() && lightest.pp > 1) {
-      Layout other = lightest;
-      other.split = lightest.split == "flops" ? "layers" : "flops";
-      const trainer::config::JobConfig other_cfg = apply_layout(cfg, other, result.global_batch);
-      if (check(other_cfg, nullptr).empty()) light_state = std::min(light_state, state_bytes(other_cfg, world, vocab, memo));
-    }
-    if (family_error.empty() && light_state > cluster.device.memory_bytes) {
-      result.rejected_by_memory += n;
+    if (undecided == 0) return;
+    if (lightest && light_state > cluster.device.memory_bytes) {
+      result.rejected_by_memory += undecided;
       reject("memory: parameters, optimizer state and gradient shards alone exceed the " + gib(cluster.device.memory_bytes) +
                  " GiB of one GPU",
-             lightest, n);
+             *lightest, undecided);
       return;
     }
     // Memory grows with the local batch when nothing else changes (more rows, or more
@@ -291,26 +338,40 @@ PlanResult plan_layouts(const trainer::config::JobConfig& user_cfg, const Cluste
     auto verdict_of = [&](const Structure& key, const Layout& candidate) -> Verdict& {
       auto found = refused.find(key);
       if (found == refused.end()) {
-        trainer::config::CheckedLayout made;
-        apply_layout_into(work, cfg, candidate, result.global_batch);
-        Verdict verdict{check(work, &made)};
-        if (verdict.error.empty()) accepted.emplace(key, std::move(made));
+        const PipelineKey pipeline{candidate.pp, candidate.local_batch, candidate.schedule, candidate.microbatch_size,
+                                   candidate.split};
+        Verdict verdict;
+        if (candidate.pp > 1) {  // See Note [Pipeline refusals shared]
+          std::lock_guard<std::mutex> lock(pipeline_refusals_mu);
+          const auto known = pipeline_refusals.find(pipeline);
+          if (known != pipeline_refusals.end()) verdict.error = known->second;
+        }
+        if (verdict.error.empty()) {
+          trainer::config::CheckedLayout made;
+          apply_layout_into(work, cfg, candidate, result.global_batch);
+          verdict.error = check(work, &made);
+          if (verdict.error.empty()) {
+            accepted.emplace(key, std::move(made));
+          } else if (candidate.pp > 1 && verdict.error.rfind("pipeline parallel:", 0) == 0) {
+            std::lock_guard<std::mutex> lock(pipeline_refusals_mu);
+            pipeline_refusals.emplace(pipeline, verdict.error);
+          }
+        }
         found = refused.emplace(key, std::move(verdict)).first;
       }
       return found->second;
     };
-    auto count_refused = [&](Verdict& verdict, const Layout& l) {
-      ++result.rejected_by_rules;
+    auto count_refused = [&](Verdict& verdict, const Layout& l, int64_t how_many) {
+      result.rejected_by_rules += how_many;
       if (!verdict.reason) verdict.reason = &result.reasons["rules: " + reason_of(verdict.error)];
       if (verdict.reason->first == 0) verdict.reason->second = l.family();
-      ++verdict.reason->first;
+      verdict.reason->first += how_many;
     };
     const std::string over_memory =
         "memory: the estimate exceeds the " + gib(cluster.device.memory_bytes) + " GiB of one GPU";
     // One candidate through the checks and the memory estimate: what the checks made and its
     // memory when it fits, nullptr (counted as refused or over memory) when not.
-    struct Admitted {
-      trainer::config::JobConfig config;
+    struct Admitted {  // (its config is applied again to list it: a copy each was 5% of the search)
       const trainer::config::CheckedLayout* checked;
       double memory_bytes;
     };
@@ -325,7 +386,7 @@ PlanResult plan_layouts(const trainer::config::JobConfig& user_cfg, const Cluste
       }
       const Structure key = structure_of(l, l.split);
       if (Verdict& verdict = verdict_of(key, l); !verdict.error.empty()) {
-        count_refused(verdict, l);
+        count_refused(verdict, l, 1);
         return std::nullopt;
       }
       const trainer::config::CheckedLayout& checked = accepted.at(key);
@@ -358,13 +419,23 @@ PlanResult plan_layouts(const trainer::config::JobConfig& user_cfg, const Cluste
         reject(over_memory, l, 1);
         return std::nullopt;
       }
-      return Admitted{work, &checked, m->second};
+      return Admitted{&checked, m->second};
     };
     auto list = [&](const Layout& l, const Admitted& a) {
-      PlannedLayout planned{l, predict(a.config, *a.checked, args, l, cluster)};
+      apply_layout_into(work, cfg, l, result.global_batch);
+      PlannedLayout planned{l, predict(work, *a.checked, args, l, cluster)};
       planned.prediction.memory_bytes = a.memory_bytes;
       result.fits.push_back(std::move(planned));
     };
+    // A structure the checks refuse takes all its candidates with it, unexamined one by one.
+    for (const Layout& st : structures) {
+      if (std::find(refused_methods.begin(), refused_methods.end(), st.cp_method) != refused_methods.end()) continue;
+      if (Verdict& verdict = verdict_of(structure_of(st, st.split), st); !verdict.error.empty()) {
+        count_refused(verdict, st, per_structure);
+        continue;
+      }
+      add_structure_candidates(cfg, st, candidates);
+    }
     if (cfg.plan.exhaustive) {
       for (const Layout& l : candidates)
         if (const auto a = admit(l)) list(l, *a);

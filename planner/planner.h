@@ -58,6 +58,12 @@ trainer::config::JobConfig planning_config(const trainer::config::JobConfig& cfg
 // The families (degrees, and ep for MoE flavors) of `world` ranks, and one family's candidates.
 std::vector<Layout> layout_families(const trainer::config::JobConfig& cfg, int64_t world);
 std::vector<Layout> family_layouts(const trainer::config::JobConfig& cfg, const Layout& family, int64_t global_batch);
+// A family's structures: the fields the trainer's checks read beyond the degrees (local batch,
+// schedule, micro-batch, split, CP method; AC "", precision "", async TP off), and one
+// structure's candidates (async TP x plan.ac_modes x plan.precisions). family_layouts is every
+// structure's candidates, in order.
+std::vector<Layout> family_structures(const trainer::config::JobConfig& cfg, const Layout& family, int64_t global_batch);
+void add_structure_candidates(const trainer::config::JobConfig& cfg, const Layout& structure, std::vector<Layout>& out);
 std::vector<Layout> enumerate_layouts(const trainer::config::JobConfig& cfg, int64_t world, int64_t global_batch);
 
 // The global batch every layout keeps: training.global_batch_size, or when unset

@@ -132,6 +132,24 @@ TEST_CASE("a pipeline family whose representative the rules refuse is searched, 
   CHECK_FALSE(r.fits.empty());
 }
 
+TEST_CASE("a CP method the rules refuse takes only its own candidates out of a family", "[planner]") {
+  // Llama 3 8B (32 heads) at TP 8 x CP 8 on 64 GPUs: titan_ulysses needs each TP rank's 4 heads
+  // split over 8 cp ranks and is refused; allgather and alltoall are not. The family's check
+  // once ran on one representative (the last CP method's) and dropped the whole family.
+  const tc::JobConfig cfg = tc::parse_job_config({"--model.flavor", "8B", "--training.seq_len", "8192",
+                                                  "--training.global_batch_size", "64", "--plan.device", "h100",
+                                                  "--plan.nodes", "8"});
+  const tp::PlanResult r = tp::plan_layouts(cfg, tp::cluster_from_config(tp::planning_config(cfg)));
+  std::set<std::string> methods;
+  for (const tp::PlannedLayout& p : r.fits)
+    if (p.layout.tp == 8 && p.layout.cp == 8) methods.insert(p.layout.cp_method);
+  CHECK(methods.count("allgather") == 1);
+  CHECK(methods.count("titan_ulysses") == 0);
+  bool ulysses_refused = false;
+  for (const auto& [why, hit] : r.reasons) ulysses_refused |= why.find("titan_ulysses") != std::string::npos;
+  CHECK(ulysses_refused);
+}
+
 TEST_CASE("the planner's search covers every layout the trainer accepts on 4 ranks", "[planner]") {
   // Brute force over the keys the planner varies, independently of its enumeration: each
   // combination the trainer's checks accept must be one of the planner's candidates.

@@ -53,7 +53,7 @@ struct GeneratedOrder {
   std::vector<int> stage_rank;
 };
 GeneratedOrder generated_order(PipelineScheduleKind kind, int pp, int per_rank, int64_t microbatches) {
-  static Memo<std::tuple<int, int, int, int64_t>, GeneratedOrder> memo(size_t{1} << 21);
+  static Memo<std::tuple<int, int, int, int64_t>, GeneratedOrder> memo(size_t{1} << 23);
   const auto key = std::make_tuple(static_cast<int>(kind), pp, per_rank, microbatches);
   if (std::optional<GeneratedOrder> hit = memo.find(key)) return *std::move(hit);
   GeneratedOrder g;
