@@ -7,10 +7,18 @@
 // model/kernels/attention.h); this benchmark calls both kernels directly at every shape.
 // Operands come as the model hands them over ([B, S, heads, hd] transposed); each figure is the
 // mean of --iters calls after one warm-up.
+// --seq-sweep MAX: the model's own causal attention (model::attention_op, what a training step
+// runs: titan's kernel or LibTorch's flash by Note [Where the CPU attention kernel runs]) on one
+// Llama 3 8B key/value head and its 4 query heads (head_dim 128) at 512, 1k, ... MAX tokens, in
+// bf16 and float32 (--device cuda: bf16, the flash kernel, up to 128k tokens and beyond): time
+// per token and the rate in torchtitan's attention count (4 x heads x head_dim x seq per token
+// forward, the whole square; backward twice that), what the layout planner's attention term
+// divides by (planner/cluster.cpp measures it on the CPU at the lengths a layout gives).
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu.h>
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_backward.h>
+#include <ATen/ops/ones_like.h>
 #include <ATen/ops/randn.h>
 #include <ATen/ops/repeat_interleave.h>
 
@@ -20,6 +28,7 @@
 #include <vector>
 
 #include "apps/bench_common.h"
+#include "model/activation_checkpoint_ops.h"
 #include "model/kernels/attention.h"
 
 namespace {
@@ -75,6 +84,42 @@ Times time_titan(const Shape& s, int iters, titan::model::kernels::AttentionProd
               iters, false)};
 }
 
+// See --seq-sweep above.
+void seq_sweep(int64_t max_seq, int iters, bool cuda) {
+  std::printf("model attention (model::attention_op), 4 query heads on 1 key/value head, head_dim 128, causal; "
+              "rate in torchtitan's count (the whole square, backward 2x forward)\n\n");
+  std::printf("| dtype | S | forward ms | backward ms | backward / forward | us per token (fwd + bwd) | "
+              "GFLOP/s (torchtitan's count) |\n");
+  std::printf("|---|---:|---:|---:|---:|---:|---:|\n");
+  const std::vector<at::ScalarType> dtypes =
+      cuda ? std::vector<at::ScalarType>{at::kBFloat16} : std::vector<at::ScalarType>{at::kBFloat16, at::kFloat};
+  for (at::ScalarType dtype : dtypes) {
+    for (int64_t seq = 512; seq <= max_seq; seq *= 2) {
+      const Shape s{"sweep", 1, 4, 1, seq, 128};
+      auto on_device = [&](int64_t heads) {
+        at::Tensor t = operand(s, heads, dtype);
+        if (cuda) t = t.to(at::kCUDA);
+        return t.requires_grad_(true);
+      };
+      const at::Tensor q = on_device(4), k = on_device(1), v = on_device(1);
+      const int n = !cuda && seq >= 4096 ? std::max(1, iters / 4) : iters;
+      const double fwd = titan::bench::time_ms([&] {
+        at::NoGradGuard no_grad;
+        titan::model::attention_op(q, k, v);
+      }, n, cuda);
+      const double both = titan::bench::time_ms([&] {
+        const at::Tensor out = titan::model::attention_op(q, k, v);
+        out.backward(at::ones_like(out));
+      }, n, cuda);
+      const double bwd = both - fwd;
+      const double flops = 3.0 * 4.0 * 4.0 * 128.0 * static_cast<double>(seq) * static_cast<double>(seq);
+      std::printf("| %s | %ld | %.2f | %.2f | %.2f | %.2f | %.1f |\n", dtype == at::kFloat ? "float32" : "bf16",
+                  static_cast<long>(seq), fwd, bwd, bwd / fwd, 1e3 * both / static_cast<double>(seq),
+                  flops / (both * 1e-3) / 1e9);
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -88,8 +133,26 @@ int main(int argc, char** argv) {
                  "of titan's kernel and of LibTorch's flash kernel, which has no window")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--iters", iters, "timed calls per figure")->check(CLI::PositiveNumber);
+  int64_t sweep = 0;
+  std::string device = "cpu";
+  app.add_option("--device", device, "cpu, or cuda (only with --seq-sweep)")->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--seq-sweep", sweep,
+                 "only the sequence sweep: the model's attention on an 8B head group at 512 .. this many tokens")
+      ->check(CLI::Range(int64_t{512}, int64_t{1} << 20));
   CLI11_PARSE(app, argc, argv);
   if (threads > 0) at::set_num_threads(threads);
+  if (device == "cuda" && sweep == 0) {
+    std::fprintf(stderr, "titan-bench-attention: --device cuda times only the --seq-sweep\n");
+    return 2;
+  }
+  if (sweep > 0) {
+    if (device == "cuda" && !torch::cuda::is_available()) {
+      std::fprintf(stderr, "titan-bench-attention: --device cuda: no CUDA device here\n");
+      return 77;  // skipped (scripts/gpu_check.sh's convention)
+    }
+    seq_sweep(sweep, iters, device == "cuda");
+    return 0;
+  }
   if (!titan::model::cpu_attention_kernel_applies(at::kBFloat16, 1, 1, 1)) {
     std::fprintf(stderr,
                  "titan-bench-attention: titan's CPU attention kernel is off here (no AVX2/FMA, or "

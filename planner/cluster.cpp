@@ -298,14 +298,18 @@ DeviceSpec::GroupLink gloo_probe(int ranks, int busy, double cores) {
 // backward at its head_dim and seq_len, against a x b. On this machine, the debug model's float32
 // attention at head_dim 16 runs at a third to a half of the GEMMs' rate (this probe: 0.34-0.40;
 // a one-process step's profile: 214 ms where the GEMM rate would give 102).
-// The heads and the length are capped (the rate per head does not depend on the count, and an 8B
-// model's whole attention at seq 8192 would take the probe minutes): at most 2 key/value heads
-// with their query heads, at most 1,024 positions. The shapes are the family's declaration's
+// At `length` positions (the caller caps it: an 8B model's whole attention at seq 8192 would take
+// the probe minutes); the heads are capped (the rate per head does not depend on the count): at
+// most 2 key/value heads with their query heads, one above 1,024 positions. The shapes are the family's declaration's
 // (Family::attention_activations at TP 1): heads, the q/k head from q's width, the v head from
 // the output's, the key/value heads from k + v's width (grouped-query: n_kv_heads; latent
 // attention: every head).
-double attention_over_gemm_rate(const trainer::config::JobConfig& cfg, at::ScalarType dtype, const at::Tensor& a,
-                                const at::Tensor& b) {
+struct AttentionRate {
+  double forward_efficiency;  // the forward's FLOP rate over the GEMMs'
+  double backward_ratio;      // the backward's time over the forward's
+};
+AttentionRate attention_over_gemm_rate(const trainer::config::JobConfig& cfg, at::ScalarType dtype, const at::Tensor& a,
+                                       const at::Tensor& b, int64_t length) {
   const model::ModelArgs args = model::model_flavor(cfg.model.name, cfg.model.flavor);
   model::AttentionActivationsQuery whole;
   whole.compute_bytes = dtype == at::kFloat ? 4 : 2;
@@ -315,23 +319,28 @@ double attention_over_gemm_rate(const trainer::config::JobConfig& cfg, at::Scala
   const int64_t all_heads = static_cast<int64_t>(att.heads);
   const int64_t qk_head = static_cast<int64_t>(att.q_width) / all_heads, v_head = static_cast<int64_t>(att.output) / all_heads;
   const int64_t kv_heads = static_cast<int64_t>(att.kv_width) / (qk_head + v_head);
-  const int64_t kv = std::min<int64_t>(kv_heads, 2), heads = kv * (all_heads / kv_heads);
-  const int64_t seq = std::min<int64_t>(cfg.training.seq_len, 1024);
+  const int64_t kv = std::min<int64_t>(kv_heads, length > 1024 ? 1 : 2), heads = kv * (all_heads / kv_heads);
+  const int64_t seq = length;
   auto make = [&](int64_t h, int64_t d) { return at::randn({1, h, seq, d}).to(dtype).requires_grad_(true); };
   const at::Tensor q = make(heads, qk_head), k = make(kv, qk_head), v = make(kv, v_head);
   const int pool_threads = at::get_num_threads();
   at::set_num_threads(1);
-  const double attention_s = seconds_of([&] {
+  const int reps = length > 1024 ? 3 : 5;
+  const double forward_s = seconds_of([&] {
+    at::NoGradGuard no_grad;
+    model::attention_op(q, k, v);
+  }, reps);
+  const double both_s = seconds_of([&] {
     const at::Tensor out = model::attention_op(q, k, v);
     out.backward(at::ones_like(out));
-  }, 5);
+  }, reps);
   const double gemm_s = seconds_of([&] { model::times_transposed(a, b); }, 5);
   at::set_num_threads(pool_threads);
-  // The score and value products, forward and backward (4 x heads x head_dim x seq^2 forward
-  // where the heads are alike).
-  const double attention_flops = 3.0 * 2.0 * static_cast<double>(heads * (qk_head + v_head)) * seq * seq;
+  // The score and value products of the forward (4 x heads x head_dim x seq^2 where the heads are
+  // alike: torchtitan's count, the whole square).
+  const double forward_flops = 2.0 * static_cast<double>(heads * (qk_head + v_head)) * seq * seq;
   const double gemm_flops = 2.0 * static_cast<double>(a.size(0)) * a.size(1) * b.size(1);
-  return (attention_flops / attention_s) / (gemm_flops / gemm_s);
+  return {(forward_flops / forward_s) / (gemm_flops / gemm_s), std::max(0.0, both_s - forward_s) / forward_s};
 }
 
 // This machine, shared by `processes` ranks: each gets 1/processes of the cores' GEMM rate and
@@ -388,7 +397,21 @@ DeviceSpec cpu_device(const trainer::config::JobConfig& cfg, int64_t processes) 
   d.message_latency_s = world.message_latency_s;
   if (measured) d.bus_ratios = world.ratios;
   d.comm_shares_compute = true;
-  d.attention_efficiency = attention_over_gemm_rate(cfg, dtype, a, b);
+  // Attention at each query length a layout gives its kernel: seq_len / cp for every cp that
+  // divides the ranks, measured up to 2,048 positions (titan-bench-attention --seq-sweep: LibTorch's
+  // float32 flash kernel runs 1.9x faster per FLOP at 2,048 than at 512, titan's bf16 kernel
+  // alike from 512 on), and the job's own length the scalar.
+  for (int64_t cp = processes; cp >= 1; --cp) {
+    if (processes % cp != 0 || cfg.training.seq_len % cp != 0) continue;
+    const int64_t length = std::min<int64_t>(cfg.training.seq_len / cp, 2048);
+    if (length < 64 || (!d.attention_efficiency_by_length.empty() &&
+                        d.attention_efficiency_by_length.back().first >= static_cast<double>(length)))
+      continue;
+    const AttentionRate rate = attention_over_gemm_rate(cfg, dtype, a, b, length);
+    d.attention_efficiency_by_length.emplace_back(static_cast<double>(length), rate.forward_efficiency);
+    d.attention_backward_ratio = rate.backward_ratio;  // the longest length's: the job's own
+  }
+  d.attention_efficiency = d.attention_efficiency_at(static_cast<double>(cfg.training.seq_len));
   // A tiny step through autograd, as titan's layers dispatch theirs: a matmul of 2 x 2 tensors,
   // a sum, and the backward (mm, sum, the engine's ones, SumBackward's expand, MmBackward's two
   // transposes and two matmuls, two AccumulateGrads: 10 operators), on one thread as each rank.
@@ -464,6 +487,17 @@ Cluster cluster_from_config(const trainer::config::JobConfig& cfg) {
   return c;
 }
 
+double DeviceSpec::attention_efficiency_at(double length) const {
+  const auto& t = attention_efficiency_by_length;
+  if (t.empty()) return attention_efficiency;
+  if (length <= t.front().first) return t.front().second;
+  if (length >= t.back().first) return t.back().second;
+  size_t i = 1;
+  while (t[i].first < length) ++i;
+  const double x = (std::log(length) - std::log(t[i - 1].first)) / (std::log(t[i].first) - std::log(t[i - 1].first));
+  return t[i - 1].second + x * (t[i].second - t[i - 1].second);
+}
+
 std::vector<std::string> Cluster::describe() const {
   std::ostringstream os;
   os.precision(4);
@@ -474,7 +508,14 @@ std::vector<std::string> Cluster::describe() const {
   os << "per GPU: " << device.peak_label << " " << device.peak_bf16 / kT << " TFLOP/s";
   if (device.peak_fp8 > 0) os << ", float8 " << device.peak_fp8 / kT << " TFLOP/s";
   os << " (GEMMs at " << device.gemm_efficiency << " of peak";
-  if (device.attention_efficiency != 1.0) os << ", attention at " << device.attention_efficiency << " of the GEMMs' rate";
+  if (device.attention_efficiency_by_length.size() > 1) {
+    os << ", attention at";
+    for (const auto& [length, efficiency] : device.attention_efficiency_by_length)
+      os << " " << efficiency << " (" << length << ")";
+    os << " of the GEMMs' rate (by query length), backward " << device.attention_backward_ratio << "x forward";
+  } else if (device.attention_efficiency != 1.0) {
+    os << ", attention at " << device.attention_efficiency << " of the GEMMs' rate";
+  }
   os << "), memory " << device.memory_bytes / kGiB << " GiB at "
      << device.hbm_bytes_per_s / 1e12 << " TB/s (" << device.hbm_efficiency << " reached)";
   lines.push_back(os.str());

@@ -35,6 +35,16 @@ struct DeviceSpec {
   // the whole square) over the GEMMs': 1 on GPUs, where flash attention runs near the GEMMs'
   // efficiency; device cpu measures it at the model's head_dim and seq_len.
   double attention_efficiency = 1.0;
+  // Where measured (device cpu): the efficiency by the attention kernel's query length (the
+  // whole sequence, or a CP rank's seq_len / cp), ascending; between the points interpolated in
+  // log length, beyond them the nearest point's. Empty: attention_efficiency at every length.
+  std::vector<std::pair<double, double>> attention_efficiency_by_length;
+  double attention_efficiency_at(double length) const;
+  // The attention backward's time over its forward's. A flash kernel recomputes the scores and
+  // their softmax from the log-sum-exp and runs five products against the forward's two: 2.5
+  // (titan-bench-attention --seq-sweep, LibTorch's and titan's CPU kernels: 2.4-3.2); device cpu
+  // measures it at the job's length.
+  double attention_backward_ratio = 2.5;
   double link_efficiency = 0;     // of a link, NCCL's bus bandwidth for large messages
   double hbm_efficiency = 0;      // of the memory bandwidth, the step's elementwise kernels
   double optimizer_efficiency = 0;  // of the memory bandwidth, the fused AdamW's streaming

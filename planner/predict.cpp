@@ -7,9 +7,11 @@
 //     layer's 2 x dim x vocab on the last stage, divided by tp; attention is a third of its
 //     family's training count per token and layer (4 x heads x head_dim x seq_len forward for
 //     grouped-query attention, torchtitan's count). Backward is twice the forward,
-//     half of it the weight gradients (the W of zero-bubble schedules). GEMMs run at the bf16
-//     peak x the GEMM efficiency, attention at that x the device's attention efficiency (device
-//     cpu: measured); a float8 recipe's block linears at the float8 peak.
+//     half of it the weight gradients (the W of zero-bubble schedules); attention's backward is
+//     the device's attention_backward_ratio times its forward (a flash kernel recomputes the
+//     scores: 2.5). GEMMs run at the bf16 peak x the GEMM efficiency, attention at that x the
+//     device's attention efficiency at the kernel's query length, seq_len / cp (device cpu:
+//     measured by length); a float8 recipe's block linears at the float8 peak.
 //   Memory-bound work. Forward elementwise traffic per token and layer: 16 x dim + 3 x hidden
 //     elements of the compute dtype (two RMSNorms, RoPE on q and k, two residual adds, SwiGLU,
 //     the attention layout copies), divided by tp (sequence parallel); backward twice that. A
@@ -81,6 +83,7 @@ namespace {
 struct LayerWork {
   double gemm_fwd = 0;       // seconds, the block's matmuls forward
   double attention_fwd = 0;
+  double attention_bwd = 0;  // attention_backward_ratio x the forward (cluster.h)
   double memory_fwd = 0;     // elementwise forward
   double memory_bwd = 0;     // elementwise + float8 casts backward
   double tp_comm = 0;        // one direction
@@ -181,7 +184,10 @@ Prediction predict(const trainer::config::JobConfig& cfg, const trainer::config:
   const double expert_rate = L.precision == "rowwise" ? linear_rate : mm_rate;
   LayerWork w;
   w.gemm_fwd = tokens * 2.0 * ((block_active - expert_active) / linear_rate + expert_active / expert_rate) / tp;
-  w.attention_fwd = tokens * attention_fwd_per_token / tp / (mm_rate * d.attention_efficiency);
+  // The attention kernel's query length: the sequence, or under CP a rank's seq / cp (its ring
+  // blocks are that many queries against as many or half as many keys).
+  w.attention_fwd = tokens * attention_fwd_per_token / tp / (mm_rate * d.attention_efficiency_at(seq / cp));
+  w.attention_bwd = d.attention_backward_ratio * w.attention_fwd;
   const double elementwise = (16.0 * dim + 3.0 * hidden) * bytes;
   double cast_fwd = 0, cast_bwd = 0, weight_casts = 0;
   if (float8) {
@@ -279,7 +285,7 @@ Prediction predict(const trainer::config::JobConfig& cfg, const trainer::config:
   else if (L.ac == "selective")
     recompute = 0.5 * w.gemm_fwd + w.memory_fwd + dispatch / 3.0 + 0.5 * tp_exposed;
   const double layer_f = w.gemm_fwd + w.attention_fwd + w.memory_fwd + dispatch / 3.0;
-  const double layer_b = 2.0 * w.gemm_fwd + 2.0 * w.attention_fwd + w.memory_bwd + recompute + 2.0 * dispatch / 3.0;
+  const double layer_b = 2.0 * w.gemm_fwd + w.attention_bwd + w.memory_bwd + recompute + 2.0 * dispatch / 3.0;
   const double layer_f_comm = tp_exposed + w.cp_comm + w.ep_comm;
   const double layer_b_comm = tp_b_exposed + w.cp_comm_b + w.ep_comm_b;
   // FSDP exposed over one micro-batch of `n` layers (prefetch: see the Note), the embedding's
@@ -369,7 +375,7 @@ Prediction predict(const trainer::config::JobConfig& cfg, const trainer::config:
     pipeline_note = busy.str();
     // Per-rank shares of the terms, for the breakdown: layers / pp of each, m micro-batches.
     const double m = static_cast<double>(micro_per_pass), per_rank_layers = layers / dims.pp;
-    sum_compute = m * per_rank_layers * (3.0 * w.gemm_fwd + 3.0 * w.attention_fwd);
+    sum_compute = m * per_rank_layers * (3.0 * w.gemm_fwd + w.attention_fwd + w.attention_bwd);
     sum_memory = m * per_rank_layers * (w.memory_fwd + w.memory_bwd);
     sum_recompute = m * per_rank_layers * recompute;
     sum_dispatch = m * per_rank_layers * dispatch;
@@ -379,7 +385,7 @@ Prediction predict(const trainer::config::JobConfig& cfg, const trainer::config:
     fsdp_once = *std::max_element(fsdp_of_rank.begin(), fsdp_of_rank.end());
   } else {
     const auto [ff, fb] = fsdp_exposed(layers);
-    sum_compute = layers * (3.0 * w.gemm_fwd + 3.0 * w.attention_fwd) + 3.0 * tokens * 2.0 * output_params / tp / mm_rate;
+    sum_compute = layers * (3.0 * w.gemm_fwd + w.attention_fwd + w.attention_bwd) + 3.0 * tokens * 2.0 * output_params / tp / mm_rate;
     sum_memory = layers * (w.memory_fwd + w.memory_bwd) + 3.0 * tokens * vocab * 8.0 / tp / hbm + 3.0 * embed;
     sum_recompute = layers * recompute;
     sum_dispatch = layers * dispatch;

@@ -5,7 +5,7 @@
 #   scripts/gpu_bundle.sh [--out DIR] [--rehearse]      (DIR default: .gpu_bundle)
 # Runs on the CPU machine (CI too): builds the CUDA-enabled variant's executables into
 # build-cuda/ (scripts/setup.sh), then writes DIR:
-#   bin/   titan-train titan-run titan-bench-matmul titan-bench-linear titan-bench-experts test_float8 test_nccl test_model
+#   bin/   titan-train titan-run titan-bench-matmul titan-bench-linear titan-bench-experts titan-bench-attention test_float8 test_nccl test_model
 #          test_trainer,
 #          without RPATH and without debug sections (LibTorch comes from LD_LIBRARY_PATH, which
 #          scripts/gpu_env.sh computes from `python3 -c 'import torch'` on the machine)
@@ -36,7 +36,7 @@ done
 log() { echo "[gpu_bundle] $*"; }
 start=$(date +%s)
 
-TARGETS="titan-train titan-run titan-bench-matmul titan-bench-linear titan-bench-experts test_float8 test_nccl test_model test_trainer"
+TARGETS="titan-train titan-run titan-bench-matmul titan-bench-linear titan-bench-experts titan-bench-attention test_float8 test_nccl test_model test_trainer"
 [[ -x /usr/local/cuda/bin/nvcc ]] && export PATH="$PATH:/usr/local/cuda/bin"
 if ! command -v nvcc >/dev/null 2>&1; then
   echo "gpu_bundle: no CUDA toolkit (nvcc) here: the CUDA-enabled variant cannot be built" >&2
@@ -67,6 +67,7 @@ declare -A EXE_PATH=(
   [titan-bench-matmul]=build-cuda/apps/titan-bench-matmul
   [titan-bench-linear]=build-cuda/apps/titan-bench-linear
   [titan-bench-experts]=build-cuda/apps/titan-bench-experts
+  [titan-bench-attention]=build-cuda/apps/titan-bench-attention
   [test_float8]=build-cuda/tests/test_float8 [test_nccl]=build-cuda/tests/test_nccl
   [test_model]=build-cuda/tests/test_model [test_trainer]=build-cuda/tests/test_trainer)
 for name in "${!EXE_PATH[@]}"; do

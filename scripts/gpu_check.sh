@@ -194,6 +194,7 @@ if ((REHEARSE)); then
   step bench_matmul 300 0 "$B/titan-bench-matmul" --device cpu --scale 64 --tokens 512 --iters 1
   step bench_linear 300 0 "$B/titan-bench-linear" --device cpu --scale 16 --tokens 512 --dims 1024 --iters 1
   step bench_experts 120 0 "$B/titan-bench-experts" --device cpu --scale 32 --tokens 2048 --iters 1
+  step bench_attention_seq 120 0 "$B/titan-bench-attention" --seq-sweep 1024 --iters 1
   step eager_cpu 300 0 eager eager_cpu --flavor debugmodel --steps 1 --warmup 1 --batch 1 --seq-len 32 --ac op
   step memory_snapshot 300 0 snapshot cpu
   step plan_8B_4layers 60 0 plan_8B h100
@@ -224,6 +225,9 @@ else
   # shapes as one rank of EP 8 holds them (targets: float8 rowwise fwd+bwd >= 1.3x bf16 at
   # DeepSeek-V3's; MX rows only on sm100).
   step bench_experts 200 0 "$B/titan-bench-experts" --device cuda
+  # Flash attention's rate as the sequence grows (512 .. 128k tokens, one 8B head group): what
+  # the planner's attention term needs at long context (docs/planner.md, "Long context").
+  step bench_attention_seq 200 0 "$B/titan-bench-attention" --device cuda --seq-sweep 131072 --iters 3
   # Llama 3 8B-shaped: 8B's layers (4 of 32) and vocabulary, seq_len 8192, per-op AC, bf16.
   # Block-scaled recipes by what the GPU multiplies natively: blockwise float8 on sm90+ (cuBLASLt
   # VEC128 / BLK128x128 scales), MXFP8 on sm100+ (VEC32_UE8M0); never an emulated throughput.

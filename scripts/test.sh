@@ -22,7 +22,7 @@ elif [[ "${TITAN_TEST_CUDA_BUILD:-1}" == 1 ]]; then
   # Every CUDA path must compile even on a machine without a GPU.
   # The binaries and the float8 and model (init kernel) tests hold every CUDA-specific translation unit; the other test
   # executables are identical in both variants, so they are built once (CPU).
-  TITAN_CUDA=1 TITAN_BUILD_TARGET="titan-train titan-run titan-bench-matmul titan-bench-linear titan-bench-experts test_float8 test_nccl test_model" \
+  TITAN_CUDA=1 TITAN_BUILD_TARGET="titan-train titan-run titan-bench-matmul titan-bench-linear titan-bench-experts titan-bench-attention test_float8 test_nccl test_model" \
     "$ROOT/scripts/setup.sh"
   echo "[test] CUDA-enabled build done after $(( $(date +%s) - start )) s"
 fi

@@ -511,9 +511,10 @@ TEST_CASE("device cpu: a collective's bandwidth by its message size, between the
 }
 
 TEST_CASE("attention runs at the device's attention efficiency; device cpu measures it", "[planner]") {
-  // Attention's FLOPs (torchtitan's count, 3 x 4 x heads x head_dim x seq_len per token, forward
-  // and backward) at the GEMM rate x attention_efficiency: at one half, the compute term of a
-  // layout without pipeline, TP or CP grows by exactly those FLOPs at the GEMM rate.
+  // Attention's forward FLOPs (torchtitan's count, 4 x heads x head_dim x seq_len per token) at
+  // the GEMM rate x attention_efficiency, its backward attention_backward_ratio times that: at
+  // one half, the compute term of a layout without pipeline, TP or CP grows by exactly the
+  // forward's FLOPs x (1 + the ratio) at the GEMM rate.
   const tc::JobConfig cfg = debug_job({"--plan.exhaustive", "true", "--plan.ac_modes", "none", "--plan.precisions", "bf16"});
   const tp::Cluster plain = tp::cluster_from_config(tp::planning_config(cfg));
   tp::Cluster half = plain;
@@ -529,7 +530,8 @@ TEST_CASE("attention runs at the device's attention efficiency; device cpu measu
     // heads x head_dim 256, seq_len 256, 6 layers; a rank's rows per step: its share of the 8
     // (gradient accumulation runs the passes that make it up).
     const double rows = 8.0 / static_cast<double>(l.dp_replicate * l.dp_shard);
-    const double attention = 3.0 * 4.0 * 256.0 * 256.0 * 256.0 * rows * 6 / rate;
+    const double attention =
+        (1.0 + plain.device.attention_backward_ratio) * 4.0 * 256.0 * 256.0 * 256.0 * rows * 6 / rate;
     CHECK(after.at(name) - seconds == Approx(attention).epsilon(1e-9));
     ++checked;
   }
@@ -542,6 +544,18 @@ TEST_CASE("attention runs at the device's attention efficiency; device cpu measu
   const tp::Cluster measured = tp::cluster_from_config(tp::planning_config(cpu));
   CHECK(measured.device.attention_efficiency > 0);
   CHECK(std::isfinite(measured.device.attention_efficiency));
+  CHECK(measured.device.attention_backward_ratio > 0);
+  CHECK(std::isfinite(measured.device.attention_backward_ratio));
+  // By the kernel's query length (seq_len / cp): between measured lengths in log length, beyond
+  // them the nearest one's.
+  tp::DeviceSpec table;
+  table.attention_efficiency_by_length = {{512, 0.2}, {2048, 0.6}};
+  CHECK(table.attention_efficiency_at(256) == Approx(0.2));
+  CHECK(table.attention_efficiency_at(1024) == Approx(0.4));
+  CHECK(table.attention_efficiency_at(8192) == Approx(0.6));
+  tp::DeviceSpec gpu;
+  gpu.attention_efficiency = 0.9;
+  CHECK(gpu.attention_efficiency_at(131072) == Approx(0.9));
   std::string lines;
   for (const std::string& line : measured.describe()) lines += line + "\n";
   CHECK_THAT(lines, Contains("attention at"));
