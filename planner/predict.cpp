@@ -37,8 +37,10 @@
 //       hides them behind the layer's matmuls (exposed: what exceeds them).
 //     CP: allgather gathers K and V per layer forward, gathers them again backward and
 //       reduce-scatters their float32 gradients; alltoall passes K and V around the ring (cp - 1
-//       steps) each way and the float32 gradient accumulators cp steps backward; titan_ulysses
-//       moves q, k, v and the output per layer each way. Exposed.
+//       steps) each way and the float32 gradient accumulators cp steps backward, each step in
+//       flight while the block at hand computes (exposed: what a step exceeds its block; on the
+//       CPU at CP 2, seq 2,048: 80 ms exposed per step, where charging it all gave 263 ms);
+//       titan_ulysses moves q, k, v and the output per layer each way. Exposed.
 //     FSDP (dp_shard x cp ranks): each layer's parameters gathered forward and again backward
 //       (bf16), gradients reduce-scattered in float32, per micro-batch; titan prefetches the next
 //       layer's gather during this layer's compute, so a layer exposes only what its transfer
@@ -216,12 +218,15 @@ Prediction predict(const trainer::config::JobConfig& cfg, const trainer::config:
       w.cp_comm = gather + messages(cp);
       w.cp_comm_b = gather + (cp - 1) * dkv_local / cp_bus(Collective::kReduceScatter, cp * dkv_local) + 2.0 * messages(cp);
     } else if (L.cp_method == "alltoall") {
-      // The ring: cp - 1 steps passing K and V on; backward passes them again, and each block's
-      // float32 gradient accumulator travels cp steps to its owner. Each step is one message of
-      // the group's ring (its fixed cost: the group's).
+      // The ring: cp - 1 steps passing K and V on, each step's transfer in flight while the
+      // block of the K/V at hand computes (a cp-th of the rank's attention: the blocks are
+      // equal, Note [Ring attention]); backward passes them again with each block's float32
+      // gradient accumulator, which a last step hands to its owner. Each step is one message of
+      // the group's ring (its fixed cost: the group's). Exposed: what a transfer exceeds its block.
       const double kv_step = kv_local / cp_bus(Collective::kAllGather, kv_local) + message_latency(cp);
-      w.cp_comm = (cp - 1) * kv_step;
-      w.cp_comm_b = (cp - 1) * kv_step + cp * (dkv_local / cp_bus(Collective::kAllGather, dkv_local) + message_latency(cp));
+      const double dkv_step = dkv_local / cp_bus(Collective::kAllGather, dkv_local) + message_latency(cp);
+      w.cp_comm = (cp - 1) * std::max(0.0, kv_step - w.attention_fwd / cp);
+      w.cp_comm_b = (cp - 1) * std::max(0.0, kv_step + dkv_step - w.attention_bwd / cp) + dkv_step;
     } else {  // titan_ulysses: q, k, v to head shards and the output back, each way (four
               // all-to-alls, each about a quarter of the bytes)
       const double moved = tokens * (q_dim + att.output + kv) * bytes / tp;
