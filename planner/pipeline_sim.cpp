@@ -115,7 +115,7 @@ struct CompiledOrder {
   std::vector<CompiledStep> steps;
   size_t slots = 0;  // end slots, the last one kNoInput's
 };
-constexpr size_t kKeptSteps = size_t{1} << 20;
+constexpr size_t kKeptSteps = size_t{1} << 22;
 
 std::shared_ptr<const CompiledOrder> compile_order(const parallel::pipeline::PipelinePlan& plan) {
   const int ranks = static_cast<int>(plan.order->size());

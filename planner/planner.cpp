@@ -5,6 +5,7 @@
 #include <thread>
 #include <mutex>
 #include <iterator>
+#include <limits>
 #include <exception>
 #include <atomic>
 #include <iomanip>
@@ -302,64 +303,82 @@ PlanResult plan_layouts(const trainer::config::JobConfig& user_cfg, const Cluste
              *lightest, undecided);
       return;
     }
+    // The family's caches are indexed by structure (its position in `structures`) and by a
+    // candidate's place in its structure's block (async TP, AC mode, precision, in
+    // add_structure_candidates' order): keys of the candidates' fields were a tenth of the
+    // 16,384-GPU search in string comparisons.
+    const size_t n_structures = structures.size();
+    const size_t n_ac = cfg.plan.ac_modes.size(), n_precision = cfg.plan.precisions.size();
+    // A structure's group: its schedule, micro-batch, split and CP method (everything but the
+    // local batch); and a FLOP split's twin, the same structure under split=layers.
+    std::vector<size_t> group_of(n_structures), twin_of(n_structures, n_structures);
+    {
+      std::map<std::tuple<std::string_view, int64_t, std::string_view, std::string_view>, size_t> groups;
+      std::map<std::tuple<int64_t, std::string_view, int64_t, std::string_view>, size_t> layer_splits;
+      for (size_t i = 0; i < n_structures; ++i) {
+        const Layout& st = structures[i];
+        group_of[i] = groups.emplace(std::make_tuple(std::string_view(st.schedule), st.microbatch_size,
+                                                     std::string_view(st.split), std::string_view(st.cp_method)),
+                                     groups.size())
+                          .first->second;
+        if (st.split == "layers")
+          layer_splits.emplace(std::make_tuple(st.local_batch, std::string_view(st.schedule), st.microbatch_size,
+                                               std::string_view(st.cp_method)),
+                               i);
+      }
+      for (size_t i = 0; i < n_structures; ++i) {
+        const Layout& st = structures[i];
+        if (st.pp <= 1 || st.split != "flops") continue;
+        const auto twin = layer_splits.find(std::make_tuple(st.local_batch, std::string_view(st.schedule),
+                                                            st.microbatch_size, std::string_view(st.cp_method)));
+        if (twin != layer_splits.end()) twin_of[i] = twin->second;
+      }
+    }
+    const size_t n_groups = n_structures == 0 ? 0 : *std::max_element(group_of.begin(), group_of.end()) + 1;
     // Memory grows with the local batch when nothing else changes (more rows, or more
     // micro-batches of the same rows in flight): past the smallest local batch over memory, the
-    // larger ones are counted over memory without estimating them.
-    // The caches below are keyed by the fields that vary inside a family, as views of the
-    // candidates' own strings (alive for the family): naming every candidate was a tenth of the
-    // 16,384-GPU search. Everything but the local batch:
-    using WithoutLocal = std::tuple<std::string_view, int64_t, std::string_view, std::string_view, bool,
-                                    std::string_view, std::string_view>;
-    auto without_local = [](const Layout& l) {
-      return WithoutLocal{l.schedule, l.microbatch_size, l.split, l.cp_method, l.async_tp, l.ac, l.precision};
-    };
-    std::map<WithoutLocal, int64_t> over_memory_from;
-    // check_layout and the memory estimate depend on fewer fields than the prediction: cached
-    // for the family (a pipeline plan holds every rank's order: not kept beyond it).
-    // The trainer's verdict on a structure: its error ("" = accepted: then in `accepted`), and
-    // once it has refused a candidate, that reason's counter in result.reasons (a candidate
-    // refused for a known structure costs one lookup: a 405B search on 16k GPUs refuses millions).
+    // larger ones are counted over memory without estimating them. By (group, async TP, AC mode,
+    // precision): the smallest local batch found over memory.
+    std::vector<int64_t> over_memory_from(n_groups * 2 * n_ac * n_precision, std::numeric_limits<int64_t>::max());
+    // The trainer's verdict on a structure: its error ("" = accepted: then what the checks made
+    // is in `accepted`), and once it has refused a candidate, that reason's counter in
+    // result.reasons (a 405B search on 16k GPUs refuses millions).
     struct Verdict {
+      bool known = false;
       std::string error;
       std::pair<int64_t, std::string>* reason = nullptr;
     };
-    // What check_layout reads of a layout (the AC mode, precision and async TP do not change it):
-    // local batch, schedule, micro-batch, split, CP method.
-    using Structure = std::tuple<int64_t, std::string_view, int64_t, std::string_view, std::string_view>;
-    auto structure_of = [](const Layout& l, std::string_view split) {
-      return Structure{l.local_batch, l.schedule, l.microbatch_size, split, l.cp_method};
-    };
-    std::map<Structure, Verdict> refused;                          // structure -> verdict
-    std::map<Structure, trainer::config::CheckedLayout> accepted;  // structure -> what the checks made
-    std::map<std::tuple<Structure, std::string_view, std::string_view>, double> memory;  // + ac, precision -> bytes
-    std::map<Structure, bool> same_as_layers;  // structure (split=flops) -> stages as split=layers
-    trainer::config::JobConfig work = cfg;     // the candidate at hand's config (apply_layout_into)
-    // The verdict on the structure `key` names, checked on `candidate`'s config once.
-    auto verdict_of = [&](const Structure& key, const Layout& candidate) -> Verdict& {
-      auto found = refused.find(key);
-      if (found == refused.end()) {
-        const PipelineKey pipeline{candidate.pp, candidate.local_batch, candidate.schedule, candidate.microbatch_size,
-                                   candidate.split};
-        Verdict verdict;
-        if (candidate.pp > 1) {  // See Note [Pipeline refusals shared]
-          std::lock_guard<std::mutex> lock(pipeline_refusals_mu);
-          const auto known = pipeline_refusals.find(pipeline);
-          if (known != pipeline_refusals.end()) verdict.error = known->second;
-        }
-        if (verdict.error.empty()) {
-          trainer::config::CheckedLayout made;
-          apply_layout_into(work, cfg, candidate, result.global_batch);
-          verdict.error = check(work, &made);
-          if (verdict.error.empty()) {
-            accepted.emplace(key, std::move(made));
-          } else if (candidate.pp > 1 && verdict.error.rfind("pipeline parallel:", 0) == 0) {
-            std::lock_guard<std::mutex> lock(pipeline_refusals_mu);
-            pipeline_refusals.emplace(pipeline, verdict.error);
-          }
-        }
-        found = refused.emplace(key, std::move(verdict)).first;
+    std::vector<Verdict> verdicts(n_structures);
+    std::vector<std::optional<trainer::config::CheckedLayout>> accepted(n_structures);
+    std::vector<double> memory(n_structures * n_ac * n_precision, -1.0);  // bytes, -1: not estimated
+    std::vector<signed char> same_as_layers(n_structures, -1);  // split=flops: stages as split=layers
+    trainer::config::JobConfig work = cfg;  // the candidate at hand's config (apply_layout_into)
+    // The verdict on structure `s`, checked once (check_layout reads neither the AC mode, nor the
+    // precision, nor async TP).
+    auto verdict_of = [&](size_t s) -> Verdict& {
+      Verdict& verdict = verdicts[s];
+      if (verdict.known) return verdict;
+      verdict.known = true;
+      const Layout& candidate = structures[s];
+      const PipelineKey pipeline{candidate.pp, candidate.local_batch, candidate.schedule, candidate.microbatch_size,
+                                 candidate.split};
+      if (candidate.pp > 1) {  // See Note [Pipeline refusals shared]
+        std::lock_guard<std::mutex> lock(pipeline_refusals_mu);
+        const auto known = pipeline_refusals.find(pipeline);
+        if (known != pipeline_refusals.end()) verdict.error = known->second;
       }
-      return found->second;
+      if (verdict.error.empty()) {
+        trainer::config::CheckedLayout made;
+        apply_layout_into(work, cfg, candidate, result.global_batch);
+        verdict.error = check(work, &made);
+        if (verdict.error.empty()) {
+          accepted[s] = std::move(made);
+        } else if (candidate.pp > 1 && verdict.error.rfind("pipeline parallel:", 0) == 0) {
+          std::lock_guard<std::mutex> lock(pipeline_refusals_mu);
+          pipeline_refusals.emplace(pipeline, verdict.error);
+        }
+      }
+      return verdict;
     };
     auto count_refused = [&](Verdict& verdict, const Layout& l, int64_t how_many) {
       result.rejected_by_rules += how_many;
@@ -367,59 +386,79 @@ PlanResult plan_layouts(const trainer::config::JobConfig& user_cfg, const Cluste
       if (verdict.reason->first == 0) verdict.reason->second = l.family();
       verdict.reason->first += how_many;
     };
-    const std::string over_memory =
-        "memory: the estimate exceeds the " + gib(cluster.device.memory_bytes) + " GiB of one GPU";
-    // One candidate through the checks and the memory estimate: what the checks made and its
-    // memory when it fits, nullptr (counted as refused or over memory) when not.
-    struct Admitted {  // (its config is applied again to list it: a copy each was 5% of the search)
+    // The over-memory reason's counter, looked up once (the 16k search counts 1.4M candidates so).
+    std::pair<int64_t, std::string>* over_memory = nullptr;
+    auto count_over_memory = [&](const Layout& l) {
+      ++result.rejected_by_memory;
+      if (!over_memory)
+        over_memory = &result.reasons["memory: the estimate exceeds the " + gib(cluster.device.memory_bytes) + " GiB of one GPU"];
+      if (over_memory->first++ == 0) over_memory->second = l.family();
+    };
+    // The candidates of the accepted structures, and for each its structure and its place in it.
+    std::vector<size_t> structure_of_candidate;
+    std::vector<size_t> place_of_candidate;
+    for (size_t s = 0; s < n_structures; ++s) {
+      const Layout& st = structures[s];
+      if (std::find(refused_methods.begin(), refused_methods.end(), st.cp_method) != refused_methods.end()) continue;
+      // A structure the checks refuse takes all its candidates with it, unexamined one by one.
+      if (Verdict& verdict = verdict_of(s); !verdict.error.empty()) {
+        count_refused(verdict, st, per_structure);
+        continue;
+      }
+      add_structure_candidates(cfg, st, candidates);
+      for (int64_t j = 0; j < per_structure; ++j) {
+        structure_of_candidate.push_back(s);
+        place_of_candidate.push_back(static_cast<size_t>(j));
+      }
+    }
+    // A candidate's AC mode and precision indices from its place (async outermost, then AC, then precision).
+    auto ac_index = [&](size_t c) { return (place_of_candidate[c] / n_precision) % n_ac; };
+    auto precision_index = [&](size_t c) { return place_of_candidate[c] % n_precision; };
+    auto over_memory_key = [&](size_t c) {
+      const Layout& l = candidates[c];
+      return ((group_of[structure_of_candidate[c]] * 2 + (l.async_tp ? 1 : 0)) * n_ac + ac_index(c)) * n_precision +
+             precision_index(c);
+    };
+    // One candidate through the memory estimate (its structure is accepted): its memory when it
+    // fits (counted as over memory, or the same as its layer-split twin, when not). Its config is
+    // applied again to list it: a copy each was 5% of the search.
+    struct Admitted {
       const trainer::config::CheckedLayout* checked;
       double memory_bytes;
     };
-    auto admit = [&](const Layout& l) -> std::optional<Admitted> {
-      if (!over_memory_from.empty()) {
-        const auto over = over_memory_from.find(without_local(l));
-        if (over != over_memory_from.end() && l.local_batch > over->second) {
-          ++result.rejected_by_memory;
-          reject(over_memory, l, 1);
-          return std::nullopt;
-        }
-      }
-      const Structure key = structure_of(l, l.split);
-      if (Verdict& verdict = verdict_of(key, l); !verdict.error.empty()) {
-        count_refused(verdict, l, 1);
+    auto admit = [&](size_t c) -> std::optional<Admitted> {
+      const Layout& l = candidates[c];
+      const size_t s = structure_of_candidate[c];
+      if (l.local_batch > over_memory_from[over_memory_key(c)]) {
+        count_over_memory(l);
         return std::nullopt;
       }
-      const trainer::config::CheckedLayout& checked = accepted.at(key);
+      const trainer::config::CheckedLayout& checked = *accepted[s];
       // A FLOP split that puts every module where the layer split does is the same run: the
       // layer split's candidate stands for both.
       if (l.pp > 1 && l.split == "flops") {
-        auto [same, fresh] = same_as_layers.emplace(key, false);
-        if (fresh) {
-          Layout twin = l;
-          twin.ac = "none", twin.precision = "bf16", twin.async_tp = false, twin.split = "layers";
-          const Structure twin_key = structure_of(l, "layers");
-          same->second = verdict_of(twin_key, twin).error.empty() &&
-                         *accepted.at(twin_key).pipeline->stage_modules == *checked.pipeline->stage_modules;
+        if (same_as_layers[s] < 0) {
+          const size_t twin = twin_of[s];
+          same_as_layers[s] = twin < n_structures && verdict_of(twin).error.empty() &&
+                              *accepted[twin]->pipeline->stage_modules == *checked.pipeline->stage_modules;
         }
-        if (same->second) {
+        if (same_as_layers[s] > 0) {
           ++result.same_split;
           return std::nullopt;
         }
       }
-      apply_layout_into(work, cfg, l, result.global_batch);
-      auto m = memory.find({key, l.ac, l.precision});
-      if (m == memory.end())
-        m = memory
-                .emplace(std::make_tuple(key, std::string_view(l.ac), std::string_view(l.precision)),
-                         estimated_memory_bytes(work, world, vocab, checked.pipeline ? &*checked.pipeline : nullptr, &memo))
-                .first;
-      if (m->second > cluster.device.memory_bytes) {
-        over_memory_from.emplace(without_local(l), l.local_batch);
-        ++result.rejected_by_memory;
-        reject(over_memory, l, 1);
+      double& bytes = memory[(s * n_ac + ac_index(c)) * n_precision + precision_index(c)];
+      if (bytes < 0) {
+        apply_layout_into(work, cfg, l, result.global_batch);
+        bytes = estimated_memory_bytes(work, world, vocab, checked.pipeline ? &*checked.pipeline : nullptr, &memo);
+      }
+      if (bytes > cluster.device.memory_bytes) {
+        int64_t& from = over_memory_from[over_memory_key(c)];
+        from = std::min(from, l.local_batch);
+        count_over_memory(l);
         return std::nullopt;
       }
-      return Admitted{&checked, m->second};
+      return Admitted{&checked, bytes};
     };
     auto list = [&](const Layout& l, const Admitted& a) {
       apply_layout_into(work, cfg, l, result.global_batch);
@@ -427,67 +466,60 @@ PlanResult plan_layouts(const trainer::config::JobConfig& user_cfg, const Cluste
       planned.prediction.memory_bytes = a.memory_bytes;
       result.fits.push_back(std::move(planned));
     };
-    // A structure the checks refuse takes all its candidates with it, unexamined one by one.
-    for (const Layout& st : structures) {
-      if (std::find(refused_methods.begin(), refused_methods.end(), st.cp_method) != refused_methods.end()) continue;
-      if (Verdict& verdict = verdict_of(structure_of(st, st.split), st); !verdict.error.empty()) {
-        count_refused(verdict, st, per_structure);
-        continue;
-      }
-      add_structure_candidates(cfg, st, candidates);
-    }
     if (cfg.plan.exhaustive) {
-      for (const Layout& l : candidates)
-        if (const auto a = admit(l)) list(l, *a);
+      for (size_t c = 0; c < candidates.size(); ++c)
+        if (const auto a = admit(c)) list(candidates[c], *a);
       return;
     }
-    // See Note [Dominated layouts]. Groups: everything but the local batch and the AC mode, in
-    // the order of their names (the listing's order among equal step times).
-    std::map<std::tuple<std::string_view, int64_t, std::string_view, std::string_view, bool, std::string_view>,
-             std::vector<const Layout*>>
-        by_fields;
-    for (const Layout& l : candidates) {
+    // See Note [Dominated layouts]. Groups: everything but the local batch and the AC mode (the
+    // structure's group, async TP, the precision), in the order of their names (the listing's
+    // order among equal step times).
+    std::vector<std::vector<size_t>> members_of(n_groups * 2 * n_precision);
+    for (size_t c = 0; c < candidates.size(); ++c) {
+      const Layout& l = candidates[c];
       if (l.tp > 1 && !l.async_tp) {
         ++result.dominated;  // its async twin is a candidate too
         continue;
       }
-      by_fields[{l.schedule, l.microbatch_size, l.split, l.cp_method, l.async_tp, l.precision}].push_back(&l);
+      members_of[(group_of[structure_of_candidate[c]] * 2 + (l.async_tp ? 1 : 0)) * n_precision + precision_index(c)]
+          .push_back(c);
     }
-    std::vector<std::pair<std::string, std::vector<const Layout*>*>> groups;
-    groups.reserve(by_fields.size());
-    for (auto& [fields, members] : by_fields) {
-      Layout g = *members.front();
+    std::vector<std::pair<std::string, std::vector<size_t>*>> groups;
+    for (std::vector<size_t>& members : members_of) {
+      if (members.empty()) continue;
+      Layout g = candidates[members.front()];
       g.local_batch = 0, g.ac = "";
       groups.emplace_back(g.name(), &members);
     }
     std::sort(groups.begin(), groups.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
     for (auto& [name, group] : groups) {
-      std::vector<const Layout*>& members = *group;
+      std::vector<size_t>& members = *group;
       // Lightest AC first, then the smallest local batch first (past the first over memory, the
       // larger ones are counted over memory without an estimate).
-      std::sort(members.begin(), members.end(), [](const Layout* a, const Layout* b) {
-        return ac_cost(a->ac) != ac_cost(b->ac) ? ac_cost(a->ac) < ac_cost(b->ac) : a->local_batch < b->local_batch;
+      std::sort(members.begin(), members.end(), [&](size_t a, size_t b) {
+        const Layout &x = candidates[a], &y = candidates[b];
+        return ac_cost(x.ac) != ac_cost(y.ac) ? ac_cost(x.ac) < ac_cost(y.ac) : x.local_batch < y.local_batch;
       });
       int64_t fits_lighter = 0;  // the largest local batch that fits with a lighter AC mode
       for (size_t first = 0; first < members.size();) {
         size_t end = first;
-        while (end < members.size() && members[end]->ac == members[first]->ac) ++end;
-        const Layout* best = nullptr;
+        while (end < members.size() && candidates[members[end]].ac == candidates[members[first]].ac) ++end;
+        size_t best = candidates.size();
         std::optional<Admitted> best_admitted;
         for (size_t i = first; i < end; ++i) {
-          const Layout& l = *members[i];
+          const Layout& l = candidates[members[i]];
           if (l.local_batch <= fits_lighter) {
             ++result.dominated;
             continue;
           }
-          if (auto a = admit(l)) {
-            if (best) ++result.dominated;  // a larger local batch of this AC mode fits
-            best = &l, best_admitted = std::move(a);
+          if (auto a = admit(members[i])) {
+            if (best < candidates.size()) ++result.dominated;  // a larger local batch of this AC mode fits
+            best = members[i], best_admitted = std::move(a);
           }
         }
-        if (best) {
-          list(*best, *best_admitted);
-          fits_lighter = std::max(fits_lighter, best->local_batch);
+        if (best < candidates.size()) {
+          list(candidates[best], *best_admitted);
+          fits_lighter = std::max(fits_lighter, candidates[best].local_batch);
         }
         first = end;
       }
