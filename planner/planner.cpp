@@ -248,9 +248,9 @@ PlanResult plan_layouts(const trainer::config::JobConfig& user_cfg, const Cluste
     const std::vector<Layout> structures = family_structures(cfg, families[f], result.global_batch);
     trainer::observe::BlockTermsMemo memo;  // the family's estimates share the blocks' terms
     std::vector<Layout> candidates;
-    add_structure_candidates(cfg, structures.front(), candidates);
-    const auto per_structure = static_cast<int64_t>(candidates.size());
-    candidates.clear();
+    // Each structure's candidates (add_structure_candidates): async TP x AC modes x precisions.
+    const auto per_structure = static_cast<int64_t>((families[f].tp > 1 ? 2 : 1) * cfg.plan.ac_modes.size() *
+                                                    cfg.plan.precisions.size());
     const auto n = static_cast<int64_t>(structures.size()) * per_structure;
     result.considered += n;
     // The whole family at once where it can be decided at once, for each CP method: a refusal
@@ -394,9 +394,9 @@ PlanResult plan_layouts(const trainer::config::JobConfig& user_cfg, const Cluste
         over_memory = &result.reasons["memory: the estimate exceeds the " + gib(cluster.device.memory_bytes) + " GiB of one GPU"];
       if (over_memory->first++ == 0) over_memory->second = l.family();
     };
-    // The candidates of the accepted structures, and for each its structure and its place in it.
+    // The candidates of the accepted structures, a whole block of per_structure each: a
+    // candidate's place in its block is c % per_structure, its structure recorded per candidate.
     std::vector<size_t> structure_of_candidate;
-    std::vector<size_t> place_of_candidate;
     for (size_t s = 0; s < n_structures; ++s) {
       const Layout& st = structures[s];
       if (std::find(refused_methods.begin(), refused_methods.end(), st.cp_method) != refused_methods.end()) continue;
@@ -406,14 +406,12 @@ PlanResult plan_layouts(const trainer::config::JobConfig& user_cfg, const Cluste
         continue;
       }
       add_structure_candidates(cfg, st, candidates);
-      for (int64_t j = 0; j < per_structure; ++j) {
-        structure_of_candidate.push_back(s);
-        place_of_candidate.push_back(static_cast<size_t>(j));
-      }
+      structure_of_candidate.insert(structure_of_candidate.end(), static_cast<size_t>(per_structure), s);
     }
     // A candidate's AC mode and precision indices from its place (async outermost, then AC, then precision).
-    auto ac_index = [&](size_t c) { return (place_of_candidate[c] / n_precision) % n_ac; };
-    auto precision_index = [&](size_t c) { return place_of_candidate[c] % n_precision; };
+    const auto block = static_cast<size_t>(per_structure);
+    auto ac_index = [&](size_t c) { return (c % block / n_precision) % n_ac; };
+    auto precision_index = [&](size_t c) { return c % block % n_precision; };
     auto over_memory_key = [&](size_t c) {
       const Layout& l = candidates[c];
       return ((group_of[structure_of_candidate[c]] * 2 + (l.async_tp ? 1 : 0)) * n_ac + ac_index(c)) * n_precision +
